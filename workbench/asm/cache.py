@@ -1,0 +1,435 @@
+"""Find and read compiled kernels in the Triton cache.
+
+A Triton cache is a directory of entries, one directory per compiled
+specialization, named by a hash. A healthy entry holds `NAME.json` (the
+compile metadata), one file per stage (`NAME.ttir`, `NAME.ptx`, ...) and
+`__grp__NAME.json` (written last, listing the files). Anything else is
+reported as a problem of that entry, with what to do, and listing goes on.
+
+Listing reads only the small JSON files; assembly is read when asked for.
+Nothing here executes or unpickles cache content, and nothing writes to it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+# Stage files Triton writes, by extension. `source` is Triton's front-end IR
+# (TTIR for @triton.jit, the Gluon IR for @gluon.jit); `python` is the kernel's
+# Python text, found through that IR's location info; `sass` is disassembled
+# from the cubin on demand.
+TEXT_STAGES = ("source", "ttir", "ttgir", "llir", "ptx", "amdgcn")
+BINARY_STAGES = ("cubin", "hsaco")
+DERIVED_STAGES = ("python", "sass")
+ALL_STAGES = ("python",) + TEXT_STAGES + ("sass",)
+STAGE_ALIASES = {"gluon": "source", "py": "python", "gcn": "amdgcn", "ttgir": "ttgir"}
+# Files a Triton cache holds that are not kernels (compiled launchers, driver helpers).
+# Written beside an entry by `workbench asm compile` only: the call that made it.
+SIDECAR = ".workbench.json"
+_AUX_SUFFIXES = (".so", ".c", ".cpp", ".h", ".pyd", ".dll", ".dylib")
+
+
+class CacheError(Exception):
+    """A problem the user can act on; the message says what to do."""
+
+
+def cache_dir(explicit: str | os.PathLike | None = None) -> Path:
+    """The cache to read: `explicit`, else $TRITON_CACHE_DIR, else ~/.triton/cache."""
+    if explicit:
+        path = Path(explicit).expanduser()
+    elif os.environ.get("TRITON_CACHE_DIR"):
+        path = Path(os.environ["TRITON_CACHE_DIR"]).expanduser()
+    else:
+        path = Path.home() / ".triton" / "cache"
+    if not path.is_dir():
+        raise CacheError(
+            f"no Triton cache at {path}: run a kernel, or `workbench asm compile`, "
+            "or point --cache / $TRITON_CACHE_DIR at a cache directory"
+        )
+    return path
+
+
+def _read_json(path: Path) -> tuple[dict | None, str | None]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, f"{path.name} is missing"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, f"{path.name} is unreadable ({type(exc).__name__}: {exc})"
+    if not isinstance(data, dict):
+        return None, f"{path.name} is not a JSON object"
+    return data, None
+
+
+@dataclass
+class Entry:
+    """One compiled specialization: a directory of the cache."""
+
+    path: Path
+    name: str = ""
+    metadata: dict = field(default_factory=dict)
+    stages: dict[str, Path] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    mtime: float = 0.0
+
+    # -- identity ---------------------------------------------------------
+    @property
+    def hash(self) -> str:
+        return self.path.name
+
+    @property
+    def target(self) -> dict:
+        t = self.metadata.get("target")
+        return t if isinstance(t, dict) else {}
+
+    @property
+    def backend(self) -> str:
+        return str(self.target.get("backend") or self.metadata.get("backend_name") or "?")
+
+    @property
+    def arch(self) -> str:
+        a = self.target.get("arch", self.metadata.get("arch", "?"))
+        return f"sm{a}" if isinstance(a, int) else str(a)
+
+    @property
+    def num_warps(self):
+        return self.metadata.get("num_warps")
+
+    @property
+    def num_stages(self):
+        return self.metadata.get("num_stages")
+
+    @property
+    def shared(self):
+        return self.metadata.get("shared")
+
+    @property
+    def triton_version(self):
+        return self.metadata.get("triton_version")
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def final_stage(self) -> str:
+        """The assembly the GPU runs: PTX on NVIDIA, AMDGCN on AMD."""
+        return "amdgcn" if "amdgcn" in self.stages or self.backend == "hip" else "ptx"
+
+    def summary(self) -> dict:
+        """The row `ls` prints: only metadata, no assembly read."""
+        return {
+            "hash": self.hash,
+            "name": self.name,
+            "backend": self.backend,
+            "arch": self.arch,
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+            "shared": self.shared,
+            "triton_version": self.triton_version,
+            "stages": sorted(self.stages),
+            "mtime": self.mtime,
+            "path": str(self.path),
+            "problems": list(self.problems),
+        }
+
+    # -- stages -------------------------------------------------------------
+    def text(self, stage: str) -> str:
+        """The text of one stage; CacheError (naming the file) if it cannot be had."""
+        stage = normalize_stage(stage)
+        if stage == "python":
+            return self._python_source()
+        if stage == "sass":
+            from .tools import sass_from_cubin
+
+            return sass_from_cubin(self._stage_path("cubin"))
+        path = self._stage_path(stage)
+        try:
+            return path.read_text(errors="replace")
+        except OSError as exc:
+            raise CacheError(f"{path}: cannot read ({exc}); the entry may be damaged, re-compile it") from exc
+
+    def _stage_path(self, stage: str) -> Path:
+        if stage not in self.stages:
+            have = ", ".join(sorted(self.stages)) or "none"
+            raise CacheError(
+                f"{self.path}: no {stage} stage in this entry (it has: {have}); "
+                f"{'it was compiled for ' + self.backend if self.stages else 're-compile the kernel'}"
+            )
+        return self.stages[stage]
+
+    @cached_property
+    def location(self) -> tuple[str, int] | None:
+        """(python file, line) of the kernel, from the front-end IR's location info."""
+        path = self.stages.get("source") or self.stages.get("ttir")
+        if path is None:
+            return None
+        try:
+            with open(path, errors="replace") as fh:
+                head = fh.read(4096)
+        except OSError:
+            return None
+        m = re.search(r'^#loc\d* = loc\("([^"]+)":(\d+):\d+\)', head, re.M)
+        return (m.group(1), int(m.group(2))) if m else None
+
+    def _python_source(self) -> str:
+        loc = self.location
+        if loc is None:
+            raise CacheError(f"{self.path}: no location info in the IR, so the Python source cannot be found")
+        file, line = loc
+        try:
+            lines = Path(file).read_text(errors="replace").splitlines()
+        except OSError:
+            raise CacheError(
+                f"{self.path}: the kernel's source file {file} is not readable here "
+                "(compiled on another machine?); the `source` stage has Triton's IR of it"
+            ) from None
+        return _function_block(lines, line - 1)
+
+    def mix(self, stage: str | None = None):
+        """Instruction mix (pandas DataFrame) of `stage`, default the final assembly."""
+        from .isa import isa_of_stage, mix
+
+        stage = normalize_stage(stage or self.final_stage)
+        return mix(self.text(stage), isa_of_stage(stage))
+
+    def resources(self) -> dict:
+        from .resources import resources
+
+        return resources(dict(self.stages), self.metadata)
+
+    def specialization(self) -> dict:
+        """What makes this specialization: options, argument attributes, IR constants."""
+        return specialization(self)
+
+
+def _function_block(lines: list[str], start: int) -> str:
+    """The decorated function starting near `start` (0-based), by indentation."""
+    # Walk back over decorators to include them.
+    while start > 0 and lines[start - 1].lstrip().startswith("@"):
+        start -= 1
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = start + 1
+    while end < len(lines) and not lines[end].lstrip().startswith("def "):
+        end += 1  # skip decorator lines down to the def
+    end += 1
+    while end < len(lines):
+        text = lines[end]
+        if text.strip() and len(text) - len(text.lstrip()) <= indent:
+            break
+        end += 1
+    return "\n".join(lines[start:end]).rstrip() + "\n"
+
+
+def normalize_stage(stage: str) -> str:
+    s = STAGE_ALIASES.get(stage.lower(), stage.lower())
+    if s not in ALL_STAGES:
+        raise CacheError(f"unknown stage {stage!r}: choose one of {', '.join(ALL_STAGES)}")
+    return s
+
+
+# -- reading one entry -------------------------------------------------------
+
+
+def read_entry(path: str | os.PathLike) -> Entry:
+    """Read one entry directory's metadata (never its assembly)."""
+    path = Path(path)
+    entry = Entry(path=path)
+    try:
+        files = {p.name: p for p in path.iterdir() if p.is_file()}
+        entry.mtime = path.stat().st_mtime
+    except OSError as exc:
+        entry.problems.append(f"cannot read directory ({exc}); check permissions")
+        return entry
+    if path.name.startswith("tmp."):
+        entry.problems.append(
+            "half-written entry (a tmp.* directory: a compile was interrupted or is running); "
+            "delete it once no compile is running"
+        )
+    groups = [n for n in files if n.startswith("__grp__") and n.endswith(".json")]
+    metas = [n for n in files if n.endswith(".json") and not n.startswith("__grp__") and not n.endswith(SIDECAR)]
+    if groups:
+        entry.name = groups[0][len("__grp__"):-len(".json")]
+    elif metas:
+        entry.name = metas[0][: -len(".json")]
+    else:
+        stems = {Path(n).stem for n in files}
+        entry.name = stems.pop() if len(stems) == 1 else ""
+    if not files:
+        entry.problems.append("empty directory; delete it")
+        return entry
+    if not groups and not metas:
+        entry.problems.append(
+            f"not a Triton kernel entry (files: {', '.join(sorted(files))[:120]}); "
+            "leave it if another tool owns it, else delete it"
+        )
+        return entry
+    if not groups:
+        entry.problems.append(
+            "no __grp__ file: the compile did not finish writing this entry; delete the directory and re-compile"
+        )
+    meta, err = _read_json(path / f"{entry.name}.json")
+    if err:
+        entry.problems.append(f"metadata {err}: delete the entry and re-compile")
+    else:
+        entry.metadata = meta
+    for fname, fpath in files.items():
+        stem, dot, ext = fname.partition(".")
+        if stem == entry.name and ext in TEXT_STAGES + BINARY_STAGES:
+            entry.stages[ext] = fpath
+    if groups:
+        grp, err = _read_json(path / groups[0])
+        if err:
+            entry.problems.append(f"group file {err}: delete the entry and re-compile")
+        else:
+            listed = grp.get("child_paths", {})
+            missing = sorted(n for n in listed if n not in files)
+            if missing:
+                entry.problems.append(
+                    f"files listed by the group file are missing: {', '.join(missing)}; "
+                    "delete the entry and re-compile"
+                )
+    for ext in ("ptx", "amdgcn", "cubin", "hsaco"):
+        p = entry.stages.get(ext)
+        if p is not None and _size(p) == 0:
+            entry.problems.append(f"{p.name} is empty: delete the entry and re-compile")
+    return entry
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return -1
+
+
+def _is_aux_dir(path: Path) -> bool:
+    """Directories of compiled launchers / driver helpers: part of a healthy cache."""
+    try:
+        names = [p.name for p in path.iterdir()]
+    except OSError:
+        return False
+    return bool(names) and all(n.endswith(_AUX_SUFFIXES) or n.startswith("__grp__") for n in names) and any(
+        n.endswith(_AUX_SUFFIXES) for n in names
+    )
+
+
+def list_entries(cache: str | os.PathLike | None = None) -> list[Entry]:
+    """Every entry of the cache, newest first; damaged ones carry `problems`."""
+    root = cache_dir(cache)
+    entries = []
+    for child in root.iterdir():
+        if not child.is_dir():
+            continue
+        if _is_aux_dir(child):
+            continue
+        entries.append(read_entry(child))
+    entries.sort(key=lambda e: (-e.mtime, e.hash))
+    return entries
+
+
+def get_entry(spec: str | os.PathLike, cache: str | os.PathLike | None = None) -> Entry:
+    """An entry by directory path or by a unique prefix of its hash."""
+    p = Path(spec).expanduser()
+    if p.is_dir() and (p.is_absolute() or os.sep in str(spec) or p.parent != Path(".")):
+        return read_entry(p)
+    root = cache_dir(cache)
+    prefix = str(spec).upper()
+    hits = [c for c in root.iterdir() if c.is_dir() and c.name.upper().startswith(prefix)]
+    if not hits:
+        raise CacheError(f"no entry with hash prefix {spec!r} in {root}; `workbench asm ls` lists them")
+    if len(hits) > 1:
+        names = ", ".join(sorted(h.name[:12] for h in hits)[:6])
+        raise CacheError(f"hash prefix {spec!r} is ambiguous in {root} ({len(hits)} entries: {names}...); give more characters")
+    return read_entry(hits[0])
+
+
+def select(entries: list[Entry], name: str | None = None, **filters) -> list[Entry]:
+    """Entries whose kernel name matches `name` (exact or regex) and whose summary fields equal `filters`."""
+    out = []
+    for e in entries:
+        if name and not (e.name == name or re.fullmatch(name, e.name or "")):
+            continue
+        row = e.summary()
+        if all(v is None or str(row.get(k, e.metadata.get(k))) == str(v) for k, v in filters.items()):
+            out.append(e)
+    return out
+
+
+# -- specializations and groups -----------------------------------------------
+
+_FUNC_RE = re.compile(r"tt\.func public @[\w$.]+\((.*)\)\s*(?:attributes|\{)", re.S)
+_ARG_RE = re.compile(r"%([\w$.]+): ([^\s{]+(?:<[^>]*>)?)(?: \{([^}]*)\})?")
+_CONST_RE = re.compile(r"%([A-Za-z_][\w$]*?)(?:_\d+)? = arith\.constant (?:dense<)?([^ :>]+)>?\s*:")
+_ANON_CONST_RE = re.compile(r"c\d*(_i\d+)?|cst|true|false|c_?\w*_i\d+")
+_OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_pdl",
+                "launch_cooperative_grid", "warp_size", "waves_per_eu", "matrix_instr_nonkdim", "kpack",
+                "triton_version", "debug", "sanitize_overflow")
+
+
+def specialization(entry: Entry) -> dict:
+    """Options from the metadata, argument types/attributes and named IR constants.
+
+    Triton inlines constexprs, so their values show up as named `arith.constant`
+    values of the front-end IR (for example `offs = 1024`).
+    """
+    spec = {"options": {k: entry.metadata.get(k) for k in _OPTION_KEYS if k in entry.metadata},
+            "args": {}, "constants": {}, "constexprs": {}}
+    side, _ = _read_json(entry.path / f"{entry.name}{SIDECAR}")
+    if side and isinstance(side.get("constexprs"), dict):
+        spec["constexprs"] = side["constexprs"]
+    path = entry.stages.get("source") or entry.stages.get("ttir")
+    if path is None:
+        return spec
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return spec
+    m = _FUNC_RE.search(text)
+    if m:
+        for name, typ, attrs in _ARG_RE.findall(m.group(1)):
+            attrs = re.sub(r"\s*:\s*i\d+", "", attrs or "").strip()
+            spec["args"][name] = f"{typ} {{{attrs}}}" if attrs else typ
+    consts: dict[str, set] = {}
+    for name, value in _CONST_RE.findall(text):
+        if not _ANON_CONST_RE.fullmatch(name):  # keep only constants named after a variable
+            consts.setdefault(name, set()).add(value)
+    spec["constants"] = {k: ",".join(sorted(v)) for k, v in sorted(consts.items())}
+    return spec
+
+
+@dataclass
+class Group:
+    """Entries compiled from one kernel source, and what tells them apart."""
+
+    name: str
+    location: tuple[str, int] | None
+    entries: list[Entry]
+
+    def differences(self) -> dict[str, dict[str, list]]:
+        """{section: {key: [value per entry]}} for keys whose values differ."""
+        specs = [e.specialization() for e in self.entries]
+        specs = [dict(s, target={"backend": e.backend, "arch": e.arch}) for s, e in zip(specs, self.entries)]
+        out: dict[str, dict[str, list]] = {}
+        for section in ("target", "options", "constexprs", "args", "constants"):
+            keys = sorted({k for s in specs for k in s[section]})
+            for k in keys:
+                vals = [s[section].get(k) for s in specs]
+                if len({json.dumps(v, sort_keys=True, default=str) for v in vals}) > 1:
+                    out.setdefault(section, {})[k] = vals
+        return out
+
+
+def group_entries(entries: list[Entry]) -> list[Group]:
+    """Group entries by kernel name and Python location (one source, many specializations)."""
+    groups: dict[tuple, Group] = {}
+    for e in entries:
+        if not e.name:
+            continue
+        key = (e.name, e.location)
+        groups.setdefault(key, Group(e.name, e.location, [])).entries.append(e)
+    return sorted(groups.values(), key=lambda g: (g.name, str(g.location)))

@@ -1,0 +1,286 @@
+"""`workbench asm`: list, show, measure, diff and cross-compile kernels in the Triton cache.
+
+Every sub-command takes --cache DIR and --json. Errors print one line that
+says what to do and exit with 2; no traceback reaches the user unless
+WORKBENCH_DEBUG=1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from datetime import datetime
+
+from .cache import ALL_STAGES, CacheError, Entry, get_entry, group_entries, list_entries, select
+
+LS_COLUMNS = ["hash", "name", "backend", "arch", "num_warps", "num_stages", "shared", "triton_version", "stages", "mtime"]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="asm_command", metavar="SUBCOMMAND", required=True)
+
+    def add(name, help_, func):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("--cache", metavar="DIR", help="Triton cache (default $TRITON_CACHE_DIR, else ~/.triton/cache)")
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        p.set_defaults(asm_func=func)
+        return p
+
+    p = add("ls", "list entries (metadata only; assembly is not read)", cmd_ls)
+    p.add_argument("--name", help="kernel name (exact or regex)")
+    p.add_argument("--backend", help="cuda or hip")
+    p.add_argument("--arch", help="e.g. sm90, gfx942")
+    p.add_argument("--groups", action="store_true", help="group specializations of one kernel and show what differs")
+
+    p = add("show", "print one stage of an entry", cmd_show)
+    p.add_argument("entry", help="hash prefix, entry directory, or kernel name")
+    p.add_argument("--stage", default=None, help=f"one of {', '.join(ALL_STAGES)} (default: final assembly)")
+
+    p = add("mix", "instruction mix: memory ops by space, kind and width; matrix ops; barriers", cmd_mix)
+    p.add_argument("entry")
+    p.add_argument("--stage", default=None, help="ptx, amdgcn or sass (default: ptx or amdgcn)")
+
+    p = add("res", "resource use: registers, spills, scratch, shared memory, occupancy", cmd_res)
+    p.add_argument("entry")
+
+    p = add("diff", "diff two entries: stage text, mix delta, metadata", cmd_diff)
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--stage", default=None)
+    p.add_argument("--context", type=int, default=2, help="unchanged lines shown around each change")
+
+    p = add("compile", "cross-compile MODULE:FUNCTION for named targets (no GPU needed)", cmd_compile)
+    p.add_argument("function", metavar="MODULE:FUNCTION")
+    p.add_argument("--target", action="append", required=True, help="sm90, sm100, gfx942, gfx950, gfx1100, ... (repeat or comma-separate)")
+    p.add_argument("--arg", action="append", default=[], metavar="NAME=TYPE", help="type of a runtime argument, e.g. x_ptr=*fp16 n=i32")
+    p.add_argument("--constexpr", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--divisible", action="append", default=[], metavar="NAME", help="argument known 16-byte aligned / divisible by 16")
+    p.add_argument("--num-warps", type=int)
+    p.add_argument("--num-stages", type=int)
+
+
+def run(args) -> int:
+    try:
+        return args.asm_func(args) or 0
+    except CacheError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # keep tracebacks away from users unless asked
+        if os.environ.get("WORKBENCH_DEBUG"):
+            raise
+        print(f"error: {type(exc).__name__}: {exc} (set WORKBENCH_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 2
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def _emit(args, obj, table: str) -> None:
+    if args.json:
+        print(json.dumps(obj, indent=1, default=str))
+    else:
+        print(table)
+
+
+def _frame(rows: list[dict], columns: list[str] | None = None):
+    import pandas as pd
+
+    df = pd.DataFrame(rows, columns=columns)
+    return df
+
+
+def _resolve(spec: str, cache) -> Entry:
+    """Hash prefix or directory; failing that, a unique kernel name."""
+    try:
+        return get_entry(spec, cache)
+    except CacheError as first:
+        if os.sep in spec:
+            raise
+        hits = select(list_entries(cache), name=spec) if spec.replace("_", "").isalnum() else []
+        if len(hits) == 1:
+            return hits[0]
+        if len(hits) > 1:
+            opts = ", ".join(f"{e.hash[:10]} ({e.arch}, {e.num_warps}w)" for e in hits[:8])
+            raise CacheError(f"{len(hits)} entries of kernel {spec!r}: pick one by hash prefix: {opts}") from None
+        raise first
+
+
+def _short(row: dict) -> dict:
+    out = dict(row)
+    out["hash"] = row["hash"][:12]
+    out["stages"] = ",".join(row["stages"])
+    out["mtime"] = datetime.fromtimestamp(row["mtime"]).strftime("%Y-%m-%d %H:%M") if row["mtime"] else ""
+    return out
+
+
+def _problem_lines(entries: list[Entry]) -> list[str]:
+    return [f"  {e.path}: {p}" for e in entries for p in e.problems]
+
+
+def _warn_problems(entry: Entry) -> None:
+    for p in entry.problems:
+        print(f"warning: {entry.path}: {p}", file=sys.stderr)
+
+
+# -- sub-commands ----------------------------------------------------------------
+
+
+def cmd_ls(args) -> int:
+    entries = list_entries(args.cache)
+    entries = select(entries, name=args.name, backend=args.backend, arch=args.arch)
+    if args.groups:
+        return _ls_groups(args, entries)
+    rows = [e.summary() for e in entries]
+    if args.json:
+        _emit(args, rows, "")
+        return 0
+    if not rows:
+        print("no entries")
+        return 0
+    table = _frame([_short(r) for r in rows], LS_COLUMNS).to_string(index=False)
+    problems = _problem_lines(entries)
+    if problems:
+        table += f"\n\n{sum(bool(e.problems) for e in entries)} entries with problems:\n" + "\n".join(problems)
+    print(table)
+    return 0
+
+
+def _ls_groups(args, entries) -> int:
+    groups = group_entries(entries)
+    data = [{"name": g.name, "location": list(g.location) if g.location else None,
+             "hashes": [e.hash for e in g.entries], "differences": g.differences()} for g in groups]
+    lines = []
+    for g, d in zip(groups, data):
+        where = f"{g.location[0]}:{g.location[1]}" if g.location else "?"
+        lines.append(f"{g.name}  ({len(g.entries)} entries, {where})")
+        header = "    " + "  ".join(e.hash[:10] for e in g.entries)
+        lines.append(header)
+        for section, keys in d["differences"].items():
+            for key, vals in keys.items():
+                lines.append(f"    {section}.{key}: " + " | ".join(str(v) for v in vals))
+    _emit(args, data, "\n".join(lines) or "no entries")
+    return 0
+
+
+def cmd_show(args) -> int:
+    entry = _resolve(args.entry, args.cache)
+    _warn_problems(entry)
+    stage = args.stage or entry.final_stage
+    text = entry.text(stage)
+    _emit(args, {"hash": entry.hash, "path": str(entry.path), "stage": stage, "text": text}, text.rstrip("\n"))
+    return 0
+
+
+def cmd_mix(args) -> int:
+    entry = _resolve(args.entry, args.cache)
+    _warn_problems(entry)
+    stage = args.stage or entry.final_stage
+    df = entry.mix(stage)
+    rows = json.loads(df.to_json(orient="records"))
+    title = f"{entry.name} {entry.arch} [{entry.hash[:12]}] {stage}\n"
+    _emit(args, rows, title + (df.to_string(index=False) if len(df) else "no instructions recognised"))
+    return 0
+
+
+def cmd_res(args) -> int:
+    entry = _resolve(args.entry, args.cache)
+    _warn_problems(entry)
+    res = entry.resources()
+    lines = [f"{entry.name} {entry.arch} [{entry.hash[:12]}]"] + [f"  {k}: {v}" for k, v in res.items()]
+    _emit(args, res, "\n".join(lines))
+    return 0
+
+
+def cmd_diff(args) -> int:
+    from .diff import diff_entries
+
+    a, b = _resolve(args.a, args.cache), _resolve(args.b, args.cache)
+    for e in (a, b):
+        _warn_problems(e)
+    d = diff_entries(a, b, args.stage)
+    if args.json:
+        _emit(args, {
+            "stage": d.stage, "a": a.hash, "b": b.hash,
+            "metadata": {k: list(v) for k, v in d.metadata.items()},
+            "mix": json.loads(d.mix.to_json(orient="records")),
+            "rows": [r.__dict__ for r in d.rows if r.tag != "equal"],
+        }, "")
+        return 0
+    out = [f"a: {a.name} {a.arch} [{a.hash[:12]}]", f"b: {b.name} {b.arch} [{b.hash[:12]}]", f"stage: {d.stage}", ""]
+    if d.metadata:
+        out.append("metadata that differs:")
+        out += [f"  {k}: {va} -> {vb}" for k, (va, vb) in d.metadata.items()]
+        out.append("")
+    changed = d.mix[d.mix["delta"] != 0] if len(d.mix) else d.mix
+    if len(changed):
+        out.append("instruction mix delta (a -> b):")
+        out += ["  " + line for line in changed.to_string(index=False).splitlines()]
+        out.append("")
+    out.append(f"{d.changed_lines} changed lines:")
+    out += _render_side_by_side(d.rows, args.context)
+    print("\n".join(out))
+    return 0
+
+
+def _render_side_by_side(rows, context: int) -> list[str]:
+    width = max(40, (shutil.get_terminal_size((160, 24)).columns - 16) // 2)
+    keep = set()
+    for i, r in enumerate(rows):
+        if r.tag != "equal":
+            keep.update(range(max(0, i - context), min(len(rows), i + context + 1)))
+    mark = {"equal": " ", "replace": "|", "delete": "<", "insert": ">"}
+    lines, last = [], -1
+    for i in sorted(keep):
+        if last >= 0 and i != last + 1:
+            lines.append("  ...")
+        r = rows[i]
+        a = r.a.expandtabs(4)[:width].ljust(width)
+        b = r.b.expandtabs(4)[:width]
+        lines.append(f"{r.a_no or '':>5} {a} {mark[r.tag]} {r.b_no or '':>5} {b}")
+        last = i
+    return lines
+
+
+def _parse_value(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _pairs(items: list[str], what: str) -> dict:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise CacheError(f"--{what} {item!r}: write NAME=VALUE")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def cmd_compile(args) -> int:
+    from .cache import cache_dir
+    from .compile import cross_compile
+
+    targets = [t for group in args.target for t in group.split(",") if t]
+    cache = args.cache or os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache")
+    os.makedirs(cache, exist_ok=True)
+    cache_dir(cache)
+    constexprs = {k: _parse_value(v) for k, v in _pairs(args.constexpr, "constexpr").items()}
+    sys.path.insert(0, os.getcwd())  # MODULE may be a file of the current directory
+    entries = cross_compile(
+        args.function, targets, signature=_pairs(args.arg, "arg"), constexprs=constexprs,
+        divisible=args.divisible, num_warps=args.num_warps, num_stages=args.num_stages, cache_dir=cache,
+    )
+    rows = [e.summary() for e in entries]
+    _emit(args, rows, _frame([_short(r) for r in rows], LS_COLUMNS + ["path"]).to_string(index=False))
+    return 0

@@ -1,0 +1,85 @@
+"""Compare two compiled entries: stage text, instruction mix and metadata."""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from .cache import Entry, normalize_stage
+
+# Mix columns that are measures; every other column identifies an instruction class.
+_MEASURES = ("count", "bytes_per_thread")
+_IGNORED_META = {"hash", "extern_libs", "name"}
+
+
+@dataclass
+class Row:
+    """One line of a side-by-side diff: tag is equal, replace, delete or insert."""
+
+    tag: str
+    a_no: int | None
+    a: str
+    b_no: int | None
+    b: str
+
+
+@dataclass
+class EntryDiff:
+    stage: str
+    rows: list[Row]
+    mix: pd.DataFrame
+    metadata: dict[str, tuple] = field(default_factory=dict)
+
+    @property
+    def changed_lines(self) -> int:
+        return sum(r.tag != "equal" for r in self.rows)
+
+
+def side_by_side(a: str, b: str) -> list[Row]:
+    """Align two texts line by line with difflib."""
+    la, lb = a.splitlines(), b.splitlines()
+    rows: list[Row] = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, la, lb, autojunk=False).get_opcodes():
+        n = max(i2 - i1, j2 - j1)
+        for k in range(n):
+            ia, ib = i1 + k, j1 + k
+            rows.append(Row(
+                tag,
+                ia + 1 if ia < i2 else None, la[ia] if ia < i2 else "",
+                ib + 1 if ib < j2 else None, lb[ib] if ib < j2 else "",
+            ))
+    return rows
+
+
+def mix_delta(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Counts per instruction class in a and b, and b - a; only classes that occur."""
+    keys = [c for c in a.columns if c not in _MEASURES] or [c for c in b.columns if c not in _MEASURES]
+    left = a[keys + ["count"]].rename(columns={"count": "count_a"})
+    right = b[keys + ["count"]].rename(columns={"count": "count_b"})
+    # NaN keys (e.g. width of a barrier) must still match each other in the merge.
+    fill = {k: "" for k in keys if left[k].dtype == object or right[k].dtype == object}
+    merged = pd.merge(left.fillna(fill), right.fillna(fill), on=keys, how="outer")
+    merged[["count_a", "count_b"]] = merged[["count_a", "count_b"]].fillna(0).astype(int)
+    merged["delta"] = merged["count_b"] - merged["count_a"]
+    return merged.sort_values(keys, key=lambda s: s.astype(str)).reset_index(drop=True)
+
+
+def metadata_delta(a: Entry, b: Entry) -> dict[str, tuple]:
+    """Metadata keys whose values differ: {key: (a, b)}."""
+    keys = sorted((set(a.metadata) | set(b.metadata)) - _IGNORED_META)
+    return {k: (a.metadata.get(k), b.metadata.get(k)) for k in keys if a.metadata.get(k) != b.metadata.get(k)}
+
+
+def diff_entries(a: Entry, b: Entry, stage: str | None = None) -> EntryDiff:
+    """Side-by-side text, mix delta and metadata delta of one stage of two entries."""
+    stage = normalize_stage(stage or a.final_stage)
+    if stage in ("ptx", "amdgcn", "sass"):
+        mix = mix_delta(a.mix(stage), b.mix(stage))
+    else:
+        mix = pd.DataFrame(columns=["category", "space", "kind", "width_bits", "count_a", "count_b", "delta"])
+    return EntryDiff(stage, side_by_side(a.text(stage), b.text(stage)), mix, metadata_delta(a, b))
+
+
+def unified(a_text: str, b_text: str, a_name: str = "a", b_name: str = "b", context: int = 3) -> str:
+    return "".join(difflib.unified_diff(a_text.splitlines(True), b_text.splitlines(True), a_name, b_name, n=context))
