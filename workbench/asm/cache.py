@@ -182,7 +182,7 @@ class Entry:
             raise CacheError(f"{self.path}: no location info in the IR, so the Python source cannot be found")
         file, line = loc
         try:
-            lines = Path(file).read_text(errors="replace").splitlines()
+            lines = _find_source_file(file).read_text(errors="replace").splitlines()
         except OSError:
             raise CacheError(
                 f"{self.path}: the kernel's source file {file} is not readable here "
@@ -191,11 +191,18 @@ class Entry:
         return _function_block(lines, line - 1)
 
     def mix(self, stage: str | None = None):
-        """Instruction mix (pandas DataFrame) of `stage`, default the final assembly."""
+        """Instruction mix (pandas DataFrame) of `stage`, default the final assembly.
+
+        A truncated file is classified as far as it goes and noted in `problems`.
+        """
         from .isa import isa_of_stage, mix
 
         stage = normalize_stage(stage or self.final_stage)
-        return mix(self.text(stage), isa_of_stage(stage))
+        text = self.text(stage)
+        problem = truncation_problem(stage, text)
+        if problem and problem not in self.problems:
+            self.problems.append(problem)
+        return mix(text, isa_of_stage(stage))
 
     def resources(self) -> dict:
         from .resources import resources
@@ -205,6 +212,36 @@ class Entry:
     def specialization(self) -> dict:
         """What makes this specialization: options, argument attributes, IR constants."""
         return specialization(self)
+
+
+# What a complete file of each stage holds near its end; a file cut short lacks it.
+_COMPLETE_MARKS = {"ptx": re.compile(r"}\s*$"), "amdgcn": re.compile(r"\.end_amdgpu_metadata")}
+
+
+def truncation_problem(stage: str, text: str) -> str | None:
+    """A note if `text` of `stage` looks cut short (a compile or copy interrupted)."""
+    mark = _COMPLETE_MARKS.get(stage)
+    if mark is None or mark.search(text):
+        return None
+    return (f"{stage} looks truncated (it lacks the end a complete {stage} file has); "
+            "counts cover only what is there: delete the entry and re-compile")
+
+
+def _find_source_file(file: str) -> Path:
+    """`file` itself, else the same relative path under the working or repo directory.
+
+    Entries compiled in another checkout (or machine) name that checkout's path.
+    """
+    path = Path(file)
+    if path.exists():
+        return path
+    parts = path.parts
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        for i in range(1, len(parts)):
+            candidate = root.joinpath(*parts[i:])
+            if candidate.is_file():
+                return candidate
+    return path
 
 
 def _function_block(lines: list[str], start: int) -> str:
