@@ -1,4 +1,13 @@
-"""Shared pytest setup: GPU markers skip cleanly, with a reason, without GPUs."""
+"""Shared pytest setup.
+
+- Without a CUDA GPU, kernels run in Triton's interpreter: TRITON_INTERPRET=1
+  must be set before any @triton.jit decorator runs, so it is set here, before
+  test modules are imported. (Cross-compilation still works: workbench.asm
+  rebuilds interpreted functions as compilable ones.)
+- Tests marked `gpu` / `multigpu` skip cleanly, with a reason, without GPUs.
+"""
+import os
+
 import pytest
 
 
@@ -10,12 +19,16 @@ def _cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+CUDA_COUNT = _cuda_count()
+if CUDA_COUNT == 0:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def pytest_collection_modifyitems(config, items):
-    n = _cuda_count()
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; run it through `device` on an H200")
-    skip_multi = pytest.mark.skip(reason=f"needs 2+ CUDA GPUs, found {n}; run on nvidia-h200-x2/x4")
+    skip_multi = pytest.mark.skip(reason=f"needs 2+ CUDA GPUs, found {CUDA_COUNT}; run on nvidia-h200-x2/x4")
     for item in items:
-        if "multigpu" in item.keywords and n < 2:
+        if "multigpu" in item.keywords and CUDA_COUNT < 2:
             item.add_marker(skip_multi)
-        elif "gpu" in item.keywords and n < 1:
+        elif "gpu" in item.keywords and CUDA_COUNT < 1:
             item.add_marker(skip_gpu)

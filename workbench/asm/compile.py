@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import importlib
+import types
 import os
 from pathlib import Path
 
@@ -55,20 +56,34 @@ def resolve_function(spec: str):
         raise CacheError(f"module {module_name!r} has no {attr!r}") from None
 
 
-def _as_jit(fn):
-    """A JITFunction for `fn`, also when the interpreter replaced it (TRITON_INTERPRET=1)."""
+def _as_jit(fn, _done: dict | None = None):
+    """A JITFunction for `fn`, also when the interpreter replaced it (TRITON_INTERPRET=1).
+
+    Under the interpreter, @jit yields InterpretedFunction objects, which the
+    compiler cannot lower; so rebuild the function, and every jitted helper it
+    calls through its globals, as JITFunctions sharing one new globals dict.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
     if isinstance(fn, JITFunction):
         return fn
-    inner = getattr(fn, "fn", None)
-    if inner is None or not callable(inner):
+    if not isinstance(fn, InterpretedFunction):
         raise CacheError(f"{fn!r} is not a @triton.jit or @gluon.jit function")
-    if getattr(fn, "is_gluon", lambda: False)() or "gluon" in type(fn).__module__:
-        from triton.experimental.gluon._runtime import GluonJITFunction
-
-        return GluonJITFunction(inner)
-    return JITFunction(inner)
+    done = {} if _done is None else _done
+    if id(fn) in done:
+        return done[id(fn)]
+    py = fn.fn
+    env = dict(py.__globals__)
+    clone = types.FunctionType(py.__code__, env, py.__name__, py.__defaults__, py.__closure__)
+    clone.__kwdefaults__, clone.__qualname__, clone.__module__ = py.__kwdefaults__, py.__qualname__, py.__module__
+    clone.__annotations__ = py.__annotations__
+    # (@gluon.jit never goes through the interpreter, so only plain JITFunctions are rebuilt.)
+    done[id(fn)] = jit = JITFunction(clone)
+    for name, value in list(env.items()):
+        if isinstance(value, InterpretedFunction):
+            env[name] = _as_jit(value, done)
+    return jit
 
 
 def _is_gluon(fn) -> bool:
