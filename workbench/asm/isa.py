@@ -39,6 +39,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import pandas as pd
 
 __all__ = [
@@ -54,8 +55,9 @@ __all__ = [
 
 ISAS = ("ptx", "sass", "amdgcn")
 CATEGORIES = ("memory", "matrix", "barrier", "wait", "other")
+MIX_COLUMNS = ("category", "space", "kind", "width_bits", "count", "bytes_per_thread", "mnemonics")
 
-# (category, space, kind, width_bits)
+# A classification: (category, space, kind, width_bits).
 _Class = tuple
 _OTHER: _Class = ("other", None, None, None)
 
@@ -98,16 +100,20 @@ def isa_of_stage(stage: str) -> str:
 # 'never' (set for an '@!PT' guard).  The same patterns, compiled with
 # MULTILINE and a leading newline, drive the whole-text scan in tally().
 
-_PTX_LINE = (
-    r"[ \t]*(?:@!?%?\w+[ \t]+)?"
-    r"(?P<mn>[a-z][a-z0-9_]*(?:\.[A-Za-z0-9_:]+)*)(?=[ \t;{\r]|$)"
-)
+# Leading blanks, matched atomically (a lookahead and a back-reference: no
+# backtracking into them, which matters on SASS encoding lines padded with
+# ninety spaces; works on Python 3.10, which lacks possessive quantifiers).
+_WS = r"(?=(?P<ws>[ \t]*))(?P=ws)"
+_PTX_PRED = r"(?:@!?%?\w+[ \t]+)?"
+_PTX_END = r"(?=[ \t;{\r]|$)"
+_PTX_LINE = _WS + _PTX_PRED + r"(?P<mn>[a-z][a-z0-9_]*(?:\.[A-Za-z0-9_:]+)*)" + _PTX_END
 _SASS_LINE = (
-    r"[ \t]*(?:/\*[0-9a-fA-F]+\*/[ \t]*)?(?:\{[ \t]*)?"
+    _WS + r"(?:/\*[0-9a-fA-F]+\*/[ \t]*)?(?:\{[ \t]*)?"
     r"(?:(?P<never>@!U?PT)[ \t]+|@!?U?P[0-9]+[ \t]+|@U?PT[ \t]+)?"
     r"(?P<mn>[A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)(?=[ \t;\r]|$)"
 )
-_AMD_LINE = r"[ \t]*(?P<mn>[a-z][a-z0-9_]*)(?=[ \t\r]|$)"
+_AMD_END = r"(?=[ \t\r]|$)"
+_AMD_LINE = _WS + r"(?P<mn>[a-z][a-z0-9_]*)" + _AMD_END
 
 _LINE_RE = {
     "ptx": re.compile(_PTX_LINE),
@@ -115,14 +121,9 @@ _LINE_RE = {
     "amdgcn": re.compile(_AMD_LINE),
 }
 # Whole-text scanners: anchored on a literal newline, which lets the regex
-# engine skip from line to line quickly.
-_SCAN_RE = {
-    "ptx": re.compile("\n" + _PTX_LINE, re.MULTILINE),
-    "sass": re.compile(
-        "\n" + _SASS_LINE.replace("(?P<never>", "(").replace("(?P<mn>", "("), re.MULTILINE
-    ),
-    "amdgcn": re.compile("\n" + _AMD_LINE, re.MULTILINE),
-}
+# engine skip from line to line quickly.  findall() gives tuples (ws, mn), or
+# (ws, never, mn) for SASS.
+_SCAN_RE = {isa: re.compile("\n" + rx.pattern, re.MULTILINE) for isa, rx in _LINE_RE.items()}
 
 # Trailing comments / encodings to cut from Instr.text.
 _SASS_ADDR = re.compile(r"^/\*[0-9a-fA-F]+\*/\s*")
@@ -162,7 +163,9 @@ _PTX_SPACES = {
 }
 _PTX_TYPE = re.compile(r"(b|u|s|f|bf|tf)(8|16|32|64|128)(?:x(\d+))?")
 _PTX_FP8 = re.compile(r"(?:e4m3|e5m2|e2m3|e3m2|ue8m0)x(\d+)")
-_PTX_CP_SIZE = re.compile(r"\]\s*,\s*\[[^\]]*\]\s*,\s*(0x[0-9a-fA-F]+|\d+)")
+# cp.async.{ca,cg} dst, src, cp-size[, src-size]: the cp-size operand.
+_PTX_CP_SIZE_TAIL = r"[^\n]*?\][ \t]*,[ \t]*\[[^\]\n]*\][ \t]*,[ \t]*(0x[0-9a-fA-F]+|\d+)"
+_PTX_CP_SIZE = re.compile(_PTX_CP_SIZE_TAIL)
 
 
 def _ptx_space(tokens: list[str], default: str = "generic") -> str:
@@ -287,7 +290,7 @@ def _ptx_operands_matter(mn: str) -> bool:
 
 
 def _ptx_refine(cls: _Class, line: str) -> _Class:
-    m = _PTX_CP_SIZE.search(line)
+    m = _PTX_CP_SIZE.match(line, _LINE_RE["ptx"].match(line).end())
     if m:
         return cls[:3] + (int(m.group(1), 0) * 8,)
     return cls
@@ -367,7 +370,7 @@ def _sass_class(mn: str) -> _Class:
     if op in _SASS_NOWIDTH:
         sk = _SASS_NOWIDTH[op]
         return _OTHER if sk is None else ("memory", sk[0], sk[1], None)
-    if op.endswith("MMA") and op not in ("DMMA_UNUSED",):
+    if op.endswith("MMA"):  # HMMA, HGMMA, IMMA, DMMA, UTCHMMA, ...
         return ("matrix", None, None, None)
     if op == "WARPGROUP":
         return ("wait", None, None, None) if "DEPBAR" in mods else _OTHER
@@ -494,17 +497,17 @@ def _amd_class(mn: str) -> _Class:
     return _OTHER
 
 
-_AMD_LDS_OPERAND = re.compile(r"\blds\b")
+# 'buffer_load_dword v1, s[4:7], 0 offen lds' writes straight to LDS.
+_AMD_LDS_TAIL = r"[ \t][^\n;]*?\blds\b"
+_AMD_LDS_OPERAND = re.compile(_AMD_LDS_TAIL)
 
 
 def _amd_operands_matter(mn: str) -> bool:
-    return mn.startswith("buffer_load_") or mn.startswith("global_load_")
+    return mn.startswith(("buffer_load_", "global_load_"))
 
 
 def _amd_refine(cls: _Class, line: str) -> _Class:
-    # 'buffer_load_dword v1, s[4:7], 0 offen lds' writes straight to LDS.
-    parts = line.split(";", 1)[0].split(None, 1)
-    if cls[2] == "load" and len(parts) == 2 and _AMD_LDS_OPERAND.search(parts[1]):
+    if cls[2] == "load" and _AMD_LDS_OPERAND.match(line, _LINE_RE["amdgcn"].match(line).end()):
         return (cls[0], cls[1], "async_copy", cls[3])
     return cls
 
@@ -560,13 +563,39 @@ def parse(text: str, isa: str) -> list[Instr]:
     return out
 
 
-def _lines_starting(text: str, isa: str, mnemonics: set[str]):
-    """(mnemonic, line) for the instruction lines whose mnemonic is in ``mnemonics``."""
-    rx = _LINE_RE[isa]
-    for line in text.splitlines():
-        m = rx.match(line)
-        if m is not None and m.group("mn") in mnemonics:
-            yield m.group("mn"), line
+# Whole-text scanners for the lines whose operands change the classification:
+# the same line prefix as _SCAN_RE, then the operand pattern the refine step
+# looks for.  findall() gives (ws, mn, size) for PTX and (ws, mn) for AMDGCN.
+_SPECIAL_SCAN = {
+    "ptx": re.compile(
+        "\n" + _WS + _PTX_PRED + r"(cp\.async\.c[ag](?:\.[A-Za-z0-9_:]+)*)" + _PTX_END + _PTX_CP_SIZE_TAIL,
+        re.MULTILINE,
+    ),
+    "amdgcn": re.compile(
+        "\n" + _WS + r"((?:buffer|global)_load_[a-z0-9_]*)" + _AMD_END + _AMD_LDS_TAIL, re.MULTILINE
+    ),
+}
+
+
+def _special_counts(text: str, isa: str, raw: Counter) -> list:
+    """Classify the operand-dependent lines; take them out of ``raw``."""
+    out = []
+    if isa == "ptx":
+        found = Counter((mn, size) for _ws, mn, size in _SPECIAL_SCAN["ptx"].findall(text))
+        for (mn, size), n in found.items():
+            if not _ptx_operands_matter(mn):
+                continue
+            raw[mn] -= n
+            out.append((_ptx_class(mn)[:3] + (int(size, 0) * 8,), mn, n))
+    elif isa == "amdgcn":
+        found = Counter(mn for _ws, mn in _SPECIAL_SCAN["amdgcn"].findall(text))
+        for mn, n in found.items():
+            cls = _amd_class(mn)
+            if not _amd_operands_matter(mn) or cls[2] != "load":
+                continue
+            raw[mn] -= n
+            out.append((cls[:2] + ("async_copy", cls[3]), mn, n))
+    return out
 
 
 def tally(text: str, isa: str) -> dict[tuple, Counter]:
@@ -578,22 +607,17 @@ def tally(text: str, isa: str) -> dict[tuple, Counter]:
     _check_isa(isa)
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
-    found = _SCAN_RE[isa].findall("\n" + text)
+    text = "\n" + text
+    found = _SCAN_RE[isa].findall(text)
     if isa == "sass":
-        raw = Counter(found)  # (never-guard, mnemonic)
+        raw = Counter((never, mn) for _ws, never, mn in found)
         pairs = [((_OTHER if never else _sass_class(mn)), mn, n) for (never, mn), n in raw.items()]
     else:
-        raw = Counter(found)
-        classify_mn = _CLASSIFY[isa]
+        raw = Counter(mn for _ws, mn in found)
         matter = _OPERANDS_MATTER[isa]
-        special = {mn for mn in raw if matter(mn)}
-        pairs = [(classify_mn(mn), mn, n) for mn, n in raw.items() if mn not in special]
-        if special:
-            refine = _REFINE[isa]
-            extra: Counter = Counter()
-            for mn, line in _lines_starting(text, isa, special):
-                extra[(refine(classify_mn(mn), line), mn)] += 1
-            pairs.extend((cls, mn, n) for (cls, mn), n in extra.items())
+        pairs = _special_counts(text, isa, raw) if any(matter(mn) for mn in raw) else []
+        classify_mn = _CLASSIFY[isa]
+        pairs.extend((classify_mn(mn), mn, n) for mn, n in raw.items() if n > 0)
     out: dict[tuple, Counter] = {}
     for cls, mn, n in pairs:
         c = out.get(cls)
@@ -601,6 +625,11 @@ def tally(text: str, isa: str) -> dict[tuple, Counter]:
             c = out[cls] = Counter()
         c[mn] += n
     return out
+
+
+# pandas 3 infers its own string dtype (missing = NaN); pandas 2 keeps objects
+# (missing = None).  Say so explicitly, so empty and all-missing columns match.
+_STR = "str" if int(pd.__version__.split(".", 1)[0]) >= 3 else object
 
 
 def _sort_key(key: tuple):
@@ -636,14 +665,17 @@ def mix(text: str, isa: str, include_other: bool = False) -> pd.DataFrame:
         else:
             nbytes.append(n * k[3] / 8)
         names.append(", ".join(f"{mn}:{cnt}" for mn, cnt in sorted(c.items(), key=lambda x: (-x[1], x[0]))))
+    mask = np.fromiter((w is None for w in widths), dtype=bool, count=len(widths))
+    vals = np.fromiter((0 if w is None else w for w in widths), dtype=np.int64, count=len(widths))
     return pd.DataFrame(
         {
-            "category": pd.Series(cats, dtype=object),
-            "space": pd.Series(spaces, dtype=object),
-            "kind": pd.Series(kinds, dtype=object),
-            "width_bits": pd.array(widths, dtype="Int64"),
-            "count": pd.Series(counts, dtype="int64"),
-            "bytes_per_thread": pd.Series(nbytes, dtype="float64"),
-            "mnemonics": pd.Series(names, dtype=object),
-        }
+            "category": pd.array(cats, dtype=_STR),
+            "space": pd.array(spaces, dtype=_STR),
+            "kind": pd.array(kinds, dtype=_STR),
+            "width_bits": pd.arrays.IntegerArray(vals, mask),
+            "count": np.array(counts, dtype=np.int64),
+            "bytes_per_thread": np.array(nbytes, dtype=np.float64),
+            "mnemonics": pd.array(names, dtype=_STR),
+        },
+        columns=list(MIX_COLUMNS),
     )
