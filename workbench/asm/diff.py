@@ -54,15 +54,31 @@ def side_by_side(a: str, b: str) -> list[Row]:
 
 def mix_delta(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     """Counts per instruction class in a and b, and b - a; only classes that occur."""
-    keys = [c for c in a.columns if c not in _MEASURES] or [c for c in b.columns if c not in _MEASURES]
+    keys = [c for c in ("category", "space", "kind", "width_bits") if c in a.columns]
     left = a[keys + ["count"]].rename(columns={"count": "count_a"})
     right = b[keys + ["count"]].rename(columns={"count": "count_b"})
-    # NaN keys (e.g. width of a barrier) must still match each other in the merge.
-    fill = {k: "" for k in keys if left[k].dtype == object or right[k].dtype == object}
-    merged = pd.merge(left.fillna(fill), right.fillna(fill), on=keys, how="outer")
+    # NaN keys (e.g. the space of a barrier) must still match each other in the merge.
+    left, right = (df.astype({k: object for k in keys}).fillna({k: "" for k in keys}) for df in (left, right))
+    merged = pd.merge(left, right, on=keys, how="outer")
     merged[["count_a", "count_b"]] = merged[["count_a", "count_b"]].fillna(0).astype(int)
     merged["delta"] = merged["count_b"] - merged["count_a"]
-    return merged.sort_values(keys, key=lambda s: s.astype(str)).reset_index(drop=True)
+    if "mnemonics" in a.columns and "mnemonics" in b.columns:
+        merged["mnemonics"] = [_names(a, b, row) for row in merged[keys].itertuples(index=False)]
+    order = lambda s: pd.to_numeric(s, errors="coerce").fillna(-1) if s.name == "width_bits" else s.astype(str)
+    return merged.sort_values(keys, key=order).reset_index(drop=True)
+
+
+def _names(a: pd.DataFrame, b: pd.DataFrame, key: tuple) -> str:
+    """Mnemonic names (without counts) of one instruction class, from both sides."""
+    names: list[str] = []
+    for df in (a, b):
+        for _, row in df.iterrows():
+            if tuple("" if pd.isna(row[k]) else row[k] for k in ("category", "space", "kind", "width_bits")) == key:
+                for part in str(row["mnemonics"]).split(","):
+                    name = part.rsplit(":", 1)[0].strip()
+                    if name and name not in names:
+                        names.append(name)
+    return ", ".join(names)
 
 
 def metadata_delta(a: Entry, b: Entry) -> dict[str, tuple]:
