@@ -1,5 +1,6 @@
 """`workbench asm ...`: tables, JSON, exit codes and bad input, as a user meets them."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -145,7 +146,8 @@ def test_corrupt_cubin(capsys, cache):
     assert code == 2 and str(cubin.name) in err
 
 
-def test_console_script_compile_then_ls(tmp_path):
+@pytest.mark.parametrize("interpret", ["0", "1"])  # "1": compiled by a child without the interpreter
+def test_console_script_compile_then_ls(tmp_path, interpret):
     """The installed `workbench` command, end to end, in a fresh process."""
     exe = Path(sys.executable).with_name("workbench")
     cmd = [str(exe), "asm", "compile", "kernels.remote:remote_store_kernel", "--target", "sm90,gfx942",
@@ -153,7 +155,8 @@ def test_console_script_compile_then_ls(tmp_path):
            "--constexpr", "rank=0", "--constexpr", "peer=1", "--constexpr", "BLOCK=1024", "--constexpr", "HINT=true",
            "--divisible", "heap_bases", "--divisible", "x_ptr", "--divisible", "n", "--num-warps", "4",
            "--cache", str(tmp_path), "--json"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, TRITON_INTERPRET=interpret)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr
     made = json.loads(res.stdout)
     assert sorted(r["arch"] for r in made) == ["gfx942", "sm90"]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import base64
 import importlib
-import types
+import subprocess
+import sys
 import os
 from pathlib import Path
 
@@ -56,34 +57,56 @@ def resolve_function(spec: str):
         raise CacheError(f"module {module_name!r} has no {attr!r}") from None
 
 
-def _as_jit(fn, _done: dict | None = None):
-    """A JITFunction for `fn`, also when the interpreter replaced it (TRITON_INTERPRET=1).
-
-    Under the interpreter, @jit yields InterpretedFunction objects, which the
-    compiler cannot lower; so rebuild the function, and every jitted helper it
-    calls through its globals, as JITFunctions sharing one new globals dict.
-    """
+def _interpreted(fn) -> bool:
+    """True for functions that TRITON_INTERPRET=1 turned into InterpretedFunction."""
     from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(fn, InterpretedFunction)
+
+
+def _import_spec(fn) -> str:
+    """MODULE:QUALNAME of a jitted function, for a child process to import it."""
+    inner = getattr(fn, "fn", fn)
+    module, name = getattr(inner, "__module__", None), getattr(inner, "__qualname__", "")
+    if not module or module == "__main__" or "<" in name:
+        raise CacheError(
+            f"{name or fn!r}: TRITON_INTERPRET=1 is set, so this kernel can only be cross-compiled from an "
+            "importable module; move it into a module, or unset TRITON_INTERPRET"
+        )
+    return f"{module}:{name}"
+
+
+def _compile_in_child(fn, targets, request: dict) -> list[Entry]:
+    """Cross-compile in a fresh process without the interpreter.
+
+    Under TRITON_INTERPRET=1 every @triton.jit (Triton's own library too) is an
+    interpreter object that the compiler cannot lower; a child process that
+    imports the kernel with the interpreter off compiles it normally.
+    """
+    request = dict(request, function=_import_spec(fn), targets=list(targets),
+                   attrs=[[list(k), v] for k, v in (request.get("attrs") or {}).items()])
+    try:
+        payload = json.dumps(request)
+    except TypeError as exc:
+        raise CacheError(f"under TRITON_INTERPRET=1 constexprs must be plain values to pass on ({exc})") from None
+    # The child sees the modules this process sees (pytest and notebooks extend sys.path).
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-m", "workbench.asm.compile"], input=payload, env=env,
+                          capture_output=True, text=True, cwd=os.getcwd())
+    try:
+        reply = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        tail = proc.stderr.strip().splitlines()[-3:]
+        raise CacheError(f"the compile process failed (exit {proc.returncode}): {' '.join(tail)}") from None
+    if "error" in reply:
+        raise CacheError(reply["error"])
+    return [read_entry(p) for p in reply["entries"]]
+
+
+def _is_jit(fn) -> bool:
     from triton.runtime.jit import JITFunction
 
-    if isinstance(fn, JITFunction):
-        return fn
-    if not isinstance(fn, InterpretedFunction):
-        raise CacheError(f"{fn!r} is not a @triton.jit or @gluon.jit function")
-    done = {} if _done is None else _done
-    if id(fn) in done:
-        return done[id(fn)]
-    py = fn.fn
-    env = dict(py.__globals__)
-    clone = types.FunctionType(py.__code__, env, py.__name__, py.__defaults__, py.__closure__)
-    clone.__kwdefaults__, clone.__qualname__, clone.__module__ = py.__kwdefaults__, py.__qualname__, py.__module__
-    clone.__annotations__ = py.__annotations__
-    # (@gluon.jit never goes through the interpreter, so only plain JITFunctions are rebuilt.)
-    done[id(fn)] = jit = JITFunction(clone)
-    for name, value in list(env.items()):
-        if isinstance(value, InterpretedFunction):
-            env[name] = _as_jit(value, done)
-    return jit
+    return isinstance(fn, JITFunction)
 
 
 def _is_gluon(fn) -> bool:
@@ -164,10 +187,15 @@ def cross_compile(
 
     if isinstance(fn, str):
         fn = resolve_function(fn)
-    fn = _as_jit(fn)
     if isinstance(targets, str):
         targets = [targets]
     gpu_targets = [gpu_target(t) for t in targets]  # validate all names before compiling any
+    if _interpreted(fn):
+        return _compile_in_child(fn, targets, dict(
+            signature=signature, constexprs=constexprs, divisible=divisible, attrs=attrs,
+            num_warps=num_warps, num_stages=num_stages, options=options, cache_dir=str(cache_dir)))
+    if not _is_jit(fn):
+        raise CacheError(f"{fn!r} is not a @triton.jit or @gluon.jit function")
     sig = make_signature(fn, signature, constexprs)
     all_attrs = {**_attrs(fn, divisible), **(attrs or {})}
     opts = dict(options or {})
@@ -194,3 +222,19 @@ def cross_compile(
             _write_sidecar(path / f"{kernel.metadata.name}{SIDECAR}", name, sig, constexprs, all_attrs, opts)
             entries.append(read_entry(path))
     return entries
+
+
+def _child_main() -> None:
+    """`python -m workbench.asm.compile` < request.json: the child side of _compile_in_child."""
+    req = json.load(sys.stdin)
+    req["attrs"] = {tuple(k): v for k, v in req.pop("attrs")}
+    fn, targets = req.pop("function"), req.pop("targets")
+    try:
+        reply = {"entries": [str(e.path) for e in cross_compile(fn, targets, **req)]}
+    except CacheError as exc:
+        reply = {"error": str(exc)}
+    print(json.dumps(reply))
+
+
+if __name__ == "__main__":
+    _child_main()
