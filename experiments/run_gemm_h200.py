@@ -1,0 +1,212 @@
+"""One scripted GPU run for the GEMM tiling study (needs only torch, triton,
+pandas, pyarrow, pyyaml, tqdm: what the device machine has).
+
+    PYTHONUNBUFFERED=1 python experiments/run_gemm_h200.py --out "$OUT"
+
+1. measures the device ceilings (copy bandwidth, cuBLAS bf16/fp16 GEMM);
+2. times, on the goal shapes, the heuristic's configuration (kernels.gemm.heuristic)
+   and cuBLAS, interleaved in rounds, in this same process, and prints the table
+   with the geometric mean of the ratios (heuristic_vs_cublas.csv);
+3. runs experiments/gemm_tiling.yaml (every point checked, then timed; rows.parquet),
+   under a watchdog that ends the process if a kernel hangs;
+4. times the heuristic, the sweep's best configuration and cuBLAS again on the
+   goal shapes (regret.csv) and writes best_per_shape.csv.
+
+Files written under --out: ceilings.json, heuristic_vs_cublas.csv, rows.parquet,
+best_per_shape.csv, regret.csv.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+GOAL_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (1024, 4096, 14336), (4096, 14336, 4096),
+               (16384, 3584, 8192), (2048, 7168, 2048), (512, 4096, 7168), (8192, 28672, 8192)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for the result files")
+    ap.add_argument("--spec", default=str(ROOT / "experiments" / "gemm_tiling.yaml"))
+    ap.add_argument("--quick", action="store_true", help="the spec's quick subset (smoke test)")
+    ap.add_argument("--skip-sweep", action="store_true", help="only ceilings and the table")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds in the table")
+    ap.add_argument("--rep-ms", type=float, default=150, help="timed milliseconds per variant per round")
+    ap.add_argument("--sweep-budget-s", type=float, default=330,
+                    help="start no new sweep point after this many seconds (the tables still run)")
+    ap.add_argument("--hang-s", type=float, default=60, help="watchdog: exit if no sweep row for this long")
+    ap.add_argument("--best-from", metavar="CSV",
+                    help="with --skip-sweep: a best_per_shape.csv of an earlier sweep, timed in the table too")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from kernels import gemm
+    from workbench import bench, provenance, roofline, sweep
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not bench.gpu_timing_available():
+        print("run_gemm_h200: needs a CUDA GPU (and TRITON_INTERPRET unset)", file=sys.stderr)
+        return 2
+    prov = provenance.collect()
+    print(f"device {prov['device_name']} x{prov['device_count']}, torch {prov['torch_version']}, "
+          f"triton {prov['triton_version']}, CUDA {prov['cuda_version']}, git {prov['git_sha']} "
+          f"(dirty={prov['git_dirty']}, from {prov['git_source']})", flush=True)
+
+    t0 = time.time()
+    ceil = roofline.measure_ceilings(save=True)
+    (out / "ceilings.json").write_text(json.dumps(ceil, indent=1, default=str) + "\n")
+    print(f"ceilings: copy {ceil['copy_gbps']:.0f} GB/s, cuBLAS bf16 {ceil['bf16_tflops']:.1f} TFLOP/s, "
+          f"fp16 {ceil['fp16_tflops']:.1f} TFLOP/s ({time.time() - t0:.0f} s)", flush=True)
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    # ---- 1. the goal table: heuristic vs cuBLAS, measured before anything else ----
+    t0 = time.time()
+    best0 = None
+    if args.best_from:
+        import pandas as pd
+
+        best0 = pd.read_csv(args.best_from)
+    table = _table(gemm, bench, provenance, prov, sms, args, best=best0)
+    table.to_csv(out / "heuristic_vs_cublas.csv", index=False)
+    _report(table, "heuristic vs cuBLAS")
+    print(f"({time.time() - t0:.0f} s)", flush=True)
+
+    # ---- 2. the sweep (a watchdog ends the process if a kernel hangs) ----
+    if not args.skip_sweep:
+        beat = [time.monotonic()]
+        _watchdog(beat, out, args.hang_s)
+        t0 = time.time()
+        try:
+            df = sweep.run_spec(args.spec, quick=args.quick, results_dir=out, resume=True, ceilings=ceil,
+                                progress=True, deadline_s=args.sweep_budget_s,
+                                on_row=lambda row: beat.__setitem__(0, time.monotonic()))
+        except sweep.SweepAborted as exc:
+            print(f"sweep aborted: {exc}", file=sys.stderr)
+            df = sweep.load_rows(out / "rows.parquet")
+        beat[0] = None  # watchdog off
+        (out / "inflight.json").unlink(missing_ok=True)
+        ok = df[(df.status == "ok") & (~df.is_baseline.astype(bool))]
+        print(f"sweep: {len(df)} rows, {len(ok)} ok kernel points in {time.time() - t0:.0f} s; status counts: "
+              f"{df.status.value_counts().to_dict()}", flush=True)
+        best = sweep.best_per_shape(df)
+        best.to_csv(out / "best_per_shape.csv", index=False)
+
+        # ---- 3. regret: the heuristic, the sweep's best and cuBLAS, interleaved again ----
+        t0 = time.time()
+        table2 = _table(gemm, bench, provenance, prov, sms, args, best=best)
+        table2.to_csv(out / "regret.csv", index=False)
+        _report(table2, "heuristic vs cuBLAS, with the sweep's best")
+        print(f"({time.time() - t0:.0f} s)", flush=True)
+    return 0
+
+
+def _watchdog(beat, out: Path, hang_s: float) -> None:
+    """Exit the process if no sweep row finished for hang_s seconds (a hung kernel
+    cannot be interrupted; the rows written so far stay on disk)."""
+    import threading
+
+    def loop():
+        while True:
+            time.sleep(5)
+            if beat[0] is None:
+                return
+            if time.monotonic() - beat[0] > hang_s:
+                info = (out / "inflight.json").read_text() if (out / "inflight.json").exists() else "?"
+                msg = f"watchdog: no sweep row for {hang_s:.0f} s; hung point: {info}"
+                print(msg, file=sys.stderr, flush=True)
+                (out / "HUNG.txt").write_text(msg + "\n")
+                os._exit(3)
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
+def _table(gemm, bench, provenance, prov, sms, args, best=None):
+    import pandas as pd
+    import torch
+
+    rows = []
+    for (M, N, K) in GOAL_SHAPES:
+        shape = {"M": M, "N": N, "K": K}
+        inp = gemm.make_inputs(shape, torch.bfloat16, "cuda", seed=1234 + M + N + K)
+        ref = gemm.reference(inp)
+        heur = gemm.heuristic(M, N, K, torch.bfloat16, sms)
+        variants = {"cublas": lambda: gemm.cublas(inp.a, inp.b, out=inp.out),
+                    "heuristic": (lambda c=heur: gemm.matmul(inp.a, inp.b, c, out=inp.out))}
+        best_label = ""
+        if best is not None and len(best):
+            hit = best[(best.M == M) & (best.N == N) & (best.K == K)]
+            if len(hit):
+                best_cfg = gemm.GemmConfig(**json.loads(hit.iloc[0]["params"]))
+                best_label = best_cfg.label()
+                variants["best"] = (lambda c=best_cfg: gemm.matmul(inp.a, inp.b, c, out=inp.out))
+        errs = {}
+        for name, fn in variants.items():
+            inp.out.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            o = inp.out.float()
+            errs[name] = float("nan") if not torch.isfinite(o).all() else \
+                float(torch.linalg.vector_norm(o - ref) / torch.linalg.vector_norm(ref))
+        del ref, o
+        meds: dict[str, list[float]] = {k: [] for k in variants}
+        spreads: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(args.rounds):
+            for name, fn in variants.items():
+                t = bench.measure(fn, warmup_ms=25, rep_ms=args.rep_ms, flush_l2=True)
+                meds[name].append(t.median_ms)
+                spreads[name].append(t.rel_spread)
+        flops = gemm.flops(shape)
+        ms = {k: statistics.median(v) for k, v in meds.items()}
+        row = {"M": M, "N": N, "K": K, "dtype": "bfloat16",
+               "heuristic_config": heur.label(), "heuristic_params": json.dumps(heur.as_params()),
+               "heuristic_ms": ms["heuristic"], "heuristic_tflops": flops / ms["heuristic"] / 1e9,
+               "heuristic_rel_err": errs["heuristic"],
+               "heuristic_round_ms": json.dumps(meds["heuristic"]),
+               "heuristic_iqr_rel": statistics.median(spreads["heuristic"]),
+               "cublas_ms": ms["cublas"], "cublas_tflops": flops / ms["cublas"] / 1e9,
+               "cublas_rel_err": errs["cublas"], "cublas_round_ms": json.dumps(meds["cublas"]),
+               "cublas_iqr_rel": statistics.median(spreads["cublas"]),
+               "ratio_heuristic_vs_cublas": ms["cublas"] / ms["heuristic"],
+               "best_config": best_label,
+               "best_params": hit.iloc[0]["params"] if best_label else "",
+               "best_ms": ms.get("best", math.nan),
+               "best_rel_err": errs.get("best", math.nan),
+               "ratio_best_vs_cublas": ms["cublas"] / ms["best"] if "best" in ms else math.nan,
+               "regret": ms["heuristic"] / ms["best"] if "best" in ms else math.nan,
+               "rounds": args.rounds, "rep_ms": args.rep_ms}
+        row.update(provenance.flat(prov))
+        rows.append(row)
+        print(f"{M:>6} {N:>6} {K:>6}  heuristic {row['heuristic_config']:<28} {row['heuristic_tflops']:7.1f} "
+              f"TFLOP/s  cuBLAS {row['cublas_tflops']:7.1f}  ratio {row['ratio_heuristic_vs_cublas']:.3f}"
+              + (f"  best {best_label} {row['ratio_best_vs_cublas']:.3f}" if best_label else "")
+              + f"  err {errs['heuristic']:.1e}", flush=True)
+        del inp
+        torch.cuda.empty_cache()
+    return pd.DataFrame(rows)
+
+
+def _report(table, title: str) -> None:
+    ratios = table["ratio_heuristic_vs_cublas"].tolist()
+    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    wins = sum(r >= 1.0 for r in ratios)
+    line = f"{title}: geomean {geo:.3f}, {wins}/{len(ratios)} shapes >= 1.0x"
+    best_r = table["ratio_best_vs_cublas"].dropna().tolist()
+    if best_r:
+        line += f"; sweep-best vs cuBLAS geomean {math.exp(sum(math.log(r) for r in best_r) / len(best_r)):.3f}"
+    print(line, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

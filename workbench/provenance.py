@@ -1,0 +1,120 @@
+"""Where a measurement came from: code version, software, device, knobs, time.
+
+``collect()`` never fails: outside a git checkout (the device machine gets a
+copy of the working tree without ``.git``) the commit comes from the
+environment variable ``WORKBENCH_GIT_SHA`` (and ``WORKBENCH_GIT_DIRTY``:
+1/0), else it reads ``unknown``.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = ["collect", "flat", "KNOB_PREFIXES", "git_info"]
+
+KNOB_PREFIXES = ("TRITON_", "NCCL_", "CUDA_", "TORCH_", "NVSHMEM_", "PYTORCH_")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _git(*args: str, cwd: Path) -> str | None:
+    try:
+        r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def git_info(repo: str | os.PathLike | None = None) -> dict[str, Any]:
+    """{'git_sha', 'git_dirty', 'git_source'}; source is 'git', 'env' or 'unknown'."""
+    cwd = Path(repo) if repo else REPO_ROOT
+    sha = _git("rev-parse", "HEAD", cwd=cwd) if cwd.exists() else None
+    if sha:
+        status = _git("status", "--porcelain", "--untracked-files=no", cwd=cwd)
+        return {"git_sha": sha, "git_dirty": bool(status) if status is not None else None, "git_source": "git"}
+    env_sha = os.environ.get("WORKBENCH_GIT_SHA", "").strip()
+    if env_sha:
+        dirty = os.environ.get("WORKBENCH_GIT_DIRTY", "").strip().lower()
+        return {"git_sha": env_sha,
+                "git_dirty": True if dirty in ("1", "true", "yes") else False if dirty in ("0", "false", "no")
+                else None,
+                "git_source": "env"}
+    return {"git_sha": "unknown", "git_dirty": None, "git_source": "unknown"}
+
+
+def _versions() -> dict[str, Any]:
+    out: dict[str, Any] = {"python_version": platform.python_version()}
+    try:
+        import torch
+
+        out["torch_version"] = torch.__version__
+        out["cuda_version"] = torch.version.cuda
+    except ImportError:  # pragma: no cover
+        out["torch_version"] = None
+        out["cuda_version"] = None
+    try:
+        import triton
+
+        out["triton_version"] = triton.__version__
+    except ImportError:  # pragma: no cover
+        out["triton_version"] = None
+    return out
+
+
+def _devices() -> dict[str, Any]:
+    out: dict[str, Any] = {"device_name": "cpu", "device_count": 0, "device_capability": None,
+                           "sm_count": None}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            n = torch.cuda.device_count()
+            props = torch.cuda.get_device_properties(0)
+            out.update(device_name=props.name, device_count=n,
+                       device_capability=f"{props.major}.{props.minor}", sm_count=props.multi_processor_count)
+    except Exception as exc:  # a broken driver must not stop a run from being recorded
+        out["device_error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def _knobs(extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    knobs: dict[str, Any] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(KNOB_PREFIXES)}
+    if extra:
+        knobs.update({str(k): v for k, v in extra.items()})
+    return knobs
+
+
+def collect(world_size: int = 1, knobs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Provenance of a run, as one flat dict (``knobs`` is a nested dict).
+
+    Fields: git_sha, git_dirty, git_source, python/torch/triton/cuda versions,
+    device_name, device_count, device_capability, sm_count, world_size,
+    interpreter (TRITON_INTERPRET=1), knobs (TRITON_*, NCCL_*, CUDA_*, TORCH_*,
+    NVSHMEM_*, PYTORCH_* environment variables plus ``knobs``), timestamp
+    (UTC, ISO 8601) and hostname.
+    """
+    info: dict[str, Any] = {}
+    info.update(git_info())
+    info.update(_versions())
+    info.update(_devices())
+    info["world_size"] = int(world_size)
+    info["interpreter"] = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    info["knobs"] = _knobs(knobs)
+    info["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    try:
+        info["hostname"] = socket.gethostname()
+    except OSError:  # pragma: no cover
+        info["hostname"] = "unknown"
+    return info
+
+
+def flat(info: Mapping[str, Any]) -> dict[str, Any]:
+    """``collect()`` output with ``knobs`` as a JSON string (one table cell)."""
+    out = dict(info)
+    out["knobs"] = json.dumps(out.get("knobs", {}), sort_keys=True, default=str)
+    return out
