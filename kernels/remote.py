@@ -36,3 +36,184 @@ def remote_store_kernel(heap_bases, x_ptr, n, rank: tl.constexpr, peer: tl.const
     x = tl.load(x_ptr + offs, mask=mask)
     dst = translate(x_ptr + offs, rank, peer, heap_bases, BLOCK if HINT else 0)
     tl.store(dst, x, mask=mask)
+
+
+# ---------------------------------------------------------------------------
+# Everything below extends the two helpers above (kept at their lines: cache
+# fixtures record `remote_store_kernel`'s source location).
+#
+# Conventions: `rank` is the calling rank, `peer` the other side; a "heap
+# address" is a pointer into the caller's own symmetric heap (the same offset
+# names the same buffer on every rank). HINT as in `translate` (1-D pointers).
+# ---------------------------------------------------------------------------
+
+# Host-side error codes and sizes.
+STATUS_WORDS = 4  # [timeouts, flag id, value seen, value expected] (int32)
+
+
+@triton.jit
+def peer_delta(rank, peer, heap_bases, ESIZE: tl.constexpr, HINT: tl.constexpr = 0):
+    """Elements from an address in `rank`'s heap to the same offset in `peer`'s.
+
+    ``ptr + peer_delta(...)`` is `ptr` on `peer`. Unlike `translate` this stays
+    pointer arithmetic, so what the compiler knows about `ptr` (contiguity,
+    alignment, any tile shape) survives; it only needs to know the distance's
+    alignment: HINT > 0 asserts it is a multiple of HINT elements (heaps are
+    at least 256-byte aligned, so HINT = 16 // ESIZE always holds). Returned
+    hints survive inlining because they are set here, on the op that makes
+    the value (a hint on a helper's *result* is dropped with the call).
+    """
+    d = (tl.load(heap_bases + peer) - tl.load(heap_bases + rank)) // ESIZE
+    if HINT > 0:
+        d = tl.multiple_of(d, HINT)
+    return d
+
+
+@triton.jit
+def remote_load(ptr, rank, peer, heap_bases, mask=None, other=None, HINT: tl.constexpr = 0):
+    """Load the heap address `ptr` from `peer`'s heap (a read over NVLink)."""
+    return tl.load(translate(ptr, rank, peer, heap_bases, HINT), mask=mask, other=other)
+
+
+@triton.jit
+def remote_store(ptr, value, rank, peer, heap_bases, mask=None, HINT: tl.constexpr = 0):
+    """Store `value` at the heap address `ptr` in `peer`'s heap (a posted write)."""
+    tl.store(translate(ptr, rank, peer, heap_bases, HINT), value, mask=mask)
+
+
+@triton.jit
+def put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, HINT: tl.constexpr = 0):
+    """Copy local `src_ptr` (any local memory) to heap address `dst_ptr` on `peer`."""
+    value = tl.load(src_ptr, mask=mask)
+    remote_store(dst_ptr, value, rank, peer, heap_bases, mask, HINT)
+
+
+@triton.jit
+def get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, HINT: tl.constexpr = 0):
+    """Copy heap address `src_ptr` on `peer` into local `dst_ptr` (any local memory)."""
+    value = remote_load(src_ptr, rank, peer, heap_bases, mask, None, HINT)
+    tl.store(dst_ptr, value, mask=mask)
+
+
+@triton.jit
+def signal(flag_ptr, value, rank, peer, heap_bases, OP: tl.constexpr = "set", SCOPE: tl.constexpr = "sys"):
+    """Publish this program's earlier stores, then set (OP="set") or add to
+    (OP="add") the int32 heap flag `flag_ptr` on `peer`; returns the old value.
+
+    Order matters: the data stores of every thread come first, then a CTA
+    barrier (so all of them precede the flag in the memory model), then one
+    release atomic. SCOPE="sys" when `peer` is another GPU (stores cross
+    NVLink); "gpu" only when producer and consumer share a GPU.
+    """
+    tl.debug_barrier()
+    target = translate(flag_ptr, rank, peer, heap_bases)
+    if OP == "add":
+        old = tl.atomic_add(target, value, sem="release", scope=SCOPE)
+    else:
+        old = tl.atomic_xchg(target, value, sem="release", scope=SCOPE)
+    return old
+
+
+@triton.jit
+def wait(flag_ptr, expected, max_spins, status_ptr, flag_id, SCOPE: tl.constexpr = "sys"):
+    """Spin with acquire reads until the local int32 flag reaches `expected`
+    (flags only grow, so ">=" also accepts a later round), polling at most
+    `max_spins` times. Returns True when it arrived.
+
+    A timeout never hangs: it counts itself in `status_ptr[0]` and leaves the
+    flag id, the value seen and the value expected in `status_ptr[1:4]`, which
+    the host turns into an error (`check_status`). After the spin a CTA
+    barrier hands the acquired view to every thread of the program.
+    """
+    seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
+    spins = 0
+    while (seen < expected) & (spins < max_spins):
+        seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
+        spins += 1
+    arrived = seen >= expected
+    if not arrived:
+        tl.atomic_add(status_ptr, 1)
+        tl.atomic_xchg(status_ptr + 1, flag_id)
+        tl.atomic_xchg(status_ptr + 2, seen)
+        tl.atomic_xchg(status_ptr + 3, expected)
+    tl.debug_barrier()
+    return arrived
+
+
+@triton.jit
+def wait_all(flags_ptr, total_ptr, count, max_spins, status_ptr, WORLD: tl.constexpr, SCOPE: tl.constexpr):
+    """Wait until every slot of the local flag array reached the running total
+    ``*total_ptr + count``, then record that total (one program, device-side).
+
+    Keeping the total on the device (not a launch argument) makes a round
+    replayable: a CUDA graph of launches stays right as flags keep growing.
+    """
+    expected = tl.load(total_ptr) + count
+    for src in tl.static_range(WORLD):
+        wait(flags_ptr + src, expected, max_spins, status_ptr, src, SCOPE)
+    tl.store(total_ptr, expected)
+
+
+@triton.jit
+def put_kernel(src_ptr, dst_ptr, n, heap_bases, rank, peer, BLOCK: tl.constexpr, HINT: tl.constexpr):
+    """Grid-stride copy of `n` local elements to heap address `dst_ptr` on `peer`
+    (the SM-driven peer copy used to measure NVLink write bandwidth)."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    for start in range(pid * BLOCK, n, step):
+        offs = start + tl.arange(0, BLOCK)
+        put(src_ptr + offs, dst_ptr + offs, rank, peer, heap_bases, offs < n, BLOCK if HINT else 0)
+
+
+@triton.jit
+def get_kernel(src_ptr, dst_ptr, n, heap_bases, rank, peer, BLOCK: tl.constexpr, HINT: tl.constexpr):
+    """Grid-stride copy of `n` elements from heap address `src_ptr` on `peer` to local `dst_ptr`."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    for start in range(pid * BLOCK, n, step):
+        offs = start + tl.arange(0, BLOCK)
+        get(src_ptr + offs, dst_ptr + offs, rank, peer, heap_bases, offs < n, BLOCK if HINT else 0)
+
+
+@triton.jit
+def arrive_kernel(flags_ptr, heap_bases, rank, WORLD: tl.constexpr, SCOPE: tl.constexpr):
+    """Add 1 to slot `rank` of the flag array on every rank (self included),
+    starting with the next rank so that ranks do not all hit rank 0 first."""
+    for i in tl.static_range(WORLD):
+        signal(flags_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", SCOPE)
+
+
+@triton.jit
+def wait_kernel(flags_ptr, expected, max_spins, status_ptr, WORLD: tl.constexpr, SCOPE: tl.constexpr):
+    """Wait until every slot of the local flag array reaches `expected`."""
+    for src in tl.static_range(WORLD):
+        wait(flags_ptr + src, expected, max_spins, status_ptr, src, SCOPE)
+
+
+@triton.jit(do_not_specialize=["count", "max_spins"])
+def wait_all_kernel(flags_ptr, total_ptr, count, max_spins, status_ptr, WORLD: tl.constexpr, SCOPE: tl.constexpr):
+    """`wait_all` as a launch of its own (one program)."""
+    wait_all(flags_ptr, total_ptr, count, max_spins, status_ptr, WORLD, SCOPE)
+
+
+class WaitTimeout(RuntimeError):
+    """A bounded device-side wait gave up: a peer never signalled."""
+
+
+def check_status(status, rank: int, what: str = "flag", names=None) -> None:
+    """Raise `WaitTimeout` if a `wait` on this rank recorded a timeout.
+
+    `status` is the int32 tensor the kernels wrote (STATUS_WORDS long); `what`
+    names the flag array and `names(flag_id)` (optional) says whose flag that
+    slot is, e.g. ``lambda i: f"rank {i}"``. Reading it synchronizes with the
+    device; call it once after a batch of launches, not inside a timed loop.
+    """
+    count, flag_id, seen, expected = (int(v) for v in status.detach().to("cpu").tolist()[:STATUS_WORDS])
+    if count == 0:
+        return
+    whose = names(flag_id) if names else f"slot {flag_id}"
+    raise WaitTimeout(
+        f"rank {rank}: {count} bounded wait(s) on {what}[{flag_id}] ({whose}) timed out: saw {seen}, "
+        f"expected >= {expected}. The peer never signalled: it died, is stuck, or launched a different "
+        f"grid or call sequence (every rank must make the same calls with the same num_sms)."
+    )

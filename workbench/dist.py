@@ -1,0 +1,955 @@
+"""Multi-GPU work: start a world with torchrun, a symmetric heap, a simulated world.
+
+Three parts, one per way a study meets several ranks:
+
+``launch(script, world_size, args, timeout_s)``
+    Runs ``torchrun --standalone --nproc-per-node=N script args`` from Python
+    (a notebook, ``workbench sweep``), watches it against a deadline and
+    returns the rows every rank wrote. A rank that dies, raises or hangs
+    fails the run with a `LaunchError` / `LaunchTimeout` naming the rank, its
+    last stage and its last output lines, instead of hanging the caller.
+    The script wraps its body in ``with dist.worker() as w:`` to get the
+    process group, a heartbeat and ``w.emit(rows)``.
+
+``SymmetricHeap(nbytes, group)``
+    One buffer per rank from ``torch.distributed._symmetric_memory``, mapped
+    into every peer; ``heap_bases`` is the int64 device tensor of the peer
+    base addresses (the role of iris' ``heap_bases``), ``alloc(shape, dtype)``
+    a bump allocator whose tensors live at the same offset on every rank, so
+    the peer address of a local tensor is ``heap_bases[peer] + offset``.
+
+``SimulatedWorld(world_size)``
+    All ranks in one process on the CPU: one host buffer per rank, the same
+    ``heap_bases`` table (host addresses), and kernels run "on rank r" in
+    Triton's interpreter, which dereferences real host addresses, so peer
+    pointers work. ``world.run(fn)`` runs ``fn(heap)`` for every rank in a
+    thread of its own while kernel launches take turns (one at a time), so
+    code written for one rank (launch, ``heap.barrier()``, wait) runs as is.
+
+NVLink multicast stays off in this process and in every process started here
+(``MULTICAST_OFF``): a program using it can take shared GPUs out of service.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import types
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+os.environ.update(MULTICAST_OFF)  # before any NCCL / symmetric-memory init in this process
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ENV_RUN_DIR = "WORKBENCH_RUN_DIR"
+ENV_HEARTBEAT = "WORKBENCH_HEARTBEAT_S"
+ENV_BACKEND = "WORKBENCH_DIST_BACKEND"
+
+__all__ = ["MULTICAST_OFF", "launch", "LaunchResult", "LaunchError", "LaunchTimeout", "worker", "Worker",
+           "time_collective", "SymmetricHeap", "SimulatedWorld", "SimHeap", "RankError", "interpreted",
+           "child_env"]
+
+
+# ==========================================================================
+# Launching a world
+# ==========================================================================
+class LaunchError(RuntimeError):
+    """The world failed; ``ranks`` are the ranks held responsible."""
+
+    def __init__(self, message: str, ranks: Sequence[int] = (), run_dir: Path | None = None):
+        super().__init__(message)
+        self.ranks = list(ranks)
+        self.run_dir = run_dir
+
+    @property
+    def rows(self) -> list[dict]:
+        """Rows the ranks emitted before the failure (partial results)."""
+        return _collect_rows(self.run_dir) if self.run_dir else []
+
+
+class LaunchTimeout(LaunchError):
+    """The deadline passed before every rank finished."""
+
+
+@dataclasses.dataclass
+class LaunchResult:
+    rows: list[dict]  # every rank's emitted rows, rank-major, each with a "rank" field
+    world_size: int
+    run_dir: Path
+    elapsed_s: float
+    log: str  # torchrun's combined output
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
+
+def child_env(extra: dict | None = None) -> dict:
+    """Environment for a process started from here: ours, the repo on PYTHONPATH, multicast off."""
+    env = dict(os.environ)
+    env.update(extra or {})
+    env.update(MULTICAST_OFF)  # last: nothing switches multicast back on
+    if "TRITON_INTERPRET" not in (extra or {}):
+        env.pop("TRITON_INTERPRET", None)  # a CPU test session must not make GPU ranks interpret
+    path = env.get("PYTHONPATH", "")
+    if str(REPO_ROOT) not in path.split(os.pathsep):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _target_args(script_or_module: str | os.PathLike) -> tuple[list[str], str]:
+    s = str(script_or_module)
+    p = Path(s)
+    if p.suffix == ".py" or p.exists():
+        if not p.exists():
+            raise FileNotFoundError(f"dist.launch: no script {p}")
+        return [str(p.resolve())], p.name
+    if re.fullmatch(r"[A-Za-z_][\w.]*", s):
+        return ["-m", s], s
+    raise ValueError(f"dist.launch: {s!r} is neither a .py script nor a module name (pkg.module)")
+
+
+def launch(script_or_module: str | os.PathLike, world_size: int, args: Sequence[str] = (),
+           timeout_s: float = 600.0, *, run_dir: str | os.PathLike | None = None, env: dict | None = None,
+           backend: str | None = None, heartbeat_s: float = 1.0, python: str | None = None,
+           echo: bool = False) -> LaunchResult:
+    """Run ``script_or_module`` as a world of ``world_size`` processes under torchrun.
+
+    Returns the rows the ranks emitted (``Worker.emit``), merged rank-major.
+    Raises `LaunchTimeout` when ``timeout_s`` passes first (the world is
+    killed; the message names the ranks that had not finished and what each
+    was doing), `LaunchError` when a rank fails (named, with its exit code or
+    exception and its last output lines). Per-rank heartbeat, rows and error
+    files stay in ``run_dir`` (a fresh temporary folder by default).
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"dist.launch: world_size must be a positive integer, got {world_size!r}")
+    target, name = _target_args(script_or_module)
+    run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="workbench_dist_"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for old in run_dir.glob("rank*.*"):
+        old.unlink()
+    extra = {ENV_RUN_DIR: str(run_dir), ENV_HEARTBEAT: str(heartbeat_s), **(env or {})}
+    if backend:
+        extra[ENV_BACKEND] = backend
+    cmd = [python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+           f"--nproc-per-node={world_size}", "--max-restarts=0", "--monitor-interval=0.2",
+           f"--log-dir={run_dir / 'torchrun'}", "--tee=3", *target, *map(str, args)]
+    log_path = run_dir / "launch.log"
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(extra),
+                                cwd=str(REPO_ROOT), start_new_session=True)
+        try:
+            while True:
+                rc = proc.poll()
+                if rc is not None:
+                    break
+                if time.monotonic() - start > timeout_s:
+                    states = _rank_states(run_dir, world_size)
+                    _kill_world(proc, states)
+                    text = log_path.read_text(errors="replace")
+                    raise LaunchTimeout(_timeout_message(name, world_size, timeout_s, states, text, run_dir),
+                                        [r for r, s in states.items() if s["status"] != "done"], run_dir)
+                time.sleep(0.1)
+        except BaseException:
+            if proc.poll() is None:  # KeyboardInterrupt and friends: leave nothing running
+                _kill_world(proc, _rank_states(run_dir, world_size))
+            raise
+    elapsed = time.monotonic() - start
+    text = log_path.read_text(errors="replace")
+    if echo:
+        print(text, end="")
+    states = _rank_states(run_dir, world_size)
+    if rc != 0 or any(s["status"] != "done" for s in states.values()):
+        msg, ranks = _failure_message(name, world_size, rc, states, text, run_dir)
+        raise LaunchError(msg, ranks, run_dir)
+    return LaunchResult(_collect_rows(run_dir), world_size, run_dir, elapsed, text)
+
+
+def _collect_rows(run_dir: Path) -> list[dict]:
+    rows: list[dict] = []
+    files = sorted(run_dir.glob("rank*.jsonl"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    for path in files:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                with contextlib.suppress(ValueError):  # a line cut by a kill
+                    rows.append(json.loads(line))
+    return rows
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _rank_states(run_dir: Path, world_size: int) -> dict[int, dict]:
+    """What each rank last said: status (done/error/running/silent), stage, ages, pid."""
+    now = time.time()
+    out = {}
+    for r in range(world_size):
+        beat = _read_json(run_dir / f"rank{r}.heartbeat") or {}
+        err = _read_json(run_dir / f"rank{r}.error")
+        done = (run_dir / f"rank{r}.done").exists()
+        status = "done" if done else "error" if err else "running" if beat else "silent"
+        out[r] = {"status": status, "stage": beat.get("stage"), "pid": beat.get("pid"),
+                  "stage_age_s": now - beat["stage_since"] if "stage_since" in beat else None,
+                  "beat_age_s": now - beat["beat"] if "beat" in beat else None,
+                  "error": err}
+    return out
+
+
+def _kill_world(proc: subprocess.Popen, states: dict[int, dict]) -> None:
+    """SIGTERM torchrun's process group and the ranks we know of, then SIGKILL what is left."""
+    pids = [s["pid"] for s in states.values() if s.get("pid")]
+
+    def send(sig):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    send(signal.SIGTERM)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    send(signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def _rank_lines(text: str, rank: int, n: int = 6) -> list[str]:
+    """Last lines torchrun's --tee prefixed with this (local) rank."""
+    pat = re.compile(rf"^\[(?:default|rank)?{rank}\]:(.*)$")
+    lines = [m.group(1) for line in text.splitlines() if (m := pat.match(line)) and m.group(1).strip()]
+    return lines[-n:]
+
+
+def _describe(r: int, s: dict, text: str) -> str:
+    bits = [f"rank {r}: {s['status']}"]
+    if s["stage"]:
+        age = f" for {s['stage_age_s']:.1f} s" if s["stage_age_s"] is not None else ""
+        bits.append(f"in stage '{s['stage']}'{age}")
+    if s["beat_age_s"] is not None and s["status"] == "running":
+        bits.append(f"last heartbeat {s['beat_age_s']:.1f} s ago")
+    if s["error"]:
+        bits.append(f"raised {s['error'].get('exception', '?')}")
+    desc = ", ".join(bits)
+    tail = _rank_lines(text, r)
+    if tail:
+        desc += "\n      | " + "\n      | ".join(tail)
+    return desc
+
+
+def _timeout_message(name, world_size, timeout_s, states, text, run_dir) -> str:
+    stuck = [r for r, s in states.items() if s["status"] != "done"]
+    lines = [f"dist.launch({name}, world_size={world_size}): timed out after {timeout_s:g} s; "
+             f"rank(s) {', '.join(map(str, stuck))} did not finish (the world was killed)."]
+    lines += ["  " + _describe(r, s, text) for r, s in states.items()]
+    lines.append(f"  heartbeats, rows and the log: {run_dir}")
+    return "\n".join(lines)
+
+
+_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def _failure_message(name, world_size, rc, states, text, run_dir) -> tuple[str, list[int]]:
+    raised = [r for r, s in states.items() if s["status"] == "error"]
+    root = _ROOT_CAUSE.findall(text.split("Root Cause", 1)[-1]) if "Root Cause" in text else []
+    exit_codes = {int(r): int(c) for r, c in root}
+    # A rank that died without a word (killed, os._exit, a crash) is the cause: the
+    # others' errors (a peer's connection closed) follow from it. Else the first to raise.
+    silent = [r for r in exit_codes if states[r]["error"] is None and states[r]["status"] != "done"]
+    if silent:
+        ranks = silent
+    elif raised:
+        ranks = [min(raised, key=lambda r: states[r]["error"].get("time", 0.0))]
+    elif exit_codes:
+        ranks = list(exit_codes)
+    else:
+        ranks = [r for r, s in states.items() if s["status"] != "done"] or list(range(world_size))
+    later = [r for r in raised if r not in ranks]
+    why = []
+    for r in ranks:
+        s = states[r]
+        if s["error"]:
+            why.append(f"rank {r} raised {s['error'].get('exception')}")
+        elif r in exit_codes:
+            code = exit_codes[r]
+            why.append(f"rank {r} exited with code {code}" + (f" (signal {-code})" if code < 0 else ""))
+        else:
+            why.append(f"rank {r} ended without finishing")
+    for r, code in exit_codes.items():
+        if states[r]["status"] == "running":
+            states[r]["status"] = f"exited with code {code}"
+    if later:
+        why.append(f"then rank(s) {', '.join(map(str, later))} failed too")
+    lines = [f"dist.launch({name}, world_size={world_size}): {'; '.join(why)} (torchrun exit code {rc})."]
+    lines += ["  " + _describe(r, s, text) for r, s in states.items()]
+    for r in [r for r in ranks if r in raised] + later:
+        tb = (states[r]["error"] or {}).get("traceback", "").rstrip().splitlines()[-8:]
+        if tb:
+            lines.append(f"  rank {r} traceback (end):\n      " + "\n      ".join(tb))
+    lines.append(f"  heartbeats, rows and the log: {run_dir}")
+    return "\n".join(lines), ranks
+
+
+# --------------------------------------------------------------------------
+# The rank's side
+# --------------------------------------------------------------------------
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class Worker:
+    """One rank of a launched world: process group, heartbeat, rows, exit record.
+
+    Use as ``with dist.worker() as w:``; outside ``launch`` (no run folder)
+    it still initializes the process group from torchrun's variables and
+    simply records nothing.
+    """
+
+    def __init__(self, backend: str | None = None, *, init: bool = True):
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        run_dir = os.environ.get(ENV_RUN_DIR)
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.backend = backend or os.environ.get(ENV_BACKEND)
+        self.init = init
+        self.interval = float(os.environ.get(ENV_HEARTBEAT, "1.0"))
+        self._stage = "starting"
+        self._stage_since = time.time()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.device = None
+
+    # heartbeat -------------------------------------------------------------
+    def _beat(self) -> None:
+        if self.run_dir is None:
+            return
+        _atomic_write(self.run_dir / f"rank{self.rank}.heartbeat", json.dumps(
+            {"rank": self.rank, "pid": os.getpid(), "stage": self._stage, "stage_since": self._stage_since,
+             "beat": time.time()}))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(OSError):
+                self._beat()
+
+    def stage(self, name: str) -> None:
+        """Say what this rank is doing now (a timeout names the stage it was stuck in)."""
+        self._stage, self._stage_since = str(name), time.time()
+        with contextlib.suppress(OSError):
+            self._beat()
+
+    def emit(self, rows: dict | Iterable[dict]) -> None:
+        """Append result rows (JSON-able dicts); ``launch`` returns them merged, tagged with the rank."""
+        if isinstance(rows, dict):
+            rows = [rows]
+        rows = [{"rank": self.rank, **r} for r in rows]
+        if self.run_dir is None:
+            return
+        with open(self.run_dir / f"rank{self.rank}.jsonl", "a") as fh:
+            for r in rows:
+                fh.write(json.dumps(r, default=str) + "\n")
+
+    # context ---------------------------------------------------------------
+    def __enter__(self) -> "Worker":
+        os.environ.update(MULTICAST_OFF)
+        self._beat()
+        self._thread = threading.Thread(target=self._loop, name="workbench-heartbeat", daemon=True)
+        self._thread.start()
+        if self.init and self.world_size >= 1:
+            import torch
+            import torch.distributed as tdist
+
+            if torch.cuda.is_available():
+                torch.cuda.set_device(self.local_rank)
+                self.device = torch.device("cuda", self.local_rank)
+            else:
+                self.device = torch.device("cpu")
+            if not tdist.is_initialized():
+                self.stage("init_process_group")
+                backend = self.backend or ("nccl" if self.device.type == "cuda" else "gloo")
+                kw = {"device_id": self.device} if backend == "nccl" else {}
+                tdist.init_process_group(backend=backend, **kw)
+        self.stage("running")
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        ok = exc_type is None or (exc_type is SystemExit and exc.code in (None, 0))
+        self._stop.set()
+        if self.run_dir is not None:
+            if ok:
+                _atomic_write(self.run_dir / f"rank{self.rank}.done", json.dumps({"rank": self.rank}))
+            else:
+                _atomic_write(self.run_dir / f"rank{self.rank}.error", json.dumps({
+                    "rank": self.rank, "stage": self._stage, "time": time.time(),
+                    "exception": f"{exc_type.__name__}: {exc}"[:2000],
+                    "traceback": "".join(traceback.format_exception(exc_type, exc, tb))[-8000:]}))
+        if ok and self.init:
+            import torch.distributed as tdist
+
+            if tdist.is_initialized():
+                with contextlib.suppress(Exception):
+                    tdist.barrier()
+                    tdist.destroy_process_group()
+        return False
+
+
+def worker(backend: str | None = None, *, init: bool = True) -> Worker:
+    """The current rank's `Worker` (use in a ``with`` statement)."""
+    return Worker(backend, init=init)
+
+
+def time_collective(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 10, group=None,
+                    sync: Callable[[], Any] | None = None, graph: int = 0) -> dict:
+    """Time a collective the way the seeds do: median per rank, slowest rank reported.
+
+    Every rank runs ``warmup`` calls, meets the others, then times ``iters``
+    back-to-back calls, each between its own pair of CUDA events (host clock
+    on CPU). With ``graph=G`` (CUDA only) the warmed-up calls are captured
+    ``G`` at a time in a CUDA graph and each of ``iters`` replays is timed
+    (per call: replay time / G): the GPU's time without the host's launch
+    overhead. Returns the same dict on every rank: ``ms`` (the slowest rank's
+    median), ``q25_ms``/``q75_ms`` of that rank, ``ms_per_rank``,
+    ``slowest_rank``, ``iters``, ``loop_ms`` (whole timed loop / calls: the
+    throughput view nccl-tests reports) and ``graph``.
+    """
+    import torch
+    import torch.distributed as tdist
+
+    cuda = torch.cuda.is_available()
+    meet = (lambda: tdist.barrier(group=group)) if tdist.is_initialized() else (lambda: None)
+    if graph and cuda:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        meet()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(graph):
+                fn()
+        torch.cuda.synchronize()
+        meet()
+        g.replay()
+        torch.cuda.synchronize()
+        if sync is not None:
+            sync()
+        meet()
+        run, per = g.replay, graph
+    else:
+        for _ in range(warmup):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+        if sync is not None:
+            sync()
+        meet()
+        run, per = fn, 1
+    if cuda:
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        for a, b in ev:
+            a.record()
+            run()
+            b.record()
+        torch.cuda.synchronize()
+        times = [a.elapsed_time(b) / per for a, b in ev]
+        loop = ev[0][0].elapsed_time(ev[-1][1]) / (per * iters)
+    else:
+        times = []
+        t_all = time.perf_counter()
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - t0) * 1e3 / per)
+        loop = (time.perf_counter() - t_all) * 1e3 / (per * iters)
+    s = sorted(times)
+    mine = (statistics.median(s), s[len(s) // 4], s[(3 * len(s)) // 4], loop)
+    if tdist.is_initialized():
+        allv = [None] * tdist.get_world_size(group)
+        tdist.all_gather_object(allv, mine, group=group)
+    else:
+        allv = [mine]
+    slow = max(range(len(allv)), key=lambda r: allv[r][0])
+    return {"ms": allv[slow][0], "q25_ms": allv[slow][1], "q75_ms": allv[slow][2], "slowest_rank": slow,
+            "ms_per_rank": [v[0] for v in allv], "iters": iters, "loop_ms": max(v[3] for v in allv),
+            "graph": graph if (graph and cuda) else 0}
+
+
+# ==========================================================================
+# Heaps
+# ==========================================================================
+_ALIGN = 256
+FLAG_SLOTS = 1024  # int32 flags at the start of every heap
+
+
+class _BumpHeap:
+    """Bump allocation over one uint8 buffer; every rank makes the same calls in the same order."""
+
+    buffer: Any
+    rank: int
+    world_size: int
+    heap_bases: Any
+    simulated = False
+
+    def _init_alloc(self) -> None:
+        """Start empty, then carve the flag area (zeroed; the creator's barrier follows)."""
+        import torch
+
+        self._offset = 0
+        self._named: dict[str, Any] = {}
+        self._totals: dict[str, int] = {}
+        self._flag_names: dict[str, Any] = {}
+        self._caches: dict[str, dict] = {}
+        self._flag_area = self.alloc((FLAG_SLOTS,), torch.int32)
+        self._flag_area.zero_()
+        self._flag_used = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel()
+
+    @property
+    def used(self) -> int:
+        return self._offset
+
+    def alloc(self, shape, dtype, *, align: int = _ALIGN):
+        """A tensor of ``shape``/``dtype`` in the heap (uninitialized), at the same offset on every rank."""
+        import torch
+
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        esize = torch.empty((), dtype=dtype).element_size()
+        n = 1
+        for s in shape:
+            n *= int(s)
+        start = -(-self._offset // align) * align
+        end = start + n * esize
+        if end > self.nbytes:
+            raise MemoryError(
+                f"symmetric heap of rank {self.rank} is full: {n * esize} bytes asked at offset {start}, "
+                f"{self.nbytes - start} left of {self.nbytes}; make the heap larger or call reset()")
+        self._offset = end
+        return self.buffer[start:end].view(dtype).view(shape)
+
+    def cache(self, name: str) -> dict:
+        """A dict for launch plans and the like, emptied by ``reset()`` (they hold heap tensors)."""
+        return self._caches.setdefault(name, {})
+
+    def named(self, name: str, shape, dtype, *, zero: bool = False):
+        """The heap tensor called ``name``: allocated on first use, the same tensor afterwards."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        t = self._named.get(name)
+        if t is None or tuple(t.shape) != shape or t.dtype != dtype:
+            t = self.alloc(shape, dtype)
+            if zero:
+                t.zero_()
+            self._named[name] = t
+        return t
+
+    def offset_of(self, t) -> int:
+        """Byte offset of a heap tensor from this rank's heap base."""
+        off = t.data_ptr() - self.buffer.data_ptr()
+        if not 0 <= off < self.nbytes:
+            raise ValueError(f"tensor at {t.data_ptr():#x} is not in rank {self.rank}'s heap")
+        return off
+
+    def advance(self, name: str, amount: int = 1) -> int:
+        """Add ``amount`` to the running total called ``name`` and return it.
+
+        Flags only grow: a round in which each of ``g`` programs adds 1 to a
+        slot leaves it at the previous total + ``g``, which is what a waiter
+        expects. Every rank makes the same calls, so the totals agree.
+        """
+        self._totals[name] = self._totals.get(name, 0) + int(amount)
+        return self._totals[name]
+
+    def flags(self, name: str, n: int):
+        """``n`` int32 flags called ``name`` from the heap's flag area.
+
+        The area is zeroed when the heap is made, before its creation barrier,
+        so no peer can signal a flag before its owner has cleared it. Flags
+        only grow (see ``advance``); they survive ``reset()``.
+        """
+        t = self._flag_names.get(name)
+        if t is None:
+            start = -(-self._flag_used // 32) * 32  # 128-byte apart: one cache line per name
+            if start + n > FLAG_SLOTS:
+                raise MemoryError(f"flag area of the heap is full ({FLAG_SLOTS} slots): cannot add {name!r}[{n}]")
+            t = self._flag_area[start:start + n]
+            self._flag_names[name] = t
+            self._flag_used = start + n
+        elif t.numel() != n:
+            raise ValueError(f"flags {name!r} already exist with {t.numel()} slots, asked for {n}")
+        return t
+
+    def reset(self) -> None:
+        """Forget every allocation but the flag area (collectively: all ranks at the same point)."""
+        area, names, used, totals = self._flag_area, self._flag_names, self._flag_used, self._totals
+        self._offset = area.numel() * area.element_size()
+        self._named = {}
+        self._caches = {}
+        self._flag_area, self._flag_names, self._flag_used, self._totals = area, names, used, totals
+
+    def status(self):
+        """This rank's int32 status words for bounded waits (see kernels.remote.check_status)."""
+        raise NotImplementedError
+
+
+class SymmetricHeap(_BumpHeap):
+    """A symmetric heap over PyTorch symmetric memory (CUDA).
+
+    ``heap_bases`` is an int64 CUDA tensor: entry r is where this buffer sits
+    in rank r's address space as mapped here, so ``heap_bases[r] + offset``
+    is the peer address of a local heap tensor at ``offset``. Creating one is
+    collective (every rank of ``group``, same ``nbytes``).
+    """
+
+    def __init__(self, nbytes: int, group=None, *, device=None):
+        import torch
+        import torch.distributed as tdist
+        import torch.distributed._symmetric_memory as symm_mem
+
+        os.environ.update(MULTICAST_OFF)
+        if not tdist.is_initialized():
+            raise RuntimeError("SymmetricHeap needs torch.distributed initialized (run under dist.launch/torchrun)")
+        self.group = group or tdist.group.WORLD
+        self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        self.buffer = symm_mem.empty(int(nbytes), dtype=torch.uint8, device=self.device)
+        self.handle = symm_mem.rendezvous(self.buffer, self.group)
+        self.rank = int(self.handle.rank)
+        self.world_size = int(self.handle.world_size)
+        ptrs = [int(p) for p in self.handle.buffer_ptrs]
+        # buffer_ptrs name the start of each rank's allocation; our tensor may sit at an offset in it.
+        delta = self.buffer.data_ptr() - ptrs[self.rank]
+        self.heap_bases = torch.tensor([p + delta for p in ptrs], dtype=torch.int64, device=self.device)
+        self.signal_pad_bases = torch.tensor([int(p) for p in self.handle.signal_pad_ptrs], dtype=torch.int64,
+                                             device=self.device)
+        self._init_alloc()
+        self._status = torch.zeros(4, dtype=torch.int32, device=self.device)
+        torch.cuda.synchronize(self.device)
+        self.barrier()
+
+    def peer_view(self, t, peer: int):
+        """The tensor at ``t``'s heap offset on ``peer``, as mapped into this process (for checks)."""
+        esize = t.element_size()
+        off = self.offset_of(t) + (self.buffer.data_ptr() - int(self.handle.buffer_ptrs[self.rank]))
+        if off % esize:
+            raise ValueError("offset not a multiple of the element size")
+        return self.handle.get_buffer(peer, tuple(t.shape), t.dtype, off // esize)
+
+    def barrier(self) -> None:
+        """Device-side barrier of all ranks on the current stream (symmetric-memory signal pads)."""
+        self.handle.barrier(channel=0)
+
+    def resync_flags(self) -> None:
+        """After a failed round (a rank skipped a launch, a wait timed out): zero every
+        flag and running total on all ranks, between two host barriers. Collective."""
+        import torch
+        import torch.distributed as tdist
+
+        torch.cuda.synchronize(self.device)
+        tdist.barrier(group=self.group)
+        self._flag_area.zero_()
+        self._totals = {}
+        self._status.zero_()
+        torch.cuda.synchronize(self.device)
+        tdist.barrier(group=self.group)
+
+    def launch(self, kernel, grid, /, *args, **kwargs):
+        return kernel[grid](*args, **kwargs)
+
+    def status(self):
+        return self._status
+
+    def __repr__(self) -> str:
+        return (f"SymmetricHeap(rank {self.rank}/{self.world_size}, {self.nbytes} bytes, used {self.used}, "
+                f"{self.device})")
+
+
+# ==========================================================================
+# The simulated world (CPU, Triton interpreter)
+# ==========================================================================
+class RankError(RuntimeError):
+    """A rank of a simulated world failed; ``rank`` says which."""
+
+    def __init__(self, message: str, rank: int):
+        super().__init__(message)
+        self.rank = rank
+
+
+class SimHeap(_BumpHeap):
+    """Rank r's heap in a `SimulatedWorld`: a host buffer; same interface as `SymmetricHeap`."""
+
+    simulated = True
+
+    def __init__(self, world: "SimulatedWorld", rank: int, buffer):
+        import torch
+
+        self.world = world
+        self.rank = rank
+        self.world_size = world.world_size
+        self.buffer = buffer
+        self.heap_bases = world.heap_bases
+        self.device = torch.device("cpu")
+        self.group = None
+        self._init_alloc()
+        self._status = torch.zeros(4, dtype=torch.int32)
+
+    def barrier(self) -> None:
+        self.world._barrier_wait(self.rank)
+
+    def launch(self, kernel, grid, /, *args, **kwargs):
+        """Run ``kernel`` on this rank, in the interpreter, while no other rank runs one."""
+        with self.world._lock:
+            return interpreted(kernel)[grid](*args, **kwargs)
+
+    def peer_view(self, t, peer: int):
+        off = self.offset_of(t)
+        buf = self.world.heaps[peer].buffer
+        return buf[off:off + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+
+    def status(self):
+        return self._status
+
+    def __repr__(self) -> str:
+        return f"SimHeap(rank {self.rank}/{self.world_size}, {self.nbytes} bytes, used {self.used})"
+
+
+class SimulatedWorld:
+    """``world_size`` ranks in this process, one host heap each (see the module docstring).
+
+    ``world.heaps[r]`` (or ``world.heap(r)``) is rank r's heap; ``world.run(fn)``
+    runs ``fn(heap)`` for every rank concurrently and returns the results in
+    rank order; ``world.alloc`` allocates on every rank at once.
+    """
+
+    def __init__(self, world_size: int, heap_bytes: int = 1 << 20, *, barrier_timeout_s: float = 120.0):
+        import torch
+
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"SimulatedWorld: world_size must be a positive integer, got {world_size!r}")
+        if heap_bytes < 2 * FLAG_SLOTS * 4:
+            raise ValueError(f"SimulatedWorld: heap_bytes={heap_bytes} is too small: the flag area alone takes "
+                             f"{FLAG_SLOTS * 4} bytes; give at least {2 * FLAG_SLOTS * 4}")
+        self.world_size = world_size
+        self._raw = [torch.zeros(heap_bytes + _ALIGN, dtype=torch.uint8) for _ in range(world_size)]
+        bufs = []
+        for raw in self._raw:  # 256-byte aligned like the device heap
+            skip = (-raw.data_ptr()) % _ALIGN
+            bufs.append(raw[skip:skip + heap_bytes])
+        self.heap_bases = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
+        self.heaps = [SimHeap(self, r, b) for r, b in enumerate(bufs)]
+        self._lock = threading.RLock()
+        self.barrier_timeout_s = barrier_timeout_s
+        self._barrier = threading.Barrier(world_size, timeout=barrier_timeout_s)
+        self._arrived: dict[int, int] = {}
+        self._arrive_lock = threading.Lock()
+
+    def heap(self, rank: int) -> SimHeap:
+        return self.heaps[rank]
+
+    def alloc(self, shape, dtype) -> list:
+        return [h.alloc(shape, dtype) for h in self.heaps]
+
+    def _barrier_wait(self, rank: int) -> None:
+        with self._arrive_lock:
+            self._arrived[rank] = self._arrived.get(rank, 0) + 1
+            mine = self._arrived[rank]
+        try:
+            self._barrier.wait()
+        except threading.BrokenBarrierError:
+            with self._arrive_lock:
+                missing = [r for r in range(self.world_size) if self._arrived.get(r, 0) < mine]
+            raise RankError(f"rank {rank}: barrier #{mine} broken: rank(s) {', '.join(map(str, missing))} "
+                            f"never arrived (failed or took over {self.barrier_timeout_s:g} s)", rank) from None
+
+    def run(self, fn: Callable[[SimHeap], Any], ranks: Sequence[int] | None = None) -> list:
+        """``fn(heap)`` for each rank (all by default), each in its own thread; results in rank order.
+
+        The first rank to raise fails the call with a `RankError` naming it;
+        ranks waiting in ``heap.barrier()`` for it are released (with errors
+        of their own) instead of hanging.
+        """
+        ranks = list(range(self.world_size)) if ranks is None else list(ranks)
+        self._barrier = threading.Barrier(len(ranks), timeout=self.barrier_timeout_s)
+        self._arrived = {}
+        results: dict[int, Any] = {}
+        errors: dict[int, BaseException] = {}
+        order: list[int] = []
+
+        def body(r):
+            try:
+                results[r] = fn(self.heaps[r])
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors[r] = exc
+                order.append(r)
+                self._barrier.abort()
+
+        threads = [threading.Thread(target=body, args=(r,), name=f"sim-rank{r}", daemon=True) for r in ranks]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            first = next((r for r in order if not isinstance(errors[r], RankError)), order[0])
+            exc = errors[first]
+            raise RankError(f"rank {first} failed: {type(exc).__name__}: {exc}", first) from exc
+        return [results[r] for r in ranks]
+
+    def on_rank(self, which: int, kernel, grid, /, *args, **kwargs):
+        """Run one kernel as rank ``which`` (sequential use: no threads)."""
+        return self.heaps[which].launch(kernel, grid, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"SimulatedWorld({self.world_size} ranks, heaps of {self.heaps[0].nbytes} bytes)"
+
+
+# --------------------------------------------------------------------------
+# Running @triton.jit / @gluon.jit kernels in the interpreter on demand
+# --------------------------------------------------------------------------
+_INTERPRETED: dict[int, Any] = {}
+_GLOBALS: dict[int, dict] = {}
+_interp_lock = threading.RLock()
+
+
+def _fix_interpreter_for_numpy2() -> None:
+    """Triton 3.6's interpreter turns a scalar into an index with ``int(array)``,
+    which NumPy >= 2.3 refuses for 1-element 1-D arrays (``range(pid, n, step)``
+    in a kernel fails). Re-patch ``__index__`` to read the single element."""
+    from triton.runtime import interpreter as I
+
+    if getattr(I, "_workbench_numpy2_fix", False):
+        return
+    original = I._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    I._patch_lang_tensor = patched
+    I._workbench_numpy2_fix = True
+
+
+class _GluonOnInterpreter(types.ModuleType):
+    """``gl`` for a Gluon kernel run by the Triton interpreter.
+
+    Layouts say how elements map to threads, not what the values are, so the
+    interpreter can drop them: ``gl.arange(a, b, layout)`` is ``tl.arange(a, b)``
+    and layouts are inert objects; everything else is the ``tl`` function of
+    the same name, looked up when called (so the interpreter's patched one).
+    """
+
+    class _Layout:
+        def __init__(self, *args, **kwargs):
+            self.args, self.kwargs = args, kwargs
+
+    def __init__(self):
+        super().__init__("gluon_on_interpreter")
+
+    def __getattr__(self, name):
+        import triton.language as tl
+
+        if name.endswith("Layout"):
+            return _GluonOnInterpreter._Layout
+        special = {
+            "arange": lambda start, end, layout=None: tl.arange(start, end),
+            "full": lambda shape, value, dtype, layout=None: tl.full(shape, value, dtype),
+            "thread_barrier": lambda: tl.debug_barrier(),
+            "convert_layout": lambda value, layout, assert_trivial=False: value,
+            "set_auto_layout": lambda value, layout: value,
+        }
+        if name in special:
+            return special[name]
+        value = getattr(tl, name)
+        if callable(value) and not isinstance(value, type):
+            return lambda *a, **k: getattr(tl, name)(*a, **k)
+        return value
+
+
+def _interpreted_globals(g: dict) -> dict:
+    key = id(g)
+    if key in _GLOBALS:
+        return _GLOBALS[key]
+    from triton.experimental.gluon import language as gl_lang
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    new = dict(g)
+    _GLOBALS[key] = new  # before recursing: modules may refer to each other
+    for name, value in g.items():
+        if isinstance(value, JITFunction):
+            new[name] = interpreted(value)
+        elif value is gl_lang:
+            new[name] = _GluonOnInterpreter()
+        elif isinstance(value, InterpretedFunction):
+            new[name] = value
+    return new
+
+
+def _plain_annotations(ann: dict) -> dict:
+    """String annotations (``from __future__ import annotations``) such as
+    "gl.constexpr" as the interpreter knows them ("constexpr")."""
+    return {k: ("constexpr" if isinstance(v, str) and v.strip().endswith(".constexpr") else v)
+            for k, v in ann.items()}
+
+
+def interpreted(kernel):
+    """``kernel`` (``@triton.jit`` or ``@gluon.jit``) as an interpreter function.
+
+    Under ``TRITON_INTERPRET=1`` ``@triton.jit`` already gives one; otherwise
+    (the module was imported before the variable was set, or it is a Gluon
+    kernel, which the interpreter does not know) the function is re-bound to a
+    copy of its module's globals in which jitted helpers are interpreted too
+    and ``gl`` maps to ``tl``. Helpers must be referenced by name (``from
+    kernels.remote import translate``), not as ``module.attr``.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+
+    _fix_interpreter_for_numpy2()
+    if isinstance(kernel, InterpretedFunction):
+        return kernel
+    fn = getattr(kernel, "fn", None)
+    if fn is None or not callable(fn):
+        raise TypeError(f"{kernel!r} is not a @triton.jit or @gluon.jit function")
+    with _interp_lock:
+        cached = _INTERPRETED.get(id(kernel))
+        if cached is not None:
+            return cached
+        clone = types.FunctionType(fn.__code__, _interpreted_globals(fn.__globals__), fn.__name__,
+                                   fn.__defaults__, fn.__closure__)
+        for attr in ("__kwdefaults__", "__module__", "__qualname__", "__doc__"):
+            setattr(clone, attr, getattr(fn, attr))
+        clone.__annotations__ = _plain_annotations(fn.__annotations__)
+        out = InterpretedFunction(clone)
+        rewritten = out.rewrite()
+        rewritten.__annotations__ = _plain_annotations(rewritten.__annotations__)
+        _INTERPRETED[id(kernel)] = out
+        return out
