@@ -63,6 +63,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import interpreter
+
 try:  # triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover
@@ -72,45 +74,8 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SMEM_LIMIT_SM90 = 232448  # bytes of shared memory one block may use on sm_90
 
 
-def _interpreter_compat() -> None:
-    """Two fixes for Triton 3.6's interpreter (CPU only; compiled code is untouched).
-
-    1. It converts a scalar to a Python int with ``int(array_of_shape_1)``,
-       which NumPy >= 2.4 refuses, so loops with run-time bounds fail.
-    2. ``tl.dot`` on bf16 multiplies the raw 16-bit patterns as integers.
-    """
-    try:
-        import numpy as np
-        from triton.runtime import interpreter as interp
-    except ImportError:  # pragma: no cover
-        return
-    original = getattr(interp, "_patch_lang_tensor", None)
-    if original is not None and not getattr(original, "_workbench_compat", False):
-        def patched(tensor, scope):
-            original(tensor, scope)
-            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-        patched._workbench_compat = True
-        interp._patch_lang_tensor = patched
-
-    builder = getattr(interp, "InterpreterBuilder", None)
-    dot = getattr(builder, "create_dot", None)
-    if dot is not None and not getattr(dot, "_workbench_compat", False):
-        def as_f32(handle):
-            if handle.dtype == tl.bfloat16:
-                bits = handle.data.view(np.uint16).astype(np.uint32) << 16
-                return interp.TensorHandle(bits.view(np.float32), tl.float32)
-            return handle
-
-        def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-            return dot(self, as_f32(a), as_f32(b), d, input_precision, max_num_imprecise_acc)
-
-        create_dot._workbench_compat = True
-        builder.create_dot = create_dot
-
-
 if os.environ.get("TRITON_INTERPRET", "0") == "1":
-    _interpreter_compat()
+    interpreter.patch()
 
 
 # --------------------------------------------------------------------------

@@ -840,24 +840,6 @@ _GLOBALS: dict[int, dict] = {}
 _interp_lock = threading.RLock()
 
 
-def _fix_interpreter_for_numpy2() -> None:
-    """Triton 3.6's interpreter turns a scalar into an index with ``int(array)``,
-    which NumPy >= 2.3 refuses for 1-element 1-D arrays (``range(pid, n, step)``
-    in a kernel fails). Re-patch ``__index__`` to read the single element."""
-    from triton.runtime import interpreter as I
-
-    if getattr(I, "_workbench_numpy2_fix", False):
-        return
-    original = I._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    I._patch_lang_tensor = patched
-    I._workbench_numpy2_fix = True
-
-
 class _GluonOnInterpreter(types.ModuleType):
     """``gl`` for a Gluon kernel run by the Triton interpreter.
 
@@ -933,7 +915,9 @@ def interpreted(kernel):
     """
     from triton.runtime.interpreter import InterpretedFunction
 
-    _fix_interpreter_for_numpy2()
+    from kernels import interpreter
+
+    interpreter.patch()
     if isinstance(kernel, InterpretedFunction):
         return kernel
     fn = getattr(kernel, "fn", None)

@@ -1,0 +1,45 @@
+"""Fixes for Triton 3.6's interpreter (TRITON_INTERPRET=1, CPU only).
+
+Compiled code is untouched; `patch()` is idempotent and every kernel module
+that may run in the interpreter calls it.
+
+1. The interpreter holds scalars as 1-element arrays and turns them into loop
+   bounds with ``int(array)``, which NumPy >= 2.4 refuses for arrays that are
+   not 0-d (``range(pid, n, step)`` in a persistent kernel fails):
+   ``__index__`` now reads the single element.
+2. Its ``tl.dot`` multiplies bf16 operands as raw 16-bit integers: they are
+   widened to fp32 first.
+"""
+import numpy as np
+
+_PATCHED = False
+
+
+def patch() -> None:
+    global _PATCHED
+    if _PATCHED:
+        return
+    import triton.language as tl
+    from triton.runtime import interpreter as interp
+
+    original = interp._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    interp._patch_lang_tensor = patched
+
+    dot = interp.InterpreterBuilder.create_dot
+
+    def widen(h):
+        if h.dtype == tl.bfloat16:
+            bits = h.data.view(np.uint16).astype(np.uint32) << 16
+            return interp.TensorHandle(bits.view(np.float32), tl.float32)
+        return h
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    interp.InterpreterBuilder.create_dot = create_dot
+    _PATCHED = True
