@@ -378,11 +378,6 @@ def _nccl(x, heap, out, out_shape):
     return out
 
 
-def reference(xs: list[torch.Tensor]) -> torch.Tensor:
-    """What every rank must hold: the shards concatenated rank-major along dim 0."""
-    return torch.cat(list(xs), dim=0)
-
-
 def bus_bandwidth_gbps(bytes_per_rank: int, world_size: int, ms: float) -> tuple[float, float]:
     """(algBW, busBW) in GB/s as nccl-tests defines them for all-gather.
 

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pandas as pd
 import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 

@@ -6,9 +6,13 @@
   rebuilds interpreted functions as compilable ones.)
 - Tests marked `gpu` / `multigpu` skip cleanly, with a reason, without GPUs.
 """
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _cuda_count() -> int:
@@ -32,3 +36,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_multi)
         elif "gpu" in item.keywords and CUDA_COUNT < 1:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def isa_fixture_kernels():
+    """tests/fixtures/isa/make_isa_fixtures.py, imported with the interpreter off so its kernels compile."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "0")
+        spec = importlib.util.spec_from_file_location("_isa_fixture_kernels", FIXTURES / "isa" / "make_isa_fixtures.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module

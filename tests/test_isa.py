@@ -571,23 +571,8 @@ def test_isa_imports_neither_torch_nor_triton():
 
 
 @pytest.fixture(scope="module")
-def fixtures_module():
-    """make_isa_fixtures.py, imported with the interpreter off so its kernels compile."""
-    pytest.importorskip("triton")
-    import importlib.util
-
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "0"
-    try:
-        spec = importlib.util.spec_from_file_location("_isa_fixture_kernels", FIX / "make_isa_fixtures.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-    return mod
+def fixtures_module(isa_fixture_kernels):
+    return isa_fixture_kernels
 
 
 @pytest.mark.parametrize(

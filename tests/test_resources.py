@@ -146,42 +146,19 @@ def test_parse_resource_usage_two_functions():
 
 
 @pytest.fixture(scope="module")
-def sm90_cubins(tmp_path_factory):
-    pytest.importorskip("triton")
-    mod = _load_fixture_kernels()
+def sm90_cubins(tmp_path_factory, isa_fixture_kernels):
+    mod = isa_fixture_kernels
     out = {}
     d = tmp_path_factory.mktemp("cubins")
-    saved = os.environ.get("TRITON_CACHE_DIR")
-    os.environ["TRITON_CACHE_DIR"] = str(d / "cache")
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_CACHE_DIR", str(d / "cache"))
         for tag, hint in (("nohint", False), ("hint", True)):
             k = mod.compile_remote_store(mod.TARGETS["sm90"], hint)
             p = d / f"remote_store_{tag}.cubin"
             p.write_bytes(k.asm["cubin"])
             out[tag] = p
             out[tag + "_md"] = json.loads(mod.metadata_json(k))
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_CACHE_DIR", None)
-        else:
-            os.environ["TRITON_CACHE_DIR"] = saved
     return out
-
-
-def _load_fixture_kernels():
-    """make_isa_fixtures.py, imported with the interpreter off so its kernels compile."""
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "0"
-    try:
-        spec = importlib.util.spec_from_file_location("_isa_fixture_kernels_r", FIX / "make_isa_fixtures.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-    return mod
 
 
 @needs_cuobjdump
