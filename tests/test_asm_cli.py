@@ -97,6 +97,7 @@ def test_entry_by_directory_path_and_kernel_name(capsys, cache):
 @pytest.mark.parametrize("argv, message", [
     (["asm", "show", "ZZZZ"], "no entry with hash prefix"),
     (["asm", "show", "ZZZZ", "--stage", "nope"], "no entry with hash prefix"),
+    (["asm", "mix", "/nonexistent/entry"], "no entry directory at /nonexistent/entry"),
     (["asm", "ls", "--cache", "/nonexistent/cache"], "no Triton cache at /nonexistent/cache"),
     (["asm", "compile", "kernels.remote:remote_store_kernel", "--target", "sm42"], "unknown target 'sm42'"),
     (["asm", "compile", "kernels.remote", "--target", "sm90"], "MODULE:FUNCTION"),

@@ -24,9 +24,8 @@ from pathlib import Path
 # from the cubin on demand.
 TEXT_STAGES = ("source", "ttir", "ttgir", "llir", "ptx", "amdgcn")
 BINARY_STAGES = ("cubin", "hsaco")
-DERIVED_STAGES = ("python", "sass")
 ALL_STAGES = ("python",) + TEXT_STAGES + ("sass",)
-STAGE_ALIASES = {"gluon": "source", "py": "python", "gcn": "amdgcn", "ttgir": "ttgir"}
+STAGE_ALIASES = {"gluon": "source", "py": "python", "gcn": "amdgcn"}
 # Files a Triton cache holds that are not kernels (compiled launchers, driver helpers).
 # Written beside an entry by `workbench asm compile` only: the call that made it.
 SIDECAR = ".workbench.json"
@@ -372,7 +371,9 @@ def list_entries(cache: str | os.PathLike | None = None) -> list[Entry]:
 def get_entry(spec: str | os.PathLike, cache: str | os.PathLike | None = None) -> Entry:
     """An entry by directory path or by a unique prefix of its hash."""
     p = Path(spec).expanduser()
-    if p.is_dir() and (p.is_absolute() or os.sep in str(spec) or p.parent != Path(".")):
+    if os.sep in str(spec):  # a path, not a hash prefix
+        if not p.is_dir():
+            raise CacheError(f"no entry directory at {p}; give an entry directory or a hash prefix")
         return read_entry(p)
     root = cache_dir(cache)
     prefix = str(spec).upper()
