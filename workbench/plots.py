@@ -62,8 +62,10 @@ def roofline(points=None, ceil: Mapping[str, Any] | None = None, *, dtype: str =
     for name, peak, bw, dash in roofs:
         xs, ys, ridge = _roof_xy(peak, bw, *x_range)
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name, line=dict(color="black", dash=dash)))
-        fig.add_vline(x=ridge, line=dict(color="grey", dash="dot", width=1),
-                      annotation_text=f"ridge {ridge:.0f} FLOP/B", annotation_position="bottom right")
+        fig.add_vline(x=ridge, line=dict(color="grey", dash="dot", width=1))
+        # On a log axis an annotation's x is log10 of the value (a shape's is not).
+        fig.add_annotation(x=math.log10(ridge), y=0, yref="paper", yanchor="bottom", xanchor="left",
+                           text=f"ridge {ridge:.0f} FLOP/B", showarrow=False, font=dict(size=10))
     if points is not None and len(points):
         df = points.copy()
         if "intensity" not in df:
