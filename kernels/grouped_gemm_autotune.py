@@ -1,0 +1,543 @@
+"""Grouped GEMM backends and an autotuner that picks among them.
+
+Backends (each computes fwd, dgrad or wgrad from ``(a, b, group_sizes)``):
+
+* ``triton``: ours (``kernels.grouped_gemm``), group sizes stay on the GPU;
+* ``grouped_mm``: ``torch._grouped_mm`` (CUTLASS on sm_90); bf16 only, 16-byte
+  aligned strides; offsets are cumulative int32 end offsets, computed on the
+  device with ``torch.cumsum``;
+* ``cublas_loop``: one ``torch.mm`` per expert. It needs the sizes on the host
+  (a sync, unless the caller passes ``host_sizes``): a baseline, not a product.
+
+Operations, with the layer's weight ``w`` of shape ``[G, K, N]``:
+
+* ``fwd``:   ``a = x [M, K]``,  ``b = w``  -> ``[M, N]``
+* ``dgrad``: ``a = dy [M, N]``, ``b = w``  -> ``dx [M, K]`` (``dy @ w[g].T``)
+* ``wgrad``: ``a = x [M, K]``,  ``b = dy [M, N]`` -> ``dw [G, K, N]``
+
+The autotuner times the backends once per key ``(op, G, N, K, dtype, device)``
+(the layer's N and K; the token count and its split across experts are left
+out, so dynamic routing never retunes), keeps the fastest, and persists the
+choices as JSON (``$WORKBENCH_GROUPED_GEMM_CACHE``, else
+``$XDG_CACHE_HOME/kernel-workbench/grouped_gemm_autotune.json``, else under
+``~/.cache``). Timings within ``margin`` of the fastest count as ties, broken
+by the fixed order of ``BACKENDS``, so the choice does not flip on noise. A
+corrupt cache file is rebuilt with a warning; a backend that fails is skipped.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import grouped_gemm as gg
+
+__all__ = [
+    "BACKENDS",
+    "OPS",
+    "BackendUnavailable",
+    "GroupedGemmAutotuner",
+    "autotuned",
+    "default_cache_path",
+    "routing_bucket",
+    "run_backend",
+    "time_backend",
+    "time_interleaved",
+]
+
+BACKENDS = ("triton", "grouped_mm", "cublas_loop")   # preference order on ties
+OPS = ("fwd", "dgrad", "wgrad")
+CACHE_VERSION = 1
+
+
+class BackendUnavailable(RuntimeError):
+    """This backend cannot run these inputs (dtype, layout, device, library)."""
+
+
+# ---------------------------------------------------------------------------
+# Backends
+# ---------------------------------------------------------------------------
+
+
+def _check_op(op: str) -> None:
+    if op not in OPS:
+        raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
+
+
+def _triton(op, a, b, group_sizes, **_):
+    if op == "fwd":
+        return gg.grouped_gemm(a, b, group_sizes)
+    if op == "dgrad":
+        return gg.grouped_gemm(a, b, group_sizes, trans_w=True)
+    return gg.grouped_gemm_wgrad(a, b, group_sizes)
+
+
+def grouped_mm_offsets(group_sizes: torch.Tensor) -> torch.Tensor:
+    """Cumulative int32 end offsets, on the sizes' device (no sync)."""
+    return torch.cumsum(group_sizes, 0, dtype=torch.int32)
+
+
+def _grouped_mm(op, a, b, group_sizes, *, offs=None, **_):
+    fn = getattr(torch, "_grouped_mm", None)
+    if fn is None:
+        raise BackendUnavailable("this torch has no torch._grouped_mm")
+    if a.device.type != "cuda":
+        raise BackendUnavailable("torch._grouped_mm runs on CUDA only")
+    if a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
+        raise BackendUnavailable(f"torch._grouped_mm needs bf16 inputs, got {a.dtype}")
+    if offs is None:
+        offs = grouped_mm_offsets(group_sizes)
+    if op == "fwd":
+        mat_a, mat_b = a, b
+    elif op == "dgrad":
+        mat_a, mat_b = a, b.transpose(-2, -1)
+    else:
+        mat_a, mat_b = a.t(), b          # [K, M] x [M, N] -> [G, K, N], groups along M
+    for t in (mat_a, mat_b):
+        if any((s * t.element_size()) % 16 for s in t.stride() if s != 1):
+            raise BackendUnavailable(f"torch._grouped_mm needs 16-byte aligned strides, got {t.stride()}")
+    try:
+        return fn(mat_a, mat_b, offs=offs)
+    except RuntimeError as exc:
+        raise BackendUnavailable(f"torch._grouped_mm failed: {exc}") from exc
+
+
+def _cublas_loop(op, a, b, group_sizes, *, host_sizes=None, **_):
+    sizes = host_sizes if host_sizes is not None else [int(s) for s in group_sizes.tolist()]
+    G = len(sizes)
+    M = a.shape[0]
+    if op == "fwd":
+        out = torch.empty((M, b.shape[2]), device=a.device, dtype=a.dtype)
+    elif op == "dgrad":
+        out = torch.empty((M, b.shape[1]), device=a.device, dtype=a.dtype)
+    else:
+        out = torch.empty((G, a.shape[1], b.shape[1]), device=a.device, dtype=a.dtype)
+    start = 0
+    for g, m in enumerate(sizes):
+        end = start + m
+        if op == "fwd":
+            if m:
+                torch.mm(a[start:end], b[g], out=out[start:end])
+        elif op == "dgrad":
+            if m:
+                torch.mm(a[start:end], b[g].t(), out=out[start:end])
+        elif m:
+            torch.mm(a[start:end].t(), b[start:end], out=out[g])
+        else:
+            out[g].zero_()
+        start = end
+    return out
+
+
+_IMPLS: dict[str, Callable] = {"triton": _triton, "grouped_mm": _grouped_mm, "cublas_loop": _cublas_loop}
+
+
+def run_backend(name: str, op: str, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor,
+                **kwargs) -> torch.Tensor:
+    """Run one backend. kwargs: `offs` (grouped_mm), `host_sizes` (cublas_loop)."""
+    _check_op(op)
+    if name not in _IMPLS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return _IMPLS[name](op, a, b, group_sizes, **kwargs)
+
+
+# ---------------------------------------------------------------------------
+# Timing (monkeypatch `time_backend` to tune without a GPU)
+# ---------------------------------------------------------------------------
+
+
+def time_backend(fn: Callable[[], object]) -> float:
+    """Median milliseconds of fn() (a short measurement: the tuner repeats it in rounds).
+
+    The workbench harness if present, else triton.testing.do_bench; L2 flushed."""
+    if not torch.cuda.is_available():
+        fn()
+        t0 = time.perf_counter()
+        reps = 3
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / reps
+    try:
+        from workbench.bench import measure
+    except ImportError:
+        measure = None
+    if measure is not None:
+        try:
+            return float(measure(fn, warmup_ms=5, rep_ms=20, flush_l2=True, cuda_graph=False,
+                                 input_sets=None).median_ms)
+        except TypeError:
+            pass
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median"))
+
+
+_DEFAULT_TIME_BACKEND = time_backend
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 15, warmup: int = 2,
+                     flush_l2: bool = True) -> dict[str, list[float]]:
+    """Per-run milliseconds of several callables, timed run by run in turn.
+
+    Each repetition runs every callable once (rotating which goes first), each
+    between its own CUDA events after an L2 flush. The H200's clocks drift with
+    power and temperature by several percent within seconds, so timing one
+    backend after another favours whichever runs on the cooler card; taking
+    turns run by run gives every backend the same conditions. A callable that
+    raises in its warm-up is left out of the result.
+    """
+    import triton
+
+    drv = triton.runtime.driver.active
+    cache = drv.get_empty_cache_for_benchmark() if flush_l2 else None
+    names = []
+    for n, fn in fns.items():
+        try:
+            for _ in range(max(1, warmup)):
+                fn()
+            names.append(n)
+        except Exception:
+            pass
+    torch.cuda.synchronize()
+    events: dict[str, list] = {n: [] for n in names}
+    for i in range(reps if names else 0):
+        k = i % len(names)
+        for n in names[k:] + names[:k]:
+            if cache is not None:
+                drv.clear_cache(cache)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[n]()
+            end.record()
+            events[n].append((start, end))
+    torch.cuda.synchronize()
+    return {n: [s.elapsed_time(e) for s, e in v] for n, v in events.items()}
+
+
+def routing_bucket(host_sizes) -> str:
+    """A coarse class of a routing, from sizes already on the host: the largest
+    group over the mean. 'even' (< 1.5), 'skewed' (< 3) or 'concentrated'."""
+    sizes = [int(v) for v in host_sizes]
+    total = sum(sizes)
+    if not sizes or total == 0:
+        return "even"
+    ratio = max(sizes) * len(sizes) / total
+    return "even" if ratio < 1.5 else ("skewed" if ratio < 3.0 else "concentrated")
+
+
+# ---------------------------------------------------------------------------
+# Autotuner
+# ---------------------------------------------------------------------------
+
+
+def default_cache_path() -> Path:
+    env = os.environ.get("WORKBENCH_GROUPED_GEMM_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kernel-workbench" / "grouped_gemm_autotune.json"
+
+
+def _device_name(t: torch.Tensor) -> str:
+    if t.device.type == "cuda":
+        return torch.cuda.get_device_name(t.device).replace(" ", "_")
+    return t.device.type
+
+
+class GroupedGemmAutotuner:
+    """Picks the fastest backend per (op, G, N, K, dtype, device) and remembers it on disk."""
+
+    def __init__(self, cache_path: str | os.PathLike | None = None, *,
+                 backends: tuple[str, ...] = BACKENDS, margin: float = 0.01, rounds: int = 3,
+                 timer: Callable[[Callable[[], object]], float] | None = None):
+        for b in backends:
+            if b not in _IMPLS:
+                raise ValueError(f"unknown backend {b!r}; choose from {', '.join(BACKENDS)}")
+        self.cache_path = Path(cache_path).expanduser() if cache_path is not None else default_cache_path()
+        self.backends = tuple(backends)
+        self.margin = float(margin)
+        self.rounds = max(1, int(rounds))
+        self._timer = timer
+        self.entries: dict[str, dict] = {}
+        self.tunings = 0          # how many keys this instance timed (tests read it)
+        self._load()
+
+    # -- persistence ------------------------------------------------------------
+    def _load(self) -> None:
+        path = self.cache_path
+        if not path.exists():
+            return
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
+                raise ValueError(f"unexpected layout or version {data.get('version') if isinstance(data, dict) else None!r}")
+            entries = data["entries"]
+            if not isinstance(entries, dict) or not all(
+                    isinstance(v, dict) and v.get("backend") in _IMPLS for v in entries.values()):
+                raise ValueError("malformed entries")
+            self.entries = entries
+        except Exception as exc:   # corrupt, truncated, foreign: start afresh, never crash
+            warnings.warn(f"grouped GEMM autotune cache {path} is unreadable ({exc}); rebuilding it",
+                          RuntimeWarning, stacklevel=3)
+            self.entries = {}
+            self._save()
+
+    def _save(self) -> None:
+        path = self.cache_path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"version": CACHE_VERSION, "entries": self.entries}, indent=1, sort_keys=True))
+            os.replace(tmp, path)
+        except OSError as exc:
+            warnings.warn(f"cannot write grouped GEMM autotune cache {path} ({exc}); "
+                          f"choices stay in memory", RuntimeWarning, stacklevel=3)
+
+    # -- keys and choices ----------------------------------------------------------
+    @staticmethod
+    def key(op: str, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor, host_sizes=None) -> str:
+        """(op, G, N, K, dtype, device): the layer's N and K, never the token counts.
+
+        Which backend wins depends on how the tokens are spread (a per-expert
+        cuBLAS loop wins when a few experts take everything; grouped kernels win
+        when many experts get a little each), and that is not known on the host
+        without a sync. When the caller already has the sizes on the host
+        (`host_sizes`, e.g. the split sizes an expert-parallel all-to-all needs
+        anyway) the key gains a coarse routing class (see `routing_bucket`): at
+        most three tunings per layer, never one per step."""
+        _check_op(op)
+        G = int(group_sizes.shape[0])
+        if op == "fwd":
+            K, N = int(b.shape[1]), int(b.shape[2])
+        elif op == "dgrad":
+            K, N = int(b.shape[1]), int(b.shape[2])
+        else:
+            K, N = int(a.shape[1]), int(b.shape[1])
+        dtype = str(a.dtype).replace("torch.", "")
+        key = f"{op}|G={G}|N={N}|K={K}|{dtype}|{_device_name(a)}"
+        if host_sizes is not None:
+            key += f"|{routing_bucket(host_sizes)}"
+        return key
+
+    def _decide(self, times: dict[str, float]) -> str:
+        finite = {k: v for k, v in times.items() if math.isfinite(v)}
+        if not finite:
+            return "triton"
+        best = min(finite.values())
+        for name in self.backends:          # fixed order: ties go to the earlier backend
+            if name in finite and finite[name] <= best * (1.0 + self.margin):
+                return name
+        raise AssertionError("unreachable")
+
+    def tune(self, op: str, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor, **kwargs) -> str:
+        """Time every backend in `rounds` interleaved rounds (the order rotates each round,
+        so none is always timed first, on a cooler or hotter GPU) and keep the median."""
+        timer = self._timer or time_backend
+        samples: dict[str, list[float]] = {}
+        errors: dict[str, str] = {}
+        for name in self.backends:
+            try:
+                run_backend(name, op, a, b, group_sizes, **kwargs)       # warm-up / compile
+                samples[name] = []
+            except Exception as exc:  # BackendUnavailable, or anything else: skip it
+                errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+        live = [n for n in self.backends if n in samples]
+        use_events = self._timer is None and time_backend is _DEFAULT_TIME_BACKEND and a.device.type == "cuda"
+        if use_events and live:      # run by run in turn: the fairest comparison on a drifting clock
+            runs = time_interleaved({n: (lambda n=n: run_backend(n, op, a, b, group_sizes, **kwargs))
+                                     for n in live}, reps=3 * self.rounds)
+            for n in live:
+                if runs.get(n):
+                    samples[n] = runs[n]
+                else:
+                    errors[n] = "failed while timing"
+            live = []
+        for r in range(self.rounds if live else 0):
+            for name in live[r % len(live):] + live[:r % len(live)]:
+                if name in errors:
+                    continue
+                try:
+                    samples[name].append(float(timer(lambda n=name: run_backend(n, op, a, b, group_sizes,
+                                                                                 **kwargs))))
+                except Exception as exc:
+                    errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+        times = {n: (sorted(v)[len(v) // 2] if v and n not in errors else math.inf)
+                 for n, v in samples.items()}
+        times.update({n: math.inf for n in errors})
+        choice = self._decide(times)
+        self.entries[self.key(op, a, b, group_sizes, kwargs.get("host_sizes"))] = {
+            "backend": choice,
+            "times_ms": {k: (v if math.isfinite(v) else None) for k, v in times.items()},
+            "errors": errors,
+            "tuned_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "tuned_tokens": int(a.shape[0]),
+        }
+        self.tunings += 1
+        self._save()
+        return choice
+
+    def choose(self, op: str, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor, **kwargs) -> str:
+        entry = self.entries.get(self.key(op, a, b, group_sizes, kwargs.get("host_sizes")))
+        if entry is not None and entry.get("backend") in self.backends:
+            return entry["backend"]
+        return self.tune(op, a, b, group_sizes, **kwargs)
+
+    def __call__(self, op: str, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor,
+                 **kwargs) -> torch.Tensor:
+        name = self.choose(op, a, b, group_sizes, **kwargs)
+        try:
+            return run_backend(name, op, a, b, group_sizes, **kwargs)
+        except BackendUnavailable as exc:
+            if name == "triton":
+                raise
+            warnings.warn(f"grouped GEMM backend {name} failed ({exc}); using triton", RuntimeWarning,
+                          stacklevel=2)
+            return run_backend("triton", op, a, b, group_sizes)
+
+
+_DEFAULT_TUNER: GroupedGemmAutotuner | None = None
+
+
+def autotuned(op: str, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor, **kwargs) -> torch.Tensor:
+    """fwd/dgrad/wgrad through the process-wide autotuner (default cache path)."""
+    global _DEFAULT_TUNER
+    if _DEFAULT_TUNER is None:
+        _DEFAULT_TUNER = GroupedGemmAutotuner()
+    return _DEFAULT_TUNER(op, a, b, group_sizes, **kwargs)
+
+
+# ---------------------------------------------------------------------------
+# `workbench sweep` kernel-module protocol (experiments/grouped_gemm.yaml)
+# ---------------------------------------------------------------------------
+# A sweep shape is {B, M, N, K, op, routing} with integer codes, because sweep
+# shapes are integers: op 0/1/2 = fwd/dgrad/wgrad, routing 0/1/2 =
+# balanced/mild/extreme. B experts, M tokens per expert, (N, K) the layer's.
+
+OP_CODES = {0: "fwd", 1: "dgrad", 2: "wgrad"}
+ROUTING_CODES = {0: "balanced", 1: "mild", 2: "extreme"}
+
+# 0 / "auto": take the value from the kernel's config table for that (op, N, K)
+PARAMS = {"block_m": 0, "block_n": 0, "block_k": 0, "group_m": 0, "num_warps": 0, "num_stages": 0,
+          "epi_subtile": "auto", "flatten": "auto", "use_tma": "auto"}
+
+
+def _decode(shape: dict) -> tuple[str, str]:
+    try:
+        return OP_CODES[int(shape.get("op", 0))], ROUTING_CODES[int(shape.get("routing", 0))]
+    except KeyError:
+        raise ValueError(f"grouped GEMM sweep shape {shape}: op must be 0/1/2 (fwd/dgrad/wgrad) and "
+                         f"routing 0/1/2 (balanced/mild/extreme)") from None
+
+
+def make_inputs(shape: dict, dtype: torch.dtype, device: str, seed: int) -> dict:
+    """x [B*M, K], w [B, K, N], dy [B*M, N], routed group sizes (+ offsets, host sizes)."""
+    from . import routing
+
+    op, kind = _decode(shape)
+    B, Mper, N, K = (int(shape[k]) for k in ("B", "M", "N", "K"))
+    M = B * Mper
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(M, K, device=device, generator=gen).to(dtype)
+    w = (torch.randn(B, K, N, device=device, generator=gen) / math.sqrt(K)).to(dtype)
+    dy = torch.randn(M, N, device=device, generator=gen).to(dtype)
+    sizes = routing.make(kind, M, B, seed=seed, device=device)
+    a, b = {"fwd": (x, w), "dgrad": (dy, w), "wgrad": (x, dy)}[op]
+    out_shape = {"fwd": (M, N), "dgrad": (M, K), "wgrad": (B, K, N)}[op]
+    return {"op": op, "routing": kind, "a": a, "b": b, "sizes": sizes, "offs": grouped_mm_offsets(sizes),
+            "host_sizes": [int(v) for v in sizes.tolist()], "N": N, "K": K,
+            "out": torch.empty(out_shape, device=device, dtype=dtype)}
+
+
+def _config(inputs: dict, params: dict) -> gg.GemmConfig:
+    op, N, K = inputs["op"], inputs["N"], inputs["K"]
+    call_n, call_k = (K, N) if op == "dgrad" else (N, K)
+    cfg = gg.pick_config(op, call_n, call_k, inputs["a"].device)
+    over = {}
+    for p, field in (("block_m", "BLOCK_M"), ("block_n", "BLOCK_N"), ("block_k", "BLOCK_K"),
+                     ("group_m", "GROUP_M"), ("num_warps", "num_warps"), ("num_stages", "num_stages")):
+        if params.get(p):
+            over[field] = int(params[p])
+    for p, field in (("epi_subtile", "EPI_SUBTILE"), ("flatten", "FLATTEN"), ("use_tma", "USE_TMA")):
+        v = params.get(p, "auto")
+        if v != "auto" and v is not None:
+            over[field] = bool(v)
+    return dataclasses.replace(cfg, **over) if over else cfg
+
+
+def run(inputs: dict, **params) -> torch.Tensor:
+    """Our kernel at one configuration, writing into inputs['out'] (poisoned before the check)."""
+    op, a, b, s = inputs["op"], inputs["a"], inputs["b"], inputs["sizes"]
+    cfg = _config(inputs, params)
+    if op == "wgrad":
+        return gg.grouped_gemm_wgrad(a, b, s, config=cfg, out=inputs["out"])
+    return gg.grouped_gemm(a, b, s, trans_w=(op == "dgrad"), config=cfg, out=inputs["out"])
+
+
+def poison(inputs: dict) -> None:
+    inputs["out"].fill_(float("nan"))
+
+
+def reference(inputs: dict) -> torch.Tensor:
+    """Per-group fp32 matmuls on the inputs' device (fp64 on the CPU)."""
+    op, a, b, s = inputs["op"], inputs["a"], inputs["b"], inputs["sizes"]
+    dt = torch.float32 if a.device.type == "cuda" else torch.float64
+    if op == "wgrad":
+        return gg.reference_wgrad(a, b, s, dtype=dt)
+    return gg.reference(a, b, s, trans_w=(op == "dgrad"), dtype=dt)
+
+
+def flops(shape: dict) -> int:
+    return gg.flops(int(shape["B"]) * int(shape["M"]), int(shape["N"]), int(shape["K"]))
+
+
+def bytes_moved(shape: dict, dtype: torch.dtype) -> int:
+    op, _ = _decode(shape)
+    B = int(shape["B"])
+    return gg.bytes_moved(op, B * int(shape["M"]), B, int(shape["N"]), int(shape["K"]),
+                          elem_bytes=torch.empty((), dtype=dtype).element_size())
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    return {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}.get(dtype, 1e-4)
+
+
+def derived(shape: dict, dtype: torch.dtype, params: dict) -> dict:
+    """smem_bytes of a config (operand stages + epilogue staging), for spec constraints."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    d = gg._DEFAULT["fwd"]
+    bm, bn, bk = (params.get("block_m") or d.BLOCK_M, params.get("block_n") or d.BLOCK_N,
+                  params.get("block_k") or d.BLOCK_K)
+    stages = params.get("num_stages") or d.num_stages
+    sub = params.get("epi_subtile", "auto") in ("auto", True)
+    return {"smem_bytes": stages * (bm * bk + bk * bn) * elem + bm * (bn // 2 if sub else bn) * elem,
+            "SMEM_LIMIT": 232448}
+
+
+def label(params: dict) -> str:
+    parts = [f"{k}={v}" for k, v in params.items() if v not in (0, "auto", None)]
+    return ",".join(parts) or "table"
+
+
+def _baseline(name: str) -> Callable[[dict], torch.Tensor]:
+    def call(inputs: dict) -> torch.Tensor:
+        return run_backend(name, inputs["op"], inputs["a"], inputs["b"], inputs["sizes"],
+                           offs=inputs["offs"], host_sizes=inputs["host_sizes"])
+    call.__name__ = f"baseline_{name}"
+    return call
+
+
+def _autotune_baseline(inputs: dict) -> torch.Tensor:
+    return autotuned(inputs["op"], inputs["a"], inputs["b"], inputs["sizes"],
+                     offs=inputs["offs"], host_sizes=inputs["host_sizes"])
+
+
+baselines = {"grouped_mm": _baseline("grouped_mm"), "cublas_loop": _baseline("cublas_loop"),
+             "autotune": _autotune_baseline}

@@ -1,0 +1,514 @@
+"""Grouped GEMM: interpreter correctness (CPU), validation, autotuner cache, GPU checks.
+
+The kernels run in Triton's interpreter in ONE subprocess (TRITON_INTERPRET=1
+must be set before triton is imported, and this process may already have
+imported triton for other test files). The subprocess runs every case in
+CASES on fresh random inputs (a seed per session, printed on failure), poisons
+each output with NaN first, and reports relative errors as JSON; each
+parametrized test below checks one case.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = random.SystemRandom().randrange(2**31)
+
+TOL = {"float16": 2e-3, "float32": 2e-5, "bfloat16": 1.5e-2}
+
+# name -> (op, dtype, sizes, K, N, config overrides). For dgrad, K is the output
+# width and N the reduction (dy is [M, N], w is [G, K, N]).
+_ODD = [0, 37, 5, 0, 64]
+_CFGS = {
+    "ptr_nest": dict(USE_TMA=False, FLATTEN=False),
+    "ptr_flat": dict(USE_TMA=False, FLATTEN=True),
+    "tma_flat_sub": dict(USE_TMA=True, FLATTEN=True, EPI_SUBTILE=True),
+    "tma_nest": dict(USE_TMA=True, FLATTEN=False, EPI_SUBTILE=False),
+}
+CASES: dict[str, tuple] = {}
+for _op in ("fwd", "dgrad", "wgrad", "fwd_transw"):
+    for _dt in ("float16", "float32"):
+        for _cn, _cfg in _CFGS.items():
+            CASES[f"{_op}-{_dt}-odd-{_cn}"] = (_op, _dt, _ODD, 48, 40, _cfg)
+    # shapes that TMA cannot take (strides not 16-byte aligned): the pointer path runs
+    CASES[f"{_op}-float16-unaligned"] = (_op, "float16", [6, 0, 11], 42, 123, dict(USE_TMA=True))
+for _op in ("fwd", "dgrad", "wgrad"):
+    CASES[f"{_op}-bfloat16-odd-tma"] = (_op, "bfloat16", _ODD, 48, 40, dict(USE_TMA=True, FLATTEN=True))
+CASES["fwd-float32-g256"] = ("fwd", "float32", "g256", 16, 24, dict(USE_TMA=False, FLATTEN=True))
+CASES["wgrad-float32-g256"] = ("wgrad", "float32", "g256", 16, 24, dict(USE_TMA=False, FLATTEN=True))
+CASES["dgrad-float16-g256-tma"] = ("dgrad", "float16", "g256", 16, 24, dict(USE_TMA=True))
+CASES["fwd-float16-one-group"] = ("fwd", "float16", [0, 0, 70, 0], 32, 48, dict(USE_TMA=True))
+CASES["wgrad-float16-one-group"] = ("wgrad", "float16", [0, 0, 70, 0], 32, 48, dict(USE_TMA=True))
+CASES["fwd-float32-no-rows"] = ("fwd", "float32", [0, 0, 0], 16, 16, {})
+CASES["wgrad-float32-no-rows"] = ("wgrad", "float32", [0, 0, 0], 16, 16, {})
+CASES["autograd-float32"] = ("autograd", "float32", [9, 0, 23, 4], 24, 40, dict(USE_TMA=False))
+
+
+_RUNNER = textwrap.dedent(r'''
+    import json, os, sys
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, sys.argv[1])
+    import torch
+    from kernels import grouped_gemm as gg
+
+    seed = int(sys.argv[2])
+    cases = json.loads(sys.stdin.read())
+    results = {}
+
+    def rel(out, ref):
+        out = out.double()
+        if not torch.isfinite(out).all():
+            return float("inf")          # an unwritten (NaN-poisoned) element
+        den = ref.norm().item()
+        return (out - ref).norm().item() / den if den else (out - ref).norm().item()
+
+    def base_cfg(over):
+        c = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=1, num_stages=1,
+                 EPI_SUBTILE=False, FLATTEN=False, USE_TMA=False)
+        c.update(over)
+        return gg.GemmConfig(**c)
+
+    for i, (name, (op, dt, sizes, K, N, over)) in enumerate(sorted(cases.items())):
+        torch.manual_seed(seed + i)
+        dtype = getattr(torch, dt)
+        if sizes == "g256":
+            s = torch.randint(0, 4, (256,))
+            s[torch.rand(256) < 0.4] = 0
+            sizes = s.tolist()
+        gs = torch.tensor(sizes, dtype=torch.int32 if i % 2 else torch.int64)
+        G, M = len(sizes), sum(sizes)
+        cfg = base_cfg(over)
+        try:
+            if op in ("fwd", "fwd_transw", "dgrad"):
+                x = torch.randn(M, K if op != "dgrad" else N).to(dtype)
+                if op == "fwd":
+                    w = torch.randn(G, K, N).to(dtype); tw = False
+                elif op == "fwd_transw":
+                    w = torch.randn(G, N, K).to(dtype); tw = True
+                else:
+                    w = torch.randn(G, K, N).to(dtype); tw = True
+                width = w.shape[1] if tw else w.shape[2]
+                out = torch.full((M, width), float("nan"), dtype=dtype)
+                gg.grouped_gemm(x, w, gs, trans_w=tw, config=cfg, out=out)
+                results[name] = rel(out, gg.reference(x, w, gs, trans_w=tw))
+            elif op == "wgrad":
+                x = torch.randn(M, K).to(dtype)
+                dy = torch.randn(M, N).to(dtype)
+                out = torch.full((G, K, N), float("nan"), dtype=dtype)
+                gg.grouped_gemm_wgrad(x, dy, gs, config=cfg, out=out)
+                ref = gg.reference_wgrad(x, dy, gs)
+                zero_ok = all(out[g].abs().max().item() == 0 for g in range(G) if sizes[g] == 0)
+                results[name] = rel(out, ref) if zero_ok else float("inf")
+            elif op == "autograd":
+                x = torch.randn(M, K, dtype=dtype, requires_grad=True)
+                w = torch.randn(G, K, N, dtype=dtype, requires_grad=True)
+                y = gg.grouped_linear(x, w, gs)
+                g_out = torch.randn_like(y)
+                y.backward(g_out)
+                xr = x.detach().double().requires_grad_(True)
+                wr = w.detach().double().requires_grad_(True)
+                outs, start = [], 0
+                for g, m in enumerate(sizes):
+                    outs.append(xr[start:start + m] @ wr[g]); start += m
+                yr = torch.cat(outs)
+                yr.backward(g_out.double())
+                results[name] = max(rel(y.detach(), yr.detach()), rel(x.grad, xr.grad), rel(w.grad, wr.grad))
+        except Exception as exc:
+            results[name] = f"{type(exc).__name__}: {exc}"
+    print("RESULTS" + json.dumps(results))
+''')
+
+
+@pytest.fixture(scope="module")
+def interpreter_results():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-c", _RUNNER, str(ROOT), str(SEED)], input=json.dumps(CASES),
+                          capture_output=True, text=True, env=env, timeout=900)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS")), None)
+    if line is None:
+        pytest.fail(f"interpreter subprocess failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                    f"{proc.stderr[-5000:]}")
+    return json.loads(line[len("RESULTS"):])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_interpreter_matches_reference(interpreter_results, name):
+    err = interpreter_results[name]
+    dt = CASES[name][1]
+    assert not isinstance(err, str), f"{name} raised (seed {SEED}): {err}"
+    assert err <= TOL[dt], f"{name}: relative error {err:.3e} > {TOL[dt]} (seed {SEED})"
+
+
+# ---------------------------------------------------------------------------
+# Validation (no kernel runs)
+# ---------------------------------------------------------------------------
+
+from kernels import grouped_gemm as gg  # noqa: E402
+from kernels import grouped_gemm_autotune as ga  # noqa: E402
+
+
+def _inputs(G=3, M=10, K=16, N=8, dtype=torch.float16):
+    return torch.randn(M, K).to(dtype), torch.randn(G, K, N).to(dtype), torch.tensor([3, 0, 7])
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda x, w, s: (x[0], w, s), "2-D"),
+    (lambda x, w, s: (x, w[0], s), "3-D"),
+    (lambda x, w, s: (x, w, s.float()), "int32 or int64"),
+    (lambda x, w, s: (x, w, s[:2]), "G=3"),
+    (lambda x, w, s: (x, w.float(), s), "dtypes differ"),
+    (lambda x, w, s: (x.to(torch.int8), w.to(torch.int8), s), "dtype must be"),
+    (lambda x, w, s: (x[:, :8], w, s), "K="),
+    (lambda x, w, s: (x.t().contiguous().t(), w, s), "row-major"),
+    (lambda x, w, s: (x, w, s.view(1, 3)), "1-D"),
+    (lambda x, w, s: (x.numpy(), w, s), "torch.Tensor"),
+])
+def test_grouped_gemm_rejects_bad_inputs(mutate, match):
+    x, w, s = mutate(*_inputs())
+    with pytest.raises(ValueError, match=match):
+        gg.grouped_gemm(x, w, s)
+
+
+def test_grouped_gemm_rejects_transposed_weight_view():
+    x, w, s = _inputs()
+    with pytest.raises(ValueError, match="trans_w"):
+        gg.grouped_gemm(x, w.transpose(1, 2).contiguous().transpose(1, 2), s)
+
+
+def test_wgrad_rejects_bad_inputs():
+    x, _, s = _inputs()
+    with pytest.raises(ValueError, match="rows"):
+        gg.grouped_gemm_wgrad(x, torch.randn(9, 8).half(), s)
+    with pytest.raises(ValueError, match="dtypes differ"):
+        gg.grouped_gemm_wgrad(x, torch.randn(10, 8), s)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"), reason="interpreting")
+def test_cpu_tensors_need_the_interpreter():
+    x, w, s = _inputs()
+    with pytest.raises(ValueError, match="interpreter"):
+        gg.grouped_gemm(x, w, s)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU for a second device")
+def test_mixed_devices_rejected():
+    x, w, s = _inputs()
+    with pytest.raises(ValueError, match="one device"):
+        gg.grouped_gemm(x.cuda(), w.cuda(), s)
+
+
+def test_flops_and_bytes():
+    assert gg.flops(2048 * 16, 4096, 7168) == 2 * 2048 * 16 * 4096 * 7168
+    b = gg.bytes_moved("fwd", 100, 4, 8, 16)
+    assert b == 2 * (100 * 16 + 4 * 16 * 8 + 100 * 8)
+    assert gg.bytes_moved("wgrad", 100, 4, 8, 16) == b
+    with pytest.raises(ValueError):
+        gg.bytes_moved("bwd", 1, 1, 1, 1)
+
+
+def test_reference_handles_empty_groups():
+    x, w, s = _inputs(dtype=torch.float32)
+    ref = gg.reference(x, w, s)
+    assert torch.allclose(ref[:3].float(), x[:3] @ w[0], atol=1e-5)
+    assert torch.allclose(ref[3:].float(), x[3:] @ w[2], atol=1e-5)
+    dw = gg.reference_wgrad(x, torch.randn(10, 8), s)
+    assert dw[1].abs().max() == 0
+
+
+def test_sm90_cross_compile_uses_wgmma_and_tma(tmp_path):
+    """The Hopper builds use wgmma and TMA (no GPU needed; compiled in a process
+    without TRITON_INTERPRET, which conftest sets for CPU runs)."""
+    code = textwrap.dedent("""
+        import json, sys
+        sys.path.insert(0, sys.argv[1])
+        from kernels import grouped_gemm as gg
+        out = {}
+        for op in ("fwd", "dgrad", "wgrad"):
+            ptx = gg.compile_for_target(op, arch=90).asm["ptx"]
+            out[op] = [ptx.count("wgmma.mma_async"), ptx.count("cp.async.bulk.tensor")]
+        print("PTX" + json.dumps(out))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PTX")), None)
+    assert line is not None, proc.stderr[-3000:]
+    for op, (wgmma, tma) in json.loads(line[3:]).items():
+        assert wgmma > 0, f"{op}: no wgmma in the sm_90 PTX"
+        assert tma > 0, f"{op}: no TMA (cp.async.bulk.tensor) in the sm_90 PTX"
+
+
+# ---------------------------------------------------------------------------
+# Autotuner: choice, persistence, M-invariant key, corrupt cache
+# ---------------------------------------------------------------------------
+
+
+class _FakeBackends:
+    """Backends that do nothing, timed by a table instead of a GPU."""
+
+    def __init__(self, monkeypatch, times):
+        self.times = dict(times)
+        self.calls = []
+        fakes = {}
+        for name in ga.BACKENDS:
+            def run(op, a, b, sizes, _name=name, **kw):
+                self.calls.append(_name)
+                if not math.isfinite(self.times[_name]):
+                    raise ga.BackendUnavailable(f"{_name} unavailable")
+                return _name
+            fakes[name] = run
+        monkeypatch.setattr(ga, "_IMPLS", fakes)
+
+    def timer(self, fn):
+        return self.times[fn()]
+
+
+def _args(M=64, G=4, K=32, N=16, dtype=torch.bfloat16):
+    return torch.empty(M, K, dtype=dtype), torch.empty(G, K, N, dtype=dtype), torch.zeros(G, dtype=torch.int32)
+
+
+def test_autotune_picks_fastest_and_persists(tmp_path, monkeypatch):
+    fake = _FakeBackends(monkeypatch, {"triton": 2.0, "grouped_mm": 1.0, "cublas_loop": 3.0})
+    path = tmp_path / "cache.json"
+    tuner = ga.GroupedGemmAutotuner(path, timer=fake.timer)
+    assert tuner("fwd", *_args()) == "grouped_mm"
+    assert tuner.tunings == 1
+    data = json.loads(path.read_text())
+    (key, entry), = data["entries"].items()
+    assert entry["backend"] == "grouped_mm" and "fwd|G=4|N=16|K=32|bfloat16" in key
+    # A fresh tuner reads the file and does not time again, even if timings change.
+    fake.times = {"triton": 0.1, "grouped_mm": 9.0, "cublas_loop": 9.0}
+    tuner2 = ga.GroupedGemmAutotuner(path, timer=fake.timer)
+    assert tuner2("fwd", *_args()) == "grouped_mm"
+    assert tuner2.tunings == 0
+
+
+def test_autotune_key_ignores_token_counts(tmp_path, monkeypatch):
+    fake = _FakeBackends(monkeypatch, {"triton": 1.0, "grouped_mm": 2.0, "cublas_loop": 3.0})
+    tuner = ga.GroupedGemmAutotuner(tmp_path / "c.json", timer=fake.timer)
+    for M in (64, 1000, 4096):
+        a, b, s = _args(M=M)
+        s[:] = torch.tensor([M, 0, 0, 0])
+        tuner("fwd", a, b, s)
+    assert tuner.tunings == 1
+    tuner("dgrad", *_args())         # another op is another key
+    tuner("fwd", *_args(N=24))       # another N too
+    tuner("fwd", *_args(dtype=torch.float16))
+    assert tuner.tunings == 4
+    assert len({ga.GroupedGemmAutotuner.key("fwd", *_args(M=m)) for m in (1, 7, 9999)}) == 1
+
+
+def test_routing_bucket_and_bucketed_key(tmp_path, monkeypatch):
+    assert ga.routing_bucket([100, 100, 100, 100]) == "even"
+    assert ga.routing_bucket([50, 60, 90, 200]) == "skewed"
+    assert ga.routing_bucket([0, 400, 0, 0]) == "concentrated"
+    assert ga.routing_bucket([0, 0]) == "even"
+    fake = _FakeBackends(monkeypatch, {"triton": 1.0, "grouped_mm": 2.0, "cublas_loop": 3.0})
+    tuner = ga.GroupedGemmAutotuner(tmp_path / "c.json", timer=fake.timer)
+    a, b, s = _args(M=400)
+    tuner("fwd", a, b, s)                                  # no host sizes: the plain key
+    tuner("fwd", a, b, s, host_sizes=[100, 100, 100, 100])
+    tuner("fwd", a, b, s, host_sizes=[98, 101, 99, 102])   # same class: no retune
+    assert tuner.tunings == 2
+    fake.times = {"triton": 3.0, "grouped_mm": 2.0, "cublas_loop": 1.0}
+    assert tuner.choose("fwd", a, b, s, host_sizes=[0, 400, 0, 0]) == "cublas_loop"
+    assert tuner.choose("fwd", a, b, s, host_sizes=[100, 100, 100, 100]) == "triton"
+    assert tuner.tunings == 3
+    assert {k.rsplit("|", 1)[-1] for k in tuner.entries} == {"cpu", "even", "concentrated"}
+
+
+def test_autotune_ties_prefer_fixed_order(tmp_path, monkeypatch):
+    fake = _FakeBackends(monkeypatch, {"triton": 1.005, "grouped_mm": 1.0, "cublas_loop": 1.0})
+    tuner = ga.GroupedGemmAutotuner(tmp_path / "c.json", timer=fake.timer, margin=0.01)
+    assert tuner.choose("wgrad", torch.empty(8, 4), torch.empty(8, 2), torch.zeros(3, dtype=torch.int32)) == "triton"
+    fake.times["triton"] = 1.5
+    tuner2 = ga.GroupedGemmAutotuner(tmp_path / "d.json", timer=fake.timer, margin=0.01)
+    assert tuner2.choose("fwd", *_args()) == "grouped_mm"
+
+
+def test_autotune_skips_failing_backends(tmp_path, monkeypatch):
+    fake = _FakeBackends(monkeypatch, {"triton": 5.0, "grouped_mm": math.inf, "cublas_loop": 6.0})
+    tuner = ga.GroupedGemmAutotuner(tmp_path / "c.json", timer=fake.timer)
+    assert tuner.choose("fwd", *_args()) == "triton"
+    entry = next(iter(tuner.entries.values()))
+    assert entry["times_ms"]["grouped_mm"] is None and "grouped_mm" in entry["errors"]
+
+
+@pytest.mark.parametrize("content", ["{not json", "[]", '{"version": 1, "entries": {"k": {"backend": "nope"}}}',
+                                     '{"version": 99, "entries": {}}', ""])
+def test_autotune_corrupt_cache_is_rebuilt_with_warning(tmp_path, monkeypatch, content):
+    fake = _FakeBackends(monkeypatch, {"triton": 1.0, "grouped_mm": 2.0, "cublas_loop": 3.0})
+    path = tmp_path / "cache.json"
+    path.write_text(content)
+    with pytest.warns(RuntimeWarning, match="unreadable"):
+        tuner = ga.GroupedGemmAutotuner(path, timer=fake.timer)
+    assert tuner.entries == {}
+    assert json.loads(path.read_text()) == {"version": ga.CACHE_VERSION, "entries": {}}
+    assert tuner("fwd", *_args()) == "triton"
+    assert len(json.loads(path.read_text())["entries"]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ga.GroupedGemmAutotuner(path, timer=fake.timer)     # now clean: no warning
+
+
+def test_autotune_cache_path_env_override(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_GROUPED_GEMM_CACHE", str(tmp_path / "x" / "y.json"))
+    assert ga.default_cache_path() == tmp_path / "x" / "y.json"
+    monkeypatch.delenv("WORKBENCH_GROUPED_GEMM_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert ga.default_cache_path() == tmp_path / "kernel-workbench" / "grouped_gemm_autotune.json"
+
+
+def test_autotune_unwritable_cache_does_not_crash(tmp_path, monkeypatch):
+    fake = _FakeBackends(monkeypatch, {"triton": 1.0, "grouped_mm": 2.0, "cublas_loop": 3.0})
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    tuner = ga.GroupedGemmAutotuner(blocker / "sub" / "c.json", timer=fake.timer)
+    with pytest.warns(RuntimeWarning, match="cannot write"):
+        assert tuner("fwd", *_args()) == "triton"
+
+
+def test_cublas_loop_backend_on_cpu():
+    torch.manual_seed(1)
+    sizes = [3, 0, 5]
+    x, w = torch.randn(8, 6), torch.randn(3, 6, 4)
+    s = torch.tensor(sizes)
+    out = ga.run_backend("cublas_loop", "fwd", x, w, s)
+    assert torch.allclose(out.double(), gg.reference(x, w, s), atol=1e-5)
+    dy = torch.randn(8, 4)
+    dx = ga.run_backend("cublas_loop", "dgrad", dy, w, s)
+    assert torch.allclose(dx.double(), gg.reference(dy, w, s, trans_w=True), atol=1e-5)
+    dw = ga.run_backend("cublas_loop", "wgrad", x, dy, s)
+    assert torch.allclose(dw.double(), gg.reference_wgrad(x, dy, s), atol=1e-5)
+    with pytest.raises(ga.BackendUnavailable):
+        ga.run_backend("grouped_mm", "fwd", x, w, s)
+
+
+# ---------------------------------------------------------------------------
+# GPU: bf16 at the seed's shapes (run on the H200 through `device`)
+# ---------------------------------------------------------------------------
+
+# (model, layer, B experts, M tokens per expert, N, K): one per layer at the smaller B and M
+_SEED_SHAPES = [
+    ("DeepSeek-V3", "GateUP", 16, 2048, 4096, 7168),
+    ("DeepSeek-V3", "Down", 16, 2048, 7168, 2048),
+    ("gpt-oss-20B", "GateUP", 4, 2048, 5760, 2880),
+    ("gpt-oss-20B", "Down", 32, 2048, 2880, 2880),
+]
+
+
+def _rel(out, ref):
+    out = out.float()
+    assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite elements"
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("routing", ["balanced", "mild", "extreme"])
+@pytest.mark.parametrize("shape", _SEED_SHAPES, ids=lambda s: f"{s[0]}-{s[1]}-B{s[2]}")
+def test_gpu_bf16_seed_shapes(shape, routing):
+    from kernels import routing as rt
+
+    _, _, B, Mper, N, K = shape
+    dev = "cuda"
+    torch.manual_seed(SEED)
+    sizes = rt.make(routing, B * Mper, B, seed=SEED, device=dev)
+    M = B * Mper
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    w = (torch.randn(B, K, N, device=dev) / K ** 0.5).to(torch.bfloat16)
+    dy = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+    out = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
+    gg.grouped_gemm(x, w, sizes, out=out)
+    assert _rel(out, gg.reference(x, w, sizes, dtype=torch.float32)) < TOL["bfloat16"]
+    dx = torch.full((M, K), float("nan"), device=dev, dtype=torch.bfloat16)
+    gg.grouped_gemm(dy, w, sizes, trans_w=True, out=dx)
+    assert _rel(dx, gg.reference(dy, w, sizes, trans_w=True, dtype=torch.float32)) < TOL["bfloat16"]
+    dw = torch.full((B, K, N), float("nan"), device=dev, dtype=torch.bfloat16)
+    gg.grouped_gemm_wgrad(x, dy, sizes, out=dw)
+    ref = gg.reference_wgrad(x, dy, sizes, dtype=torch.float32)
+    empty = (sizes == 0).nonzero().flatten().tolist()
+    for g in empty:
+        assert dw[g].abs().max().item() == 0
+    assert _rel(dw, ref) < TOL["bfloat16"]
+
+
+@pytest.mark.gpu
+def test_gpu_launch_never_syncs_and_captures_in_a_graph():
+    from kernels import routing as rt
+
+    dev = "cuda"
+    sizes = rt.mild(4096, 8, seed=3, device=dev)
+    x = torch.randn(4096, 512, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(8, 512, 256, device=dev, dtype=torch.bfloat16)
+    dy = torch.randn(4096, 256, device=dev, dtype=torch.bfloat16)
+    gg.grouped_gemm(x, w, sizes)     # compile first
+    gg.grouped_gemm(dy, w, sizes, trans_w=True)
+    gg.grouped_gemm_wgrad(x, dy, sizes)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = gg.grouped_gemm(x, w, sizes)
+        gg.grouped_gemm(dy, w, sizes, trans_w=True)
+        gg.grouped_gemm_wgrad(x, dy, sizes)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_g = gg.grouped_gemm(x, w, sizes)
+    sizes.copy_(rt.extreme(4096, 8, seed=5, device=dev))    # new routing, same graph
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = gg.reference(x, w, sizes, dtype=torch.float32)
+    assert _rel(out_g, ref) < TOL["bfloat16"]
+    del out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["fwd", "dgrad", "wgrad"])
+def test_gpu_backends_agree(op, tmp_path):
+    from kernels import routing as rt
+
+    dev = "cuda"
+    G, M, K, N = 8, 8 * 512, 1024, 768
+    sizes = rt.mild(M, G, seed=11, device=dev)
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    w = (torch.randn(G, K, N, device=dev) / K ** 0.5).to(torch.bfloat16)
+    dy = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+    a, b = {"fwd": (x, w), "dgrad": (dy, w), "wgrad": (x, dy)}[op]
+    if op == "wgrad":
+        ref = gg.reference_wgrad(a, b, sizes, dtype=torch.float32)
+    else:
+        ref = gg.reference(a, b, sizes, trans_w=(op == "dgrad"), dtype=torch.float32)
+    for name in ga.BACKENDS:
+        assert _rel(ga.run_backend(name, op, a, b, sizes), ref) < TOL["bfloat16"], name
+    tuner = ga.GroupedGemmAutotuner(tmp_path / "c.json")
+    assert _rel(tuner(op, a, b, sizes), ref) < TOL["bfloat16"]
+    assert tuner.tunings == 1
+
+
+@pytest.mark.gpu
+def test_gpu_autograd_training_step():
+    from kernels import routing as rt
+
+    dev = "cuda"
+    G, M, K, N = 16, 16 * 256, 512, 384
+    sizes = rt.mild(M, G, seed=2, device=dev)
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(G, K, N, device=dev) / K ** 0.5).to(torch.bfloat16).requires_grad_(True)
+    y = gg.grouped_linear(x, w, sizes)
+    g_out = torch.randn_like(y)
+    y.backward(g_out)
+    assert _rel(x.grad, gg.reference(g_out, w.detach(), sizes, trans_w=True, dtype=torch.float32)) < 1.5e-2
+    assert _rel(w.grad, gg.reference_wgrad(x.detach(), g_out, sizes, dtype=torch.float32)) < 1.5e-2
