@@ -525,6 +525,13 @@ def poison(inputs: Inputs) -> None:
                 t.view(torch.uint8).fill_(0xFF)
 
 
+def recover(inputs: Inputs) -> None:
+    """After a point failed on some rank (every rank calls this, together): zero the
+    flags and running totals, so the next call's waits count from zero everywhere."""
+    for h in inputs.heaps:
+        h.resync_flags()
+
+
 def check(out: torch.Tensor, ref: torch.Tensor, dtype) -> tuple[bool, float, str]:
     """Bit-for-bit equality (an all-gather moves bits; it computes nothing)."""
     if tuple(out.shape) != tuple(ref.shape):

@@ -4,7 +4,8 @@ Three parts, one per way a study meets several ranks:
 
 ``launch(script, world_size, args, timeout_s)``
     Runs ``torchrun --standalone --nproc-per-node=N script args`` from Python
-    (a notebook, ``workbench sweep``), watches it against a deadline and
+    (a notebook, ``workbench sweep``), watches it against a deadline (and,
+    optionally, a limit on the time a rank spends in one stage) and
     returns the rows every rank wrote. A rank that dies, raises or hangs
     fails the run with a `LaunchError` / `LaunchTimeout` naming the rank, its
     last stage and its last output lines, instead of hanging the caller.
@@ -67,10 +68,12 @@ __all__ = ["MULTICAST_OFF", "launch", "LaunchResult", "LaunchError", "LaunchTime
 class LaunchError(RuntimeError):
     """The world failed; ``ranks`` are the ranks held responsible."""
 
-    def __init__(self, message: str, ranks: Sequence[int] = (), run_dir: Path | None = None):
+    def __init__(self, message: str, ranks: Sequence[int] = (), run_dir: Path | None = None,
+                 states: dict[int, dict] | None = None):
         super().__init__(message)
         self.ranks = list(ranks)
         self.run_dir = run_dir
+        self.states = states or {}  # rank -> what it last said (status, stage, ages, pid, error)
 
     @property
     def rows(self) -> list[dict]:
@@ -79,7 +82,7 @@ class LaunchError(RuntimeError):
 
 
 class LaunchTimeout(LaunchError):
-    """The deadline passed before every rank finished."""
+    """The deadline passed before every rank finished, or a rank stalled in one stage."""
 
 
 @dataclasses.dataclass
@@ -126,7 +129,8 @@ def _target_args(script_or_module: str | os.PathLike) -> tuple[list[str], str]:
 def launch(script_or_module: str | os.PathLike, world_size: int, args: Sequence[str] = (),
            timeout_s: float = 600.0, *, run_dir: str | os.PathLike | None = None, env: dict | None = None,
            backend: str | None = None, heartbeat_s: float = 1.0, python: str | None = None,
-           echo: bool = False) -> LaunchResult:
+           echo: bool = False, stage_timeout_s: float | None = None,
+           on_poll: Callable[[Path], Any] | None = None) -> LaunchResult:
     """Run ``script_or_module`` as a world of ``world_size`` processes under torchrun.
 
     Returns the rows the ranks emitted (``Worker.emit``), merged rank-major.
@@ -135,6 +139,15 @@ def launch(script_or_module: str | os.PathLike, world_size: int, args: Sequence[
     was doing), `LaunchError` when a rank fails (named, with its exit code or
     exception and its last output lines). Per-rank heartbeat, rows and error
     files stay in ``run_dir`` (a fresh temporary folder by default).
+
+    stage_timeout_s: also kill the world (`LaunchTimeout`) when a rank stays
+        longer than this in one stage of its own (``Worker.stage``); the
+        Worker's own stages (process start, ``init_process_group``, and
+        "running" until the script names a stage) count only against
+        ``timeout_s``. The message names the stalled rank first.
+    on_poll: called with ``run_dir`` about ten times a second while the world
+        runs (e.g. to read rows as they are emitted); what it raises stops
+        the world and reaches the caller.
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"dist.launch: world_size must be a positive integer, got {world_size!r}")
@@ -150,7 +163,7 @@ def launch(script_or_module: str | os.PathLike, world_size: int, args: Sequence[
            f"--nproc-per-node={world_size}", "--max-restarts=0", "--monitor-interval=0.2",
            f"--log-dir={run_dir / 'torchrun'}", "--tee=3", *target, *map(str, args)]
     log_path = run_dir / "launch.log"
-    start = time.monotonic()
+    start = last_check = time.monotonic()
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
@@ -161,12 +174,24 @@ def launch(script_or_module: str | os.PathLike, world_size: int, args: Sequence[
                 rc = proc.poll()
                 if rc is not None:
                     break
-                if time.monotonic() - start > timeout_s:
+                now = time.monotonic()
+                if now - start > timeout_s:
                     states = _rank_states(run_dir, world_size)
                     _kill_world(proc, states)
                     text = log_path.read_text(errors="replace")
                     raise LaunchTimeout(_timeout_message(name, world_size, timeout_s, states, text, run_dir),
-                                        [r for r, s in states.items() if s["status"] != "done"], run_dir)
+                                        [r for r, s in states.items() if s["status"] != "done"], run_dir, states)
+                if stage_timeout_s and now - last_check >= min(1.0, stage_timeout_s / 4):
+                    last_check = now
+                    states = _rank_states(run_dir, world_size)
+                    stalled = _stalled(states, stage_timeout_s)
+                    if stalled:
+                        _kill_world(proc, states)
+                        text = log_path.read_text(errors="replace")
+                        raise LaunchTimeout(_stall_message(name, world_size, stage_timeout_s, stalled, states, text,
+                                                           run_dir), stalled, run_dir, states)
+                if on_poll is not None:
+                    on_poll(run_dir)
                 time.sleep(0.1)
         except BaseException:
             if proc.poll() is None:  # KeyboardInterrupt and friends: leave nothing running
@@ -179,7 +204,7 @@ def launch(script_or_module: str | os.PathLike, world_size: int, args: Sequence[
     states = _rank_states(run_dir, world_size)
     if rc != 0 or any(s["status"] != "done" for s in states.values()):
         msg, ranks = _failure_message(name, world_size, rc, states, text, run_dir)
-        raise LaunchError(msg, ranks, run_dir)
+        raise LaunchError(msg, ranks, run_dir, states)
     return LaunchResult(_collect_rows(run_dir), world_size, run_dir, elapsed, text)
 
 
@@ -265,6 +290,28 @@ def _timeout_message(name, world_size, timeout_s, states, text, run_dir) -> str:
     stuck = [r for r, s in states.items() if s["status"] != "done"]
     lines = [f"dist.launch({name}, world_size={world_size}): timed out after {timeout_s:g} s; "
              f"rank(s) {', '.join(map(str, stuck))} did not finish (the world was killed)."]
+    lines += ["  " + _describe(r, s, text) for r, s in states.items()]
+    lines.append(f"  heartbeats, rows and the log: {run_dir}")
+    return "\n".join(lines)
+
+
+# Stages the Worker sets itself (start, process group, "running" until the script names one):
+# covered by launch's timeout_s alone.
+STARTUP_STAGES = ("starting", "init_process_group", "running")
+
+
+def _stalled(states: dict[int, dict], limit_s: float) -> list[int]:
+    """Running ranks that have been in one stage of their own for over ``limit_s``, longest first."""
+    late = [r for r, s in states.items() if s["status"] == "running" and s["stage"] not in STARTUP_STAGES
+            and s["stage_age_s"] is not None and s["stage_age_s"] > limit_s]
+    return sorted(late, key=lambda r: -states[r]["stage_age_s"])
+
+
+def _stall_message(name, world_size, limit_s, stalled, states, text, run_dir) -> str:
+    first = stalled[0]
+    lines = [f"dist.launch({name}, world_size={world_size}): rank {first} made no progress for "
+             f"{states[first]['stage_age_s']:.0f} s in stage '{states[first]['stage']}' (stage timeout "
+             f"{limit_s:g} s); the world was killed."]
     lines += ["  " + _describe(r, s, text) for r, s in states.items()]
     lines.append(f"  heartbeats, rows and the log: {run_dir}")
     return "\n".join(lines)
@@ -725,6 +772,12 @@ class SimHeap(_BumpHeap):
 
     def barrier(self) -> None:
         self.world._barrier_wait(self.rank)
+
+    def resync_flags(self) -> None:
+        """After a failed round: zero this rank's flags, running totals and status words."""
+        self._flag_area.zero_()
+        self._totals = {}
+        self._status.zero_()
 
     def launch(self, kernel, grid, /, *args, **kwargs):
         """Run ``kernel`` on this rank, in the interpreter, while no other rank runs one."""
