@@ -74,7 +74,7 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SMEM_LIMIT_SM90 = 232448  # bytes of shared memory one block may use on sm_90
 
 
-if os.environ.get("TRITON_INTERPRET", "0") == "1":
+if interpreter.active():
     interpreter.patch()
 
 
@@ -325,7 +325,7 @@ def _fit_smem(cfg: GemmConfig, elem_bytes: int, limit: int = SMEM_LIMIT_SM90) ->
 # Launcher
 # --------------------------------------------------------------------------
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return interpreter.active()
 
 
 @functools.lru_cache(maxsize=None)

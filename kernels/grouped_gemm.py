@@ -38,7 +38,6 @@ the autotuner that picks among them live in ``kernels.grouped_gemm_autotune``.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 
 import torch
@@ -67,7 +66,7 @@ _MAX_GROUPS = 4096
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return interpreter.active()
 
 
 def _patch_interpreter() -> None:

@@ -15,6 +15,13 @@ import numpy as np
 _PATCHED = False
 
 
+def active() -> bool:
+    """Whether @triton.jit runs in the interpreter, parsed as Triton parses it (1/true/on/yes)."""
+    import triton
+
+    return bool(triton.knobs.runtime.interpret)
+
+
 def patch() -> None:
     global _PATCHED
     if _PATCHED:

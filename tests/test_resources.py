@@ -203,16 +203,18 @@ def _gemm_sm90_md() -> dict:
 def test_resources_nvidia_from_res_usage(monkeypatch, tmp_path):
     cubin = tmp_path / "gemm.cubin"
     cubin.write_bytes(b"\x7fELF" + bytes(60))  # only the header is looked at
-    text = (FIX / "gemm_bf16_sm90.resusage.txt").read_text()
+    outputs = {"-res-usage": (FIX / "gemm_bf16_sm90.resusage.txt").read_text(),
+               "-sass": (FIX / "gemm_bf16_sm90.sass").read_text()}
     calls = []
 
     def fake_run(name, args, timeout=0):
         calls.append((name, args))
-        return text
+        return outputs[args[0]]
 
     monkeypatch.setattr(tools, "run_tool", fake_run)
     r = resources({"cubin": cubin, "ptx": FIX / "gemm_bf16_sm90.ptx"}, _gemm_sm90_md())
-    assert calls == [("cuobjdump", ["-res-usage", str(cubin)])]
+    assert [c[1][0] for c in calls] == ["-res-usage", "-sass"] and all(c[0] == "cuobjdump" for c in calls)
+    assert (r["spill_stores"], r["spill_loads"]) == (0, 0)  # the GEMM keeps everything in registers
     assert r["problems"] == []
     assert (r["registers"], r["static_shared_bytes"], r["constant_bytes"]) == (114, 1024, 592)
     assert (r["num_warps"], r["shared_bytes"], r["num_stages"]) == (8, 65536, 2)

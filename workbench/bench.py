@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -113,7 +112,9 @@ def _summarize(times: Sequence[float], **fields) -> Timing:
 
 def gpu_timing_available() -> bool:
     """True when calls can be timed with CUDA events (a GPU, no interpreter)."""
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    from kernels.interpreter import active
+
+    if active():
         return False
     try:
         import torch

@@ -89,6 +89,14 @@ def _knobs(extra: Mapping[str, Any] | None) -> dict[str, Any]:
     return knobs
 
 
+def _interpreting() -> bool:
+    try:
+        from kernels.interpreter import active
+    except ImportError:  # triton missing: nothing can be interpreted
+        return False
+    return active()
+
+
 def collect(world_size: int = 1, knobs: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Provenance of a run, as one flat dict (``knobs`` is a nested dict).
 
@@ -103,7 +111,7 @@ def collect(world_size: int = 1, knobs: Mapping[str, Any] | None = None) -> dict
     info.update(_versions())
     info.update(_devices())
     info["world_size"] = int(world_size)
-    info["interpreter"] = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    info["interpreter"] = _interpreting()
     info["knobs"] = _knobs(knobs)
     info["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     try:

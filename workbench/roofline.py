@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import warnings
 import math
 import os
 import re
@@ -124,16 +125,26 @@ def measure_ceilings(*, gemm_size: int = 8192, copy_bytes: int = 2 << 30, rep_ms
 
 
 def save_ceilings(result: Mapping[str, Any], *, commit_dir: str | os.PathLike | None = None) -> list[Path]:
-    """Write to the user cache, and to ``commit_dir`` (e.g. results/ceilings) if given."""
+    """Write to the user cache, and to ``commit_dir`` (e.g. results/ceilings) if given.
+
+    The user cache is a convenience (a warning if it cannot be written); the
+    committed copy was asked for, so failing to write it is an error.
+    """
+    name = f"{device_slug(result['device_name'])}.json"
+    text = json.dumps(result, indent=1, default=str) + "\n"
     paths = []
-    for d in [user_cache_dir()] + ([Path(commit_dir)] if commit_dir else []):
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            p = d / f"{device_slug(result['device_name'])}.json"
-            p.write_text(json.dumps(result, indent=1, default=str) + "\n")
-            paths.append(p)
-        except OSError:
-            continue
+    try:
+        user = user_cache_dir()
+        user.mkdir(parents=True, exist_ok=True)
+        (user / name).write_text(text)
+        paths.append(user / name)
+    except OSError as exc:
+        warnings.warn(f"ceilings not cached in {user_cache_dir()}: {exc}", stacklevel=2)
+    if commit_dir:
+        d = Path(commit_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / name).write_text(text)
+        paths.append(d / name)
     return paths
 
 

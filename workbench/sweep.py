@@ -1167,7 +1167,9 @@ def _run_world(spec: Spec, job: _Job, W: int, tasks: list, rec: _Recorder, log, 
             recorded.add(i)
             rec.add(row)
 
-    env = {"TRITON_INTERPRET": "1"} if os.environ.get("TRITON_INTERPRET") == "1" else {}
+    from kernels.interpreter import active
+
+    env = {"TRITON_INTERPRET": "1"} if active() else {}
     log(f"sweep {spec.name}: world size {W}: {len(tasks)} rows on {W} ranks (torchrun, {backend})")
     t0 = time.monotonic()
     err = None

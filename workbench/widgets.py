@@ -385,9 +385,12 @@ class IsaDiffWidget(_StaticMixin, W.VBox):
         self._render()
 
     def _render(self):
-        self.view.value = self.to_html()
+        self.view.value = self._diff_html()
 
     def to_html(self) -> str:
+        return self.view.value  # the diff the last pick rendered; not computed again
+
+    def _diff_html(self) -> str:
         if self.stage is None:
             return '<div class="wb-isa"><i>the two entries share no stage</i></div>'
         return isa_diff_html(self.a, self.b, self.stage, label_a=self.pick_a.value, label_b=self.pick_b.value,

@@ -36,14 +36,16 @@ class CacheError(Exception):
     """A problem the user can act on; the message says what to do."""
 
 
-def cache_dir(explicit: str | os.PathLike | None = None) -> Path:
-    """The cache to read: `explicit`, else $TRITON_CACHE_DIR, else ~/.triton/cache."""
+def cache_dir(explicit: str | os.PathLike | None = None, *, create: bool = False) -> Path:
+    """The cache: `explicit`, else $TRITON_CACHE_DIR, else ~/.triton/cache (made if `create`)."""
     if explicit:
         path = Path(explicit).expanduser()
     elif os.environ.get("TRITON_CACHE_DIR"):
         path = Path(os.environ["TRITON_CACHE_DIR"]).expanduser()
     else:
         path = Path.home() / ".triton" / "cache"
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     if not path.is_dir():
         raise CacheError(
             f"no Triton cache at {path}: run a kernel, or `workbench asm compile`, "
@@ -189,15 +191,16 @@ class Entry:
             ) from None
         return _function_block(lines, line - 1)
 
-    def mix(self, stage: str | None = None):
+    def mix(self, stage: str | None = None, text: str | None = None):
         """Instruction mix (pandas DataFrame) of `stage`, default the final assembly.
 
+        `text`: the stage's text when the caller has read it already.
         A truncated file is classified as far as it goes and noted in `problems`.
         """
         from .isa import isa_of_stage, mix
 
         stage = normalize_stage(stage or self.final_stage)
-        text = self.text(stage)
+        text = self.text(stage) if text is None else text
         problem = truncation_problem(stage, text)
         if problem and problem not in self.problems:
             self.problems.append(problem)

@@ -70,7 +70,7 @@ def run(args) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:  # keep tracebacks away from users unless asked
-        if os.environ.get("WORKBENCH_DEBUG"):
+        if os.environ.get("WORKBENCH_DEBUG", "0").lower() in ("1", "true", "yes", "on"):
             raise
         print(f"error: {type(exc).__name__}: {exc} (set WORKBENCH_DEBUG=1 for the traceback)", file=sys.stderr)
         return 2
@@ -272,9 +272,7 @@ def cmd_compile(args) -> int:
     from .compile import cross_compile
 
     targets = [t for group in args.target for t in group.split(",") if t]
-    cache = args.cache or os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache")
-    os.makedirs(cache, exist_ok=True)
-    cache_dir(cache)
+    cache = cache_dir(args.cache, create=True)
     constexprs = {k: _parse_value(v) for k, v in _pairs(args.constexpr, "constexpr").items()}
     sys.path.insert(0, os.getcwd())  # MODULE may be a file of the current directory
     entries = cross_compile(

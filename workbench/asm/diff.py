@@ -90,11 +90,12 @@ def metadata_delta(a: Entry, b: Entry) -> dict[str, tuple]:
 def diff_entries(a: Entry, b: Entry, stage: str | None = None) -> EntryDiff:
     """Side-by-side text, mix delta and metadata delta of one stage of two entries."""
     stage = normalize_stage(stage or a.final_stage)
+    text_a, text_b = a.text(stage), b.text(stage)  # read once: SASS costs a cuobjdump run
     if stage in ("ptx", "amdgcn", "sass"):
-        mix = mix_delta(a.mix(stage), b.mix(stage))
+        mix = mix_delta(a.mix(stage, text_a), b.mix(stage, text_b))
     else:
         mix = pd.DataFrame(columns=["category", "space", "kind", "width_bits", "count_a", "count_b", "delta"])
-    return EntryDiff(stage, side_by_side(a.text(stage), b.text(stage)), mix, metadata_delta(a, b))
+    return EntryDiff(stage, side_by_side(text_a, text_b), mix, metadata_delta(a, b))
 
 
 def unified(a_text: str, b_text: str, a_name: str = "a", b_name: str = "b", context: int = 3) -> str:

@@ -185,15 +185,15 @@ def _read_text(path, what: str, problems: list) -> str | None:
 
 def _nvidia(stages: dict, md: dict, out: dict, problems: list, cc: int | None) -> None:
     cubin = stages.get("cubin")
+    tool_missing = False
     if cubin is None:
         problems.append("no cubin among the stages: registers, stack and local memory unknown")
     else:
         try:
             ru = tools.cubin_resource_usage(Path(cubin))
-        except tools.ToolMissing as e:
+        except (tools.ToolMissing, tools.ToolFailed, OSError) as e:
             problems.append(f"registers unknown: {e}")
-        except (tools.ToolFailed, OSError) as e:
-            problems.append(f"registers unknown: {e}")
+            tool_missing = isinstance(e, tools.ToolMissing)
         else:
             out["registers"] = ru.get("registers")
             for src, dst in (
@@ -210,16 +210,22 @@ def _nvidia(stages: dict, md: dict, out: dict, problems: list, cc: int | None) -
         out["spill_bytes"] = md["n_spills"]
 
     sass_path = stages.get("sass")
+    text = None
     if sass_path is not None:
         text = _read_text(sass_path, "SASS text", problems)
-        if text is not None:
-            groups = _isa.tally(text, "sass")
-            out["spill_stores"] = sum(
-                sum(c.values()) for k, c in groups.items() if k[:3] == ("memory", "local", "store")
-            )
-            out["spill_loads"] = sum(
-                sum(c.values()) for k, c in groups.items() if k[:3] == ("memory", "local", "load")
-            )
+    elif cubin is not None and not tool_missing:  # spills show in the machine code only: local loads/stores in SASS
+        try:
+            text = tools.sass_from_cubin(Path(cubin))
+        except (tools.ToolMissing, tools.ToolFailed, OSError) as e:
+            problems.append(f"spills unknown: {e}")
+    if text is not None:
+        groups = _isa.tally(text, "sass")
+        out["spill_stores"] = sum(
+            sum(c.values()) for k, c in groups.items() if k[:3] == ("memory", "local", "store")
+        )
+        out["spill_loads"] = sum(
+            sum(c.values()) for k, c in groups.items() if k[:3] == ("memory", "local", "load")
+        )
 
     regs = out.get("registers")
     nw = out.get("num_warps")
