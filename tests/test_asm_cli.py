@@ -163,3 +163,11 @@ def test_console_script_compile_then_ls(tmp_path, interpret):
     assert sorted(r["arch"] for r in made) == ["gfx942", "sm90"]
     res = subprocess.run([str(exe), "asm", "ls", "--cache", str(tmp_path), "--json"], capture_output=True, text=True)
     assert sorted(r["hash"] for r in json.loads(res.stdout)) == sorted(r["hash"] for r in made)
+
+
+def test_mix_of_truncated_assembly_warns(capsys, cache):
+    h = _hashes(capsys, cache, "sm90")
+    ptx = next((cache / h[True]).glob("*.ptx"))
+    ptx.write_text(ptx.read_text()[:3000])
+    code, out, err = run_cli(capsys, "asm", "mix", h[True][:10], "--cache", str(cache))
+    assert code == 0 and "truncated" in err and str(cache / h[True]) in err

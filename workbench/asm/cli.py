@@ -121,9 +121,17 @@ def _problem_lines(entries: list[Entry]) -> list[str]:
     return [f"  {e.path}: {p}" for e in entries for p in e.problems]
 
 
-def _warn_problems(entry: Entry) -> None:
-    for p in entry.problems:
+def _warn(entry: Entry, since: int = 0) -> None:
+    """Print the entry's problems from index `since` on (later ones come from reading assembly)."""
+    for p in entry.problems[since:]:
         print(f"warning: {entry.path}: {p}", file=sys.stderr)
+
+
+def _open(spec: str, cache) -> Entry:
+    """The entry `spec` names, its known problems printed as warnings."""
+    entry = _resolve(spec, cache)
+    _warn(entry)
+    return entry
 
 
 # -- sub-commands ----------------------------------------------------------------
@@ -167,8 +175,7 @@ def _ls_groups(args, entries) -> int:
 
 
 def cmd_show(args) -> int:
-    entry = _resolve(args.entry, args.cache)
-    _warn_problems(entry)
+    entry = _open(args.entry, args.cache)
     stage = args.stage or entry.final_stage
     text = entry.text(stage)
     _emit(args, {"hash": entry.hash, "path": str(entry.path), "stage": stage, "text": text}, text.rstrip("\n"))
@@ -176,10 +183,11 @@ def cmd_show(args) -> int:
 
 
 def cmd_mix(args) -> int:
-    entry = _resolve(args.entry, args.cache)
-    _warn_problems(entry)
+    entry = _open(args.entry, args.cache)
     stage = args.stage or entry.final_stage
+    known = len(entry.problems)
     df = entry.mix(stage)
+    _warn(entry, known)  # e.g. truncated assembly
     rows = json.loads(df.to_json(orient="records"))
     title = f"{entry.name} {entry.arch} [{entry.hash[:12]}] {stage}\n"
     _emit(args, rows, title + (df.to_string(index=False) if len(df) else "no instructions recognised"))
@@ -187,8 +195,7 @@ def cmd_mix(args) -> int:
 
 
 def cmd_res(args) -> int:
-    entry = _resolve(args.entry, args.cache)
-    _warn_problems(entry)
+    entry = _open(args.entry, args.cache)
     res = entry.resources()
     lines = [f"{entry.name} {entry.arch} [{entry.hash[:12]}]"] + [f"  {k}: {v}" for k, v in res.items()]
     _emit(args, res, "\n".join(lines))
@@ -198,10 +205,11 @@ def cmd_res(args) -> int:
 def cmd_diff(args) -> int:
     from .diff import diff_entries
 
-    a, b = _resolve(args.a, args.cache), _resolve(args.b, args.cache)
-    for e in (a, b):
-        _warn_problems(e)
+    a, b = _open(args.a, args.cache), _open(args.b, args.cache)
+    known = len(a.problems), len(b.problems)
     d = diff_entries(a, b, args.stage)
+    _warn(a, known[0])
+    _warn(b, known[1])
     if args.json:
         _emit(args, {
             "stage": d.stage, "a": a.hash, "b": b.hash,
