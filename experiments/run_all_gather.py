@@ -26,6 +26,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from workbench import dist  # noqa: E402  (sets NVLink multicast off before anything else)
+from workbench.dtypes import element_size  # noqa: E402
 
 SPEC = REPO / "experiments" / "all_gather.yaml"
 CHECK_SHAPES = [((6, 40), "float16"), ((3, 24), "float32"), ((257, 1000), "bfloat16"), ((1031, 77), "int32"),
@@ -148,7 +149,7 @@ def _graph_calls(total_bytes: int) -> tuple[int, int]:
 def run_grid(w, heap, ag, torch, tdist, plan, modes):
     W, rank = heap.world_size, heap.rank
     dtype = getattr(torch, plan["dtype"])
-    esize = torch.empty((), dtype=dtype).element_size()
+    esize = element_size(dtype)
     sms_here = torch.cuda.get_device_properties(heap.device).multi_processor_count
     shapes = sorted({(p["M"], p["N"]) for p in plan["points"]}, key=lambda s: s[0] * s[1])
     # bring the clocks up before the first timed point (the GPUs idle at a few hundred MHz)

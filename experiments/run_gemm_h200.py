@@ -4,9 +4,10 @@ pandas, pyarrow, pyyaml, tqdm: what the device machine has).
     PYTHONUNBUFFERED=1 python experiments/run_gemm_h200.py --out "$OUT"
 
 1. measures the device ceilings (copy bandwidth, cuBLAS bf16/fp16 GEMM);
-2. times, on the goal shapes, the heuristic's configuration (kernels.gemm.heuristic)
-   and cuBLAS, interleaved in rounds, in this same process, and prints the table
-   with the geometric mean of the ratios (heuristic_vs_cublas.csv);
+2. times, on the goal shapes, the heuristic's configuration (kernels.gemm.heuristic),
+   cuBLAS and any ``--variant`` configurations, taking turns run by run in this
+   same process, and prints the table with the geometric mean of the ratios
+   (heuristic_vs_cublas.csv; every variant in variants.csv);
 3. runs experiments/gemm_tiling.yaml (every point checked, then timed; rows.parquet),
    under a watchdog that ends the process if a kernel hangs;
 4. times the heuristic, the sweep's best configuration and cuBLAS again on the
@@ -21,7 +22,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,8 +39,11 @@ def main(argv=None) -> int:
     ap.add_argument("--spec", default=str(ROOT / "experiments" / "gemm_tiling.yaml"))
     ap.add_argument("--quick", action="store_true", help="the spec's quick subset (smoke test)")
     ap.add_argument("--skip-sweep", action="store_true", help="only ceilings and the table")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds in the table")
-    ap.add_argument("--rep-ms", type=float, default=150, help="timed milliseconds per variant per round")
+    ap.add_argument("--rounds", type=int, default=3, help="the table times each variant for rounds x rep-ms")
+    ap.add_argument("--rep-ms", type=float, default=150, help="see --rounds")
+    ap.add_argument("--variant", action="append", metavar="NAME=JSON",
+                    help='also time this config in the table: fields replacing the heuristic\'s, e.g. '
+                         'sk=\'{"stream_k": true}\' (repeatable; all variants go to variants.csv)')
     ap.add_argument("--sweep-budget-s", type=float, default=330,
                     help="start no new sweep point after this many seconds (the tables still run)")
     ap.add_argument("--hang-s", type=float, default=60, help="watchdog: exit if no sweep row for this long")
@@ -78,8 +81,12 @@ def main(argv=None) -> int:
         import pandas as pd
 
         best0 = pd.read_csv(args.best_from)
-    table = _table(gemm, bench, provenance, prov, sms, args, best=best0)
+    long_rows: list[dict] = []
+    table = _table(gemm, bench, provenance, prov, sms, args, best=best0, long_rows=long_rows)
     table.to_csv(out / "heuristic_vs_cublas.csv", index=False)
+    import pandas as pd
+
+    pd.DataFrame(long_rows).to_csv(out / "variants.csv", index=False)
     _report(table, "heuristic vs cuBLAS")
     print(f"({time.time() - t0:.0f} s)", flush=True)
 
@@ -132,7 +139,24 @@ def _watchdog(beat, out: Path, hang_s: float) -> None:
     threading.Thread(target=loop, daemon=True).start()
 
 
-def _table(gemm, bench, provenance, prov, sms, args, best=None):
+def _variant_configs(gemm, heur, extras: list[str]) -> dict:
+    """``--variant NAME=JSON`` -> {NAME: config}: JSON fields replace the heuristic's
+    (e.g. ``sk={"stream_k": true}``), or give a whole config with ``"base": "default"``."""
+    import dataclasses
+
+    out = {}
+    for spec in extras:
+        name, _, text = spec.partition("=")
+        fields = json.loads(text)
+        base = gemm.GemmConfig() if fields.pop("base", "heuristic") == "default" else heur
+        out[name.strip()] = dataclasses.replace(base, **fields)
+    return out
+
+
+def _table(gemm, bench, provenance, prov, sms, args, best=None, long_rows=None):
+    """The goal shapes: the heuristic, cuBLAS, the sweep's best (if given) and the
+    ``--variant`` configurations, each checked on NaN-poisoned outputs against an
+    fp32 reference, then timed taking turns run by run (``bench.interleave``)."""
     import pandas as pd
     import torch
 
@@ -142,56 +166,64 @@ def _table(gemm, bench, provenance, prov, sms, args, best=None):
         inp = gemm.make_inputs(shape, torch.bfloat16, "cuda", seed=1234 + M + N + K)
         ref = gemm.reference(inp)
         heur = gemm.heuristic(M, N, K, torch.bfloat16, sms)
-        variants = {"cublas": lambda: gemm.cublas(inp.a, inp.b, out=inp.out),
-                    "heuristic": (lambda c=heur: gemm.matmul(inp.a, inp.b, c, out=inp.out))}
+        configs = {"heuristic": heur}
         best_label = ""
         if best is not None and len(best):
             hit = best[(best.M == M) & (best.N == N) & (best.K == K)]
             if len(hit):
-                best_cfg = gemm.GemmConfig(**json.loads(hit.iloc[0]["params"]))
-                best_label = best_cfg.label()
-                variants["best"] = (lambda c=best_cfg: gemm.matmul(inp.a, inp.b, c, out=inp.out))
+                configs["best"] = gemm.GemmConfig(**json.loads(hit.iloc[0]["params"]))
+                best_label = configs["best"].label()
+        configs.update(_variant_configs(gemm, heur, args.variant or []))
+        variants = {"cublas": lambda: gemm.cublas(inp.a, inp.b, out=inp.out)}
+        variants.update({k: (lambda c=c: gemm.matmul(inp.a, inp.b, c, out=inp.out)) for k, c in configs.items()})
         errs = {}
-        for name, fn in variants.items():
+        for name, fn in list(variants.items()):
             inp.out.fill_(float("nan"))
-            fn()
-            torch.cuda.synchronize()
+            try:
+                fn()
+                torch.cuda.synchronize()
+            except Exception as exc:  # a variant that does not compile or launch: noted, not timed
+                print(f"  {M}x{N}x{K} {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                del variants[name]
+                continue
             o = inp.out.float()
             errs[name] = float("nan") if not torch.isfinite(o).all() else \
                 float(torch.linalg.vector_norm(o - ref) / torch.linalg.vector_norm(ref))
-        del ref, o
-        meds: dict[str, list[float]] = {k: [] for k in variants}
-        spreads: dict[str, list[float]] = {k: [] for k in variants}
-        for _ in range(args.rounds):
-            for name, fn in variants.items():
-                t = bench.measure(fn, warmup_ms=25, rep_ms=args.rep_ms, flush_l2=True)
-                meds[name].append(t.median_ms)
-                spreads[name].append(t.rel_spread)
+            del o
+        del ref
+        timings = bench.interleave(variants, warmup_ms=100, rep_ms=args.rep_ms * args.rounds)
         flops = gemm.flops(shape)
-        ms = {k: statistics.median(v) for k, v in meds.items()}
+        ms = {k: t.median_ms for k, t in timings.items()}
+        for name, t in timings.items():
+            if long_rows is not None:
+                long_rows.append({"M": M, "N": N, "K": K, "dtype": "bfloat16", "variant": name,
+                                  "config": configs[name].label() if name in configs else "cuBLAS",
+                                  "params": json.dumps(configs[name].as_params()) if name in configs else "",
+                                  "median_ms": t.median_ms, "q25_ms": t.q25_ms, "q75_ms": t.q75_ms, "n_runs": t.n,
+                                  "tflops": flops / t.median_ms / 1e9, "ratio_vs_cublas": ms["cublas"] / t.median_ms,
+                                  "rel_err": errs.get(name, math.nan), **provenance.flat(prov)})
         row = {"M": M, "N": N, "K": K, "dtype": "bfloat16",
                "heuristic_config": heur.label(), "heuristic_params": json.dumps(heur.as_params()),
                "heuristic_ms": ms["heuristic"], "heuristic_tflops": flops / ms["heuristic"] / 1e9,
-               "heuristic_rel_err": errs["heuristic"],
-               "heuristic_round_ms": json.dumps(meds["heuristic"]),
-               "heuristic_iqr_rel": statistics.median(spreads["heuristic"]),
+               "heuristic_rel_err": errs["heuristic"], "heuristic_runs": timings["heuristic"].n,
+               "heuristic_iqr_rel": timings["heuristic"].rel_spread,
                "cublas_ms": ms["cublas"], "cublas_tflops": flops / ms["cublas"] / 1e9,
-               "cublas_rel_err": errs["cublas"], "cublas_round_ms": json.dumps(meds["cublas"]),
-               "cublas_iqr_rel": statistics.median(spreads["cublas"]),
+               "cublas_rel_err": errs["cublas"], "cublas_runs": timings["cublas"].n,
+               "cublas_iqr_rel": timings["cublas"].rel_spread,
                "ratio_heuristic_vs_cublas": ms["cublas"] / ms["heuristic"],
                "best_config": best_label,
-               "best_params": hit.iloc[0]["params"] if best_label else "",
+               "best_params": json.dumps(configs["best"].as_params()) if best_label else "",
                "best_ms": ms.get("best", math.nan),
                "best_rel_err": errs.get("best", math.nan),
                "ratio_best_vs_cublas": ms["cublas"] / ms["best"] if "best" in ms else math.nan,
                "regret": ms["heuristic"] / ms["best"] if "best" in ms else math.nan,
-               "rounds": args.rounds, "rep_ms": args.rep_ms}
+               "timing": "bench.interleave", "rep_ms": args.rep_ms * args.rounds}
         row.update(provenance.flat(prov))
         rows.append(row)
+        extra = "".join(f"  {k} {ms['cublas'] / v:.3f}" for k, v in ms.items() if k not in ("cublas", "heuristic"))
         print(f"{M:>6} {N:>6} {K:>6}  heuristic {row['heuristic_config']:<28} {row['heuristic_tflops']:7.1f} "
               f"TFLOP/s  cuBLAS {row['cublas_tflops']:7.1f}  ratio {row['ratio_heuristic_vs_cublas']:.3f}"
-              + (f"  best {best_label} {row['ratio_best_vs_cublas']:.3f}" if best_label else "")
-              + f"  err {errs['heuristic']:.1e}", flush=True)
+              f"{extra}  err {errs['heuristic']:.1e}", flush=True)
         del inp
         torch.cuda.empty_cache()
     return pd.DataFrame(rows)

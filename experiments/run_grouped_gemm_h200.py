@@ -26,12 +26,9 @@ Usage (on the H200, through `device`):
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,6 +41,8 @@ import torch  # noqa: E402
 from kernels import grouped_gemm as gg  # noqa: E402
 from kernels import grouped_gemm_autotune as ga  # noqa: E402
 from kernels import routing as rt  # noqa: E402
+from workbench import bench  # noqa: E402
+from workbench import provenance as wb_provenance  # noqa: E402
 
 MODELS = {
     "DeepSeek-V3": {"B": [16, 32], "M": [2048, 4096], "layers": {"GateUP": (4096, 7168), "Down": (7168, 2048)}},
@@ -64,8 +63,8 @@ SWEEP_CONFIGS = {
 }
 SWEEP_CONFIGS["dgrad"] = SWEEP_CONFIGS["fwd"]
 SWEEP_CONFIGS["wgrad"] = SWEEP_CONFIGS["fwd"]
-ROUNDS = 3          # sweep: timing rounds per case, configs interleaved, order rotated each round
-REPS = 15           # main table: timed runs per backend, the backends taking turns run by run
+REPS = 15           # at least this many timed runs per callable, the callables taking turns run by run
+REP_MS = 120        # main table: about this much timed time per backend and case
 
 
 def log(*a):
@@ -77,91 +76,30 @@ def log(*a):
 # ---------------------------------------------------------------------------
 
 
-def _samples(fn, warmup_ms, rep_ms):
-    """All per-run times (ms) of one measurement, L2 flushed before each run."""
-    try:
-        from workbench.bench import measure as wb_measure
-    except ImportError:
-        wb_measure = None
-    if wb_measure is not None:
-        t = wb_measure(fn, warmup_ms=warmup_ms, rep_ms=rep_ms, flush_l2=True, cuda_graph=False, input_sets=None)
-        return list(t.times_ms) or [float(t.median_ms)]
-    import triton.testing
-
-    return list(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all"))
-
-
-def _stats(v):
-    v = sorted(v)
-    q = lambda f: v[min(len(v) - 1, int(round(f * (len(v) - 1))))]
-    return q(0.5), q(0.25), q(0.75)
+def _stats(t) -> tuple[float, float, float]:
+    return t.median_ms, t.q25_ms, t.q75_ms
 
 
 def measure(fn, warmup_ms=10, rep_ms=50):
-    """(median, q25, q75) milliseconds of one measurement."""
-    return _stats(_samples(fn, warmup_ms, rep_ms))
+    """(median, q25, q75) milliseconds of one measurement (L2 flushed before each run)."""
+    return _stats(bench.measure(fn, warmup_ms=warmup_ms, rep_ms=rep_ms))
 
 
-def measure_rounds(fns: dict, rounds=ROUNDS, warmup_ms=5, rep_ms=20) -> dict:
-    """Time several callables in interleaved rounds, rotating the order each round.
-
-    The H200's clocks move with power and temperature (seen here: the same kernel
-    timed twice a few seconds apart differed by up to 5%), so timing each backend
-    once, one after the other, favours whichever runs on the cooler card. Pooling
-    the runs of all rounds gives each backend the same mix of conditions.
-    Returns name -> (median, q25, q75) over the pooled runs (NaN if it failed).
-    """
-    names = list(fns)
-    pooled = {n: [] for n in names}
-    failed = set()
-    for r in range(rounds):
-        for n in names[r % len(names):] + names[:r % len(names)]:
-            if n in failed:
-                continue
-            try:
-                pooled[n].extend(_samples(fns[n], warmup_ms, rep_ms))
-            except Exception as exc:
-                failed.add(n)
-                log(f"  timing {n} failed: {type(exc).__name__}: {str(exc)[:200]}")
-    return {n: (_stats(pooled[n]) if pooled[n] and n not in failed else (math.nan,) * 3) for n in names}
+def measure_turns(fns: dict, rep_ms: float) -> dict:
+    """name -> (median, q25, q75) ms, the callables taking turns run by run
+    (`workbench.bench.interleave`); NaN for one that failed to run."""
+    timings = bench.interleave(fns, warmup_ms=30, rep_ms=rep_ms, min_reps=REPS)
+    for n in fns:
+        if n not in timings:
+            log(f"  timing {n} failed in its first call")
+    return {n: (_stats(timings[n]) if n in timings else (math.nan,) * 3) for n in fns}
 
 
 def provenance(command: str) -> dict:
-    try:
-        from workbench.provenance import collect
-
-        p = dict(collect(world_size=1, knobs={"NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE")}))
-    except Exception:
-        p = {}
-    props = torch.cuda.get_device_properties(0)
-    sha = os.environ.get("WB_GIT_SHA")
-    if not sha:
-        try:
-            sha = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
-        except Exception:
-            sha = "unknown"
-    import triton
-
-    base = {
-        "git_sha": sha,
-        "git_dirty": os.environ.get("WB_GIT_DIRTY", "unknown"),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "device": torch.cuda.get_device_name(0),
-        "device_count": torch.cuda.device_count(),
-        "sm_count": props.multi_processor_count,
-        "world_size": 1,
-        "python": platform.python_version(),
-        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": command,
-        "knobs": json.dumps({k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-                                                           "NVSHMEM_DISABLE_NVLS", "CUDA_VISIBLE_DEVICES")}),
-    }
-    for k, v in base.items():
-        p.setdefault(k, v)
-    return {f"prov_{k}" if not k.startswith("prov_") else k: (json.dumps(v) if isinstance(v, (dict, list)) else v)
-            for k, v in p.items()}
+    """workbench.provenance's fields, prefixed ``prov_``, plus the command line."""
+    info = wb_provenance.flat(wb_provenance.collect(world_size=1))
+    info["command"] = command
+    return {f"prov_{k}": v for k, v in info.items()}
 
 
 def ceilings() -> dict:
@@ -293,7 +231,7 @@ def run_sweep(quick):
                             fns[ci] = (lambda c=cfg: p.ours(op, s, config=c))
                         except Exception as exc:  # a config that does not compile or launch
                             log(f"  sweep {op} {N}x{K} {cfg.label()}: {type(exc).__name__}: {str(exc)[:200]}")
-                    times = measure_rounds(fns, rounds=2, warmup_ms=5, rep_ms=15)
+                    times = measure_turns(fns, rep_ms=60)
                     for ci, cfg in enumerate(SWEEP_CONFIGS[op]):
                         med, q25, q75 = times.get(ci, (math.inf,) * 3)
                         tf = gg.flops(p.M, N, K) / med / 1e9 if math.isfinite(med) else 0.0
@@ -317,7 +255,7 @@ def run_main(quick, prov, tuner_path, partial_csv=None):
     import pandas as pd
 
     tuner = ga.GroupedGemmAutotuner(tuner_path)
-    rows, checks = [], []
+    rows = []
     for model, layer, B, Mper, N, K in cases(quick):
         p = Problem(B, Mper, N, K)
         for r in ROUTINGS:
@@ -344,8 +282,7 @@ def run_main(quick, prov, tuner_path, partial_csv=None):
                     "triton": lambda: p.ours(op, s),
                     "autotune": lambda: tuner(op, a, b, s, **kw),
                 }
-                runs = ga.time_interleaved({name: fns[name] for name in BACKENDS}, reps=REPS)
-                times = {n: (_stats(runs[n]) if runs.get(n) else (math.nan,) * 3) for n in BACKENDS}
+                times = measure_turns({name: fns[name] for name in BACKENDS}, rep_ms=REP_MS)
                 fl = gg.flops(p.M, N, K)
                 gmm = times["grouped_mm"][0]
                 cfg_label = gg.pick_config(op, *(key_of(op, N, K)[1:]), torch.device(DEV)).label()

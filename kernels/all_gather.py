@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from kernels.remote import check_status, peer_delta, signal, wait_all, wait_all_kernel
+from workbench.dtypes import element_size, triton_type
 
 try:  # Gluon ships with Triton >= 3.4
     from triton.experimental import gluon
@@ -391,10 +392,6 @@ def bus_bandwidth_gbps(bytes_per_rank: int, world_size: int, ms: float) -> tuple
 # ==========================================================================
 # Assembly: the kernels cross-compiled without a GPU
 # ==========================================================================
-_TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
-                 torch.int8: "i8", torch.uint8: "u8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64"}
-
-
 def compile_kernel(variant: str, hints: bool, *, target: str = "sm90", dtype: torch.dtype = torch.float16,
                    world_size: int = 4, N: int = 8192, block=None, cache_dir, wait: bool = True):
     """Cross-compile the `variant` kernel ("triton"/"gluon") for `target` into `cache_dir`.
@@ -407,10 +404,10 @@ def compile_kernel(variant: str, hints: bool, *, target: str = "sm90", dtype: to
 
     if variant not in ("triton", "gluon"):
         raise ValueError(f"compile_kernel: variant must be 'triton' or 'gluon', got {variant!r}")
-    esize = torch.empty((), dtype=dtype).element_size()
+    esize = element_size(dtype)
     cfg = pick_config(1 << 20, N, esize, variant, block, 132, world_size, 132)
     kernel = _all_gather_gluon_kernel if variant == "gluon" else _all_gather_kernel
-    ty = _TRITON_TYPES[dtype]
+    ty = triton_type(dtype)
     signature = {"x_ptr": f"*{ty}", "out_ptr": f"*{ty}", "heap_bases": "*i64", "flags_ptr": "*i32",
                  "status_ptr": "*i32", "total_ptr": "*i32", "M": "i32", "N": "i32", "rank": "i32",
                  "max_spins": "i32"}
@@ -485,7 +482,7 @@ def process_heap(nbytes: int):
 def make_inputs(shape: dict, dtype: torch.dtype, device: str, seed: int) -> Inputs:
     M, N = int(shape["M"]), int(shape["N"])
     W = _world_size(shape)
-    need = W * M * N * torch.empty((), dtype=dtype).element_size() + (1 << 20)
+    need = W * M * N * element_size(dtype) + (1 << 20)
     import torch.distributed as dist
 
     if dist.is_initialized() and device == "cuda":
@@ -555,7 +552,7 @@ def flops(shape: dict) -> int:
 def bytes_moved(shape: dict, dtype: torch.dtype) -> int:
     """Bytes each rank sends to peers: (W-1) * shard, so GB/s over the time is nccl-tests' busBW."""
     W = _world_size(shape)
-    return (W - 1) * int(shape["M"]) * int(shape["N"]) * torch.empty((), dtype=dtype).element_size()
+    return (W - 1) * int(shape["M"]) * int(shape["N"]) * element_size(dtype)
 
 
 def tolerance(dtype) -> float:

@@ -24,8 +24,9 @@ Every knob is a field of ``GemmConfig``: block_m/n/k, group_m, num_warps,
 num_stages, num_sms, tma (descriptor loads or pointer loads), tma_store
 (C through a descriptor or plain stores), epilogue_split (store C in 1 or 2
 column halves, halving the epilogue's shared-memory buffer), flatten (fuse the
-tile and K loops so the pipeline runs across tile boundaries) and
-warp_specialize (Triton's automatic Hopper warp specialisation of the tile
+tile and K loops so the pipeline runs across tile boundaries), stream_k
+(TMA path: the last, partial round of tiles is split along K over every SM,
+see ``stream_k_plan``) and warp_specialize (Triton's automatic Hopper warp specialisation of the tile
 loop: it compiles, 12 warps with setmaxnreg, but hung on an H200 with Triton
 3.6, so ``matmul`` refuses it on a GPU unless WORKBENCH_ALLOW_WS=1).
 
@@ -37,7 +38,8 @@ For every candidate tile in ``_CANDIDATES`` we estimate::
     time = ceil(tiles / num_sms) * (2 * BM * BN * K / per_sm_rate(tile) + fixed(tile))
 
 with ``per_sm_rate`` and ``fixed`` fitted to the sweep by least squares, and
-pick the cheapest. Big tiles (128x256) win on big shapes (more reuse per byte
+pick the cheapest; big problems (at least ``SK_MIN_ROUNDS`` whole rounds of
+128x256 tiles and a partial one) get the stream-K tail. Big tiles (128x256) win on big shapes (more reuse per byte
 loaded); 128x128 with a 6-deep pipeline wins when 128x256 tiles would leave
 SMs idle in the last round (wave quantisation), e.g. M=512 with a long K. C
 leaves through plain stores, which were as fast as TMA stores in the sweep and
@@ -64,6 +66,8 @@ import triton
 import triton.language as tl
 
 from kernels import interpreter
+from workbench.asm.resources import smem_per_block
+from workbench.dtypes import element_size, triton_type
 
 try:  # triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -71,7 +75,7 @@ except ImportError:  # pragma: no cover
     TensorDescriptor = None
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-SMEM_LIMIT_SM90 = 232448  # bytes of shared memory one block may use on sm_90
+SMEM_LIMIT_SM90 = smem_per_block(90)  # bytes of shared memory one block may use on sm_90
 
 
 if interpreter.active():
@@ -83,16 +87,18 @@ if interpreter.active():
 # --------------------------------------------------------------------------
 # The kernels call no other @triton.jit function (not even tl.cdiv): a process
 # that imported triton under TRITON_INTERPRET=1 can still cross-compile them.
-@triton.jit(do_not_specialize=["num_sms", "group_m"])
+@triton.jit(do_not_specialize=["num_sms", "group_m", "dp_tiles", "sk_programs", "sk_iters_per", "sk_extra"])
 def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m,
+                     dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
-                     WARP_SPECIALIZE: tl.constexpr):
+                     WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr):
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-    num_tiles = num_pid_m * num_pid_n
     k_steps = (K + BLOCK_K - 1) // BLOCK_K
-    for tile_id in tl.range(tl.program_id(0), num_tiles, num_sms, flatten=FLATTEN,
+    pid = tl.program_id(0)
+    # Data-parallel part: whole tiles 0 .. dp_tiles-1 (every tile without stream-K).
+    for tile_id in tl.range(pid, dp_tiles, num_sms, flatten=FLATTEN,
                             warp_specialize=WARP_SPECIALIZE):
         # Tile index -> (row block, column block), walking bands of group_m rows.
         band_id = tile_id // (group_m * num_pid_n)
@@ -122,6 +128,85 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms,
             cols = off_n + tl.arange(0, BLOCK_N)
             c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :]
             tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+    if STREAM_K:
+        # Stream-K tail: the last (tiles - dp_tiles) tiles' K-steps, split evenly
+        # over programs 0 .. sk_programs-1 (contiguous ranges, the first sk_extra
+        # programs one step more), so the last wave leaves no SM idle. A tile
+        # split between programs is summed by whichever arrives last: each writes
+        # its fp32 partial to its own workspace slot (0: the first tile of its
+        # range, 1: the last), then counts itself in the tile's counter; the one
+        # that completes the count sums the tile's slots, stores C and resets the
+        # counter for the next call. Nobody waits, so it also runs in the interpreter.
+        # Split tiles leave through plain stores (C's descriptor box is a whole tile).
+        if pid < sk_programs:
+            start = pid * sk_iters_per + tl.minimum(pid, sk_extra)
+            end = start + sk_iters_per + (pid < sk_extra).to(tl.int32)
+            big = sk_extra * (sk_iters_per + 1)  # steps covered by the programs with one extra
+            rows_t = tl.arange(0, BLOCK_M)
+            cols_t = tl.arange(0, BLOCK_N)
+            tile_offs = rows_t[:, None] * BLOCK_N + cols_t[None, :]
+            half_cols = tl.arange(0, BLOCK_N // 2)
+            it = start
+            while it < end:
+                t = it // k_steps
+                k_lo = it - t * k_steps
+                k_hi = tl.minimum(k_steps, k_lo + end - it)
+                tile_id = dp_tiles + t
+                band_id = tile_id // (group_m * num_pid_n)
+                first_m = band_id * group_m
+                rows_in_band = tl.minimum(num_pid_m - first_m, group_m)
+                inside = tile_id - band_id * (group_m * num_pid_n)
+                off_m = (first_m + inside % rows_in_band) * BLOCK_M
+                off_n = (inside // rows_in_band) * BLOCK_N
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for kk in range(k_lo, k_hi):
+                    a = a_desc.load([off_m, kk * BLOCK_K])
+                    b = b_desc.load([kk * BLOCK_K, off_n])
+                    acc = tl.dot(a, b, acc)
+                # Programs holding the tile's first and last K-step.
+                s_first = t * k_steps
+                s_last = s_first + k_steps - 1
+                q_first = tl.where(s_first < big, s_first // (sk_iters_per + 1),
+                                   sk_extra + (s_first - big) // sk_iters_per)
+                q_last = tl.where(s_last < big, s_last // (sk_iters_per + 1),
+                                  sk_extra + (s_last - big) // sk_iters_per)
+                if q_first == q_last:  # the whole tile is ours
+                    if TMA_STORE:
+                        if EPILOGUE_SPLIT == 2:
+                            pair = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+                            left, right = tl.split(pair)
+                            c_desc.store([off_m, off_n], left.to(c_desc.dtype))
+                            c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(c_desc.dtype))
+                        else:
+                            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+                    else:
+                        rows = off_m + rows_t
+                        cols = off_n + cols_t
+                        tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :], acc.to(c_ptr.dtype.element_ty),
+                                 mask=(rows[:, None] < M) & (cols[None, :] < N))
+                else:
+                    slot = (t != start // k_steps).to(tl.int32)
+                    tl.store(ws_ptr + (pid * 2 + slot).to(tl.int64) * (BLOCK_M * BLOCK_N) + tile_offs, acc)
+                    tl.debug_barrier()  # every thread's partial is written before the count
+                    arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
+                    if arrived == q_last - q_first:
+                        # Sum the slots half a tile at a time (the accumulator is dead by
+                        # now): a whole second tile in registers would spill.
+                        for h in tl.static_range(2):
+                            half_offs = rows_t[:, None] * BLOCK_N + (h * (BLOCK_N // 2) + half_cols)[None, :]
+                            part = tl.zeros((BLOCK_M, BLOCK_N // 2), dtype=tl.float32)
+                            for q in range(q_first, q_last + 1):
+                                q_start = q * sk_iters_per + tl.minimum(q, sk_extra)
+                                q_slot = (t != q_start // k_steps).to(tl.int32)
+                                part += tl.load(ws_ptr + (q * 2 + q_slot).to(tl.int64) * (BLOCK_M * BLOCK_N)
+                                                + half_offs, cache_modifier=".cg")
+                            rows = off_m + rows_t
+                            cols = off_n + h * (BLOCK_N // 2) + half_cols
+                            tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :],
+                                     part.to(c_ptr.dtype.element_ty),
+                                     mask=(rows[:, None] < M) & (cols[None, :] < N))
+                        tl.store(cnt_ptr + t, 0)
+                it += k_hi - k_lo
 
 
 @triton.jit(do_not_specialize=["num_sms", "group_m"])
@@ -182,6 +267,7 @@ class GemmConfig:
     tma_store: bool = True  # TMA path: store C through a descriptor (else plain stores)
     epilogue_split: int = 1  # 1 or 2 (descriptor stores only)
     flatten: bool = True
+    stream_k: bool = False  # TMA path: split the last wave's tiles along K over every SM
 
     def label(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} g{self.group_m}"
@@ -197,6 +283,8 @@ class GemmConfig:
             s += " nf"
         if self.tma is False:
             s += " ptr"
+        if self.stream_k:
+            s += " sk"
         return s
 
     def as_params(self) -> dict:
@@ -241,6 +329,9 @@ def _validate_config(c: GemmConfig) -> None:
         raise ValueError(f"gemm: num_sms={c.num_sms!r} must be None or an int >= 1")
     if c.epilogue_split not in (1, 2):
         raise ValueError(f"gemm: epilogue_split={c.epilogue_split!r} must be 1 or 2")
+    if c.stream_k and (c.warp_specialize or c.tma is False):
+        raise ValueError("gemm: stream_k=True runs on the TMA path without warp specialisation "
+                         "(set tma=None or True and warp_specialize=False)")
     if c.warp_specialize and (c.tma_store or c.flatten):
         raise ValueError("gemm: warp_specialize=True needs tma_store=False and flatten=False (Triton 3.6's "
                          "Hopper warp specialisation rejects descriptor stores and flattened loops)")
@@ -281,6 +372,20 @@ _CANDIDATES: dict[tuple[int, int, int, int, int], tuple[float, float]] = {
 }
 
 
+# Stream-K tail (`stream_k_plan`) for big problems: the goal-shape table of
+# results/gemm_tiling/variants.csv (H200, 2026-11-21, cuBLAS in the same run)
+# measured it +1.5-2% on 8192^3 (15 whole rounds of 128x256 tiles + 68 of 132
+# SMs' worth), +0.6-1.1% on 8192x28672x8192 (54 rounds), +0.7% on
+# 16384x3584x8192 (13 rounds), and -8% on 4096^3 (3 rounds), -11% on
+# 2048x7168x2048 (6 rounds), -20 to -38% when every tile is split (fewer tiles
+# than SMs): a split tile costs a pipeline refill, a partial written and read
+# back, and staggered K positions across SMs, which only a long run of whole
+# rounds pays for. Best there: 3 stages with C through TMA stores in two halves.
+SK_MIN_ROUNDS = 12
+_STREAM_K_CONFIG = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, group_m=8,
+                              tma_store=True, epilogue_split=2, stream_k=True)
+
+
 def _estimate_us(M: int, N: int, K: int, num_sms: int, tile, rate: float, fixed_us: float) -> float:
     bm, bn = tile[0], tile[1]
     tiles = math.ceil(M / bm) * math.ceil(N / bn)
@@ -295,7 +400,7 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_s
     if not hopper:
         # Pointer path (interpreter, pre-Hopper): modest tiles.
         return GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3, group_m=8)
-    elem = torch.empty((), dtype=dtype).element_size()
+    elem = element_size(dtype)
     best, best_t = None, float("inf")
     for key, (rate, fixed) in _CANDIDATES.items():
         bm, bn, bk, w, s = key
@@ -303,6 +408,9 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_s
         if t < best_t:
             best, best_t = GemmConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s,
                                       tma_store=False, group_m=8), t
+    tiles = math.ceil(M / best.block_m) * math.ceil(N / best.block_n)
+    if best.block_n == 256 and tiles % num_sms and tiles // num_sms >= SK_MIN_ROUNDS:
+        best = _STREAM_K_CONFIG
     return _fit_smem(best, elem)
 
 
@@ -319,6 +427,63 @@ def _fit_smem(cfg: GemmConfig, elem_bytes: int, limit: int = SMEM_LIMIT_SM90) ->
         else:
             break
     return cfg
+
+
+# --------------------------------------------------------------------------
+# Stream-K tail
+# --------------------------------------------------------------------------
+SK_MAX_SPLIT = 4  # programs per tail tile at most: a finishing program reads the others' partials
+SK_MIN_STEPS = 2  # K-steps per stream-K program at least
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamKPlan:
+    """How ``_gemm_tma_kernel`` splits its work: tiles ``0 .. dp_tiles-1`` whole,
+    strided over the programs; the rest as ``sk_programs`` contiguous ranges of
+    K-steps, ``sk_iters_per`` each plus one for the first ``sk_extra``."""
+
+    dp_tiles: int
+    sk_programs: int
+    sk_iters_per: int
+    sk_extra: int
+
+
+def stream_k_plan(tiles: int, programs: int, k_steps: int) -> StreamKPlan:
+    """A persistent kernel runs ``ceil(tiles / programs)`` rounds of whole tiles,
+    so a last round of ``tiles % programs`` tiles leaves the other SMs idle
+    (8192^3 in 128x256 tiles on 132 SMs: 15.5 rounds of work take 16). Here the
+    whole rounds stay data-parallel and the last round's K-steps are spread over
+    up to ``SK_MAX_SPLIT`` programs per tile. Returns a plan with
+    ``sk_programs == 0`` when there is nothing to gain (no partial round, or too
+    few K-steps to split)."""
+    tail = tiles % programs if tiles > programs else tiles
+    none = StreamKPlan(tiles, 0, 1, 0)
+    if tail == 0:
+        return none
+    steps = tail * k_steps
+    sk_programs = min(programs, tail * SK_MAX_SPLIT, steps // SK_MIN_STEPS)
+    if sk_programs <= tail:
+        return none
+    per, extra = divmod(steps, sk_programs)
+    return StreamKPlan(tiles - tail, sk_programs, per, extra)
+
+
+_SK_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _stream_k_workspace(device: torch.device, programs: int, tile_elems: int, sk_tiles: int):
+    """fp32 partial slots (2 per program) and per-tile arrival counters, zeroed once
+    and reused: the kernel resets every counter it completes. One pair per device
+    and stream, so calls on two streams never share counters."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    ws, cnt = _SK_WORKSPACE.get(key, (None, None))
+    if ws is None or ws.numel() < programs * 2 * tile_elems or cnt.numel() < sk_tiles:
+        ws = torch.empty(max(programs * 2 * tile_elems, ws.numel() if ws is not None else 0),
+                         dtype=torch.float32, device=device)
+        cnt = torch.zeros(max(sk_tiles, cnt.numel() if cnt is not None else 0), dtype=torch.int32, device=device)
+        _SK_WORKSPACE[key] = (ws, cnt)
+    return ws, cnt
 
 
 # --------------------------------------------------------------------------
@@ -413,17 +578,30 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
         use_tma = False
 
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    programs = max(1, min(cfg.num_sms or sms, tiles))
+    if cfg.stream_k and not use_tma and config is None:  # the heuristic's choice, on unaligned operands
+        cfg = dataclasses.replace(cfg, stream_k=False)
+    if cfg.stream_k and not use_tma:
+        raise ValueError("gemm: stream_k=True needs the TMA path (sm_90+, 16-byte aligned rows); "
+                         "use stream_k=False for these operands")
+    programs = max(1, cfg.num_sms or sms) if cfg.stream_k else max(1, min(cfg.num_sms or sms, tiles))
     if use_tma:
+        plan = stream_k_plan(tiles, programs, triton.cdiv(K, cfg.block_k)) if cfg.stream_k else None
+        if plan is None or plan.sk_programs == 0:
+            plan = StreamKPlan(tiles, 0, 1, 0)
+            programs = min(programs, tiles)
+            ws, cnt = out, out  # never touched
+        else:
+            ws, cnt = _stream_k_workspace(out.device, programs, cfg.block_m * cfg.block_n, tiles - plan.dp_tiles)
         a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
         b_desc = TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n])
         c_desc = (TensorDescriptor.from_tensor(out, [cfg.block_m, cfg.block_n // cfg.epilogue_split])
                   if cfg.tma_store else None)
         _gemm_tma_kernel[(programs,)](
             a_desc, b_desc, c_desc, out, out.stride(0), M, N, K, programs, cfg.group_m,
+            plan.dp_tiles, plan.sk_programs, plan.sk_iters_per, plan.sk_extra, ws, cnt,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, TMA_STORE=cfg.tma_store,
             EPILOGUE_SPLIT=cfg.epilogue_split, FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            STREAM_K=plan.sk_programs > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     else:
         _gemm_ptr_kernel[(programs,)](
             a, b, out, M, N, K,
@@ -471,7 +649,7 @@ def flops(shape: Mapping[str, int]) -> int:
 
 def bytes_moved(shape: Mapping[str, int], dtype: torch.dtype = torch.bfloat16) -> int:
     M, N, K = _mnk(shape)
-    es = torch.empty((), dtype=dtype).element_size()
+    es = element_size(dtype)
     return (M * K + K * N + M * N) * es
 
 
@@ -513,7 +691,7 @@ def tolerance(dtype: torch.dtype) -> float:
 def derived(shape: Mapping[str, int], dtype: torch.dtype, params: Mapping[str, Any]) -> dict:
     """Extra names for sweep constraint expressions."""
     cfg = GemmConfig(**{k: v for k, v in params.items() if k in PARAMS})
-    es = torch.empty((), dtype=dtype).element_size()
+    es = element_size(dtype)
     M, N, K = _mnk(shape)
     return {
         "elem_bytes": es,
@@ -553,7 +731,6 @@ baselines = {"cublas": lambda inputs: cublas(inputs.a, inputs.b, out=inputs.out)
 # --------------------------------------------------------------------------
 # Cross-compilation (no GPU needed): arguments for workbench.asm.compile
 # --------------------------------------------------------------------------
-_TRITON_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: torch.dtype = torch.bfloat16,
@@ -567,14 +744,15 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
     """
     cfg = _as_config(config) or heuristic(*(_mnk(shape) if shape else (8192, 8192, 8192)), dtype)
     _validate_config(cfg)
-    t = _TRITON_DTYPE[dtype]
+    t = triton_type(dtype)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     sig = {"a_desc": f"tensordesc<{t}[{bm}, {bk}]>", "b_desc": f"tensordesc<{t}[{bk}, {bn}]>",
            "c_ptr": f"*{t}", "stride_cm": "i32", "M": "i32", "N": "i32", "K": "i32",
-           "num_sms": "i32", "group_m": "i32"}
+           "num_sms": "i32", "group_m": "i32", "dp_tiles": "i32", "sk_programs": "i32",
+           "sk_iters_per": "i32", "sk_extra": "i32", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "TMA_STORE": cfg.tma_store,
                   "EPILOGUE_SPLIT": cfg.epilogue_split, "FLATTEN": cfg.flatten,
-                  "WARP_SPECIALIZE": cfg.warp_specialize}
+                  "WARP_SPECIALIZE": cfg.warp_specialize, "STREAM_K": cfg.stream_k}
     if cfg.tma_store:
         sig["c_desc"] = f"tensordesc<{t}[{bm}, {bn // cfg.epilogue_split}]>"
     else:

@@ -784,9 +784,6 @@ def bytes_moved(op: str, total_tokens: int, G: int, N: int, K: int, elem_bytes: 
 # Cross-compilation (no GPU needed): read the assembly the compiler produces
 # ---------------------------------------------------------------------------
 
-_TL_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
 def compile_for_target(op: str = "fwd", *, dtype: torch.dtype = torch.bfloat16,
                        config: GemmConfig | None = None, arch: int = 90, G: int = 32):
     """Compile one kernel variant with Triton for `sm_{arch}` without a GPU.
@@ -800,7 +797,9 @@ def compile_for_target(op: str = "fwd", *, dtype: torch.dtype = torch.bfloat16,
 
     cfg = config or _DEFAULT[op]
     use_tma = cfg.USE_TMA is not False and arch >= 90
-    t = _TL_NAMES[dtype]
+    from workbench.dtypes import triton_type
+
+    t = triton_type(dtype)
     BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
     sub = cfg.EPI_SUBTILE and use_tma
     common = dict(USE_TMA=use_tma, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=cfg.GROUP_M,

@@ -30,13 +30,16 @@ import dataclasses
 import json
 import math
 import os
-import time
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from workbench import bench
+from workbench.asm.resources import smem_per_block
+from workbench.dtypes import element_size
 
 from . import grouped_gemm as gg
 
@@ -49,8 +52,6 @@ __all__ = [
     "default_cache_path",
     "routing_bucket",
     "run_backend",
-    "time_backend",
-    "time_interleaved",
 ]
 
 BACKENDS = ("triton", "grouped_mm", "cublas_loop")   # preference order on ties
@@ -150,87 +151,26 @@ def run_backend(name: str, op: str, a: torch.Tensor, b: torch.Tensor, group_size
 
 
 # ---------------------------------------------------------------------------
-# Timing (monkeypatch `time_backend` to tune without a GPU)
+# Routing classes
 # ---------------------------------------------------------------------------
-
-
-def time_backend(fn: Callable[[], object]) -> float:
-    """Median milliseconds of fn() (a short measurement: the tuner repeats it in rounds).
-
-    The workbench harness if present, else triton.testing.do_bench; L2 flushed."""
-    if not torch.cuda.is_available():
-        fn()
-        t0 = time.perf_counter()
-        reps = 3
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - t0) * 1e3 / reps
-    try:
-        from workbench.bench import measure
-    except ImportError:
-        measure = None
-    if measure is not None:
-        try:
-            return float(measure(fn, warmup_ms=5, rep_ms=20, flush_l2=True, cuda_graph=False,
-                                 input_sets=None).median_ms)
-        except TypeError:
-            pass
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median"))
-
-
-_DEFAULT_TIME_BACKEND = time_backend
-
-
-def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 15, warmup: int = 2,
-                     flush_l2: bool = True) -> dict[str, list[float]]:
-    """Per-run milliseconds of several callables, timed run by run in turn.
-
-    Each repetition runs every callable once (rotating which goes first), each
-    between its own CUDA events after an L2 flush. The H200's clocks drift with
-    power and temperature by several percent within seconds, so timing one
-    backend after another favours whichever runs on the cooler card; taking
-    turns run by run gives every backend the same conditions. A callable that
-    raises in its warm-up is left out of the result.
-    """
-    import triton
-
-    drv = triton.runtime.driver.active
-    cache = drv.get_empty_cache_for_benchmark() if flush_l2 else None
-    names = []
-    for n, fn in fns.items():
-        try:
-            for _ in range(max(1, warmup)):
-                fn()
-            names.append(n)
-        except Exception:
-            pass
-    torch.cuda.synchronize()
-    events: dict[str, list] = {n: [] for n in names}
-    for i in range(reps if names else 0):
-        k = i % len(names)
-        for n in names[k:] + names[:k]:
-            if cache is not None:
-                drv.clear_cache(cache)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fns[n]()
-            end.record()
-            events[n].append((start, end))
-    torch.cuda.synchronize()
-    return {n: [s.elapsed_time(e) for s, e in v] for n, v in events.items()}
 
 
 def routing_bucket(host_sizes) -> str:
     """A coarse class of a routing, from sizes already on the host: the largest
-    group over the mean. 'even' (< 1.5), 'skewed' (< 3) or 'concentrated'."""
+    group over the mean. 'even' (< 1.15), 'mild' (< 2), 'skewed' (< 3.5) or
+    'concentrated'. The seed's mildly unbalanced routing (largest group 1.35-1.6x
+    the mean on its shapes) is its own class: on the H200 the fastest backend
+    already changes between balanced and mild routing on gpt-oss-20B with 4
+    experts (results/grouped_gemm)."""
     sizes = [int(v) for v in host_sizes]
     total = sum(sizes)
     if not sizes or total == 0:
         return "even"
     ratio = max(sizes) * len(sizes) / total
-    return "even" if ratio < 1.5 else ("skewed" if ratio < 3.0 else "concentrated")
+    for name, below in (("even", 1.15), ("mild", 2.0), ("skewed", 3.5)):
+        if ratio < below:
+            return name
+    return "concentrated"
 
 
 # ---------------------------------------------------------------------------
@@ -256,16 +196,20 @@ class GroupedGemmAutotuner:
     """Picks the fastest backend per (op, G, N, K, dtype, device) and remembers it on disk."""
 
     def __init__(self, cache_path: str | os.PathLike | None = None, *,
-                 backends: tuple[str, ...] = BACKENDS, margin: float = 0.01, rounds: int = 3,
-                 timer: Callable[[Callable[[], object]], float] | None = None):
+                 backends: tuple[str, ...] = BACKENDS, margin: float = 0.015, rounds: int = 3,
+                 timer: Callable[[Callable[[], object]], float] | None = None,
+                 warmup_ms: float = 50.0, rep_ms: float = 150.0):
         for b in backends:
             if b not in _IMPLS:
                 raise ValueError(f"unknown backend {b!r}; choose from {', '.join(BACKENDS)}")
         self.cache_path = Path(cache_path).expanduser() if cache_path is not None else default_cache_path()
         self.backends = tuple(backends)
+        # 1.5%: within it, ties go to the earlier backend (ours first), whose rank held
+        # best across token counts on the H200 (the key leaves the count out).
         self.margin = float(margin)
         self.rounds = max(1, int(rounds))
         self._timer = timer
+        self.warmup_ms, self.rep_ms = float(warmup_ms), float(rep_ms)
         self.entries: dict[str, dict] = {}
         self.tunings = 0          # how many keys this instance timed (tests read it)
         self._load()
@@ -338,40 +282,25 @@ class GroupedGemmAutotuner:
         raise AssertionError("unreachable")
 
     def tune(self, op: str, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor, **kwargs) -> str:
-        """Time every backend in `rounds` interleaved rounds (the order rotates each round,
-        so none is always timed first, on a cooler or hotter GPU) and keep the median."""
-        timer = self._timer or time_backend
-        samples: dict[str, list[float]] = {}
-        errors: dict[str, str] = {}
+        """Time every backend and remember the fastest (ties: see `_decide`).
+
+        On a GPU the backends take turns run by run (``workbench.bench.interleave``:
+        warm-up, then at least 15 flushed runs each): the H200's clocks drift with
+        power by several per cent within seconds, and a short measurement taken
+        one backend after another picked the wrong backend by up to 12% in an
+        earlier run (results/grouped_gemm). With a custom ``timer`` (tests) each
+        backend is timed in ``rounds`` rotating rounds and the median kept."""
+        fns, errors = {}, {}
         for name in self.backends:
-            try:
-                run_backend(name, op, a, b, group_sizes, **kwargs)       # warm-up / compile
-                samples[name] = []
-            except Exception as exc:  # BackendUnavailable, or anything else: skip it
-                errors[name] = f"{type(exc).__name__}: {exc}"[:300]
-        live = [n for n in self.backends if n in samples]
-        use_events = self._timer is None and time_backend is _DEFAULT_TIME_BACKEND and a.device.type == "cuda"
-        if use_events and live:      # run by run in turn: the fairest comparison on a drifting clock
-            runs = time_interleaved({n: (lambda n=n: run_backend(n, op, a, b, group_sizes, **kwargs))
-                                     for n in live}, reps=3 * self.rounds)
-            for n in live:
-                if runs.get(n):
-                    samples[n] = runs[n]
-                else:
-                    errors[n] = "failed while timing"
-            live = []
-        for r in range(self.rounds if live else 0):
-            for name in live[r % len(live):] + live[:r % len(live)]:
-                if name in errors:
-                    continue
-                try:
-                    samples[name].append(float(timer(lambda n=name: run_backend(n, op, a, b, group_sizes,
-                                                                                 **kwargs))))
-                except Exception as exc:
-                    errors[name] = f"{type(exc).__name__}: {exc}"[:300]
-        times = {n: (sorted(v)[len(v) // 2] if v and n not in errors else math.inf)
-                 for n, v in samples.items()}
-        times.update({n: math.inf for n in errors})
+            fns[name] = (lambda n=name: run_backend(n, op, a, b, group_sizes, **kwargs))
+        if self._timer is None:
+            timings = bench.interleave(fns, warmup_ms=self.warmup_ms, rep_ms=self.rep_ms)
+            times = {n: (timings[n].median_ms if n in timings else math.inf) for n in fns}
+            for n in fns:
+                if n not in timings:
+                    errors[n] = "failed in its first call (see run_backend for the reason)"
+        else:
+            times = self._time_with(self._timer, fns, errors)
         choice = self._decide(times)
         self.entries[self.key(op, a, b, group_sizes, kwargs.get("host_sizes"))] = {
             "backend": choice,
@@ -383,6 +312,27 @@ class GroupedGemmAutotuner:
         self.tunings += 1
         self._save()
         return choice
+
+    def _time_with(self, timer, fns: dict, errors: dict) -> dict[str, float]:
+        samples: dict[str, list[float]] = {}
+        for name, fn in fns.items():
+            try:
+                fn()                                   # warm-up / compile
+                samples[name] = []
+            except Exception as exc:  # BackendUnavailable, or anything else: skip it
+                errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+        live = list(samples)
+        for r in range(self.rounds if live else 0):
+            for name in live[r % len(live):] + live[:r % len(live)]:
+                if name in errors:
+                    continue
+                try:
+                    samples[name].append(float(timer(fns[name])))
+                except Exception as exc:
+                    errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+        times = {n: (sorted(v)[len(v) // 2] if v and n not in errors else math.inf) for n, v in samples.items()}
+        times.update({n: math.inf for n in errors})
+        return times
 
     def choose(self, op: str, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor, **kwargs) -> str:
         entry = self.entries.get(self.key(op, a, b, group_sizes, kwargs.get("host_sizes")))
@@ -502,7 +452,7 @@ def bytes_moved(shape: dict, dtype: torch.dtype) -> int:
     op, _ = _decode(shape)
     B = int(shape["B"])
     return gg.bytes_moved(op, B * int(shape["M"]), B, int(shape["N"]), int(shape["K"]),
-                          elem_bytes=torch.empty((), dtype=dtype).element_size())
+                          elem_bytes=element_size(dtype))
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -511,14 +461,14 @@ def tolerance(dtype: torch.dtype) -> float:
 
 def derived(shape: dict, dtype: torch.dtype, params: dict) -> dict:
     """smem_bytes of a config (operand stages + epilogue staging), for spec constraints."""
-    elem = torch.empty((), dtype=dtype).element_size()
+    elem = element_size(dtype)
     d = gg._DEFAULT["fwd"]
     bm, bn, bk = (params.get("block_m") or d.BLOCK_M, params.get("block_n") or d.BLOCK_N,
                   params.get("block_k") or d.BLOCK_K)
     stages = params.get("num_stages") or d.num_stages
     sub = params.get("epi_subtile", "auto") in ("auto", True)
     return {"smem_bytes": stages * (bm * bk + bk * bn) * elem + bm * (bn // 2 if sub else bn) * elem,
-            "SMEM_LIMIT": 232448}
+            "SMEM_LIMIT": smem_per_block(90)}
 
 
 def label(params: dict) -> str:

@@ -27,6 +27,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from kernels.remote import remote_store_kernel
+from workbench.asm.compile import warp_size  # the target table's, so a new target needs one entry
 
 # dtype name (the study's parameter) -> Triton pointer type and bytes per element
 DTYPES = {
@@ -35,8 +36,6 @@ DTYPES = {
     "fp32": ("*fp32", 4),
     "i8": ("*i8", 1),
 }
-WARP_SIZE = {"sm80": 32, "sm89": 32, "sm90": 32, "sm100": 32, "sm120": 32,
-             "gfx90a": 64, "gfx942": 64, "gfx950": 64, "gfx1100": 32, "gfx1200": 32}
 
 
 @gluon.jit
@@ -70,7 +69,7 @@ def _signature(dtype: str, heap: str = "heap_bases_ptr") -> dict:
 
 def gluon_block(block: int, spt: int, target: str, num_warps: int) -> int:
     """The block a Gluon variant uses: `block`, grown to one full layout tile if smaller."""
-    return max(block, spt * WARP_SIZE[target] * num_warps)
+    return max(block, spt * warp_size(target) * num_warps)
 
 
 def compile_remote_store(targets, *, block: int, dtype: str, hint: bool, cache_dir,
@@ -91,7 +90,7 @@ def compile_gluon_store(target: str, *, spt: int, block: int, dtype: str, cache_
     blk = gluon_block(block, spt, target, num_warps)
     (entry,) = cross_compile(
         _gluon_remote_store_kernel, [target], signature=_signature(dtype),
-        constexprs={"RANK": 0, "PEER": 1, "BLOCK": blk, "SPT": spt, "TPW": WARP_SIZE[target],
+        constexprs={"RANK": 0, "PEER": 1, "BLOCK": blk, "SPT": spt, "TPW": warp_size(target),
                     "WARPS": num_warps, "HINT": bool(hint)},
         divisible=[0, 1, 2], num_warps=num_warps, cache_dir=cache_dir)
     return entry

@@ -16,6 +16,8 @@ import time
 import torch
 import torch.distributed as tdist
 
+from workbench.dtypes import element_size
+
 PARAMS = {"mode": "ok", "tag": 0}
 WORLD_SIZES = (2, 3)
 
@@ -68,7 +70,7 @@ def flops(shape):
 
 
 def bytes_moved(shape, dtype):
-    return (_world() - 1) * int(shape["n"]) * torch.empty((), dtype=dtype).element_size()
+    return (_world() - 1) * int(shape["n"]) * element_size(dtype)
 
 
 def tolerance(dtype):

@@ -6,7 +6,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from workbench.asm.cache import CacheError, list_entries
-from workbench.asm.compile import cross_compile
+from workbench.asm.compile import TARGETS, cross_compile, warp_size
 
 
 @triton.jit
@@ -25,6 +25,14 @@ def _gluon_copy(x_ptr, y_ptr, n, BLOCK: gl.constexpr, SPT: gl.constexpr):
 
 
 SIG = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "alpha": "fp32"}
+
+
+def test_warp_size():
+    names = ("sm90", "SM_90", "gfx90a", "gfx942", "gfx950", "gfx1100")
+    assert [warp_size(t) for t in names] == [32, 32, 64, 64, 64, 32]  # CDNA: wave64, RDNA: wave32
+    assert all(warp_size(t) in (32, 64) for t in TARGETS)
+    with pytest.raises(CacheError, match="unknown target 'sm75'"):
+        warp_size("sm75")
 
 
 def test_five_targets(tmp_path):

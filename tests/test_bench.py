@@ -155,3 +155,34 @@ def test_gpu_graph_faster_than_launches_for_tiny_kernels():
     eager = bench.measure(lambda: x.add_(1.0), flush_l2=False, warmup_ms=2, rep_ms=10)
     graph = bench.measure(lambda: x.add_(1.0), flush_l2=False, cuda_graph=True, warmup_ms=2, rep_ms=10)
     assert graph.median_ms <= eager.median_ms * 1.5
+
+
+def test_interleave_rotates_and_drops_failing_callables():
+    from workbench.bench import interleave
+
+    calls = []
+
+    def make(name):
+        def fn():
+            calls.append(name)
+        return fn
+
+    def broken():
+        raise RuntimeError("does not launch")
+
+    out = interleave({"a": make("a"), "b": make("b"), "bad": broken}, warmup_ms=0, rep_ms=0, min_reps=4)
+    assert set(out) == {"a", "b"}
+    assert all(t.n == 4 and not t.is_performance for t in out.values())
+    timed = calls[-8:]  # the 4 timed rounds of two callables each
+    firsts = timed[0::2]
+    assert firsts == ["a", "b", "a", "b"]  # the first of a round rotates
+    assert interleave({"bad": broken}) == {}
+
+
+@pytest.mark.gpu
+def test_gpu_interleave_orders_two_sizes():
+    small = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    big = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    out = bench.interleave({"small": lambda: small @ small, "big": lambda: big @ big}, warmup_ms=5, rep_ms=20)
+    assert all(t.is_performance and t.l2_flushed and t.n >= 15 for t in out.values())
+    assert out["small"].median_ms * 10 < out["big"].median_ms  # 64x the work

@@ -93,6 +93,25 @@ def test_time_collective_single_process():
     assert len(calls) == 7 and t["iters"] == 5 and t["slowest_rank"] == 0 and len(t["ms_per_rank"]) == 1
 
 
+def test_time_collective_quartiles_are_bench_s(monkeypatch):
+    """q25/q75 interpolate as workbench.bench's do, not pick s[n // 4] and s[3n // 4]."""
+    from workbench import bench
+
+    clock = [0.0]
+    durations_ms = iter([0.5, 0.5, 1.0, 2.0, 10.0, 3.0])  # 2 warm-up calls, then 4 timed ones
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the host-timer path, on any machine
+    monkeypatch.setattr(dist.time, "perf_counter", lambda: clock[0])
+
+    def fn():
+        clock[0] += next(durations_ms) / 1e3
+
+    t = dist.time_collective(fn, warmup=2, iters=4)
+    s = [1.0, 2.0, 3.0, 10.0]
+    assert t["ms"] == pytest.approx(2.5)
+    assert bench._quantile(s, 0.25) == 1.75 and bench._quantile(s, 0.75) == 4.75
+    assert t["q25_ms"] == pytest.approx(1.75) and t["q75_ms"] == pytest.approx(4.75)
+
+
 def test_simulated_world_run_returns_in_rank_order_and_barriers():
     world = dist.SimulatedWorld(4, heap_bytes=1 << 14)
     seen = []

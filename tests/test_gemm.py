@@ -37,6 +37,17 @@ CASES = [
     ("130x264x96-bf16-tma-ws", 130, 264, 96, "bfloat16",
      dict(SMALL, tma=True, warp_specialize=True, tma_store=False, flatten=False)),
     ("6x48x40-fp32-tma", 6, 48, 40, "float32", dict(TINY, tma=True, num_sms=2)),
+    # Stream-K tail (TMA path): 45 tiles on 4 programs leave 1 tile split 4 ways; on 7
+    # programs 3 tiles whose K-steps straddle programs (3 contributors); 4 tiles on 8
+    # programs, no whole round. The cases share the arrival counters, so a counter
+    # left unreset by one case would break the next.
+    ("130x264x256-bf16-tma-sk4", 130, 264, 256, "bfloat16",
+     dict(SMALL, tma=True, stream_k=True, num_sms=4, tma_store=False)),
+    ("130x264x256-fp16-tma-sk7-split", 130, 264, 256, "float16",
+     dict(SMALL, tma=True, stream_k=True, num_sms=7, epilogue_split=2)),
+    ("64x64x512-fp32-tma-sk8", 64, 64, 512, "float32", dict(SMALL, tma=True, stream_k=True, num_sms=8)),
+    ("130x264x256-bf16-tma-sk7-again", 130, 264, 256, "bfloat16",
+     dict(SMALL, tma=True, stream_k=True, num_sms=7, group_m=2)),
 ]
 
 _SCRIPT = textwrap.dedent("""
@@ -253,7 +264,30 @@ GPU_CASES = [
                                            epilogue_split=2, num_sms=37, group_m=3)),
     (1000, 3000, 2000, torch.bfloat16, dict(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3,
                                             tma=False, flatten=False)),
+    # stream-K tails: 2048 tiles on 132 SMs (68 split); 128 tiles < 132 SMs; ragged edges
+    (8192, 8192, 2048, torch.bfloat16, dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4,
+                                            tma_store=False, stream_k=True)),
+    (512, 4096, 7168, torch.bfloat16, dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=6,
+                                           tma_store=False, stream_k=True)),
+    (1000, 3000, 2000, torch.float16, dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3,
+                                           epilogue_split=2, stream_k=True)),
 ]
+
+
+@pytest.mark.gpu
+def test_gpu_stream_k_repeated_calls_stay_right():
+    """The arrival counters reset themselves: many calls in a row, two shapes
+    interleaved, each output checked."""
+    cfg = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, tma_store=False, stream_k=True)
+    shapes = [(4096, 4096, 4096), (2000, 7168, 1000)]
+    ops = [(torch.randn(M, K, device="cuda", dtype=torch.bfloat16), torch.randn(K, N, device="cuda",
+                                                                          dtype=torch.bfloat16))
+           for M, N, K in shapes]
+    refs = [(a.float() @ b.float()) for a, b in ops]
+    for _ in range(5):
+        for (a, b), ref in zip(ops, refs):
+            c = gemm.matmul(a, b, cfg)
+            assert ((c.float() - ref).norm() / ref.norm()).item() <= gemm.tolerance(torch.bfloat16)
 
 
 @pytest.mark.gpu
@@ -287,3 +321,35 @@ def test_gpu_refuses_warp_specialization(monkeypatch):
     with pytest.raises(ValueError, match="WORKBENCH_ALLOW_WS"):
         gemm.matmul(a, a, dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3,
                                warp_specialize=True, tma_store=False, flatten=False))
+
+
+# ----------------------------------------------------------------- stream-K
+@pytest.mark.parametrize("tiles,programs,k_steps", [(2048, 132, 128), (512, 132, 64), (128, 132, 112),
+                                                    (45, 7, 8), (45, 4, 8), (5, 132, 3)])
+def test_stream_k_plan_covers_the_tail_once(tiles, programs, k_steps):
+    plan = gemm.stream_k_plan(tiles, programs, k_steps)
+    tail = tiles - plan.dp_tiles
+    if plan.sk_programs == 0:
+        assert plan.dp_tiles == tiles
+        return
+    assert plan.dp_tiles % programs == 0 and 0 < tail < programs or plan.dp_tiles == 0
+    ranges = [plan.sk_iters_per + (p < plan.sk_extra) for p in range(plan.sk_programs)]
+    assert sum(ranges) == tail * k_steps  # every K-step of every tail tile, exactly once
+    assert min(ranges) >= gemm.SK_MIN_STEPS and plan.sk_programs <= programs
+    assert plan.sk_programs <= tail * gemm.SK_MAX_SPLIT
+
+
+def test_stream_k_plan_skips_whole_rounds_and_short_k():
+    assert gemm.stream_k_plan(264, 132, 64).sk_programs == 0  # no partial round
+    assert gemm.stream_k_plan(133, 132, 1).sk_programs == 0   # one K-step: nothing to split
+
+
+def test_heuristic_uses_stream_k_only_after_many_whole_rounds():
+    assert gemm.heuristic(8192, 8192, 8192, num_sms=132).stream_k        # 15 rounds + 68 tiles
+    assert not gemm.heuristic(4096, 4096, 4096, num_sms=132).stream_k    # 3 rounds: measured slower
+    assert not gemm.heuristic(512, 4096, 7168, num_sms=132).stream_k     # fewer tiles than SMs
+
+
+def test_stream_k_needs_the_tma_path():
+    with pytest.raises(ValueError, match="stream_k"):
+        gemm.matmul(torch.randn(8, 8), torch.randn(8, 8), dict(TINY, tma=False, stream_k=True))

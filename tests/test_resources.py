@@ -367,6 +367,18 @@ def test_nvidia_occupancy(regs, smem, warps, blocks, limiter):
     assert occ["occupancy_limiter"] == limiter
 
 
+def test_smem_per_block():
+    from workbench.asm.resources import smem_per_block
+
+    assert smem_per_block(90) == smem_per_block("sm90") == smem_per_block("sm_90a") == 232448  # 227 KB
+    assert smem_per_block(80) == 166912 and smem_per_block("sm100") == 232448
+    # one byte more than the limit cannot launch: the same table as the occupancy rules
+    assert nvidia_occupancy(32, smem_per_block(90) + 1, 4, 90)["blocks_per_sm"] == 0
+    for arch in ("gfx90a", "gfx942", 75, "sm75"):  # 'gfx90a' must not read as sm_90
+        with pytest.raises(ValueError, match="no shared-memory limit known"):
+            smem_per_block(arch)
+
+
 def test_nvidia_occupancy_unknown_arch_is_a_problem(monkeypatch, tmp_path):
     monkeypatch.setattr(tools, "run_tool", lambda *a, **k: (FIX / "gemm_bf16_sm90.resusage.txt").read_text())
     cubin = tmp_path / "gemm.cubin"

@@ -23,6 +23,8 @@ FAKE_KERNEL = textwrap.dedent('''
     """A fast fake kernel module implementing the sweep protocol (torch on CPU)."""
     import torch
 
+    from workbench.dtypes import element_size
+
     PARAMS = {"scale": 1, "mode": "ok", "tile": 16}
     CALLS = []
 
@@ -58,7 +60,7 @@ FAKE_KERNEL = textwrap.dedent('''
         return shape["n"]
 
     def bytes_moved(shape, dtype):
-        return 2 * shape["n"] * torch.empty((), dtype=dtype).element_size()
+        return 2 * shape["n"] * element_size(dtype)
 
     def tolerance(dtype):
         return 1e-3
@@ -118,7 +120,7 @@ def write_spec(tmp_path, d, name="fake.yaml"):
     (lambda d: d.update(kernel="no.such.module_xyz"), "kernel"),
     (lambda d: d.update(kernel="3bad name"), "kernel"),
     (lambda d: d.update(dtypes=["float8"]), "dtypes[0]"),
-    (lambda d: d["shapes"]["small"].append({"n": "big"}), "shapes.small[1].n"),
+    (lambda d: d["shapes"]["small"].append({"n": None}), "shapes.small[1].n"),  # text is a name now
     (lambda d: d["shapes"]["big"].append("n=3"), "shapes.big[1]"),
     (lambda d: d["grid"][1]["params"].update(blok=[1]), "grid[1].params.blok"),
     (lambda d: d["grid"][0].update(shapes=["nope"]), "grid[0].shapes"),
@@ -154,7 +156,7 @@ def test_quick_validation(fake, tmp_path):
     with pytest.raises(SpecError, match="quick"):
         sweep.load_spec(write_spec(tmp_path, d), quick=True)
     d = spec_dict(fake)
-    d["quick"]["shapes"] = {"small": [{"n": "x"}]}
+    d["quick"]["shapes"] = {"small": [{"n": [8, [16]]}]}
     with pytest.raises(SpecError, match=r"quick\.shapes\.small\[0\]\.n"):
         sweep.load_spec(write_spec(tmp_path, d), quick=True)
 
@@ -184,6 +186,52 @@ def test_cli_error_exit_2_no_traceback(fake, tmp_path, capsys):
     assert cli.main(["sweep", str(p)]) == 2
     err = capsys.readouterr().err
     assert "grid[1].params.blok" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------- shape values
+def test_shape_values_may_be_ints_floats_and_names():
+    shape = {"n": [64, 128], "routing": ["uniform", "zipf"], "skew": 1.5, "model": "deepseek-v3"}
+    spec = sweep.parse_spec({"name": "s", "kernel": "k", "shapes": [shape]}, import_kernel=False)
+    shapes = spec.shapes["default"]
+    assert len(shapes) == 4
+    assert shapes[0] == {"n": 64, "routing": "uniform", "skew": 1.5, "model": "deepseek-v3"}
+    assert {(s["n"], s["routing"]) for s in shapes} == {(64, "uniform"), (64, "zipf"), (128, "uniform"),
+                                                       (128, "zipf")}
+    assert all(type(s["n"]) is int and type(s["skew"]) is float for s in shapes)
+
+
+@pytest.mark.parametrize("value,why", [
+    (None, "null"),
+    (True, "bool"),
+    ([4, False], "bool"),
+    ([], "non-empty list"),
+    ([[64, 128]], "lists do not nest"),
+    ({"a": 1}, "a mapping is not a value"),
+    ([64, {"a": 1}], "a mapping is not a value"),
+    (-1, "negative"),
+    (-0.5, "negative"),
+    (float("nan"), "non-finite"),
+    (float("inf"), "non-finite"),
+    ("", "empty text"),
+])
+def test_bad_shape_value_names_the_field(tmp_path, value, why):
+    d = {"kernel": "k", "shapes": {"small": [{"n": 64}, {"n": 64, "routing": value}]}}
+    with pytest.raises(SpecError) as ei:
+        sweep.load_spec(write_spec(tmp_path, d), import_kernel=False)
+    msg = str(ei.value)
+    assert "fake.yaml" in msg and "shapes.small[1].routing:" in msg, msg
+    assert why in msg, msg
+
+
+def test_named_shape_values_reach_the_rows(fake, tmp_path):
+    d = spec_dict(fake, shapes=[{"n": 64, "routing": ["uniform", "zipf"], "skew": 0.5}],
+                  grid={"scale": [1]}, constraints=[])
+    del d["quick"]
+    df = sweep.run_spec(write_spec(tmp_path, d), results_dir=tmp_path / "out", progress=False)
+    assert set(df["status"]) == {"ok"}
+    assert sorted(df.loc[~df["is_baseline"], "routing"]) == ["uniform", "zipf"]
+    assert set(df["skew"]) == {0.5} and set(df["n"]) == {64}
+    assert {json.loads(s)["routing"] for s in df["shape"]} == {"uniform", "zipf"}
 
 
 # ---------------------------------------------------------------- expansion

@@ -14,6 +14,11 @@ which removes launch gaps for short or many-kernel calls. ``input_sets``
 rotates among several input sets (``fn`` then takes one set); use
 ``sets_for_l2`` to pick how many, when you time without a flush.
 
+``interleave`` compares several callables run by run in turn (the order
+rotating each round): on a power-limited card whose clocks drift by several
+per cent within seconds, timing one variant after another favours whichever
+ran on the cooler card.
+
 Without a GPU (or in the interpreter) the same call runs on the host timer and
 the result says so: ``Timing.is_performance`` is False, ``str(timing)`` ends
 with ``[not performance]``, and plots should label such numbers.
@@ -26,7 +31,7 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
-__all__ = ["Timing", "measure", "sets_for_l2", "l2_bytes", "gpu_timing_available"]
+__all__ = ["Timing", "measure", "interleave", "sets_for_l2", "l2_bytes", "gpu_timing_available"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,3 +335,82 @@ def _measure_graph(call, warmup_ms, rep_ms, flush_l2, min_reps, max_reps, n_sets
     times = [s.elapsed_time(e) / unroll for s, e in events]
     return _summarize(times, is_performance=True, method="cuda-graph-unrolled", l2_flushed=False,
                       input_sets=n_sets, calls_per_sample=unroll, device=name)
+
+
+def interleave(fns: dict[str, Callable[[], Any]], *, warmup_ms: float = 50, rep_ms: float = 100,
+               min_reps: int = 15, max_reps: int = 200, flush_l2: bool = True) -> dict[str, Timing]:
+    """Time several callables run by run in turn; one ``Timing`` per name.
+
+    Every round runs each callable once, each between its own CUDA events after
+    an L2 flush, and the first callable of a round rotates. The number of
+    rounds gives each callable about ``rep_ms`` of timed runs (``min_reps`` to
+    ``max_reps``), after about ``warmup_ms`` of warm-up each, which also lets
+    the clocks settle after whatever ran before. A callable that raises in its
+    first call is left out of the result (the others are still timed); one
+    that raises later propagates. On the host timer the same rotation runs
+    and the results say ``is_performance=False``.
+    """
+    live: dict[str, Callable[[], Any]] = {}
+    for name, fn in fns.items():
+        try:
+            fn()
+            live[name] = fn
+        except Exception:
+            continue
+    if not live:
+        return {}
+    on_gpu = gpu_timing_available()
+    if on_gpu:
+        import torch
+        import triton
+
+        dev = torch.cuda.current_device()
+        cache = _flush_buffer(dev) if flush_l2 else None
+        clear = triton.runtime.driver.active.clear_cache
+
+        def timed_round(order):
+            pairs = []
+            for name in order:
+                if cache is not None:
+                    clear(cache)
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                live[name]()
+                e.record()
+                pairs.append((name, s, e))
+            return pairs
+
+        def finish(pairs):
+            torch.cuda.synchronize()
+            return [(name, s.elapsed_time(e)) for name, s, e in pairs]
+    else:
+        def timed_round(order):
+            out = []
+            for name in order:
+                t0 = time.perf_counter()
+                live[name]()
+                out.append((name, (time.perf_counter() - t0) * 1e3))
+            return out
+
+        def finish(pairs):
+            return pairs
+
+    names = list(live)
+    # Estimate one round, then size warm-up and timing from it.
+    est = {n: t for n, t in finish(timed_round(names))}
+    slowest = max(max(est.values()), 1e-4)
+    n_warm = max(1, min(max_reps, int(warmup_ms / slowest)))
+    n_rep = max(min_reps, min(max_reps, int(rep_ms / slowest)))
+    for i in range(n_warm):  # same rotation, results dropped
+        timed_round(names[i % len(names):] + names[:i % len(names)])
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    pairs = []
+    for i in range(n_rep):
+        k = i % len(names)
+        pairs.extend(timed_round(names[k:] + names[:k]))
+    for name, ms in finish(pairs):
+        samples[name].append(ms)
+    device = torch.cuda.get_device_name(dev) if on_gpu else "cpu"
+    return {n: _summarize(v, is_performance=on_gpu, method="cuda-events-interleaved" if on_gpu else "host-timer",
+                          l2_flushed=on_gpu and flush_l2, device=device)
+            for n, v in samples.items()}

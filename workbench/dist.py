@@ -49,6 +49,11 @@ import types
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+# Both load only the standard library (torch comes later, inside functions), so
+# MULTICAST_OFF below is still set before anything could initialize NCCL.
+from workbench.bench import _quantile  # one quartile definition for every timing
+from workbench.dtypes import element_size
+
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 os.environ.update(MULTICAST_OFF)  # before any NCCL / symmetric-memory init in this process
 
@@ -539,7 +544,9 @@ def time_collective(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 10, 
             times.append((time.perf_counter() - t0) * 1e3 / per)
         loop = (time.perf_counter() - t_all) * 1e3 / (per * iters)
     s = sorted(times)
-    mine = (statistics.median(s), s[len(s) // 4], s[(3 * len(s)) // 4], loop)
+    # the quartiles of workbench.bench (linear interpolation), so a collective's
+    # spread reads the same as a kernel's in one table
+    mine = (statistics.median(s), _quantile(s, 0.25), _quantile(s, 0.75), loop)
     if tdist.is_initialized():
         allv = [None] * tdist.get_world_size(group)
         tdist.all_gather_object(allv, mine, group=group)
@@ -590,10 +597,8 @@ class _BumpHeap:
 
     def alloc(self, shape, dtype, *, align: int = _ALIGN):
         """A tensor of ``shape``/``dtype`` in the heap (uninitialized), at the same offset on every rank."""
-        import torch
-
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        esize = torch.empty((), dtype=dtype).element_size()
+        esize = element_size(dtype)
         n = 1
         for s in shape:
             n *= int(s)

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["collect", "flat", "KNOB_PREFIXES", "git_info"]
+__all__ = ["collect", "flat", "KNOB_PREFIXES", "git_info", "versions", "devices"]
 
 KNOB_PREFIXES = ("TRITON_", "NCCL_", "CUDA_", "TORCH_", "NVSHMEM_", "PYTORCH_")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -47,13 +47,20 @@ def git_info(repo: str | os.PathLike | None = None) -> dict[str, Any]:
     return {"git_sha": "unknown", "git_dirty": None, "git_source": "unknown"}
 
 
-def _versions() -> dict[str, Any]:
+def versions() -> dict[str, Any]:
+    """{'python_version', 'torch_version', 'cuda_version', 'triton_version'} (None: not installed).
+
+    ``cuda_version`` is None on a CPU-only torch; on a ROCm build it reads
+    ``'hip X.Y'`` (torch has no CUDA version there, and the HIP one is what
+    the numbers depend on).
+    """
     out: dict[str, Any] = {"python_version": platform.python_version()}
     try:
         import torch
 
         out["torch_version"] = torch.__version__
-        out["cuda_version"] = torch.version.cuda
+        hip = getattr(torch.version, "hip", None)
+        out["cuda_version"] = torch.version.cuda or (f"hip {hip}" if hip else None)
     except ImportError:  # pragma: no cover
         out["torch_version"] = None
         out["cuda_version"] = None
@@ -66,7 +73,11 @@ def _versions() -> dict[str, Any]:
     return out
 
 
-def _devices() -> dict[str, Any]:
+def devices() -> dict[str, Any]:
+    """{'device_name', 'device_count', 'device_capability', 'sm_count'} of GPU 0 ('cpu', 0 without one).
+
+    A driver error does not raise: it is recorded as ``device_error``.
+    """
     out: dict[str, Any] = {"device_name": "cpu", "device_count": 0, "device_capability": None,
                            "sm_count": None}
     try:
@@ -108,8 +119,8 @@ def collect(world_size: int = 1, knobs: Mapping[str, Any] | None = None) -> dict
     """
     info: dict[str, Any] = {}
     info.update(git_info())
-    info.update(_versions())
-    info.update(_devices())
+    info.update(versions())
+    info.update(devices())
     info["world_size"] = int(world_size)
     info["interpreter"] = _interpreting()
     info["knobs"] = _knobs(knobs)

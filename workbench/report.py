@@ -31,7 +31,6 @@ import os
 import platform
 import re
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -142,58 +141,58 @@ def notebook_parameters(path: str | os.PathLike) -> dict[str, Any]:
 # provenance
 
 
+# Git, python/torch/triton/CUDA versions and the device come from
+# workbench.provenance, as in every results row, so a report and the rows it
+# shows cannot disagree (and a copy without .git still finds its commit via
+# WORKBENCH_GIT_SHA). Only the notebook tooling is the report's own.
+_REPORT_TOOLS = ("plotly", "papermill", "nbconvert")
+
+
 def collect_versions() -> dict[str, str]:
+    """Versions for the banner and the index: python, torch, triton, the report tools, cuda, workbench (git)."""
     from importlib import metadata
 
-    out = {"python": platform.python_version()}
-    for dist in ("torch", "triton", "plotly", "papermill", "nbconvert"):
+    from . import provenance
+
+    prov = provenance.versions()
+    out = {"python": prov["python_version"],
+           "torch": prov["torch_version"] or "not installed",
+           "triton": prov["triton_version"] or "not installed"}
+    for dist in _REPORT_TOOLS:
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             out[dist] = "not installed"
-    try:
-        import torch
-
-        out["cuda"] = torch.version.cuda or (f"hip {torch.version.hip}" if torch.version.hip else "none (CPU build)")
-    except Exception:
+    if prov["torch_version"] is None:
         out["cuda"] = "unknown"
+    else:
+        out["cuda"] = prov["cuda_version"] or "none (CPU build)"
     out["workbench"] = _git_describe()
     return out
 
 
 def _git_describe() -> str:
-    try:  # the project's provenance helper also knows WORKBENCH_GIT_SHA (copies without .git)
-        from .provenance import git_info
+    """'<sha[:12]>' plus '-dirty' when the tracked files differ from the commit."""
+    from . import provenance
 
-        info = git_info(REPO_ROOT)
-        if info.get("git_sha") and info["git_sha"] != "unknown":
-            return str(info["git_sha"])[:12] + ("-dirty" if info.get("git_dirty") else "")
-    except Exception:
-        pass
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT,
-                             capture_output=True, text=True, timeout=10)
-        if sha.returncode != 0:
-            return "unknown (not a git checkout)"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (git not available)"
+    info = provenance.git_info(REPO_ROOT)
+    if info["git_sha"] == "unknown":
+        return "unknown (not a git checkout, and WORKBENCH_GIT_SHA is not set)"
+    return str(info["git_sha"])[:12] + ("-dirty" if info["git_dirty"] else "")
 
 
 def collect_machine() -> dict[str, str]:
+    """hostname, cpu, cpus and gpu ('N x NAME', or 'no GPU') for the banner and the index."""
+    from . import provenance
+
+    dev = provenance.devices()
     out = {"hostname": socket.gethostname(), "cpu": platform.processor() or platform.machine(),
            "cpus": str(os.cpu_count() or "?"), "gpu": "no GPU"}
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            n = torch.cuda.device_count()
-            name = torch.cuda.get_device_name(0)
-            out["gpu"] = f"{n} x {name}" if n > 1 else name
-    except Exception as exc:  # a broken driver must not stop the report
-        out["gpu"] = f"no GPU (torch.cuda failed: {type(exc).__name__})"
+    n = dev["device_count"]
+    if dev.get("device_error"):  # a broken driver must not stop the report
+        out["gpu"] = f"no GPU (torch.cuda failed: {dev['device_error'].split(':')[0]})"
+    elif n:
+        out["gpu"] = f"{n} x {dev['device_name']}" if n > 1 else dev["device_name"]
     return out
 
 

@@ -26,6 +26,8 @@ Experiment spec (YAML)
     shapes:                        # a list, or named sets {targets: [...], extra: [...]}
       - {M: 8192, N: 8192, K: 8192}
       - {M: [512, 1024], N: 4096, K: 7168}   # lists expand as a product
+                                   # values: numbers >= 0 or names (text), e.g.
+                                   # {tokens: 4096, routing: zipf, skew: 1.2}
     defaults: {group_m: 8}         # parameters every point starts from
     grid:                          # one product (a mapping) or a list of studies:
       - study: tiles
@@ -411,14 +413,41 @@ def _parse_shapes(raw, path, fname) -> dict[str, list[dict]]:
                 if not isinstance(k, str) or k in RESERVED_COLUMNS or k.startswith("p_"):
                     raise _err(path, f"{where}[{i}].{k}", "dimension names must be text and not a result column")
                 vs = v if isinstance(v, list) else [v]
-                if not vs or not all(_is_int(x) and x >= 0 for x in vs):
-                    raise _err(path, f"{where}[{i}].{k}", f"expected an integer >= 0 or a list of them, got {v!r}")
+                if not vs:
+                    raise _err(path, f"{where}[{i}].{k}", "expected a value or a non-empty list of values, got []")
+                for x in vs:
+                    problem = _shape_value_problem(x)
+                    if problem:
+                        raise _err(path, f"{where}[{i}].{k}",
+                                   f"{x!r}{f' in {v!r}' if isinstance(v, list) else ''}: {problem}; expected a "
+                                   "number >= 0 (a size, a ratio), a name (text) or a list of them")
                 keys.append(k)
                 values.append(vs)
             for combo in itertools.product(*values):
                 expanded.append(dict(zip(keys, combo)))
         out[str(set_name)] = expanded
     return out
+
+
+def _shape_value_problem(x) -> str | None:
+    """Why ``x`` cannot be one value of a shape field (None when it can).
+
+    A shape field is a size (an integer >= 0), another number (a ratio, a
+    skew: finite, >= 0) or a name (non-empty text, e.g. a routing or a model).
+    Each value becomes a cell of the row and part of the seed, so no nesting,
+    and no bool or null: YAML's yes/no/~ are more likely slips than meant.
+    """
+    if isinstance(x, bool) or x is None:
+        return f"{'a bool' if isinstance(x, bool) else 'null'} is neither a number nor a name"
+    if isinstance(x, (list, tuple)):
+        return "lists do not nest"
+    if isinstance(x, Mapping):
+        return "a mapping is not a value"
+    if isinstance(x, str):
+        return None if x.strip() else "empty text is not a name"
+    if isinstance(x, (int, float)):
+        return None if math.isfinite(x) and x >= 0 else "a negative or non-finite number"
+    return f"a {type(x).__name__} is neither a number nor a name"
 
 
 def _check_param_name(k, known, kernel, path, where):

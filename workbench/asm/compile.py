@@ -32,14 +32,23 @@ TARGETS = {
 }
 
 
+def _target_key(name: str) -> str:
+    key = name.lower().replace("_", "")
+    if key not in TARGETS:
+        raise CacheError(f"unknown target {name!r}: choose one of {', '.join(TARGETS)}")
+    return key
+
+
 def gpu_target(name: str):
     """Triton's GPUTarget for a target name such as 'sm90' or 'gfx942'."""
     from triton.backends.compiler import GPUTarget
 
-    key = name.lower().replace("_", "")
-    if key not in TARGETS:
-        raise CacheError(f"unknown target {name!r}: choose one of {', '.join(TARGETS)}")
-    return GPUTarget(*TARGETS[key])
+    return GPUTarget(*TARGETS[_target_key(name)])
+
+
+def warp_size(name: str) -> int:
+    """Threads per warp (wavefront) on a target: 32 on NVIDIA and RDNA, 64 on CDNA ('gfx942')."""
+    return TARGETS[_target_key(name)][2]
 
 
 def resolve_function(spec: str):

@@ -36,7 +36,7 @@ from pathlib import Path
 from workbench.asm import isa as _isa
 from workbench.asm import tools
 
-__all__ = ["resources", "nvidia_occupancy", "amd_kernel_info", "NV_LIMITS"]
+__all__ = ["resources", "nvidia_occupancy", "amd_kernel_info", "NV_LIMITS", "smem_per_block"]
 
 # Per-SM limits by compute capability (CUDA occupancy rules).
 NV_LIMITS = {
@@ -92,6 +92,19 @@ def _cc(arch) -> int | None:
         if m:
             return int(m.group(1))
     return None
+
+
+def smem_per_block(arch=90) -> int:
+    """Bytes of shared memory one block may use on an NVIDIA architecture
+    (90, 'sm90', 'sm_90a' -> 232448, i.e. 227 KB); the limit a kernel's
+    config must fit, from the same table as the occupancy rules (`NV_LIMITS`).
+    """
+    # 'gfx90a' holds digits too: without this it would read as sm_90
+    cc = None if isinstance(arch, str) and arch.strip().lower().startswith("gfx") else _cc(arch)
+    if cc not in NV_LIMITS:
+        raise ValueError(f"no shared-memory limit known for {arch!r} (NVIDIA only; "
+                         f"known: {', '.join(f'sm{c}' for c in NV_LIMITS)})")
+    return NV_LIMITS[cc]["smem_block"]
 
 
 def nvidia_occupancy(registers: int, shared_bytes: int, num_warps: int, cc: int = 90) -> dict:
