@@ -360,7 +360,7 @@ def main(argv=None):
     t0 = time.time()
     prov = provenance(command)
     ceil = ceilings()
-    log(f"device {prov.get('prov_device')}  mm bf16 {ceil['mm_bf16_tflops']:.0f} TFLOP/s  "
+    log(f"device {prov.get('prov_device_name')}  mm bf16 {ceil['mm_bf16_tflops']:.0f} TFLOP/s  "
         f"copy {ceil['copy_tbps']:.2f} TB/s  ({time.time() - t0:.0f}s)")
     import pandas as pd
 

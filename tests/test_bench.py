@@ -102,7 +102,16 @@ def test_provenance_fields(monkeypatch):
     assert isinstance(flat["knobs"], str) and "TRITON_CACHE_DIR" in flat["knobs"]
 
 
-def test_provenance_in_this_checkout():
+def test_provenance_env_sha_wins_over_a_checkout(monkeypatch):
+    # A copied tree may carry a stale .git; the sha passed in is the code that runs.
+    monkeypatch.setenv("WORKBENCH_GIT_SHA", "feedbeef")
+    monkeypatch.setenv("WORKBENCH_GIT_DIRTY", "0")
+    info = provenance.git_info()
+    assert (info["git_sha"], info["git_dirty"], info["git_source"]) == ("feedbeef", False, "env")
+
+
+def test_provenance_in_this_checkout(monkeypatch):
+    monkeypatch.delenv("WORKBENCH_GIT_SHA", raising=False)
     info = provenance.git_info()
     if info["git_source"] == "git":
         assert len(info["git_sha"]) == 40 and isinstance(info["git_dirty"], bool)

@@ -1,9 +1,10 @@
 """Where a measurement came from: code version, software, device, knobs, time.
 
-``collect()`` never fails: outside a git checkout (the device machine gets a
-copy of the working tree without ``.git``) the commit comes from the
-environment variable ``WORKBENCH_GIT_SHA`` (and ``WORKBENCH_GIT_DIRTY``:
-1/0), else it reads ``unknown``.
+``collect()`` never fails. The commit comes from the environment variable
+``WORKBENCH_GIT_SHA`` (and ``WORKBENCH_GIT_DIRTY``: 1/0) when it is set, else
+from git, else it reads ``unknown``. The variable wins because a copy of the
+working tree (the device machine's) may carry a stale ``.git``: on 2026-11-21
+the H200 copy reported the session's first commit while newer code ran.
 """
 from __future__ import annotations
 
@@ -32,11 +33,6 @@ def _git(*args: str, cwd: Path) -> str | None:
 
 def git_info(repo: str | os.PathLike | None = None) -> dict[str, Any]:
     """{'git_sha', 'git_dirty', 'git_source'}; source is 'git', 'env' or 'unknown'."""
-    cwd = Path(repo) if repo else REPO_ROOT
-    sha = _git("rev-parse", "HEAD", cwd=cwd) if cwd.exists() else None
-    if sha:
-        status = _git("status", "--porcelain", "--untracked-files=no", cwd=cwd)
-        return {"git_sha": sha, "git_dirty": bool(status) if status is not None else None, "git_source": "git"}
     env_sha = os.environ.get("WORKBENCH_GIT_SHA", "").strip()
     if env_sha:
         dirty = os.environ.get("WORKBENCH_GIT_DIRTY", "").strip().lower()
@@ -44,6 +40,11 @@ def git_info(repo: str | os.PathLike | None = None) -> dict[str, Any]:
                 "git_dirty": True if dirty in ("1", "true", "yes") else False if dirty in ("0", "false", "no")
                 else None,
                 "git_source": "env"}
+    cwd = Path(repo) if repo else REPO_ROOT
+    sha = _git("rev-parse", "HEAD", cwd=cwd) if cwd.exists() else None
+    if sha:
+        status = _git("status", "--porcelain", "--untracked-files=no", cwd=cwd)
+        return {"git_sha": sha, "git_dirty": bool(status) if status is not None else None, "git_source": "git"}
     return {"git_sha": "unknown", "git_dirty": None, "git_source": "unknown"}
 
 
