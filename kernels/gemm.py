@@ -85,8 +85,17 @@ if interpreter.active():
 # --------------------------------------------------------------------------
 # Triton kernels
 # --------------------------------------------------------------------------
-# The kernels call no other @triton.jit function (not even tl.cdiv): a process
-# that imported triton under TRITON_INTERPRET=1 can still cross-compile them.
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, group_m):
+    """Tile index -> (row block, column block), walking bands of group_m rows: an
+    L2 swizzle (programs that run together share A rows and B columns)."""
+    band_id = tile_id // (group_m * num_pid_n)
+    first_m = band_id * group_m
+    rows_in_band = tl.minimum(num_pid_m - first_m, group_m)
+    inside = tile_id - band_id * (group_m * num_pid_n)
+    return first_m + inside % rows_in_band, inside // rows_in_band
+
+
 @triton.jit(do_not_specialize=["num_sms", "group_m", "dp_tiles", "sk_programs", "sk_iters_per", "sk_extra"])
 def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m,
                      dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr,
@@ -100,13 +109,7 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms,
     # Data-parallel part: whole tiles 0 .. dp_tiles-1 (every tile without stream-K).
     for tile_id in tl.range(pid, dp_tiles, num_sms, flatten=FLATTEN,
                             warp_specialize=WARP_SPECIALIZE):
-        # Tile index -> (row block, column block), walking bands of group_m rows.
-        band_id = tile_id // (group_m * num_pid_n)
-        first_m = band_id * group_m
-        rows_in_band = tl.minimum(num_pid_m - first_m, group_m)
-        inside = tile_id - band_id * (group_m * num_pid_n)
-        pid_m = first_m + inside % rows_in_band
-        pid_n = inside // rows_in_band
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, group_m)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -151,13 +154,9 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms,
                 t = it // k_steps
                 k_lo = it - t * k_steps
                 k_hi = tl.minimum(k_steps, k_lo + end - it)
-                tile_id = dp_tiles + t
-                band_id = tile_id // (group_m * num_pid_n)
-                first_m = band_id * group_m
-                rows_in_band = tl.minimum(num_pid_m - first_m, group_m)
-                inside = tile_id - band_id * (group_m * num_pid_n)
-                off_m = (first_m + inside % rows_in_band) * BLOCK_M
-                off_n = (inside // rows_in_band) * BLOCK_N
+                pid_m, pid_n = _tile_coords(dp_tiles + t, num_pid_m, num_pid_n, group_m)
+                off_m = pid_m * BLOCK_M
+                off_n = pid_n * BLOCK_N
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 for kk in range(k_lo, k_hi):
                     a = a_desc.load([off_m, kk * BLOCK_K])
@@ -221,13 +220,7 @@ def _gemm_ptr_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
     k_steps = (K + BLOCK_K - 1) // BLOCK_K
     lane_k = tl.arange(0, BLOCK_K)
     for tile_id in tl.range(tl.program_id(0), num_tiles, num_sms, flatten=FLATTEN):
-        # Tile index -> (row block, column block), walking bands of group_m rows.
-        band_id = tile_id // (group_m * num_pid_n)
-        first_m = band_id * group_m
-        rows_in_band = tl.minimum(num_pid_m - first_m, group_m)
-        inside = tile_id - band_id * (group_m * num_pid_n)
-        pid_m = first_m + inside % rows_in_band
-        pid_n = inside // rows_in_band
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, group_m)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         # Rows/columns past the edge read row/column 0 (always valid) and are
