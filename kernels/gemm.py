@@ -96,6 +96,35 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, group_m):
     return first_m + inside % rows_in_band, inside // rows_in_band
 
 
+@triton.jit
+def _store_tile(acc, off_m, off_n, c_desc, c_ptr, stride_cm, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr):
+    """C[off_m:, off_n:] = acc: through C's descriptor (whole, or in two column
+    halves to halve the staging buffer), or with plain masked stores (the form
+    Triton 3.6's Hopper warp specialisation accepts)."""
+    if TMA_STORE:
+        if EPILOGUE_SPLIT == 2:
+            pair = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(pair)
+            c_desc.store([off_m, off_n], left.to(c_desc.dtype))
+            c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(c_desc.dtype))
+        else:
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+    else:
+        rows = off_m + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :], acc.to(c_ptr.dtype.element_ty),
+                 mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit
+def _sk_program_of(step, sk_iters_per, sk_extra):
+    """The stream-K program whose range holds global tail K-step `step` (the first
+    sk_extra programs take sk_iters_per + 1 steps, the rest sk_iters_per)."""
+    big = sk_extra * (sk_iters_per + 1)
+    return tl.where(step < big, step // (sk_iters_per + 1), sk_extra + (step - big) // sk_iters_per)
+
+
 @triton.jit(do_not_specialize=["num_sms", "group_m", "dp_tiles", "sk_programs", "sk_iters_per", "sk_extra"])
 def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m,
                      dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr,
@@ -117,20 +146,8 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms,
             a = a_desc.load([off_m, kk * BLOCK_K])
             b = b_desc.load([kk * BLOCK_K, off_n])
             acc = tl.dot(a, b, acc)
-        if TMA_STORE:
-            if EPILOGUE_SPLIT == 2:
-                pair = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-                left, right = tl.split(pair)
-                c_desc.store([off_m, off_n], left.to(c_desc.dtype))
-                c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(c_desc.dtype))
-            else:
-                c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
-        else:
-            # Plain stores: the form Triton 3.6's Hopper warp specialisation accepts.
-            rows = off_m + tl.arange(0, BLOCK_M)
-            cols = off_n + tl.arange(0, BLOCK_N)
-            c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :]
-            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+        _store_tile(acc, off_m, off_n, c_desc, c_ptr, stride_cm, M, N, BLOCK_M, BLOCK_N, TMA_STORE,
+                    EPILOGUE_SPLIT)
     if STREAM_K:
         # Stream-K tail: the last (tiles - dp_tiles) tiles' K-steps, split evenly
         # over programs 0 .. sk_programs-1 (contiguous ranges, the first sk_extra
@@ -144,7 +161,6 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms,
         if pid < sk_programs:
             start = pid * sk_iters_per + tl.minimum(pid, sk_extra)
             end = start + sk_iters_per + (pid < sk_extra).to(tl.int32)
-            big = sk_extra * (sk_iters_per + 1)  # steps covered by the programs with one extra
             rows_t = tl.arange(0, BLOCK_M)
             cols_t = tl.arange(0, BLOCK_N)
             tile_offs = rows_t[:, None] * BLOCK_N + cols_t[None, :]
@@ -165,24 +181,11 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms,
                 # Programs holding the tile's first and last K-step.
                 s_first = t * k_steps
                 s_last = s_first + k_steps - 1
-                q_first = tl.where(s_first < big, s_first // (sk_iters_per + 1),
-                                   sk_extra + (s_first - big) // sk_iters_per)
-                q_last = tl.where(s_last < big, s_last // (sk_iters_per + 1),
-                                  sk_extra + (s_last - big) // sk_iters_per)
+                q_first = _sk_program_of(s_first, sk_iters_per, sk_extra)
+                q_last = _sk_program_of(s_last, sk_iters_per, sk_extra)
                 if q_first == q_last:  # the whole tile is ours
-                    if TMA_STORE:
-                        if EPILOGUE_SPLIT == 2:
-                            pair = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-                            left, right = tl.split(pair)
-                            c_desc.store([off_m, off_n], left.to(c_desc.dtype))
-                            c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(c_desc.dtype))
-                        else:
-                            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
-                    else:
-                        rows = off_m + rows_t
-                        cols = off_n + cols_t
-                        tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :], acc.to(c_ptr.dtype.element_ty),
-                                 mask=(rows[:, None] < M) & (cols[None, :] < N))
+                    _store_tile(acc, off_m, off_n, c_desc, c_ptr, stride_cm, M, N, BLOCK_M, BLOCK_N, TMA_STORE,
+                                EPILOGUE_SPLIT)
                 else:
                     slot = (t != start // k_steps).to(tl.int32)
                     tl.store(ws_ptr + (pid * 2 + slot).to(tl.int64) * (BLOCK_M * BLOCK_N) + tile_offs, acc)
