@@ -263,6 +263,19 @@ def worker(args):
 OURS = ("triton", "gluon", "copy_engine")
 
 
+def fixed_cost_us(ms: float, nbytes: int, W: int, peer_gbps: float) -> float:
+    """What one call costs beyond moving its bytes: the time of a (small) call less
+    the time its (W-1) * nbytes outbound bytes take at the peer copy bandwidth."""
+    return ms * 1e3 - (W - 1) * nbytes / (peer_gbps * 1e3)
+
+
+def busbw_bound(nbytes: int, W: int, fixed_us: float, peer_gbps: float) -> float:
+    """The highest busBW (GB/s) a call with this fixed cost can show: each GPU sends
+    (W-1) * nbytes, no faster than the peer copy bandwidth, after fixed_us."""
+    sent = (W - 1) * nbytes
+    return sent / (fixed_us * 1e3 + sent / peer_gbps)
+
+
 def summarize(bw, peer):
     """Best of ours vs NCCL per (world size, message, timing): busBW, ratios, fraction of the NVLink copy."""
     import pandas as pd
@@ -310,8 +323,25 @@ def summarize(bw, peer):
         row["frac_of_peer_copy"] = ours / row["peer_copy_gbps"] if row["peer_copy_gbps"] else math.nan
         row["sm_kernels_frac_of_peer_copy"] = sm_best / row["peer_copy_gbps"] if row["peer_copy_gbps"] else math.nan
         row["peer_sm_put_gbps"] = peer_best(W, "sm_put")
+        row["ours_ms"] = g[g["variant"].isin(OURS) & (g["hints"].astype(str) == "True")]["ms"].min()
         rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    # The fixed cost per call, from the smallest message of each world (our fastest variant
+    # there), and the busBW it allows at every size even at the full peer bandwidth. Graph
+    # replays only: eager calls of small messages are bound by the host's launch cost, which
+    # overlaps the GPU's work once messages are large.
+    out["fixed_us"] = math.nan
+    out["bound_busbw"] = math.nan
+    for (W, timing), g in out[out["timing"] == "graph"].groupby(["world_size", "timing"]):
+        small = g.loc[g["bytes_per_rank"].idxmin()]
+        if not small["peer_copy_gbps"] or pd.isna(small["ours_ms"]):
+            continue
+        fixed = fixed_cost_us(small["ours_ms"], int(small["bytes_per_rank"]), int(W), small["peer_copy_gbps"])
+        out.loc[g.index, "fixed_us"] = fixed
+        out.loc[g.index, "bound_busbw"] = [busbw_bound(int(n), int(W), fixed, small["peer_copy_gbps"])
+                                           for n in g["bytes_per_rank"]]
+    out["bound_frac_of_peer_copy"] = out["bound_busbw"] / out["peer_copy_gbps"]
+    return out
 
 
 def write_tables(all_rows, out: Path):

@@ -146,8 +146,10 @@ def cpu_overhead() -> dict:
 # ---------------------------------------------------------------------------
 
 
-def cases(quick: bool):
+def cases(quick: bool, models=None):
     for model, spec in MODELS.items():
+        if models and model not in models:
+            continue
         for B in spec["B"]:
             for Mper in spec["M"]:
                 if quick and (B, Mper) != (spec["B"][0], spec["M"][0]):
@@ -206,11 +208,12 @@ def key_of(op, N, K):
 # ---------------------------------------------------------------------------
 
 
-def run_sweep(quick):
-    """Time each candidate config on every size and routing; keep the best per (op, N, K)."""
+def run_sweep(quick, models=None):
+    """Time each candidate config on every size and routing, the cuBLAS loop taking
+    turns with them as the yardstick; keep the best config per (op, N, K)."""
     rows = []
     problems = {}
-    for model, layer, B, Mper, N, K in cases(quick):
+    for model, layer, B, Mper, N, K in cases(quick, models):
         problems.setdefault((N, K), []).append((model, layer, B, Mper))
     chosen = {}
 
@@ -231,7 +234,14 @@ def run_sweep(quick):
                             fns[ci] = (lambda c=cfg: p.ours(op, s, config=c))
                         except Exception as exc:  # a config that does not compile or launch
                             log(f"  sweep {op} {N}x{K} {cfg.label()}: {type(exc).__name__}: {str(exc)[:200]}")
+                    a, b = p.operands(op)
+                    host = p.sizes[r][2]
+                    fns["cublas_loop"] = lambda: ga.run_backend("cublas_loop", op, a, b, s, host_sizes=host)
                     times = measure_turns(fns, rep_ms=60)
+                    med = times["cublas_loop"][0]
+                    rows.append(dict(model=model, layer=layer, B=B, M=Mper, N=N, K=K, op=op, routing=r,
+                                     config="cublas_loop", median_ms=med, q25_ms=times["cublas_loop"][1],
+                                     q75_ms=times["cublas_loop"][2], tflops=gg.flops(p.M, N, K) / med / 1e9))
                     for ci, cfg in enumerate(SWEEP_CONFIGS[op]):
                         med, q25, q75 = times.get(ci, (math.inf,) * 3)
                         tf = gg.flops(p.M, N, K) / med / 1e9 if math.isfinite(med) else 0.0
@@ -251,12 +261,12 @@ def run_sweep(quick):
     return rows, chosen
 
 
-def run_main(quick, prov, tuner_path, partial_csv=None):
+def run_main(quick, prov, tuner_path, partial_csv=None, models=None):
     import pandas as pd
 
     tuner = ga.GroupedGemmAutotuner(tuner_path)
     rows = []
-    for model, layer, B, Mper, N, K in cases(quick):
+    for model, layer, B, Mper, N, K in cases(quick, models):
         p = Problem(B, Mper, N, K)
         for r in ROUTINGS:
             s, offs, host = p.sizes[r]
@@ -350,7 +360,19 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "results" / "grouped_gemm")))
     ap.add_argument("--sweep", action="store_true", help="tune our launch configs first (adds about a minute)")
     ap.add_argument("--quick", action="store_true", help="one size per model only")
+    ap.add_argument("--model", action="append", choices=sorted(MODELS), help="only this model (repeatable)")
+    ap.add_argument("--sweep-only", action="store_true", help="stop after the sweep (no main table)")
+    ap.add_argument("--configs", metavar="JSON",
+                    help='sweep these configs instead, e.g. \'[{}, {"BLOCK_N": 128, "num_warps": 4}]\' '
+                         "(GemmConfig fields; {} is the default)")
     args = ap.parse_args(argv)
+    if args.configs:
+        try:
+            configs = [gg.GemmConfig(**c) for c in json.loads(args.configs)]
+        except (ValueError, TypeError) as exc:
+            sys.exit(f"--configs: {exc}")
+        for op in OPS:
+            SWEEP_CONFIGS[op] = configs
     if not torch.cuda.is_available():
         sys.exit("run_grouped_gemm_h200.py needs a CUDA GPU; the notebook renders committed results without one")
     out = Path(args.out)
@@ -365,15 +387,17 @@ def main(argv=None):
     import pandas as pd
 
     if args.sweep:
-        srows, chosen = run_sweep(args.quick)
+        srows, chosen = run_sweep(args.quick, args.model)
         pd.DataFrame(srows).assign(**prov).to_csv(out / "sweep.csv", index=False)
         (out / "chosen_configs.json").write_text(json.dumps(
             {"|".join(map(str, k)): v.as_dict() for k, v in chosen.items()}, indent=1))
         log(f"sweep done ({time.time() - t0:.0f}s)")
+        if args.sweep_only:
+            return
     ceil.update(cpu_overhead())
     log("host overhead per call (us): " + ", ".join(f"{k[7:]}={v:.1f}" for k, v in ceil.items()
                                                     if k.startswith("cpu_us_")))
-    rows = run_main(args.quick, prov, out / "autotune_cache.json", out / "grouped_gemm_h200.csv")
+    rows = run_main(args.quick, prov, out / "autotune_cache.json", out / "grouped_gemm_h200.csv", args.model)
     df = pd.DataFrame(rows)
     for k, v in ceil.items():
         df[f"ceiling_{k}"] = v

@@ -125,15 +125,71 @@ def _swizzle(local, num_m_tiles, num_n_tiles, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
+@triton.jit
+def _mm_tile(x_ptr, w_ptr, out_ptr, x_desc, w_desc, out_desc, g, row0, m_g, off_m, off_n, N, K,
+             stride_xm, stride_wg, stride_wk, stride_wn, stride_om, k_tiles,
+             TRANS_W: tl.constexpr, USE_TMA: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             EPI_SUBTILE: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """out[row0 + off_m :, off_n :] (rows inside group g only) = x_g @ W_g for one
+    BLOCK_M x BLOCK_N tile; the descriptors' boxes match BLOCK_N."""
+    out_dtype = out_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if USE_TMA:
+        for kt in range(k_tiles):
+            off_k = kt * BLOCK_K
+            a = x_desc.load([row0 + off_m, off_k])
+            if TRANS_W:
+                b = w_desc.load([g, off_n, off_k]).reshape(BLOCK_N, BLOCK_K).T
+            else:
+                b = w_desc.load([g, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    else:
+        rm = off_m + tl.arange(0, BLOCK_M)
+        rn = off_n + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        row_ok = rm < m_g
+        col_ok = rn < N
+        a_ptrs = x_ptr + (row0 + rm).to(tl.int64)[:, None] * stride_xm + rk[None, :]
+        b_ptrs = (w_ptr + g.to(tl.int64) * stride_wg
+                  + rk[:, None].to(tl.int64) * stride_wk + rn[None, :].to(tl.int64) * stride_wn)
+        for kt in range(k_tiles):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+                b = tl.load(b_ptrs, mask=col_ok[None, :], other=0.0)
+            else:
+                k_ok = rk < K - kt * BLOCK_K
+                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K * stride_wk
+
+    if USE_TMA:
+        if EPI_SUBTILE:
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            c0, c1 = tl.split(halves)
+            _window_store(out_desc, row0, m_g, off_m, off_n, c0.to(out_dtype), BLOCK_M, BLOCK_N // 2)
+            _window_store(out_desc, row0, m_g, off_m, off_n + BLOCK_N // 2, c1.to(out_dtype),
+                          BLOCK_M, BLOCK_N // 2)
+        else:
+            _window_store(out_desc, row0, m_g, off_m, off_n, acc.to(out_dtype), BLOCK_M, BLOCK_N)
+    else:
+        rm = off_m + tl.arange(0, BLOCK_M)
+        rn = off_n + tl.arange(0, BLOCK_N)
+        c_ptrs = out_ptr + (row0 + rm).to(tl.int64)[:, None] * stride_om + rn[None, :]
+        tl.store(c_ptrs, acc.to(out_dtype), mask=(rm < m_g)[:, None] & (rn < N)[None, :])
+
+
 @triton.jit(do_not_specialize=["M_total", "G", "NUM_PROGRAMS"])
 def _grouped_mm_kernel(
     x_ptr, w_ptr, out_ptr, sizes_ptr,
-    x_desc, w_desc, out_desc,
+    x_desc, w_desc, out_desc, w_tail_desc, out_tail_desc,
     M_total, N, K, G,
     stride_xm, stride_wg, stride_wk, stride_wn, stride_om,
     TRANS_W: tl.constexpr,
     USE_TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAIL_N: tl.constexpr,
     GROUP_M: tl.constexpr, G_PAD: tl.constexpr, NUM_PROGRAMS,
     EPI_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -143,9 +199,14 @@ def _grouped_mm_kernel(
     Pointer path: w is addressed through the logical [G, K, N] strides.
     TMA path: w_desc is 3-D over the stored layout ([G, K, N], or [G, N, K]
     when TRANS_W), x_desc 2-D over [M_total, K], out_desc a row-window descriptor over out.
+
+    TAIL_N > 0 (N % BLOCK_N <= TAIL_N <= BLOCK_N / 2): the last, narrow column strip
+    is not computed in BLOCK_N-wide tiles, mostly padding (N = 2880 in 256-wide
+    tiles: 11.25 tiles of work cost 12), but in BLOCK_M x TAIL_N tiles of its own
+    (w_tail_desc, out_tail_desc), handed out after the full tiles in the same
+    round-robin order, so the programs that finish first take them.
     """
     pid = tl.program_id(0)
-    out_dtype = out_ptr.dtype.element_ty
 
     # Prefix sums of the group sizes, in registers (G <= G_PAD).
     gi = tl.arange(0, G_PAD)
@@ -155,7 +216,10 @@ def _grouped_mm_kernel(
     starts = ends - sizes
     starts = tl.minimum(starts, M_total)
     sizes = ends - starts
-    num_n_tiles = tl.cdiv(N, BLOCK_N)
+    if TAIL_N > 0:
+        num_n_tiles = N // BLOCK_N
+    else:
+        num_n_tiles = tl.cdiv(N, BLOCK_N)
     m_tiles = (sizes + BLOCK_M - 1) // BLOCK_M
     tile_ends = tl.cumsum(m_tiles * num_n_tiles, 0)
     total_tiles = tl.sum(m_tiles * num_n_tiles, 0)
@@ -170,54 +234,25 @@ def _grouped_mm_kernel(
         m_g = tl.sum(tl.where(sel, sizes, 0), 0)
         local = tile - tl.sum(tl.where(sel, tile_starts, 0), 0)
         pid_m, pid_n = _swizzle(local, tl.cdiv(m_g, BLOCK_M), num_n_tiles, GROUP_M)
-        off_m = pid_m * BLOCK_M          # row offset inside the group
-        off_n = pid_n * BLOCK_N
+        _mm_tile(x_ptr, w_ptr, out_ptr, x_desc, w_desc, out_desc, g, row0, m_g, pid_m * BLOCK_M,
+                 pid_n * BLOCK_N, N, K, stride_xm, stride_wg, stride_wk, stride_wn, stride_om, k_tiles,
+                 TRANS_W, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K, EPI_SUBTILE, EVEN_K, DOT_PRECISION)
 
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if USE_TMA:
-            for kt in range(k_tiles):
-                off_k = kt * BLOCK_K
-                a = x_desc.load([row0 + off_m, off_k])
-                if TRANS_W:
-                    b = w_desc.load([g, off_n, off_k]).reshape(BLOCK_N, BLOCK_K).T
-                else:
-                    b = w_desc.load([g, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
-                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        else:
-            rm = off_m + tl.arange(0, BLOCK_M)
-            rn = off_n + tl.arange(0, BLOCK_N)
-            rk = tl.arange(0, BLOCK_K)
-            row_ok = rm < m_g
-            col_ok = rn < N
-            a_ptrs = x_ptr + (row0 + rm).to(tl.int64)[:, None] * stride_xm + rk[None, :]
-            b_ptrs = (w_ptr + g.to(tl.int64) * stride_wg
-                      + rk[:, None].to(tl.int64) * stride_wk + rn[None, :].to(tl.int64) * stride_wn)
-            for kt in range(k_tiles):
-                if EVEN_K:
-                    a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-                    b = tl.load(b_ptrs, mask=col_ok[None, :], other=0.0)
-                else:
-                    k_ok = rk < K - kt * BLOCK_K
-                    a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                    b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-                a_ptrs += BLOCK_K
-                b_ptrs += BLOCK_K * stride_wk
-
-        if USE_TMA:
-            if EPI_SUBTILE:
-                halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-                c0, c1 = tl.split(halves)
-                _window_store(out_desc, row0, m_g, off_m, off_n, c0.to(out_dtype), BLOCK_M, BLOCK_N // 2)
-                _window_store(out_desc, row0, m_g, off_m, off_n + BLOCK_N // 2, c1.to(out_dtype),
-                              BLOCK_M, BLOCK_N // 2)
-            else:
-                _window_store(out_desc, row0, m_g, off_m, off_n, acc.to(out_dtype), BLOCK_M, BLOCK_N)
-        else:
-            rm = off_m + tl.arange(0, BLOCK_M)
-            rn = off_n + tl.arange(0, BLOCK_N)
-            c_ptrs = out_ptr + (row0 + rm).to(tl.int64)[:, None] * stride_om + rn[None, :]
-            tl.store(c_ptrs, acc.to(out_dtype), mask=(rm < m_g)[:, None] & (rn < N)[None, :])
+    if TAIL_N > 0:
+        # Narrow strip: one tile per BLOCK_M rows of each group, numbered after the full
+        # tiles (global index total_tiles + t goes to program (total_tiles + t) % NUM_PROGRAMS).
+        m_tile_ends = tl.cumsum(m_tiles, 0)
+        m_tile_starts = m_tile_ends - m_tiles
+        first = (pid - total_tiles % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+        for t in tl.range(first, tl.sum(m_tiles, 0), NUM_PROGRAMS, flatten=FLATTEN):
+            g = tl.sum((m_tile_ends <= t).to(tl.int32), 0)
+            sel = gi == g
+            row0 = tl.sum(tl.where(sel, starts, 0), 0)
+            m_g = tl.sum(tl.where(sel, sizes, 0), 0)
+            off_m = (t - tl.sum(tl.where(sel, m_tile_starts, 0), 0)) * BLOCK_M
+            _mm_tile(x_ptr, w_ptr, out_ptr, x_desc, w_tail_desc, out_tail_desc, g, row0, m_g, off_m,
+                     num_n_tiles * BLOCK_N, N, K, stride_xm, stride_wg, stride_wk, stride_wn, stride_om, k_tiles,
+                     TRANS_W, USE_TMA, BLOCK_M, TAIL_N, BLOCK_K, False, EVEN_K, DOT_PRECISION)
 
 
 @triton.jit
@@ -394,6 +429,7 @@ class GemmConfig:
     FLATTEN: bool = True
     USE_TMA: bool | None = None   # None: TMA whenever the device and strides allow it
     CTAS_PER_SM: int = 1
+    NARROW_TAIL: bool = True      # fwd/dgrad: a last column strip <= BLOCK_N/2 wide gets narrow tiles
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -402,7 +438,8 @@ class GemmConfig:
         tma = {None: "auto", True: "tma", False: "ptr"}[self.USE_TMA]
         return (f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K}_g{self.GROUP_M}_w{self.num_warps}"
                 f"_s{self.num_stages}_{'sub' if self.EPI_SUBTILE else 'full'}"
-                f"_{'flat' if self.FLATTEN else 'nest'}_{tma}_o{self.CTAS_PER_SM}")
+                f"_{'flat' if self.FLATTEN else 'nest'}_{tma}_o{self.CTAS_PER_SM}"
+                f"{'' if self.NARROW_TAIL else '_wide'}")
 
 
 # Config table, derived from the H200 sweep recorded under results/grouped_gemm/
@@ -431,6 +468,17 @@ _TABLE: dict[tuple[str, int, int], GemmConfig] = {
 # Tiny tiles for the interpreter: correctness only.
 _INTERPRET_CONFIG = GemmConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=1,
                                num_stages=1, EPI_SUBTILE=False, FLATTEN=False, USE_TMA=False)
+
+
+def tail_width(N: int, block_n: int) -> int:
+    """Width of the narrow tiles for the last column strip of an N-wide output in
+    block_n-wide tiles, or 0 when that strip is full or too wide to be worth it
+    (more than half a tile). A power of two >= 16 (tl.dot's smallest)."""
+    rem = N % block_n
+    if rem == 0:
+        return 0
+    width = max(16, triton.next_power_of_2(rem))
+    return width if width <= block_n // 2 else 0
 
 
 def pick_config(op: str, N: int, K: int, device: torch.device | None = None) -> GemmConfig:
@@ -600,14 +648,17 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, group_sizes: torch.Tensor, *,
     cfg = config or pick_config("dgrad" if trans_w else "fwd", N, K, x.device)
     use_tma = cfg.USE_TMA is not False and _tma_ok(x.device, x, w, out, forced=bool(cfg.USE_TMA))
     BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
+    tail = tail_width(N, BN) if cfg.NARROW_TAIL else 0
+    x_desc = w_desc = out_desc = w_tail_desc = out_tail_desc = None
     if use_tma:
         _ensure_cuda_context(x.device)
         x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [BM, BK])
-        w_block = [1, BN, BK] if trans_w else [1, BK, BN]
-        w_desc = TensorDescriptor(w, list(w.shape), list(w.stride()), w_block)
+        w_desc = TensorDescriptor(w, list(w.shape), list(w.stride()), [1, BN, BK] if trans_w else [1, BK, BN])
         out_desc = _row_window_desc(out, BM, BN // 2 if cfg.EPI_SUBTILE else BN)
-    else:
-        x_desc = w_desc = out_desc = None
+        if tail:
+            w_tail_desc = TensorDescriptor(w, list(w.shape), list(w.stride()),
+                                           [1, tail, BK] if trans_w else [1, BK, tail])
+            out_tail_desc = _row_window_desc(out, BM, tail)
     # Logical [G, K, N] strides of w for the pointer path.
     s_g, s_a, s_b = w.stride()
     stride_wk, stride_wn = (s_b, s_a) if trans_w else (s_a, s_b)
@@ -617,11 +668,11 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, group_sizes: torch.Tensor, *,
     programs = max(1, min(_num_sms(x.device) * cfg.CTAS_PER_SM, max_tiles))
     _grouped_mm_kernel[(programs,)](
         x, w, out, group_sizes,
-        x_desc, w_desc, out_desc,
+        x_desc, w_desc, out_desc, w_tail_desc, out_tail_desc,
         M, N, K, G,
         x.stride(0), s_g, stride_wk, stride_wn, out.stride(0),
         TRANS_W=trans_w, USE_TMA=use_tma,
-        BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=cfg.GROUP_M,
+        BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, TAIL_N=tail, GROUP_M=cfg.GROUP_M,
         G_PAD=max(64, triton.next_power_of_2(G)), NUM_PROGRAMS=programs,
         EPI_SUBTILE=cfg.EPI_SUBTILE and use_tma, FLATTEN=cfg.FLATTEN, EVEN_K=(K % BK == 0),
         DOT_PRECISION=_dot_precision(x.dtype),
@@ -785,10 +836,11 @@ def bytes_moved(op: str, total_tokens: int, G: int, N: int, K: int, elem_bytes: 
 # ---------------------------------------------------------------------------
 
 def compile_for_target(op: str = "fwd", *, dtype: torch.dtype = torch.bfloat16,
-                       config: GemmConfig | None = None, arch: int = 90, G: int = 32):
+                       config: GemmConfig | None = None, arch: int = 90, G: int = 32, N: int | None = None):
     """Compile one kernel variant with Triton for `sm_{arch}` without a GPU.
 
-    op: 'fwd', 'dgrad' (the trans_w variant) or 'wgrad'. Returns Triton's
+    op: 'fwd', 'dgrad' (the trans_w variant) or 'wgrad'. N (fwd/dgrad: the output
+    width), when given, decides the narrow tail strip (`tail_width`). Returns Triton's
     CompiledKernel; its ``asm`` dict holds 'ttgir', 'ptx' (and 'cubin').
     Integer arguments are marked 16-divisible as they are at the seed's shapes.
     """
@@ -812,13 +864,20 @@ def compile_for_target(op: str = "fwd", *, dtype: torch.dtype = torch.bfloat16,
                "M_total": "i32", "N": "i32", "K": "i32", "G": "i32",
                "stride_xm": "i32", "stride_wg": "i32", "stride_wk": "i32", "stride_wn": "i32",
                "stride_om": "i32", "NUM_PROGRAMS": "i32"}
-        constexprs = dict(common, TRANS_W=trans, EVEN_K=True)
+        tail = tail_width(N, BN) if N and cfg.NARROW_TAIL else 0
+        constexprs = dict(common, TRANS_W=trans, EVEN_K=True, TAIL_N=tail)
         if use_tma:
             sig["x_desc"] = f"tensordesc<{t}[{BM}, {BK}]>"
             sig["w_desc"] = f"tensordesc<{t}[1, {BN}, {BK}]>" if trans else f"tensordesc<{t}[1, {BK}, {BN}]>"
             sig["out_desc"] = f"tensordesc<{t}[1, 1, {BM}, {BN // 2 if sub else BN}]>"
         else:
             constexprs.update(x_desc=None, w_desc=None, out_desc=None)
+        if use_tma and tail:
+            sig["w_tail_desc"] = (f"tensordesc<{t}[1, {tail}, {BK}]>" if trans
+                                  else f"tensordesc<{t}[1, {BK}, {tail}]>")
+            sig["out_tail_desc"] = f"tensordesc<{t}[1, 1, {BM}, {tail}]>"
+        else:
+            constexprs.update(w_tail_desc=None, out_tail_desc=None)
         # trans: w is [G, N, K] so its K stride is 1
         if trans:
             constexprs["stride_wk"] = 1

@@ -203,3 +203,47 @@ def test_equals_nccl_on_gpus(world_size):
     assert not bad, bad
     assert {r["variant"] for r in checks} >= {"triton", "gluon", "copy_engine"}
     assert {r["rank"] for r in checks} == set(range(world_size))
+
+
+# --------------------------------------------------------------------------
+# The latency bound in experiments/run_all_gather.py's summary
+# --------------------------------------------------------------------------
+def _run_all_gather_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_all_gather", REPO / "experiments" / "run_all_gather.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_busbw_bound_from_fixed_cost():
+    r = _run_all_gather_module()
+    # 8 MiB per rank, 2 ranks, 5 us fixed, 400 GB/s: 8.39 MB take 20.97 us on the link.
+    n = 8 << 20
+    assert r.busbw_bound(n, 2, 5.0, 400.0) == pytest.approx(n / (5e3 + n / 400.0))
+    assert r.busbw_bound(n, 2, 0.0, 400.0) == pytest.approx(400.0)
+    assert r.busbw_bound(n, 4, 5.0, 400.0) > r.busbw_bound(n, 2, 5.0, 400.0)  # 3x the bytes per fixed cost
+    # fixed cost: a 16 KiB call of 4.1 us at 400 GB/s spends 0.041 us on the link
+    assert r.fixed_cost_us(4.1e-3, 16384, 2, 400.0) == pytest.approx(4.1 - 16384 / 400e3)
+
+
+def test_summary_states_the_bound_for_graph_rows_only():
+    import pandas as pd
+
+    r = _run_all_gather_module()
+    rows = []
+    for timing in ("eager", "graph"):
+        for nbytes, ms in ((16384, 0.005), (8 << 20, 0.027)):
+            for v, f in (("nccl", 2.0), ("triton", 1.0)):
+                rows.append(dict(kind="bw", rank=0, status="ok", timing=timing, world_size=2, bytes_per_rank=nbytes,
+                                 variant=v, hints=True, ms=ms * f, busbw_gbps=nbytes / (ms * f) / 1e6,
+                                 loop_busbw_gbps=nbytes / (ms * f) / 1e6, num_sms=132, block_m=1, block_n=8192,
+                                 num_warps=8))
+    peer = pd.DataFrame([dict(kind="peer", world_size=2, method="copy_engine", gbps=400.0)])
+    s = r.summarize(pd.DataFrame(rows), peer).set_index(["timing", "bytes_per_rank"])
+    fixed = 5.0 - 16384 / 400e3
+    assert s.loc[("graph", 8 << 20), "fixed_us"] == pytest.approx(fixed)
+    assert s.loc[("graph", 8 << 20), "bound_busbw"] == pytest.approx(r.busbw_bound(8 << 20, 2, fixed, 400.0))
+    assert s.loc[("graph", 8 << 20), "bound_frac_of_peer_copy"] < 1.0
+    assert s.loc[("eager", 8 << 20), "bound_busbw"] != s.loc[("eager", 8 << 20), "bound_busbw"]  # NaN

@@ -53,6 +53,14 @@ CASES["wgrad-float16-one-group"] = ("wgrad", "float16", [0, 0, 70, 0], 32, 48, d
 CASES["fwd-float32-no-rows"] = ("fwd", "float32", [0, 0, 0], 16, 16, {})
 CASES["wgrad-float32-no-rows"] = ("wgrad", "float32", [0, 0, 0], 16, 16, {})
 CASES["autograd-float32"] = ("autograd", "float32", [9, 0, 23, 4], 24, 40, dict(USE_TMA=False))
+# Narrow tail strip: width 40 in 32-wide tiles leaves 8 columns, done in 16-wide tiles of
+# their own after the 17 full tiles (4 programs: the tail's round-robin starts mid-round).
+for _op, _k, _n in (("fwd", 48, 40), ("fwd_transw", 48, 40), ("dgrad", 40, 48)):
+    for _cn, _tma in (("ptr", False), ("tma", True)):
+        CASES[f"{_op}-float16-narrow-tail-{_cn}"] = (_op, "float16", _ODD + [130], _k, _n,
+                                                     dict(BLOCK_N=32, USE_TMA=_tma, FLATTEN=True))
+CASES["fwd-float32-narrow-tail-off"] = ("fwd", "float32", _ODD + [130], 48, 40,
+                                        dict(BLOCK_N=32, NARROW_TAIL=False, FLATTEN=True))
 
 
 _RUNNER = textwrap.dedent(r'''
@@ -208,6 +216,20 @@ def test_mixed_devices_rejected():
         gg.grouped_gemm(x.cuda(), w.cuda(), s)
 
 
+@pytest.mark.parametrize("N, block_n, width", [
+    (2880, 256, 64),     # 11.25 tiles: the last quarter-tile strip gets 64-wide tiles
+    (5760, 256, 128),    # 22.5 tiles
+    (4096, 256, 0),      # whole tiles
+    (2900, 256, 128),    # 84 columns left: 128-wide tiles, half the padding
+    (2760, 256, 0),      # 200 left: a narrower tile would be a whole one
+    (40, 32, 16),
+    (40, 16, 0),         # 8 left, but the narrowest tile (16) is the whole tile
+    (20, 256, 32),       # narrower than half a tile: all of it in 32-wide tiles
+])
+def test_tail_width(N, block_n, width):
+    assert gg.tail_width(N, block_n) == width
+
+
 def test_flops_and_bytes():
     assert gg.flops(2048 * 16, 4096, 7168) == 2 * 2048 * 16 * 4096 * 7168
     b = gg.bytes_moved("fwd", 100, 4, 8, 16)
@@ -237,6 +259,8 @@ def test_sm90_cross_compile_uses_wgmma_and_tma(tmp_path):
         for op in ("fwd", "dgrad", "wgrad"):
             ptx = gg.compile_for_target(op, arch=90).asm["ptx"]
             out[op] = [ptx.count("wgmma.mma_async"), ptx.count("cp.async.bulk.tensor")]
+        tail = gg.compile_for_target("fwd", arch=90, N=2880).asm["ttgir"]
+        out["tail_dots"] = [tail.count("128x256xf32, #mma"), tail.count("128x64xf32, #mma")]
         print("PTX" + json.dumps(out))
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -245,7 +269,10 @@ def test_sm90_cross_compile_uses_wgmma_and_tma(tmp_path):
                           timeout=600)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PTX")), None)
     assert line is not None, proc.stderr[-3000:]
-    for op, (wgmma, tma) in json.loads(line[3:]).items():
+    res = json.loads(line[3:])
+    wide, narrow = res.pop("tail_dots")
+    assert wide > 0 and narrow > 0, "N=2880: the 64-wide tail strip should have its own 128x64 tiles"
+    for op, (wgmma, tma) in res.items():
         assert wgmma > 0, f"{op}: no wgmma in the sm_90 PTX"
         assert tma > 0, f"{op}: no TMA (cp.async.bulk.tensor) in the sm_90 PTX"
 
