@@ -203,8 +203,8 @@ def _grouped_mm_kernel(
     TAIL_N > 0 (N % BLOCK_N <= TAIL_N <= BLOCK_N / 2): the last, narrow column strip
     is not computed in BLOCK_N-wide tiles, mostly padding (N = 2880 in 256-wide
     tiles: 11.25 tiles of work cost 12), but in BLOCK_M x TAIL_N tiles of its own
-    (w_tail_desc, out_tail_desc), handed out after the full tiles in the same
-    round-robin order, so the programs that finish first take them.
+    (w_tail_desc, out_tail_desc), handed out after the full tiles to the programs
+    that finish first.
     """
     pid = tl.program_id(0)
 
@@ -239,12 +239,20 @@ def _grouped_mm_kernel(
                  TRANS_W, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K, EPI_SUBTILE, EVEN_K, DOT_PRECISION)
 
     if TAIL_N > 0:
-        # Narrow strip: one tile per BLOCK_M rows of each group, numbered after the full
-        # tiles (global index total_tiles + t goes to program (total_tiles + t) % NUM_PROGRAMS).
+        # Narrow strip: one tile per BLOCK_M rows of each group. The programs that got one
+        # full tile fewer (pid >= r) take them first, up to BLOCK_N / TAIL_N each (what a
+        # full tile costs them); the rest go round-robin over every program.
         m_tile_ends = tl.cumsum(m_tiles, 0)
         m_tile_starts = m_tile_ends - m_tiles
-        first = (pid - total_tiles % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
-        for t in tl.range(first, tl.sum(m_tiles, 0), NUM_PROGRAMS, flatten=FLATTEN):
+        n_tail = tl.sum(m_tiles, 0)
+        r = total_tiles % NUM_PROGRAMS
+        light = NUM_PROGRAMS - r
+        first_phase = tl.minimum(n_tail, light * (BLOCK_N // TAIL_N))
+        mine_first = tl.where(pid >= r, tl.cdiv(tl.maximum(first_phase - (pid - r), 0), light), 0)
+        lap = (pid - r + NUM_PROGRAMS) % NUM_PROGRAMS
+        mine_rest = tl.cdiv(tl.maximum(n_tail - first_phase - lap, 0), NUM_PROGRAMS)
+        for j in tl.range(0, mine_first + mine_rest, flatten=FLATTEN):
+            t = tl.where(j < mine_first, pid - r + j * light, first_phase + lap + (j - mine_first) * NUM_PROGRAMS)
             g = tl.sum((m_tile_ends <= t).to(tl.int32), 0)
             sel = gi == g
             row0 = tl.sum(tl.where(sel, starts, 0), 0)
@@ -453,16 +461,18 @@ _DEFAULT = {
 }
 _S4 = GemmConfig(num_stages=4)
 _TABLE: dict[tuple[str, int, int], GemmConfig] = {
-    # measured 2026-11-21 on an H200 (results/grouped_gemm/sweep.csv): 128x256x64 tiles,
-    # 8 warps, one CTA per SM won everywhere; 3 or 4 stages within ~1% of each other.
-    # 128x128 tiles (8 warps, or 4 warps with 2 CTAs per SM), 256x128, BLOCK_K=128,
-    # pointer loads instead of TMA and unflattened loops were all slower.
-    ("fwd", 4096, 7168): GemmConfig(), ("fwd", 7168, 2048): GemmConfig(),
-    ("fwd", 5760, 2880): GemmConfig(), ("fwd", 2880, 2880): GemmConfig(),
-    ("dgrad", 7168, 4096): GemmConfig(), ("dgrad", 2048, 7168): GemmConfig(),
+    # measured 2026-11-21 on an H200 (results/grouped_gemm/sweep.csv, run 7): 128x256x64 tiles,
+    # 8 warps, one CTA per SM, 4 stages won everywhere but two wgrad keys (3 stages, within
+    # 0.2%); the narrow tail strip (N = 2880, 5760) gained 0.5-1.3% over whole 256-wide tiles.
+    # Earlier sweeps (run 2, and run 6 on the gpt-oss shapes): 128x128 tiles (8 warps, or 4 warps
+    # with 2 CTAs per SM), 256x128, BLOCK_K=128, pointer loads instead of TMA and unflattened
+    # loops were all slower.
+    ("fwd", 4096, 7168): _S4, ("fwd", 7168, 2048): _S4,
+    ("fwd", 5760, 2880): _S4, ("fwd", 2880, 2880): _S4,
+    ("dgrad", 7168, 4096): _S4, ("dgrad", 2048, 7168): _S4,
     ("dgrad", 2880, 5760): _S4, ("dgrad", 2880, 2880): _S4,
-    ("wgrad", 4096, 7168): GemmConfig(), ("wgrad", 7168, 2048): _S4,
-    ("wgrad", 5760, 2880): _S4, ("wgrad", 2880, 2880): _S4,
+    ("wgrad", 4096, 7168): _S4, ("wgrad", 7168, 2048): GemmConfig(),
+    ("wgrad", 5760, 2880): _S4, ("wgrad", 2880, 2880): GemmConfig(),
 }
 
 # Tiny tiles for the interpreter: correctness only.
