@@ -156,11 +156,18 @@ def run_grid(w, heap, ag, torch, tdist, plan, modes):
     M, N = shapes[-1]
     warm_x = torch.randn((M, N), device=heap.device).to(dtype)
     warm_out = torch.empty((W * M, N), dtype=dtype, device=heap.device)
+    # for about 0.5 s; every rank must make the same number of collectives (a rank that
+    # stopped one round early hung the next collective at world size 4), so they agree on
+    # whether to go on: the round ends only when every rank's clock says so
     t0 = time.time()
-    while time.time() - t0 < 0.5:
+    go_on = torch.ones(1, dtype=torch.int32, device=heap.device)
+    while True:
         for _ in range(5):
             tdist.all_gather_into_tensor(warm_out, warm_x)
-        torch.cuda.synchronize()
+        go_on.fill_(int(time.time() - t0 < 0.5))
+        tdist.all_reduce(go_on, op=tdist.ReduceOp.MAX)
+        if not int(go_on.item()):
+            break
     del warm_x, warm_out
     for mode in modes:  # every eager point first: a failed graph capture cannot cost eager rows
         for M, N in shapes:
