@@ -19,6 +19,9 @@ Tile order. Tiles are numbered expert by expert; within an expert they are
 grouped ``GROUP_M`` row blocks at a time (the usual L2 swizzle). Programs take
 tiles round-robin, so the wave of tiles in flight at any moment covers one
 expert (two at a boundary) and every SM streams the same ``w[g]`` through L2.
+An output width that leaves a narrow last column strip (N = 2880 in 256-wide
+tiles: 11.25 tiles) gets that strip in tiles of its own width (``tail_width``),
+numbered after the full tiles, instead of mostly-padding 256-wide ones.
 
 On Hopper (sm_90) the operands arrive through TMA: host-side tensor
 descriptors, with "row-window" descriptors for the row-split operands so that a
