@@ -129,6 +129,17 @@ def _swizzle(local, num_m_tiles, num_n_tiles, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _owner(idx, ends, begins, gi, starts, sizes):
+    """The group owning tile `idx` when group g's tiles are [begins[g], ends[g]): the
+    number of groups that end at or before it. Returns (g, its first row, its rows,
+    idx's place among its tiles)."""
+    g = tl.sum((ends <= idx).to(tl.int32), 0)
+    sel = gi == g
+    return (g, tl.sum(tl.where(sel, starts, 0), 0), tl.sum(tl.where(sel, sizes, 0), 0),
+            idx - tl.sum(tl.where(sel, begins, 0), 0))
+
+
+@triton.jit
 def _mm_tile(x_ptr, w_ptr, out_ptr, x_desc, w_desc, out_desc, g, row0, m_g, off_m, off_n, N, K,
              stride_xm, stride_wg, stride_wk, stride_wn, stride_om, k_tiles,
              TRANS_W: tl.constexpr, USE_TMA: tl.constexpr,
@@ -230,12 +241,7 @@ def _grouped_mm_kernel(
     k_tiles = tl.cdiv(K, BLOCK_K)
 
     for tile in tl.range(pid, total_tiles, NUM_PROGRAMS, flatten=FLATTEN):
-        # Which group owns this tile: the number of groups that end at or before it.
-        g = tl.sum((tile_ends <= tile).to(tl.int32), 0)
-        sel = gi == g
-        row0 = tl.sum(tl.where(sel, starts, 0), 0)
-        m_g = tl.sum(tl.where(sel, sizes, 0), 0)
-        local = tile - tl.sum(tl.where(sel, tile_starts, 0), 0)
+        g, row0, m_g, local = _owner(tile, tile_ends, tile_starts, gi, starts, sizes)
         pid_m, pid_n = _swizzle(local, tl.cdiv(m_g, BLOCK_M), num_n_tiles, GROUP_M)
         _mm_tile(x_ptr, w_ptr, out_ptr, x_desc, w_desc, out_desc, g, row0, m_g, pid_m * BLOCK_M,
                  pid_n * BLOCK_N, N, K, stride_xm, stride_wg, stride_wk, stride_wn, stride_om, k_tiles,
@@ -251,12 +257,8 @@ def _grouped_mm_kernel(
         m_tile_starts = m_tile_ends - m_tiles
         first = (pid - total_tiles % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
         for t in tl.range(first, tl.sum(m_tiles, 0), NUM_PROGRAMS, flatten=FLATTEN):
-            g = tl.sum((m_tile_ends <= t).to(tl.int32), 0)
-            sel = gi == g
-            row0 = tl.sum(tl.where(sel, starts, 0), 0)
-            m_g = tl.sum(tl.where(sel, sizes, 0), 0)
-            off_m = (t - tl.sum(tl.where(sel, m_tile_starts, 0), 0)) * BLOCK_M
-            _mm_tile(x_ptr, w_ptr, out_ptr, x_desc, w_tail_desc, out_tail_desc, g, row0, m_g, off_m,
+            g, row0, m_g, m_idx = _owner(t, m_tile_ends, m_tile_starts, gi, starts, sizes)
+            _mm_tile(x_ptr, w_ptr, out_ptr, x_desc, w_tail_desc, out_tail_desc, g, row0, m_g, m_idx * BLOCK_M,
                      num_n_tiles * BLOCK_N, N, K, stride_xm, stride_wg, stride_wk, stride_wn, stride_om, k_tiles,
                      TRANS_W, USE_TMA, BLOCK_M, TAIL_N, BLOCK_K, False, EVEN_K, DOT_PRECISION)
 
