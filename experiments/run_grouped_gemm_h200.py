@@ -63,8 +63,8 @@ SWEEP_CONFIGS = {
 }
 SWEEP_CONFIGS["dgrad"] = SWEEP_CONFIGS["fwd"]
 SWEEP_CONFIGS["wgrad"] = SWEEP_CONFIGS["fwd"]
-REPS = 20           # at least this many timed runs per callable, the callables taking turns run by run
-REP_MS = 250        # main table: about this much timed time per backend and case
+REPS = 40           # at least this many timed runs per callable, the callables taking turns run by run
+REP_MS = 300        # main table: about this much timed time per backend and case
 
 
 def log(*a):

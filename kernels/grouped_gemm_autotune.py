@@ -17,12 +17,16 @@ Operations, with the layer's weight ``w`` of shape ``[G, K, N]``:
 
 The autotuner times the backends once per key ``(op, G, N, K, dtype, device)``
 (the layer's N and K; the token count and its split across experts are left
-out, so dynamic routing never retunes), keeps the fastest, and persists the
-choices as JSON (``$WORKBENCH_GROUPED_GEMM_CACHE``, else
+out, so dynamic routing never retunes) and persists the choices as JSON
+(``$WORKBENCH_GROUPED_GEMM_CACHE``, else
 ``$XDG_CACHE_HOME/kernel-workbench/grouped_gemm_autotune.json``, else under
-``~/.cache``). Timings within ``margin`` of the fastest count as ties, broken
-by the fixed order of ``BACKENDS``, so the choice does not flip on noise. A
-corrupt cache file is rebuilt with a warning; a backend that fails is skipped.
+``~/.cache``). Because one key serves every token count, the tuner times the
+backends at the caller's count and at ``probe_scales`` times it (default: twice
+it, the same routing proportions) and keeps a backend that is good at all of
+them: the first in ``BACKENDS`` order within ``margin`` of the fastest at every
+probed count (so the choice does not flip on noise), else the one whose worst
+ratio to the fastest is highest. A corrupt cache file is rebuilt with a
+warning; a backend that fails is skipped.
 """
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ __all__ = [
     "default_cache_path",
     "routing_bucket",
     "run_backend",
+    "scale_tokens",
 ]
 
 BACKENDS = ("triton", "grouped_mm", "cublas_loop")   # preference order on ties
@@ -173,6 +178,42 @@ def routing_bucket(host_sizes) -> str:
     return "concentrated"
 
 
+def scale_tokens(scale: float, op: str, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor,
+                 kwargs: dict):
+    """(a, b, group_sizes, kwargs) with every group's token count times `scale`
+    (floored): the same layer and routing proportions at another count, for the
+    autotuner's probes. Token rows (a; b too for wgrad) are reused cyclically.
+    Reads the sizes on the host (one sync, at tuning time only). None when the
+    inputs do not fit in device memory."""
+    if scale == 1.0:
+        return a, b, group_sizes, kwargs
+    host = kwargs.get("host_sizes")
+    base = [int(v) for v in (host if host is not None else group_sizes.tolist())]
+    sizes = [int(v * scale) for v in base]
+    total = sum(sizes)
+
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        if total <= t.shape[0]:
+            return t[:total]
+        reps = -(-total // t.shape[0])
+        return t.repeat(reps, *([1] * (t.dim() - 1)))[:total]
+
+    try:
+        a2 = rows(a)
+        b2 = rows(b) if op == "wgrad" else b
+    except torch.cuda.OutOfMemoryError:
+        warnings.warn(f"grouped GEMM autotune: inputs at {scale:g}x the token count do not fit in memory; "
+                      f"tuning at the caller's count only", RuntimeWarning, stacklevel=3)
+        return None
+    s2 = torch.tensor(sizes, dtype=group_sizes.dtype, device=group_sizes.device)
+    kw = dict(kwargs)
+    if kw.get("host_sizes") is not None:
+        kw["host_sizes"] = sizes
+    if kw.get("offs") is not None:
+        kw["offs"] = grouped_mm_offsets(s2)
+    return a2, b2, s2, kw
+
+
 # ---------------------------------------------------------------------------
 # Autotuner
 # ---------------------------------------------------------------------------
@@ -193,20 +234,31 @@ def _device_name(t: torch.Tensor) -> str:
 
 
 class GroupedGemmAutotuner:
-    """Picks the fastest backend per (op, G, N, K, dtype, device) and remembers it on disk."""
+    """Picks a backend per (op, G, N, K, dtype, device), good at the caller's token
+    count and at `probe_scales` times it, and remembers it on disk."""
 
     def __init__(self, cache_path: str | os.PathLike | None = None, *,
                  backends: tuple[str, ...] = BACKENDS, margin: float = 0.015, rounds: int = 3,
                  timer: Callable[[Callable[[], object]], float] | None = None,
-                 warmup_ms: float = 50.0, rep_ms: float = 150.0):
+                 warmup_ms: float = 50.0, rep_ms: float = 150.0, probe_scales: tuple[float, ...] = (2.0,)):
         for b in backends:
             if b not in _IMPLS:
                 raise ValueError(f"unknown backend {b!r}; choose from {', '.join(BACKENDS)}")
         self.cache_path = Path(cache_path).expanduser() if cache_path is not None else default_cache_path()
         self.backends = tuple(backends)
-        # 1.5%: within it, ties go to the earlier backend (ours first), whose rank held
-        # best across token counts on the H200 (the key leaves the count out).
+        # 1.5%: a backend this close to the fastest at every probed count is a tie,
+        # and ties go to the earlier backend (ours first), so noise cannot flip it.
         self.margin = float(margin)
+        # Token-count multiples timed besides the caller's own count. Twice it by
+        # default: a grouped kernel's lead over per-expert GEMMs shrinks as experts
+        # get more tokens (H200, gpt-oss-20B GateUP dgrad, 4 experts, mild routing:
+        # ours 1.5% ahead of the cuBLAS loop at 2048 tokens per expert, 2.1% behind
+        # at 4096; results/grouped_gemm), so a larger count is what can overturn it.
+        scales = tuple(float(x) for x in probe_scales)
+        if any(not x > 0 or x == 1.0 for x in scales):
+            raise ValueError(f"probe_scales are token-count multiples other than 1 (the caller's count is "
+                             f"always timed), got {probe_scales!r}")
+        self.probe_scales = scales
         self.rounds = max(1, int(rounds))
         self._timer = timer
         self.warmup_ms, self.rep_ms = float(warmup_ms), float(rep_ms)
@@ -271,18 +323,31 @@ class GroupedGemmAutotuner:
             key += f"|{routing_bucket(host_sizes)}"
         return key
 
-    def _decide(self, times: dict[str, float]) -> str:
-        finite = {k: v for k, v in times.items() if math.isfinite(v)}
-        if not finite:
+    def _decide(self, probes: list[dict[str, float]]) -> str:
+        """The backend for timings at one or more token counts (name -> ms, inf
+        when it failed): the first in the fixed order within `margin` of the
+        fastest at every count, else the one whose worst ratio to the fastest is
+        highest. A count at which nothing ran says nothing."""
+        worst: dict[str, float] = {}
+        for times in probes:
+            finite = [v for v in times.values() if math.isfinite(v)]
+            if not finite:
+                continue
+            for name in self.backends:
+                t = times.get(name, math.inf)
+                ratio = min(finite) / t if math.isfinite(t) else 0.0
+                worst[name] = min(worst.get(name, 1.0), ratio)
+        live = {n: w for n, w in worst.items() if w > 0}
+        if not live:
             return "triton"
-        best = min(finite.values())
         for name in self.backends:          # fixed order: ties go to the earlier backend
-            if name in finite and finite[name] <= best * (1.0 + self.margin):
+            if live.get(name, 0.0) >= 1.0 / (1.0 + self.margin):
                 return name
-        raise AssertionError("unreachable")
+        return max(live, key=lambda n: (live[n], -self.backends.index(n)))
 
     def tune(self, op: str, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor, **kwargs) -> str:
-        """Time every backend and remember the fastest (ties: see `_decide`).
+        """Time every backend at the caller's token count and at each of
+        `probe_scales` times it, and remember the choice (see `_decide`).
 
         On a GPU the backends take turns run by run (``workbench.bench.interleave``:
         warm-up, then at least 15 flushed runs each): the H200's clocks drift with
@@ -290,21 +355,26 @@ class GroupedGemmAutotuner:
         one backend after another picked the wrong backend by up to 12% in an
         earlier run (results/grouped_gemm). With a custom ``timer`` (tests) each
         backend is timed in ``rounds`` rotating rounds and the median kept."""
-        fns, errors = {}, {}
-        for name in self.backends:
-            fns[name] = (lambda n=name: run_backend(n, op, a, b, group_sizes, **kwargs))
-        if self._timer is None:
-            timings = bench.interleave(fns, warmup_ms=self.warmup_ms, rep_ms=self.rep_ms)
-            times = {n: (timings[n].median_ms if n in timings else math.inf) for n in fns}
-            for n in fns:
-                if n not in timings:
-                    errors[n] = "failed in its first call (see run_backend for the reason)"
-        else:
-            times = self._time_with(self._timer, fns, errors)
-        choice = self._decide(times)
+        errors: dict[str, str] = {}
+        probes = []
+        for scale in (1.0,) + self.probe_scales:
+            scaled = scale_tokens(scale, op, a, b, group_sizes, kwargs)
+            if scaled is None:
+                errors[f"x{scale:g}"] = "inputs at this token count do not fit in memory; not probed"
+                continue
+            tag = "" if scale == 1.0 else f"@x{scale:g}"
+            times = self._time_backends(op, *scaled, errors=errors, tag=tag)
+            probes.append({"scale": scale, "tokens": int(scaled[0].shape[0]), "times_ms": times})
+            del scaled
+        choice = self._decide([p["times_ms"] for p in probes])
+
+        def jsonable(times):
+            return {k: (v if math.isfinite(v) else None) for k, v in times.items()}
+
         self.entries[self.key(op, a, b, group_sizes, kwargs.get("host_sizes"))] = {
             "backend": choice,
-            "times_ms": {k: (v if math.isfinite(v) else None) for k, v in times.items()},
+            "times_ms": jsonable(probes[0]["times_ms"]),
+            "probes": [{"tokens": p["tokens"], "times_ms": jsonable(p["times_ms"])} for p in probes[1:]],
             "errors": errors,
             "tuned_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "tuned_tokens": int(a.shape[0]),
@@ -312,6 +382,20 @@ class GroupedGemmAutotuner:
         self.tunings += 1
         self._save()
         return choice
+
+    def _time_backends(self, op, a, b, group_sizes, kwargs, *, errors: dict, tag: str) -> dict[str, float]:
+        """name -> median ms (inf when it failed; the reason goes to errors[name + tag])."""
+        fns = {name: (lambda n=name: run_backend(n, op, a, b, group_sizes, **kwargs)) for name in self.backends}
+        if self._timer is None:
+            timings = bench.interleave(fns, warmup_ms=self.warmup_ms, rep_ms=self.rep_ms)
+            for n in fns:
+                if n not in timings:
+                    errors[n + tag] = "failed in its first call (see run_backend for the reason)"
+            return {n: (timings[n].median_ms if n in timings else math.inf) for n in fns}
+        local: dict[str, str] = {}
+        times = self._time_with(self._timer, fns, local)
+        errors.update({n + tag: e for n, e in local.items()})
+        return times
 
     def _time_with(self, timer, fns: dict, errors: dict) -> dict[str, float]:
         samples: dict[str, list[float]] = {}
