@@ -139,16 +139,17 @@ def _watchdog(beat, out: Path, hang_s: float) -> None:
     threading.Thread(target=loop, daemon=True).start()
 
 
-def _variant_configs(gemm, heur, extras: list[str]) -> dict:
+def _variant_configs(gemm, heur, extras: list[str], triton_heur=None) -> dict:
     """``--variant NAME=JSON`` -> {NAME: config}: JSON fields replace the heuristic's
-    (e.g. ``sk={"stream_k": true}``), or give a whole config with ``"base": "default"``."""
+    (e.g. ``sk={"stream_k": true}``), the defaults' (``"base": "default"``) or those of
+    the heuristic restricted to the Triton kernel (``"base": "triton"``)."""
     import dataclasses
 
     out = {}
     for spec in extras:
         name, _, text = spec.partition("=")
         fields = json.loads(text)
-        base = gemm.GemmConfig() if fields.pop("base", "heuristic") == "default" else heur
+        base = {"default": gemm.GemmConfig(), "triton": triton_heur or heur}.get(fields.pop("base", "heuristic"), heur)
         out[name.strip()] = dataclasses.replace(base, **fields)
     return out
 
@@ -173,7 +174,8 @@ def _table(gemm, bench, provenance, prov, sms, args, best=None, long_rows=None):
             if len(hit):
                 configs["best"] = gemm.GemmConfig(**json.loads(hit.iloc[0]["params"]))
                 best_label = configs["best"].label()
-        configs.update(_variant_configs(gemm, heur, args.variant or []))
+        configs.update(_variant_configs(gemm, heur, args.variant or [],
+                                        gemm.heuristic(M, N, K, torch.bfloat16, sms, gluon=False)))
         variants = {"cublas": lambda: gemm.cublas(inp.a, inp.b, out=inp.out)}
         variants.update({k: (lambda c=c: gemm.matmul(inp.a, inp.b, c, out=inp.out)) for k, c in configs.items()})
         errs = {}

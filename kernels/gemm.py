@@ -264,8 +264,14 @@ class GemmConfig:
     epilogue_split: int = 1  # 1 or 2 (descriptor stores only)
     flatten: bool = True
     stream_k: bool = False  # TMA path: split the last wave's tiles along K over every SM
+    # "pingpong" or "coop": run the Gluon warp-specialised kernel (kernels.gemm_ws)
+    # with this tile, stages, group and SM count; num_warps and the other
+    # Triton-kernel knobs do not apply (4 warps per consumer warpgroup there).
+    gluon: str | None = None
 
     def label(self) -> str:
+        if self.gluon:
+            return self.ws_config().label().replace("ws ", "gl-pp ").replace("coop ", "gl-coop ")
         s = f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} g{self.group_m}"
         if self.num_sms is not None:
             s += f" sm{self.num_sms}"
@@ -285,6 +291,14 @@ class GemmConfig:
 
     def as_params(self) -> dict:
         return dataclasses.asdict(self)
+
+    def ws_config(self):
+        """The kernels.gemm_ws configuration of a ``gluon`` config."""
+        from kernels import gemm_ws
+
+        return gemm_ws.WsConfig(block_m=self.block_m, block_n=self.block_n, block_k=self.block_k,
+                                num_stages=self.num_stages, group_m=self.group_m, num_sms=self.num_sms,
+                                cooperative=self.gluon == "coop")
 
 
 PARAMS = GemmConfig().as_params()  # the names a sweep grid may use, with defaults
@@ -328,9 +342,21 @@ def _validate_config(c: GemmConfig) -> None:
     if c.stream_k and (c.warp_specialize or c.tma is False):
         raise ValueError("gemm: stream_k=True runs on the TMA path without warp specialisation "
                          "(set tma=None or True and warp_specialize=False)")
+    if c.gluon is not None:
+        if c.gluon not in GLUON_SCHEDULES:
+            raise ValueError(f"gemm: gluon={c.gluon!r} must be None (the Triton kernel) or one of {GLUON_SCHEDULES}")
+        if c.stream_k or c.warp_specialize or c.tma is False:
+            raise ValueError("gemm: gluon configs run kernels.gemm_ws (TMA, its own warp specialisation, no "
+                             "stream-K): leave stream_k, warp_specialize and tma at their defaults")
+        from kernels import gemm_ws
+
+        gemm_ws.validate(c.ws_config())
     if c.warp_specialize and (c.tma_store or c.flatten):
         raise ValueError("gemm: warp_specialize=True needs tma_store=False and flatten=False (Triton 3.6's "
                          "Hopper warp specialisation rejects descriptor stores and flattened loops)")
+
+
+GLUON_SCHEDULES = ("pingpong", "coop")
 
 
 def _refuse_ws_on_gpu() -> None:
@@ -378,6 +404,22 @@ _CANDIDATES: dict[tuple[int, int, int, int, int], tuple[float, float]] = {
 # back, and staggered K positions across SMs, which only a long run of whole
 # rounds pays for. Best there: 3 stages with C through TMA stores in two halves.
 SK_MIN_ROUNDS = 12
+
+# Gluon warp-specialised kernels (kernels.gemm_ws): a producer warp feeds the
+# consumers through an mbarrier ring, so a tile's epilogue overlaps loads (coop)
+# or another tile's mainloop (ping-pong). The goal-shape probe
+# (results/gemm_tiling/ws_probe_run9.csv, H200, cuBLAS in the same run) put them
+# ahead of this module's Triton kernel wherever a problem takes several rounds
+# of tiles: 4096x14336x4096 0.984 -> 1.002 (ping-pong) / 0.995 (coop),
+# 16384x3584x8192 0.982 -> 0.996 (coop), 4096^3 0.992 -> 0.999 (coop),
+# 2048x7168x2048 1.034 -> 1.054 (ping-pong); 8192^3 1.034 -> 1.027 (coop; the
+# stream-K tail is worth more there). With a round or less of tiles the Triton
+# kernel stays ahead (512x4096x7168: 1.002 vs 0.961; 1024x4096x14336: 1.002 vs
+# 0.997): a warp-specialised CTA has no second tile to overlap with.
+_GLUON_PINGPONG = GemmConfig(block_m=128, block_n=128, block_k=64, num_stages=5, group_m=8, num_warps=4,
+                             gluon="pingpong")
+_GLUON_COOP = GemmConfig(block_m=128, block_n=256, block_k=32, num_stages=6, group_m=8, num_warps=8,
+                         gluon="coop")
 _STREAM_K_CONFIG = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, group_m=8,
                               tma_store=True, epilogue_split=2, stream_k=True)
 
@@ -391,8 +433,9 @@ def _estimate_us(M: int, N: int, K: int, num_sms: int, tile, rate: float, fixed_
 
 
 def heuristic(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
-              hopper: bool = True) -> GemmConfig:
-    """The config this module runs when none is given (see the module docstring)."""
+              hopper: bool = True, gluon: bool = True) -> GemmConfig:
+    """The config this module runs when none is given (see the module docstring).
+    ``gluon=False`` keeps to the Triton kernel (e.g. for operands TMA cannot take)."""
     if not hopper:
         # Pointer path (interpreter, pre-Hopper): modest tiles.
         return GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3, group_m=8)
@@ -404,6 +447,12 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_s
         if t < best_t:
             best, best_t = GemmConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s,
                                       tma_store=False, group_m=8), t
+    big_tiles = math.ceil(M / 128) * math.ceil(N / 256)
+    if gluon and dtype in (torch.bfloat16, torch.float16) and big_tiles > num_sms and best.block_m == 128:
+        if best.block_n == 128:        # Triton's pick for wave quantisation: same tile, epilogue hidden
+            return _GLUON_PINGPONG
+        if best.block_n == 256:
+            return _GLUON_COOP
     tiles = math.ceil(M / best.block_m) * math.ceil(N / best.block_n)
     if best.block_n == 256 and tiles % num_sms and tiles // num_sms >= SK_MIN_ROUNDS:
         best = _STREAM_K_CONFIG
@@ -553,14 +602,23 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
     dev_index = a.device.index if a.device.index is not None else torch.cuda.current_device() if on_gpu else 0
     hopper = on_gpu and _capability(dev_index)[0] >= 9
     sms = _sm_count(dev_index) if on_gpu else 4
+    aligned = TensorDescriptor is not None and all(_tma_ok(t) for t in (a, b, out))
     cfg = _as_config(config)
     if cfg is None:
-        cfg = heuristic(M, N, K, a.dtype, sms, hopper=hopper)
+        cfg = heuristic(M, N, K, a.dtype, sms, hopper=hopper,
+                        gluon=aligned and on_gpu and _capability(dev_index)[0] == 9)
     _validate_config(cfg)
+    if cfg.gluon:
+        from kernels import gemm_ws
+
+        if not (on_gpu and _capability(dev_index)[0] == 9 and aligned and a.dtype in gemm_ws.DTYPES):
+            raise ValueError(f"gemm: gluon={cfg.gluon!r} runs kernels.gemm_ws, which needs bf16/fp16 operands on an "
+                             f"sm_90 GPU with 16-byte aligned rows (K, N multiples of 8); got {a.dtype} on "
+                             f"{a.device}. Use gluon=None (the Triton kernel) here")
+        return gemm_ws.matmul_ws(a, b, config=cfg.ws_config(), out=out)
     if cfg.warp_specialize and on_gpu:
         _refuse_ws_on_gpu()
 
-    aligned = TensorDescriptor is not None and all(_tma_ok(t) for t in (a, b, out))
     if cfg.tma is None:
         use_tma = hopper and aligned
     elif cfg.tma:
@@ -740,6 +798,10 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
     """
     cfg = _as_config(config) or heuristic(*(_mnk(shape) if shape else (8192, 8192, 8192)), dtype)
     _validate_config(cfg)
+    if cfg.gluon:
+        from kernels import gemm_ws
+
+        return gemm_ws.compile_args(cfg.ws_config(), dtype, _mnk(shape) if shape else None)
     t = triton_type(dtype)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     sig = {"a_desc": f"tensordesc<{t}[{bm}, {bk}]>", "b_desc": f"tensordesc<{t}[{bk}, {bn}]>",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import gemm
+from kernels import gemm, gemm_ws
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -178,8 +178,11 @@ def test_heuristic_configs_are_valid(M, N, K, dtype):
     cfg = gemm.heuristic(M, N, K, dtype, num_sms=132)
     gemm._validate_config(cfg)
     es = torch.empty((), dtype=dtype).element_size()
-    assert gemm.smem_bytes(cfg, es) <= gemm.SMEM_LIMIT_SM90
-    if not cfg.warp_specialize:
+    if cfg.gluon:
+        assert dtype != torch.float32
+        gemm_ws.validate(cfg.ws_config())    # smem, registers per consumer thread
+    else:
+        assert gemm.smem_bytes(cfg, es) <= gemm.SMEM_LIMIT_SM90
         assert cfg.block_m * cfg.block_n // (cfg.num_warps * 32) <= 128
     assert gemm.heuristic(M, N, K, dtype, num_sms=132) == cfg  # deterministic
 
@@ -345,9 +348,50 @@ def test_stream_k_plan_skips_whole_rounds_and_short_k():
 
 
 def test_heuristic_uses_stream_k_only_after_many_whole_rounds():
-    assert gemm.heuristic(8192, 8192, 8192, num_sms=132).stream_k        # 15 rounds + 68 tiles
-    assert not gemm.heuristic(4096, 4096, 4096, num_sms=132).stream_k    # 3 rounds: measured slower
-    assert not gemm.heuristic(512, 4096, 7168, num_sms=132).stream_k     # fewer tiles than SMs
+    def h(M, N, K):
+        return gemm.heuristic(M, N, K, num_sms=132, gluon=False)
+
+    assert h(8192, 8192, 8192).stream_k        # 15 rounds + 68 tiles
+    assert not h(4096, 4096, 4096).stream_k    # 3 rounds: measured slower
+    assert not h(512, 4096, 7168).stream_k     # fewer tiles than SMs
+
+
+@pytest.mark.parametrize("M,N,K,expect", [
+    (8192, 8192, 8192, "coop"), (4096, 4096, 4096, "coop"), (4096, 14336, 4096, "coop"),
+    (16384, 3584, 8192, "coop"), (8192, 28672, 8192, "coop"),
+    (2048, 7168, 2048, "pingpong"),                       # Triton picks 128x128 there: same tile, ping-pong
+    (1024, 4096, 14336, None), (512, 4096, 7168, None),   # a round of tiles or less: the Triton kernel
+    (64, 64, 64, None)])
+def test_heuristic_picks_gluon_for_several_rounds_of_tiles(M, N, K, expect):
+    cfg = gemm.heuristic(M, N, K, num_sms=132)
+    assert cfg.gluon == expect
+    assert gemm.heuristic(M, N, K, torch.float16, num_sms=132).gluon == expect
+    assert gemm.heuristic(M, N, K, torch.float32, num_sms=132).gluon is None     # Gluon kernel: 16-bit only
+    assert gemm.heuristic(M, N, K, num_sms=132, gluon=False).gluon is None
+    assert gemm.heuristic(M, N, K, num_sms=132, hopper=False).gluon is None
+
+
+def test_gluon_config_validation_and_cpu_refusal():
+    with pytest.raises(ValueError, match="gluon="):
+        gemm._validate_config(gemm.GemmConfig(gluon="warp"))
+    with pytest.raises(ValueError, match="stream_k"):
+        gemm._validate_config(gemm.GemmConfig(gluon="coop", stream_k=True))
+    with pytest.raises(ValueError, match="shared memory"):
+        gemm._validate_config(gemm.GemmConfig(gluon="coop", num_stages=8))
+    cfg = gemm.GemmConfig(block_n=128, num_stages=5, gluon="pingpong")
+    assert cfg.label() == "gl-pp 128x128x64 s5 g8" and not cfg.ws_config().cooperative
+    assert gemm.GemmConfig(block_k=32, num_stages=6, gluon="coop").label().startswith("gl-coop 128x256x32 s6")
+    with pytest.raises(ValueError, match="gluon=None"):
+        gemm.matmul(torch.randn(64, 64, dtype=torch.bfloat16), torch.randn(64, 64, dtype=torch.bfloat16), cfg)
+    # The heuristic never hands a CPU (or interpreter) run the Gluon kernel.
+    a, b = torch.randn(300, 64, dtype=torch.bfloat16), torch.randn(64, 520, dtype=torch.bfloat16)
+    assert torch.allclose(gemm.matmul(a, b).float(), a.float() @ b.float(), atol=0.1, rtol=0.02)
+
+
+def test_compile_args_of_a_gluon_config_build_the_ws_kernel():
+    args = gemm.compile_args(gemm.GemmConfig(block_n=128, num_stages=5, gluon="pingpong"))
+    assert args["fn"] is gemm_ws._gemm_ws_kernel
+    assert "NVMMASharedLayout" in args["signature"]["a_desc"]
 
 
 def test_stream_k_needs_the_tma_path():

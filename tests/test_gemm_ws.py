@@ -1,0 +1,304 @@
+"""kernels.gemm_ws: sm_90 cross-compilation (CPU), host-side checks (CPU), and
+GPU correctness (marked gpu; run in a child process with a timeout, because a
+warp-specialised kernel with a synchronisation bug hangs instead of failing)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import gemm_ws
+from kernels.gemm_ws import WsConfig
+from workbench.asm.resources import smem_per_block
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ------------------------------------------------ cross-compiled for sm_90 (CPU)
+XC_CONFIGS = {
+    "128x128x64-s4": WsConfig(),
+    "64x256x64-s4": WsConfig(block_m=64, block_n=256, num_stages=4),
+    "128x128x32-s8-r224/56": WsConfig(block_k=32, num_stages=8, consumer_regs=224, producer_regs=56),
+    "coop-128x256x64-s3": WsConfig(cooperative=True, block_n=256, num_stages=3),
+    "coop-256x128x32-s6": WsConfig(cooperative=True, block_m=256, block_k=32, num_stages=6),
+}
+XC_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+XC_CASES = [(c, d) for c in XC_CONFIGS for d in XC_DTYPES]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """(config name, dtype name) -> the cross-compiled cache entry. Gluon functions
+    are not interpreted, so this works in-process even under TRITON_INTERPRET=1."""
+    from workbench.asm.compile import cross_compile
+
+    out = {}
+    for i, (cname, dname) in enumerate(XC_CASES):
+        args = gemm_ws.compile_args(XC_CONFIGS[cname], XC_DTYPES[dname], (4096, 4096, 4096))
+        out[cname, dname] = cross_compile(targets="sm90", cache_dir=tmp_path_factory.mktemp(f"xc{i}"), **args)[0]
+    return out
+
+
+def _mnemonics(entry, stage: str, category: str) -> str:
+    mix = entry.mix(stage)
+    return " ".join(mix.loc[mix["category"] == category, "mnemonics"])
+
+
+@pytest.mark.parametrize("cname,dname", XC_CASES)
+def test_sm90_uses_wgmma(compiled, cname, dname):
+    e, cfg = compiled[cname, dname], XC_CONFIGS[cname]
+    # One warpgroup per consumer issues m64nBLOCK_Nk16 wgmma (HGMMA in SASS, where
+    # fp16 inputs are the default and go unnamed: HGMMA.64x128x16.F32).
+    hgmma = _mnemonics(e, "sass", "matrix")
+    expect = {"bf16": f"HGMMA.64x{cfg.block_n}x16.F32.BF16:", "fp16": f"HGMMA.64x{cfg.block_n}x16.F32:"}[dname]
+    assert expect in hgmma, hgmma
+    ptx_kind = {"bf16": "bf16", "fp16": "f16"}[dname]
+    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.block_n}k16.f32.{ptx_kind}.{ptx_kind}:" in _mnemonics(e, "ptx", "matrix")
+    # Operands arrive and C leaves through the TMA engine.
+    sass = e.text("sass")
+    assert "UTMALDG.2D" in sass and "UTMASTG.2D" in sass
+
+
+@pytest.mark.parametrize("cname,dname", XC_CASES)
+def test_sm90_no_spills(compiled, cname, dname):
+    e = compiled[cname, dname]
+    r = e.resources()
+    assert not r["problems"], r["problems"]
+    assert r["spill_stores"] == 0 and r["spill_loads"] == 0  # STL / LDL in SASS
+    assert r.get("local_bytes", 0) == 0 and r.get("stack_bytes", 0) == 0
+    assert ".local" not in e.text("ptx")
+
+
+@pytest.mark.parametrize("cname,dname", XC_CASES)
+def test_sm90_warp_specialised(compiled, cname, dname):
+    e, cfg = compiled[cname, dname], XC_CONFIGS[cname]
+    ttgir = e.text("ttgir")
+    assert "ttg.warp_specialize" in ttgir
+    if cfg.cooperative:
+        # Default partition: the 8-warp consumer; one worker: the 1-warp producer.
+        assert f"requestedRegisters = array<i32: {cfg.producer_regs}>" in ttgir
+        assert re.search(r"partition0\(.*\) num_warps\(1\)", ttgir) and "partition1(" not in ttgir
+    else:
+        # Default partition: consumer 0 (the kernel's 4 warps); workers: consumer 1
+        # (4 warps) and the producer (1 warp), with the registers they ask for.
+        assert f"requestedRegisters = array<i32: {cfg.consumer_regs}, {cfg.producer_regs}>" in ttgir
+        assert re.search(r"partition0\(.*\) num_warps\(4\)", ttgir)
+        assert re.search(r"partition1\(.*\) num_warps\(1\)", ttgir)
+    # setmaxnreg really moves registers: the consumers to consumer_regs_of(cfg)
+    # (the default partition gets the leftover), the producer down to producer_regs.
+    ptx_regs = {int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", e.text("ptx"))}
+    assert {gemm_ws.consumer_regs_of(cfg), gemm_ws.default_partition_regs(cfg), cfg.producer_regs} <= ptx_regs
+    assert "USETMAXREG" in e.text("sass")
+    r = e.resources()
+    assert r["num_warps"] == gemm_ws.TOTAL_WARPS == 12 and r["threads_per_block"] == 384
+    assert r["registers"] == gemm_ws.MAXNREG == 168  # the launch limit that 384 threads allow
+
+
+@pytest.mark.parametrize("cname,dname", XC_CASES)
+def test_sm90_shared_memory_fits(compiled, cname, dname):
+    e, cfg = compiled[cname, dname], XC_CONFIGS[cname]
+    shared = e.resources()["shared_bytes"]
+    assert shared <= smem_per_block(90)
+    estimate = gemm_ws.smem_bytes(cfg)
+    assert estimate - gemm_ws.WS_EXTRA_SMEM <= shared <= estimate  # the model in smem_bytes holds
+
+
+def test_compile_args_surface():
+    args = gemm_ws.compile_args(dtype=torch.float16)
+    assert args["fn"] is gemm_ws._gemm_ws_kernel
+    assert args["num_warps"] == 4 and args["options"] == {"maxnreg": 168}
+    assert gemm_ws.compile_args(WsConfig(cooperative=True, block_n=256, num_stages=3))["num_warps"] == 8
+    # Gluon descriptors carry their shared-memory layout in the signature.
+    assert args["signature"]["a_desc"].startswith("tensordesc<fp16[128, 64],NVMMASharedLayout(")
+    assert args["signature"]["c_desc"].startswith("tensordesc<fp16[128, 128],")
+    assert args["constexprs"] == {"NUM_STAGES": 4, "COOPERATIVE": False, "CONSUMER_REGS": 232, "PRODUCER_REGS": 40}
+    with pytest.raises(ValueError, match="float16"):
+        gemm_ws.compile_args(dtype=torch.float32)
+
+
+# ---------------------------------------------------------- host logic (CPU)
+@pytest.mark.parametrize("cfg,match", [
+    (dict(block_m=256), "block_m=256 must be 64 or 128"),
+    (dict(block_n=96), "block_n=96 must be"),
+    (dict(block_k=128), "block_k=128 must be 32 or 64"),
+    (dict(block_n=256), "128x256 fp32 accumulator needs 256 registers"),
+    (dict(num_stages=1), "num_stages=1"),
+    (dict(group_m=0), "group_m=0"),
+    (dict(num_sms=0), "num_sms=0"),
+    (dict(consumer_regs=230), "consumer_regs=230 must be a multiple of 8"),
+    (dict(producer_regs=16), r"producer_regs=16 must be a multiple of 8 in \[24, 256\]"),
+    (dict(consumer_regs=248), "exceeds"),
+    (dict(num_stages=6), "shared memory"),
+    (dict(block_m=64, block_n=256, num_stages=5), "shared memory"),
+    (dict(bogus=1), "unknown config field"),
+    (dict(cooperative=True, block_m=64), "block_m=64 must be 128 or 256"),
+    (dict(cooperative=True, block_m=256, block_n=256), "256x256 fp32 accumulator needs 256 registers"),
+    (dict(cooperative=True, block_n=256, num_stages=4), "shared memory"),
+    (dict(cooperative=1), "cooperative=1 must be True or False"),
+])
+def test_bad_config(cfg, match):
+    with pytest.raises(ValueError, match=match):
+        gemm_ws.validate(cfg)
+    with pytest.raises(ValueError, match=match):
+        gemm_ws.compile_args(cfg)
+
+
+def test_good_configs_validate():
+    for cfg in [WsConfig(), WsConfig(num_stages=5), WsConfig(block_m=64, block_n=256),
+                WsConfig(block_m=64, block_n=128, num_stages=6), WsConfig(consumer_regs=240, producer_regs=24),
+                WsConfig(cooperative=True, block_n=256, num_stages=3), WsConfig(cooperative=True, block_m=256, num_stages=3),
+                WsConfig(cooperative=True, block_n=256, block_k=32, num_stages=6)]:
+        assert gemm_ws.validate(cfg) is cfg
+    assert gemm_ws.validate({"num_stages": 3}) == WsConfig(num_stages=3)
+    assert gemm_ws.validate(None) == WsConfig()
+
+
+@pytest.mark.parametrize("M,N,K", [(128, 100, 64), (128, 128, 100), (64, 4, 4)])
+def test_alignment_error_points_to_fallback(M, N, K):
+    with pytest.raises(ValueError, match=r"multiples of 8.*kernels\.gemm\.matmul"):
+        gemm_ws.check_alignment(M, N, K, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"kernels\.gemm\.matmul"):
+        gemm_ws.compile_args(shape=(M, N, K))
+    gemm_ws.check_alignment(130, 264, 96)  # ragged M is fine
+
+
+def test_interpreter_is_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    a = torch.randn(64, 64).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"interpreter.*kernels\.gemm\.matmul"):
+        gemm_ws.matmul_ws(a, a)
+
+
+def test_cpu_tensors_are_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    a = torch.randn(64, 64).to(torch.float16)
+    with pytest.raises(ValueError, match=r"sm_90.*kernels\.gemm\.matmul"):
+        gemm_ws.matmul_ws(a, a)
+
+
+@pytest.mark.parametrize("a,b,match", [
+    (torch.randn(8, 16), torch.randn(16, 8), r"bfloat16 or both float16.*kernels\.gemm\.matmul"),
+    (torch.randn(8, 16, dtype=torch.float16), torch.randn(16, 8, dtype=torch.bfloat16), "both float16"),
+    (torch.randn(8, 16, dtype=torch.float16), torch.randn(8, 16, dtype=torch.float16), r"need a \(M, K\)"),
+    (torch.randn(8, dtype=torch.float16), torch.randn(8, 16, dtype=torch.float16), r"need a \(M, K\)"),
+])
+def test_bad_operands(monkeypatch, a, b, match):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match=match):
+        gemm_ws.matmul_ws(a, b)
+
+
+def test_counts_and_labels():
+    assert gemm_ws.flops(2, 3, 4) == 48
+    assert gemm_ws.smem_bytes(WsConfig()) == 4 * 32768 + 65536 + 80 + gemm_ws.WS_EXTRA_SMEM
+    assert gemm_ws.grid_size(8192, 8192, WsConfig(), 132) == 132
+    assert gemm_ws.grid_size(130, 264, WsConfig(), 132) == 6
+    assert gemm_ws.grid_size(8192, 8192, WsConfig(num_sms=7), 132) == 7
+    assert gemm_ws.default_partition_regs(WsConfig()) == 232
+    assert gemm_ws.consumer_regs_of(WsConfig(cooperative=True, producer_regs=24)) == 240
+    assert gemm_ws.smem_bytes(WsConfig(cooperative=True, block_n=256, num_stages=3)) == \
+        3 * 49152 + 65536 + 64 + gemm_ws.WS_EXTRA_SMEM
+    assert WsConfig().label() == "ws 128x128x64 s4 g8"
+    assert WsConfig(cooperative=True, block_n=256, num_stages=3).label() == "coop 128x256x64 s3 g8"
+    assert "r240/24" in WsConfig(consumer_regs=240, producer_regs=24).label()
+    assert gemm_ws.tolerance(torch.bfloat16) > gemm_ws.tolerance(torch.float16)
+
+
+def test_reference_is_fp32():
+    a = torch.randn(5, 8).to(torch.bfloat16)
+    b = torch.randn(8, 3).to(torch.bfloat16)
+    r = gemm_ws.reference(a, b)
+    assert r.dtype == torch.float32 and torch.allclose(r, a.float() @ b.float())
+
+
+# ----------------------------------------------------------------------- GPU
+# (M, N, K, dtype, config fields): ragged M and N, K shorter than the ring, K
+# not a multiple of BLOCK_K, odd and even tile counts per CTA (num_sms small),
+# every tile shape the validator accepts.
+GPU_CASES = [
+    (130, 264, 96, "bfloat16", {}),
+    (130, 264, 96, "float16", {}),
+    (1000, 1000, 1000, "bfloat16", {}),
+    (1000, 1000, 1000, "float16", dict(block_m=64, block_n=256)),
+    (4096, 4096, 4096, "bfloat16", {}),
+    (4096, 4096, 4096, "float16", {}),
+    (4096, 4096, 4096, "bfloat16", dict(block_m=64, block_n=256)),
+    (1, 8, 8, "bfloat16", {}),
+    (777, 520, 4104, "bfloat16", dict(num_sms=3, group_m=3)),
+    (777, 520, 4104, "float16", dict(num_sms=4, num_stages=2)),
+    (512, 4096, 7168, "bfloat16", dict(num_stages=5)),
+    (300, 1032, 520, "float16", dict(block_m=64, block_n=128, num_stages=6, block_k=32)),
+    (2048, 2048, 2048, "bfloat16", dict(consumer_regs=240, producer_regs=24)),
+    (130, 264, 96, "bfloat16", dict(cooperative=True, block_n=256, num_stages=3)),
+    (4096, 4096, 4096, "bfloat16", dict(cooperative=True, block_n=256, num_stages=3)),
+    (1000, 1000, 1000, "float16", dict(cooperative=True, block_m=256, num_stages=3)),
+    (777, 520, 4104, "bfloat16", dict(cooperative=True, block_n=256, block_k=32, num_stages=6, num_sms=5)),
+]
+
+_GPU_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    sys.path.insert(0, {root!r})
+    from kernels import gemm_ws
+    out = {{}}
+    for i, (M, N, K, dt, cfg) in enumerate(json.loads(sys.argv[1])):
+        name = f"{{M}}x{{N}}x{{K}}-{{dt}}-{{cfg}}"
+        dtype = getattr(torch, dt)
+        g = torch.Generator(device="cuda").manual_seed(1234 + i)  # fresh inputs per case
+        a = torch.randn(M, K, device="cuda", generator=g).to(dtype)
+        b = torch.randn(K, N, device="cuda", generator=g).to(dtype)
+        c = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)  # poisoned
+        try:
+            gemm_ws.matmul_ws(a, b, config=cfg or None, out=c)
+            torch.cuda.synchronize()
+            ref = gemm_ws.reference(a, b)
+            err = float((c.float() - ref).norm() / ref.norm())
+            out[name] = {{"finite": bool(torch.isfinite(c).all()), "err": err, "tol": gemm_ws.tolerance(dtype)}}
+        except Exception as exc:
+            out[name] = {{"error": f"{{type(exc).__name__}}: {{exc}}"}}
+        print(json.dumps({{name: out[name]}}), file=sys.stderr, flush=True)
+    print(json.dumps(out))
+""")
+
+
+def _gpu_name(case) -> str:
+    M, N, K, dt, cfg = case
+    return f"{M}x{N}x{K}-{dt}-{cfg}"
+
+
+@pytest.fixture(scope="module")
+def gpu_results():
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("gemm_ws needs an sm_90 (Hopper) GPU")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    try:
+        r = subprocess.run([sys.executable, "-c", _GPU_SCRIPT.format(root=str(ROOT)), json.dumps(GPU_CASES)],
+                           capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        done = (exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        pytest.fail(f"the GPU cases did not finish in 300 s (a hang?); finished before it:\n{done[-3000:]}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=_gpu_name)
+def test_gpu_correct(gpu_results, case):
+    res = gpu_results[_gpu_name(case)]
+    assert "error" not in res, res["error"]
+    assert res["finite"], "NaN left in C: some tile was never written"
+    assert res["err"] < res["tol"], res
+
+
+@pytest.mark.gpu
+def test_gpu_refuses_unaligned_k():
+    a = torch.randn(64, 100, device="cuda").to(torch.bfloat16)
+    b = torch.randn(100, 64, device="cuda").to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"kernels\.gemm\.matmul"):
+        gemm_ws.matmul_ws(a, b)
