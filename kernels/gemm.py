@@ -408,7 +408,7 @@ SK_MIN_ROUNDS = 12
 # Gluon warp-specialised kernels (kernels.gemm_ws): a producer warp feeds the
 # consumers through an mbarrier ring, so a tile's epilogue overlaps loads (coop)
 # or another tile's mainloop (ping-pong). The goal-shape probe
-# (results/gemm_tiling/ws_probe_run9.csv, H200, cuBLAS in the same run) put them
+# (results/gemm_tiling/ws_probe_run9a.csv, H200, cuBLAS in the same run) put them
 # ahead of this module's Triton kernel wherever a problem takes several rounds
 # of tiles: 4096x14336x4096 0.984 -> 1.002 (ping-pong) / 0.995 (coop),
 # 16384x3584x8192 0.982 -> 0.996 (coop), 4096^3 0.992 -> 0.999 (coop),
@@ -416,6 +416,14 @@ SK_MIN_ROUNDS = 12
 # stream-K tail is worth more there). With a round or less of tiles the Triton
 # kernel stays ahead (512x4096x7168: 1.002 vs 0.961; 1024x4096x14336: 1.002 vs
 # 0.997): a warp-specialised CTA has no second tile to overlap with.
+# Which one (goal table run 9b, three repeats): ping-pong (128x128 tiles) where
+# Triton's own pick is 128x128, or where 128x128 tiles fill the last round
+# (8192x28672x8192: 1.018 vs coop 1.009); the Triton stream-K kernel where it
+# applies with a long K (8192^3: 1.030 vs coop 1.019; the split tiles' partial
+# sums are paid back over K, while a hidden epilogue is worth less the longer
+# the mainloop); else cooperative 128x256 tiles (4096^3, 4096x14336x4096).
+GLUON_PP_MIN_FILL = 0.99
+GLUON_SK_MIN_K = 8192
 _GLUON_PINGPONG = GemmConfig(block_m=128, block_n=128, block_k=64, num_stages=5, group_m=8, num_warps=4,
                              gluon="pingpong")
 _GLUON_COOP = GemmConfig(block_m=128, block_n=256, block_k=32, num_stages=6, group_m=8, num_warps=8,
@@ -447,14 +455,17 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_s
         if t < best_t:
             best, best_t = GemmConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s,
                                       tma_store=False, group_m=8), t
+    tiles = math.ceil(M / best.block_m) * math.ceil(N / best.block_n)
+    stream_k = best.block_n == 256 and tiles % num_sms and tiles // num_sms >= SK_MIN_ROUNDS
     big_tiles = math.ceil(M / 128) * math.ceil(N / 256)
     if gluon and dtype in (torch.bfloat16, torch.float16) and big_tiles > num_sms and best.block_m == 128:
-        if best.block_n == 128:        # Triton's pick for wave quantisation: same tile, epilogue hidden
+        pp_tiles = math.ceil(M / 128) * math.ceil(N / 128)
+        pp_fill = pp_tiles / (math.ceil(pp_tiles / num_sms) * num_sms)   # last round's share of SMs busy
+        if best.block_n == 128 or pp_fill >= GLUON_PP_MIN_FILL:
             return _GLUON_PINGPONG
-        if best.block_n == 256:
+        if best.block_n == 256 and not (stream_k and K >= GLUON_SK_MIN_K):
             return _GLUON_COOP
-    tiles = math.ceil(M / best.block_m) * math.ceil(N / best.block_n)
-    if best.block_n == 256 and tiles % num_sms and tiles // num_sms >= SK_MIN_ROUNDS:
+    if stream_k:
         best = _STREAM_K_CONFIG
     return _fit_smem(best, elem)
 

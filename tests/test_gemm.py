@@ -357,14 +357,16 @@ def test_heuristic_uses_stream_k_only_after_many_whole_rounds():
 
 
 @pytest.mark.parametrize("M,N,K,expect", [
-    (8192, 8192, 8192, "coop"), (4096, 4096, 4096, "coop"), (4096, 14336, 4096, "coop"),
-    (16384, 3584, 8192, "coop"), (8192, 28672, 8192, "coop"),
+    (4096, 4096, 4096, "coop"), (4096, 14336, 4096, "coop"),
+    (8192, 8192, 8192, None), (16384, 3584, 8192, None),  # Triton's stream-K tail, K >= 8192
+    (8192, 28672, 8192, "pingpong"),                      # 128x128 tiles fill the last round (99.6%)
     (2048, 7168, 2048, "pingpong"),                       # Triton picks 128x128 there: same tile, ping-pong
     (1024, 4096, 14336, None), (512, 4096, 7168, None),   # a round of tiles or less: the Triton kernel
     (64, 64, 64, None)])
 def test_heuristic_picks_gluon_for_several_rounds_of_tiles(M, N, K, expect):
     cfg = gemm.heuristic(M, N, K, num_sms=132)
     assert cfg.gluon == expect
+    assert cfg.stream_k == ((M, N, K) in ((8192, 8192, 8192), (16384, 3584, 8192)))
     assert gemm.heuristic(M, N, K, torch.float16, num_sms=132).gluon == expect
     assert gemm.heuristic(M, N, K, torch.float32, num_sms=132).gluon is None     # Gluon kernel: 16-bit only
     assert gemm.heuristic(M, N, K, num_sms=132, gluon=False).gluon is None
@@ -383,9 +385,6 @@ def test_gluon_config_validation_and_cpu_refusal():
     assert gemm.GemmConfig(block_k=32, num_stages=6, gluon="coop").label().startswith("gl-coop 128x256x32 s6")
     with pytest.raises(ValueError, match="gluon=None"):
         gemm.matmul(torch.randn(64, 64, dtype=torch.bfloat16), torch.randn(64, 64, dtype=torch.bfloat16), cfg)
-    # The heuristic never hands a CPU (or interpreter) run the Gluon kernel.
-    a, b = torch.randn(300, 64, dtype=torch.bfloat16), torch.randn(64, 520, dtype=torch.bfloat16)
-    assert torch.allclose(gemm.matmul(a, b).float(), a.float() @ b.float(), atol=0.1, rtol=0.02)
 
 
 def test_compile_args_of_a_gluon_config_build_the_ws_kernel():
