@@ -588,6 +588,23 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor) -> None:
                      f"triton is imported to run them in Triton's interpreter")
 
 
+def prepare_output(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, who: str = "gemm"):
+    """(C, done) for ``a (M, K) @ b (K, N)``: ``out`` checked, or a new tensor;
+    ``done`` when nothing is left to compute (C is empty, or K == 0 and C zeroed)."""
+    M, K = a.shape
+    N = b.shape[1]
+    if out is None:
+        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    elif out.shape != (M, N) or out.dtype != a.dtype or out.device != a.device:
+        raise ValueError(f"{who}: out must be ({M}, {N}) {a.dtype} on {a.device}, got "
+                         f"{tuple(out.shape)} {out.dtype} on {out.device}")
+    if M == 0 or N == 0:
+        return out, True
+    if K == 0:
+        return out.zero_(), True
+    return out, False
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, Any] | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ b`` with the persistent Triton kernel.
@@ -599,15 +616,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
     _check_operands(a, b)
     M, K = a.shape
     N = b.shape[1]
-    if out is None:
-        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    elif out.shape != (M, N) or out.dtype != a.dtype or out.device != a.device:
-        raise ValueError(f"gemm: out must be ({M}, {N}) {a.dtype} on {a.device}, got "
-                         f"{tuple(out.shape)} {out.dtype} on {out.device}")
-    if M == 0 or N == 0:
+    out, done = prepare_output(a, b, out)
+    if done:
         return out
-    if K == 0:
-        return out.zero_()
 
     on_gpu = a.device.type == "cuda"
     dev_index = a.device.index if a.device.index is not None else torch.cuda.current_device() if on_gpu else 0

@@ -85,6 +85,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernels import interpreter
+from kernels.gemm import prepare_output
 from workbench.asm.resources import smem_per_block
 from workbench.dtypes import triton_type
 
@@ -118,7 +119,9 @@ def _acc_layout(block_n, bitwidth, num_warps):
 @gluon.jit
 def _tile_coords(tile_id, num_pid_m, num_pid_n, group_m):
     """Tile index -> (row block, column block) in bands of group_m rows (the
-    walk of kernels.gemm._tile_coords)."""
+    walk of kernels.gemm._tile_coords; a Gluon copy, since a Gluon kernel cannot
+    call that @triton.jit helper: under TRITON_INTERPRET=1 it is an interpreter
+    function, which Gluon's compiler refuses)."""
     band_id = tile_id // (group_m * num_pid_n)
     first_m = band_id * group_m
     rows_in_band = gl.minimum(num_pid_m - first_m, group_m)
@@ -458,15 +461,9 @@ def matmul_ws(a: torch.Tensor, b: torch.Tensor, *, config: WsConfig | Mapping[st
     M, K = a.shape
     N = b.shape[1]
     check_alignment(M, N, K, a.dtype)
-    if out is None:
-        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    elif out.shape != (M, N) or out.dtype != a.dtype or out.device != a.device:
-        raise ValueError(f"gemm_ws: out must be ({M}, {N}) {a.dtype} on {a.device}, got "
-                         f"{tuple(out.shape)} {out.dtype} on {out.device}")
-    if M == 0 or N == 0:
+    out, done = prepare_output(a, b, out, who="gemm_ws")
+    if done:
         return out
-    if K == 0:
-        return out.zero_()
     if not all(_tma_ok(t) for t in (a, b, out)):
         raise ValueError("gemm_ws: a, b and out need unit column stride, 16-byte aligned base pointers and "
                          f"row strides (TMA); {_FALLBACK}, which takes any strides")
