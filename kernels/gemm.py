@@ -45,6 +45,11 @@ SMs idle in the last round (wave quantisation), e.g. M=512 with a long K. C
 leaves through plain stores, which were as fast as TMA stores in the sweep and
 need no shared-memory staging buffer. See ``_CANDIDATES`` for the numbers.
 
+Warp-specialised handoff: on sm_90 with bf16/fp16 and TMA-aligned operands,
+the heuristic hands problems with more than a round of 128x256 tiles to the
+Gluon kernel of ``kernels.gemm_ws`` (``GemmConfig.gluon`` = "pingpong" or
+"coop"), except where this kernel's stream-K tail wins (see ``heuristic``).
+
 Counting (``flops``, ``bytes_moved``): 2*M*N*K floating-point operations; the
 fewest bytes are each input read once and C written once:
 ``(M*K + K*N + M*N) * element_size``.
@@ -319,6 +324,10 @@ def smem_bytes(config: GemmConfig, elem_bytes: int = 2, tma: bool = True) -> int
     """Shared memory the config asks for: the pipeline's A and B stages plus,
     on the TMA path, the epilogue's staging buffer for C."""
     c = _as_config(config)
+    if c.gluon:   # the Gluon kernel's ring, C buffers, barriers and partition state
+        from kernels import gemm_ws
+
+        return gemm_ws.smem_bytes(c.ws_config(), elem_bytes)
     stages = (c.block_m * c.block_k + c.block_k * c.block_n) * elem_bytes * c.num_stages
     epilogue = c.block_m * c.block_n * elem_bytes // c.epilogue_split if tma and c.tma_store else 0
     return stages + epilogue
@@ -607,7 +616,8 @@ def prepare_output(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, w
 
 def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, Any] | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
-    """``a @ b`` with the persistent Triton kernel.
+    """``a @ b`` with the persistent Triton kernel, or with the warp-specialised
+    Gluon kernel (``kernels.gemm_ws``) when the config says ``gluon``.
 
     a: (M, K), b: (K, N), same dtype (bf16, fp16 or fp32) and device; any
     strides. ``config`` picks the knobs (``GemmConfig`` or a dict of its fields;
@@ -625,15 +635,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
     hopper = on_gpu and _capability(dev_index)[0] >= 9
     sms = _sm_count(dev_index) if on_gpu else 4
     aligned = TensorDescriptor is not None and all(_tma_ok(t) for t in (a, b, out))
+    sm90 = on_gpu and _capability(dev_index)[0] == 9
     cfg = _as_config(config)
     if cfg is None:
-        cfg = heuristic(M, N, K, a.dtype, sms, hopper=hopper,
-                        gluon=aligned and on_gpu and _capability(dev_index)[0] == 9)
+        cfg = heuristic(M, N, K, a.dtype, sms, hopper=hopper, gluon=aligned and sm90)
     _validate_config(cfg)
     if cfg.gluon:
         from kernels import gemm_ws
 
-        if not (on_gpu and _capability(dev_index)[0] == 9 and aligned and a.dtype in gemm_ws.DTYPES):
+        if not (sm90 and aligned and a.dtype in gemm_ws.DTYPES):
             raise ValueError(f"gemm: gluon={cfg.gluon!r} runs kernels.gemm_ws, which needs bf16/fp16 operands on an "
                              f"sm_90 GPU with 16-byte aligned rows (K, N multiples of 8); got {a.dtype} on "
                              f"{a.device}. Use gluon=None (the Triton kernel) here")
@@ -764,6 +774,13 @@ def tolerance(dtype: torch.dtype) -> float:
     return {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 2e-3}[dtype]
 
 
+def _consumer_warps(cfg: GemmConfig) -> int:
+    """Warps holding one tile's accumulator (Gluon: 4 in ping-pong, 8 in coop)."""
+    if cfg.gluon:
+        return 8 if cfg.gluon == "coop" else 4
+    return cfg.num_warps
+
+
 def derived(shape: Mapping[str, int], dtype: torch.dtype, params: Mapping[str, Any]) -> dict:
     """Extra names for sweep constraint expressions."""
     cfg = GemmConfig(**{k: v for k, v in params.items() if k in PARAMS})
@@ -772,7 +789,7 @@ def derived(shape: Mapping[str, int], dtype: torch.dtype, params: Mapping[str, A
     return {
         "elem_bytes": es,
         "smem_bytes": smem_bytes(cfg, es),
-        "acc_regs": cfg.block_m * cfg.block_n // (cfg.num_warps * 32),
+        "acc_regs": cfg.block_m * cfg.block_n // (_consumer_warps(cfg) * 32),
         "tiles": triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),
         "SMEM_LIMIT": SMEM_LIMIT_SM90,
     }

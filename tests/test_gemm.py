@@ -2,6 +2,7 @@
 cross-compilation, and GPU correctness (marked gpu)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -383,6 +384,10 @@ def test_gluon_config_validation_and_cpu_refusal():
     cfg = gemm.GemmConfig(block_n=128, num_stages=5, gluon="pingpong")
     assert cfg.label() == "gl-pp 128x128x64 s5 g8" and not cfg.ws_config().cooperative
     assert gemm.GemmConfig(block_k=32, num_stages=6, gluon="coop").label().startswith("gl-coop 128x256x32 s6")
+    # Sweep constraints see the Gluon kernel's shared memory and per-thread accumulator.
+    assert gemm.smem_bytes(cfg) == gemm_ws.smem_bytes(cfg.ws_config()) > gemm.smem_bytes(dataclasses.replace(cfg, gluon=None))
+    d = gemm.derived({"M": 256, "N": 256, "K": 64}, torch.bfloat16, {**cfg.as_params()})
+    assert d["acc_regs"] == 128 and d["smem_bytes"] <= d["SMEM_LIMIT"]
     with pytest.raises(ValueError, match="gluon=None"):
         gemm.matmul(torch.randn(64, 64, dtype=torch.bfloat16), torch.randn(64, 64, dtype=torch.bfloat16), cfg)
 
