@@ -295,7 +295,8 @@ def run_main(quick, prov, tuner_path, partial_csv=None, models=None):
                 times = measure_turns({name: fns[name] for name in BACKENDS}, rep_ms=REP_MS)
                 fl = gg.flops(p.M, N, K)
                 gmm = times["grouped_mm"][0]
-                cfg_label = gg.pick_config(op, *(key_of(op, N, K)[1:]), torch.device(DEV)).label()
+                cfg_label = (gg.pick_config(op, *(key_of(op, N, K)[1:]), torch.device(DEV)).label() if op == "wgrad"
+                             else gg.default_label(a, b, s, trans_w=(op == "dgrad")))
                 for name in BACKENDS:
                     med, q25, q75 = times[name]
                     rows.append(dict(
