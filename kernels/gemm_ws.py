@@ -84,7 +84,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from kernels import interpreter
+from kernels import cuda_context, interpreter
 from kernels.gemm import prepare_output
 from workbench.asm.resources import smem_per_block
 from workbench.dtypes import triton_type
@@ -467,6 +467,7 @@ def matmul_ws(a: torch.Tensor, b: torch.Tensor, *, config: WsConfig | Mapping[st
     if not all(_tma_ok(t) for t in (a, b, out)):
         raise ValueError("gemm_ws: a, b and out need unit column stride, 16-byte aligned base pointers and "
                          f"row strides (TMA); {_FALLBACK}, which takes any strides")
+    cuda_context.ensure_current(a.device)   # autograd's backward thread may have no current context
     a_desc = _descriptor(a, [cfg.block_m, cfg.block_k])
     b_desc = _descriptor(b, [cfg.block_k, cfg.block_n])
     c_desc = _descriptor(out, [cfg.block_m, cfg.block_n])

@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernels import cuda_context
 from kernels import grouped_gemm_ws as ws
 from kernels import interpreter
 
@@ -535,41 +536,6 @@ def _tma_ok(device: torch.device, *tensors: torch.Tensor, forced: bool = False) 
     return True
 
 
-_PRIMARY_CTX: dict[int, int] = {}
-_LIBCUDA = None
-
-
-def _ensure_cuda_context(device: torch.device) -> None:
-    """Make the device's primary CUDA context current on this thread.
-
-    Building a TMA descriptor (cuTensorMapEncodeTiled) needs a current driver
-    context. Threads that only ever used the runtime API lazily, such as
-    autograd's backward worker, may have none ("invalid device context").
-    """
-    global _LIBCUDA
-    import ctypes
-
-    if device.type != "cuda":
-        return
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    try:
-        if _LIBCUDA is None:
-            _LIBCUDA = ctypes.CDLL("libcuda.so.1")
-        lib = _LIBCUDA
-        if idx not in _PRIMARY_CTX:
-            dev = ctypes.c_int()
-            ctx = ctypes.c_void_p()
-            if lib.cuDeviceGet(ctypes.byref(dev), ctypes.c_int(idx)) != 0 or \
-                    lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) != 0:
-                return
-            _PRIMARY_CTX[idx] = ctx.value
-        cur = ctypes.c_void_p()
-        if lib.cuCtxGetCurrent(ctypes.byref(cur)) == 0 and cur.value != _PRIMARY_CTX[idx]:
-            lib.cuCtxSetCurrent(ctypes.c_void_p(_PRIMARY_CTX[idx]))
-    except OSError:      # no libcuda.so.1 (then there is no TMA to set up either)
-        return
-
-
 def _dot_precision(dtype: torch.dtype) -> str:
     # fp32 operands: exact fp32 products (the matrix units' tf32 mode is opt-in elsewhere).
     return "ieee" if dtype == torch.float32 else "tf32"
@@ -671,7 +637,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, group_sizes: torch.Tensor, *,
     tail = tail_width(N, BN) if cfg.NARROW_TAIL else 0
     x_desc = w_desc = out_desc = w_tail_desc = out_tail_desc = None
     if use_tma:
-        _ensure_cuda_context(x.device)
+        cuda_context.ensure_current(x.device)
         x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [BM, BK])
         w_desc = TensorDescriptor(w, list(w.shape), list(w.stride()), [1, BN, BK] if trans_w else [1, BK, BN])
         out_desc = _row_window_desc(out, BM, BN // 2 if cfg.EPI_SUBTILE else BN)
@@ -740,7 +706,7 @@ def grouped_gemm_wgrad(x: torch.Tensor, dy: torch.Tensor, group_sizes: torch.Ten
     use_tma = cfg.USE_TMA is not False and _tma_ok(x.device, x, dy, out, forced=bool(cfg.USE_TMA))
     BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
     if use_tma:
-        _ensure_cuda_context(x.device)
+        cuda_context.ensure_current(x.device)
         x_desc = _row_window_desc(x, BK, BM)
         dy_desc = _row_window_desc(dy, BK, BN)
         dw_desc = TensorDescriptor(out, list(out.shape), list(out.stride()),

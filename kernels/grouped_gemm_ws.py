@@ -92,7 +92,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from kernels import interpreter
+from kernels import cuda_context, interpreter
 from workbench.asm.resources import smem_per_block
 from workbench.dtypes import triton_type
 
@@ -621,6 +621,7 @@ def grouped_gemm_ws(x: torch.Tensor, w: torch.Tensor, group_sizes: torch.Tensor,
                          f"and strides (TMA); {_FALLBACK}, which takes any row-major strides")
     if group_sizes.stride(0) != 1:
         group_sizes = group_sizes.contiguous()  # the kernel reads sizes_ptr + g (a device copy, no sync)
+    cuda_context.ensure_current(x.device)   # autograd's backward thread may have no current context
     x_desc, w_desc, out_desc = descriptors(x, w, out, cfg, trans_w)
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     grid = grid_size(M, N, G, cfg, _sm_count(dev))
