@@ -293,17 +293,25 @@ class WsConfig:
 PARAMS = WsConfig().as_params()  # field names with their defaults
 
 
-def _as_config(config: WsConfig | Mapping[str, Any] | None) -> WsConfig:
+def _who(cls) -> str:
+    """The module name errors start with: gemm_ws, or a subclass's module (grouped_gemm_ws)."""
+    return cls.__module__.rsplit(".", 1)[-1]
+
+
+def _as_config(config, cls: type | None = None):
+    """A ``cls`` (default ``WsConfig``) from None, an instance or a dict of its fields."""
+    cls = cls or WsConfig
     if config is None:
-        return WsConfig()
-    if isinstance(config, WsConfig):
+        return cls()
+    if isinstance(config, cls):
         return config
     if isinstance(config, Mapping):
-        unknown = sorted(set(config) - set(PARAMS))
+        known = dataclasses.asdict(cls())
+        unknown = sorted(set(config) - set(known))
         if unknown:
-            raise ValueError(f"gemm_ws: unknown config field(s) {unknown}; known: {sorted(PARAMS)}")
-        return WsConfig(**config)
-    raise ValueError(f"gemm_ws: config must be a WsConfig or a dict, got {type(config).__name__}")
+            raise ValueError(f"{_who(cls)}: unknown config field(s) {unknown}; known: {sorted(known)}")
+        return cls(**config)
+    raise ValueError(f"{_who(cls)}: config must be a {cls.__name__} or a dict, got {type(config).__name__}")
 
 
 def num_consumers(config: WsConfig) -> int:
@@ -315,10 +323,11 @@ def num_warps(config: WsConfig) -> int:
     return 8 if config.cooperative else 4
 
 
-def smem_bytes(config: WsConfig | Mapping[str, Any] | None = None, elem_bytes: int = 2) -> int:
+def smem_bytes(config: WsConfig | Mapping[str, Any] | None = None, elem_bytes: int = 2,
+               cls: type | None = None) -> int:
     """Shared memory per CTA (an upper bound): the ring, one C staging buffer per
     consumer, the mbarriers, and what Triton adds for warp specialisation."""
-    c = _as_config(config)
+    c = _as_config(config, cls)
     ring = c.num_stages * (c.block_m * c.block_k + c.block_k * c.block_n) * elem_bytes
     staging = num_consumers(c) * c.block_m * c.block_n * elem_bytes
     barriers = 8 * (2 * c.num_stages + 2)
@@ -343,42 +352,44 @@ def consumer_regs_of(config: WsConfig) -> int:
 
 def _validate_tile(c: WsConfig) -> None:
     threads = 32 * num_warps(c)
+    who = _who(type(c))
     if c.block_m not in ((128, 256) if c.cooperative else (64, 128)):
-        raise ValueError(f"gemm_ws: block_m={c.block_m!r} must be " + (
+        raise ValueError(f"{who}: block_m={c.block_m!r} must be " + (
             "128 or 256 (cooperative: 2 warpgroups)" if c.cooperative else "64 or 128 (one warpgroup per consumer)"))
     if c.block_n not in (64, 128, 256):
-        raise ValueError(f"gemm_ws: block_n={c.block_n!r} must be 64, 128 or 256 (one wgmma instruction)")
+        raise ValueError(f"{who}: block_n={c.block_n!r} must be 64, 128 or 256 (one wgmma instruction)")
     if c.block_k not in (32, 64):
-        raise ValueError(f"gemm_ws: block_k={c.block_k!r} must be 32 or 64 (one 128-byte swizzled row)")
+        raise ValueError(f"{who}: block_k={c.block_k!r} must be 32 or 64 (one 128-byte swizzled row)")
     if c.block_m * c.block_n > 128 * threads:
-        raise ValueError(f"gemm_ws: a {c.block_m}x{c.block_n} fp32 accumulator needs "
+        raise ValueError(f"{who}: a {c.block_m}x{c.block_n} fp32 accumulator needs "
                          f"{c.block_m * c.block_n // threads} registers per consumer thread; at most 128 fit "
                          + ("(use 128x256 or 256x128)" if c.cooperative else "(use 128x128 or 64x256)"))
 
 
-def validate(config: WsConfig | Mapping[str, Any] | None) -> WsConfig:
-    """The config, or a ValueError naming the knob that cannot work."""
-    c = _as_config(config)
+def validate(config: WsConfig | Mapping[str, Any] | None, cls: type | None = None) -> WsConfig:
+    """The config (a ``cls``, default ``WsConfig``), or a ValueError naming the knob that cannot work."""
+    c = _as_config(config, cls)
+    who = _who(type(c))
     if not isinstance(c.cooperative, bool):
-        raise ValueError(f"gemm_ws: cooperative={c.cooperative!r} must be True or False")
+        raise ValueError(f"{who}: cooperative={c.cooperative!r} must be True or False")
     _validate_tile(c)
     if not isinstance(c.num_stages, int) or c.num_stages < 2:
-        raise ValueError(f"gemm_ws: num_stages={c.num_stages!r} must be an int >= 2")
+        raise ValueError(f"{who}: num_stages={c.num_stages!r} must be an int >= 2")
     if not isinstance(c.group_m, int) or c.group_m < 1:
-        raise ValueError(f"gemm_ws: group_m={c.group_m!r} must be an int >= 1")
+        raise ValueError(f"{who}: group_m={c.group_m!r} must be an int >= 1")
     if c.num_sms is not None and (not isinstance(c.num_sms, int) or c.num_sms < 1):
-        raise ValueError(f"gemm_ws: num_sms={c.num_sms!r} must be None or an int >= 1")
+        raise ValueError(f"{who}: num_sms={c.num_sms!r} must be None or an int >= 1")
     for name in ("consumer_regs", "producer_regs"):
         r = getattr(c, name)
         if not isinstance(r, int) or r % 8 or not 24 <= r <= 256:
-            raise ValueError(f"gemm_ws: {name}={r!r} must be a multiple of 8 in [24, 256] (setmaxnreg)")
+            raise ValueError(f"{who}: {name}={r!r} must be a multiple of 8 in [24, 256] (setmaxnreg)")
     if not c.cooperative and default_partition_regs(c) < c.consumer_regs:
-        raise ValueError(f"gemm_ws: producer_regs + 2 * consumer_regs = {c.producer_regs + 2 * c.consumer_regs} "
+        raise ValueError(f"{who}: producer_regs + 2 * consumer_regs = {c.producer_regs + 2 * c.consumer_regs} "
                          f"exceeds the {TOTAL_WARPS // 4} warpgroups' {TOTAL_WARPS // 4 * MAXNREG} registers "
                          f"per thread (65536 per SM over {TOTAL_WARPS * 32} threads)")
     need = smem_bytes(c)
     if need > SMEM_LIMIT_SM90:
-        raise ValueError(f"gemm_ws: {c.label()} needs {need} bytes of shared memory, over sm_90's "
+        raise ValueError(f"{who}: {c.label()} needs {need} bytes of shared memory, over sm_90's "
                          f"{SMEM_LIMIT_SM90} per block; use fewer stages or a smaller tile")
     return c
 
@@ -401,8 +412,10 @@ def _gl_dtype(dtype: torch.dtype):
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
+    """Unit inner stride, 16-byte aligned base and outer strides (any rank)."""
     es = t.element_size()
-    return t.stride(1) == 1 and (t.stride(0) * es) % 16 == 0 and t.data_ptr() % 16 == 0
+    return (t.stride(-1) == 1 and all((st * es) % 16 == 0 for st in t.stride()[:-1])
+            and t.data_ptr() % 16 == 0)
 
 
 def check_alignment(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16) -> None:

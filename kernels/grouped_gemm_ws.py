@@ -77,7 +77,6 @@ fp32, K or N not multiples of 8 (16-byte TMA row strides), more than
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Mapping
 
 import torch
@@ -93,7 +92,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernels import cuda_context, interpreter
-from workbench.asm.resources import smem_per_block
+from kernels import gemm_ws as dense
 from workbench.dtypes import triton_type
 
 try:  # the host-side descriptor that carries a shared-memory layout (Gluon)
@@ -101,12 +100,13 @@ try:  # the host-side descriptor that carries a shared-memory layout (Gluon)
 except ImportError:  # pragma: no cover
     TensorDescriptor = None
 
-DTYPES = (torch.bfloat16, torch.float16)
-SMEM_LIMIT_SM90 = smem_per_block(90)
-REGS_PER_SM = 65536
-TOTAL_WARPS = 12  # 2 consumer warpgroups + the producer's warpgroup (1 warp used, 4 allocated)
-MAXNREG = (REGS_PER_SM // (TOTAL_WARPS * 32)) // 8 * 8  # 168
-WS_EXTRA_SMEM = 256  # Triton's warp-specialisation state in shared memory (upper bound)
+# The dense kernel's limits and config helpers hold here too (same partitions,
+# registers, ring and staging buffers): kernels.gemm_ws.
+DTYPES, SMEM_LIMIT_SM90, TOTAL_WARPS, MAXNREG, WS_EXTRA_SMEM = (
+    dense.DTYPES, dense.SMEM_LIMIT_SM90, dense.TOTAL_WARPS, dense.MAXNREG, dense.WS_EXTRA_SMEM)
+num_consumers, num_warps = dense.num_consumers, dense.num_warps
+default_partition_regs, consumer_regs_of = dense.default_partition_regs, dense.consumer_regs_of
+_sm_count, _capability, _gl_dtype, _tma_ok = dense._sm_count, dense._capability, dense._gl_dtype, dense._tma_ok
 MAX_GROUPS = 512  # G_PAD / 32 registers per sizes vector; the 40-register producer spills at G_PAD = 1024
 _WINDOW = 1 << 30  # rows a row-window descriptor can address past its base
 _FALLBACK = "use kernels.grouped_gemm.grouped_gemm instead"
@@ -326,118 +326,28 @@ def _grouped_gemm_ws_kernel(x_desc, w_desc, out_desc, sizes_ptr, M_total, G, gro
 # Configuration
 # --------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
-class GroupedWsConfig:
-    """Every knob of the kernel (``num_sms=None``: every SM of the device)."""
+class GroupedWsConfig(dense.WsConfig):
+    """``kernels.gemm_ws.WsConfig``'s knobs; 5 stages by default (the probe's best
+    on the seed layers); group_m: rows of tiles per L2 band inside an expert."""
 
-    block_m: int = 128  # tile rows. Ping-pong: 64 or 128 (one warpgroup); cooperative: 128 or 256
-    block_n: int = 128  # 64, 128 or 256 (one wgmma instruction wide)
-    block_k: int = 64  # 32 or 64
-    num_stages: int = 5  # depth of the shared-memory ring
-    group_m: int = 8  # rows of tiles per L2 band inside an expert
-    num_sms: int | None = None  # CTAs launched (one per SM)
-    cooperative: bool = False  # False: ping-pong (2 consumers, alternate tiles); True: 1 consumer of 8 warps
-    consumer_regs: int = 232  # per thread, consumer 1's warpgroup (ping-pong only)
-    producer_regs: int = 40  # per thread, the producer's warpgroup
-
-    def label(self) -> str:
-        s = f"{'coop' if self.cooperative else 'ws'} {self.block_m}x{self.block_n}x{self.block_k} " \
-            f"s{self.num_stages} g{self.group_m}"
-        if self.num_sms is not None:
-            s += f" sm{self.num_sms}"
-        if self.producer_regs != 40 or (self.consumer_regs != 232 and not self.cooperative):
-            s += f" r{consumer_regs_of(self)}/{self.producer_regs}"
-        return s
-
-    def as_params(self) -> dict:
-        return dataclasses.asdict(self)
+    num_stages: int = 5
 
 
 PARAMS = GroupedWsConfig().as_params()
 
 
 def _as_config(config) -> GroupedWsConfig:
-    if config is None:
-        return GroupedWsConfig()
-    if isinstance(config, GroupedWsConfig):
-        return config
-    if isinstance(config, Mapping):
-        unknown = sorted(set(config) - set(PARAMS))
-        if unknown:
-            raise ValueError(f"grouped_gemm_ws: unknown config field(s) {unknown}; known: {sorted(PARAMS)}")
-        return GroupedWsConfig(**config)
-    raise ValueError(f"grouped_gemm_ws: config must be a GroupedWsConfig or a dict, got {type(config).__name__}")
-
-
-def num_consumers(config: GroupedWsConfig) -> int:
-    return 1 if config.cooperative else 2
-
-
-def num_warps(config: GroupedWsConfig) -> int:
-    """The kernel's num_warps: its default partition (consumer 0), one or two warpgroups."""
-    return 8 if config.cooperative else 4
+    return dense._as_config(config, GroupedWsConfig)
 
 
 def smem_bytes(config: GroupedWsConfig | Mapping[str, Any] | None = None, elem_bytes: int = 2) -> int:
-    """Shared memory per CTA (an upper bound): the ring, one C staging buffer per
-    consumer, the mbarriers, and what Triton adds for warp specialisation."""
-    c = _as_config(config)
-    ring = c.num_stages * (c.block_m * c.block_k + c.block_k * c.block_n) * elem_bytes
-    staging = num_consumers(c) * c.block_m * c.block_n * elem_bytes
-    barriers = 8 * (2 * c.num_stages + 2)
-    return ring + staging + barriers + WS_EXTRA_SMEM
-
-
-def default_partition_regs(config: GroupedWsConfig) -> int:
-    """Registers per thread left to the default partition (consumer 0)."""
-    total = TOTAL_WARPS // 4 * MAXNREG
-    if config.cooperative:
-        return (total - config.producer_regs) // 2 // 8 * 8
-    return total - config.producer_regs - config.consumer_regs
-
-
-def consumer_regs_of(config: GroupedWsConfig) -> int:
-    """Registers per thread every consumer thread gets."""
-    if config.cooperative:
-        return default_partition_regs(config)
-    return min(config.consumer_regs, default_partition_regs(config))
+    """Shared memory per CTA (an upper bound), as ``kernels.gemm_ws.smem_bytes``."""
+    return dense.smem_bytes(config, elem_bytes, GroupedWsConfig)
 
 
 def validate(config: GroupedWsConfig | Mapping[str, Any] | None) -> GroupedWsConfig:
     """The config, or a ValueError naming the knob that cannot work."""
-    c = _as_config(config)
-    if not isinstance(c.cooperative, bool):
-        raise ValueError(f"grouped_gemm_ws: cooperative={c.cooperative!r} must be True or False")
-    threads = 32 * num_warps(c)
-    if c.block_m not in ((128, 256) if c.cooperative else (64, 128)):
-        raise ValueError(f"grouped_gemm_ws: block_m={c.block_m!r} must be " + (
-            "128 or 256 (cooperative: 2 warpgroups)" if c.cooperative else "64 or 128 (one warpgroup per consumer)"))
-    if c.block_n not in (64, 128, 256):
-        raise ValueError(f"grouped_gemm_ws: block_n={c.block_n!r} must be 64, 128 or 256 (one wgmma instruction)")
-    if c.block_k not in (32, 64):
-        raise ValueError(f"grouped_gemm_ws: block_k={c.block_k!r} must be 32 or 64 (one 128-byte swizzled row)")
-    if c.block_m * c.block_n > 128 * threads:
-        raise ValueError(f"grouped_gemm_ws: a {c.block_m}x{c.block_n} fp32 accumulator needs "
-                         f"{c.block_m * c.block_n // threads} registers per consumer thread; at most 128 fit "
-                         + ("(use 128x256 or 256x128)" if c.cooperative else "(use 128x128 or 64x256)"))
-    if not isinstance(c.num_stages, int) or c.num_stages < 2:
-        raise ValueError(f"grouped_gemm_ws: num_stages={c.num_stages!r} must be an int >= 2")
-    if not isinstance(c.group_m, int) or c.group_m < 1:
-        raise ValueError(f"grouped_gemm_ws: group_m={c.group_m!r} must be an int >= 1")
-    if c.num_sms is not None and (not isinstance(c.num_sms, int) or c.num_sms < 1):
-        raise ValueError(f"grouped_gemm_ws: num_sms={c.num_sms!r} must be None or an int >= 1")
-    for name in ("consumer_regs", "producer_regs"):
-        r = getattr(c, name)
-        if not isinstance(r, int) or r % 8 or not 24 <= r <= 256:
-            raise ValueError(f"grouped_gemm_ws: {name}={r!r} must be a multiple of 8 in [24, 256] (setmaxnreg)")
-    if not c.cooperative and default_partition_regs(c) < c.consumer_regs:
-        raise ValueError(f"grouped_gemm_ws: producer_regs + 2 * consumer_regs = "
-                         f"{c.producer_regs + 2 * c.consumer_regs} exceeds the {TOTAL_WARPS // 4} warpgroups' "
-                         f"{TOTAL_WARPS // 4 * MAXNREG} registers per thread")
-    need = smem_bytes(c)
-    if need > SMEM_LIMIT_SM90:
-        raise ValueError(f"grouped_gemm_ws: {c.label()} needs {need} bytes of shared memory, over sm_90's "
-                         f"{SMEM_LIMIT_SM90} per block; use fewer stages or a smaller tile")
-    return c
+    return dense.validate(config, GroupedWsConfig)
 
 
 def g_pad(G: int) -> int:
@@ -464,26 +374,6 @@ def check_alignment(N: int, K: int, dtype: torch.dtype = torch.bfloat16) -> None
 # --------------------------------------------------------------------------
 # Launcher
 # --------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-def _gl_dtype(dtype: torch.dtype):
-    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
-
-
-def _tma_ok(t: torch.Tensor) -> bool:
-    es = t.element_size()
-    return (t.stride(-1) == 1 and all((s * es) % 16 == 0 for s in t.stride()[:-1])
-            and t.data_ptr() % 16 == 0)
-
-
 def _layout(dtype: torch.dtype, block: list[int]):
     return gl.NVMMASharedLayout.get_default_for(block, _gl_dtype(dtype))
 
