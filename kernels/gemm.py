@@ -597,15 +597,14 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor) -> None:
                      f"triton is imported to run them in Triton's interpreter")
 
 
-def prepare_output(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, who: str = "gemm"):
-    """(C, done) for ``a (M, K) @ b (K, N)``: ``out`` checked, or a new tensor;
-    ``done`` when nothing is left to compute (C is empty, or K == 0 and C zeroed)."""
-    M, K = a.shape
-    N = b.shape[1]
+def prepare_output(out: torch.Tensor | None, M: int, N: int, K: int, like: torch.Tensor, who: str = "gemm"):
+    """(C, done) for a product with an (M, N) result and reduction length K, in
+    ``like``'s dtype and device: ``out`` checked, or a new tensor; ``done`` when
+    nothing is left to compute (C is empty, or K == 0 and C zeroed)."""
     if out is None:
-        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    elif out.shape != (M, N) or out.dtype != a.dtype or out.device != a.device:
-        raise ValueError(f"{who}: out must be ({M}, {N}) {a.dtype} on {a.device}, got "
+        out = torch.empty((M, N), dtype=like.dtype, device=like.device)
+    elif out.shape != (M, N) or out.dtype != like.dtype or out.device != like.device:
+        raise ValueError(f"{who}: out must be ({M}, {N}) {like.dtype} on {like.device}, got "
                          f"{tuple(out.shape)} {out.dtype} on {out.device}")
     if M == 0 or N == 0:
         return out, True
@@ -626,7 +625,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
     _check_operands(a, b)
     M, K = a.shape
     N = b.shape[1]
-    out, done = prepare_output(a, b, out)
+    out, done = prepare_output(out, M, N, K, a)
     if done:
         return out
 

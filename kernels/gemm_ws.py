@@ -224,10 +224,10 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, orde
 
 
 @gluon.jit
-def _gemm_ws_kernel(a_desc, b_desc, c_desc, group_m, NUM_STAGES: gl.constexpr, COOPERATIVE: gl.constexpr,
-                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+def _shared_state(a_desc, b_desc, c_desc, NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+    """The ring (A and B stages), one C staging buffer per consumer, and the
+    mbarriers: ready/empty per stage, order[2] for the ping-pong consumers."""
     dtype: gl.constexpr = a_desc.dtype
-    NUM_CONSUMERS: gl.constexpr = 1 if COOPERATIVE else 2
     a_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + c_desc.block_type.shape, c_desc.layout)
@@ -239,6 +239,14 @@ def _gemm_ws_kernel(a_desc, b_desc, c_desc, group_m, NUM_STAGES: gl.constexpr, C
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(order.index(i), count=1)
+    return a_bufs, b_bufs, c_bufs, ready, empty, order
+
+
+@gluon.jit
+def _gemm_ws_kernel(a_desc, b_desc, c_desc, group_m, NUM_STAGES: gl.constexpr, COOPERATIVE: gl.constexpr,
+                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    NUM_CONSUMERS: gl.constexpr = 1 if COOPERATIVE else 2
+    a_bufs, b_bufs, c_bufs, ready, empty, order = _shared_state(a_desc, b_desc, c_desc, NUM_STAGES, NUM_CONSUMERS)
 
     if COOPERATIVE:
         # Default partition (this kernel's 8 warps): the one consumer. Worker: the
@@ -474,7 +482,7 @@ def matmul_ws(a: torch.Tensor, b: torch.Tensor, *, config: WsConfig | Mapping[st
     M, K = a.shape
     N = b.shape[1]
     check_alignment(M, N, K, a.dtype)
-    out, done = prepare_output(a, b, out, who="gemm_ws")
+    out, done = prepare_output(out, M, N, K, a, who="gemm_ws")
     if done:
         return out
     if not all(_tma_ok(t) for t in (a, b, out)):

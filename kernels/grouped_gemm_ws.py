@@ -93,6 +93,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from kernels import cuda_context, interpreter
 from kernels import gemm_ws as dense
+from kernels.gemm import prepare_output
 from workbench.dtypes import triton_type
 
 try:  # the host-side descriptor that carries a shared-memory layout (Gluon)
@@ -290,19 +291,9 @@ def _consumer(x_desc, w_desc, out_desc, sizes_ptr, M_total, G, group_m, a_bufs, 
 def _grouped_gemm_ws_kernel(x_desc, w_desc, out_desc, sizes_ptr, M_total, G, group_m,
                             NUM_STAGES: gl.constexpr, COOPERATIVE: gl.constexpr, TRANS_W: gl.constexpr,
                             G_PAD: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
-    dtype: gl.constexpr = x_desc.dtype
     NUM_CONSUMERS: gl.constexpr = 1 if COOPERATIVE else 2
-    a_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + x_desc.block_type.shape, x_desc.layout)
-    b_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + w_desc.block_type.shape, w_desc.layout)
-    c_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + out_desc.block_type.shape, out_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(order.index(i), count=1)
+    a_bufs, b_bufs, c_bufs, ready, empty, order = dense._shared_state(x_desc, w_desc, out_desc, NUM_STAGES,
+                                                                      NUM_CONSUMERS)
 
     if COOPERATIVE:
         gl.warp_specialize([
@@ -497,15 +488,9 @@ def grouped_gemm_ws(x: torch.Tensor, w: torch.Tensor, group_sizes: torch.Tensor,
     """
     cfg = validate(config)
     M, N, K, G = _check_operands(x, w, group_sizes, trans_w)
-    if out is None:
-        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    elif out.shape != (M, N) or out.dtype != x.dtype or out.device != x.device:
-        raise ValueError(f"grouped_gemm_ws: out must be [{M}, {N}] {x.dtype} on {x.device}, got "
-                         f"{tuple(out.shape)} {out.dtype} on {out.device}")
-    if M == 0 or N == 0:
+    out, done = prepare_output(out, M, N, K, x, who="grouped_gemm_ws")
+    if done:
         return out
-    if K == 0:
-        return out.zero_()
     if not all(_tma_ok(t) for t in (x, w, out)):
         raise ValueError("grouped_gemm_ws: x, w and out need unit inner stride and 16-byte aligned base pointers "
                          f"and strides (TMA); {_FALLBACK}, which takes any row-major strides")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import ws_checks  # tests/ws_checks.py (pytest puts tests/ on the path)
 from kernels import gemm_ws
 from kernels.gemm_ws import WsConfig
 from workbench.asm.resources import smem_per_block
@@ -45,21 +45,16 @@ def compiled(tmp_path_factory):
     return out
 
 
-def _mnemonics(entry, stage: str, category: str) -> str:
-    mix = entry.mix(stage)
-    return " ".join(mix.loc[mix["category"] == category, "mnemonics"])
-
-
 @pytest.mark.parametrize("cname,dname", XC_CASES)
 def test_sm90_uses_wgmma(compiled, cname, dname):
     e, cfg = compiled[cname, dname], XC_CONFIGS[cname]
     # One warpgroup per consumer issues m64nBLOCK_Nk16 wgmma (HGMMA in SASS, where
     # fp16 inputs are the default and go unnamed: HGMMA.64x128x16.F32).
-    hgmma = _mnemonics(e, "sass", "matrix")
+    hgmma = ws_checks.mnemonics(e, "sass", "matrix")
     expect = {"bf16": f"HGMMA.64x{cfg.block_n}x16.F32.BF16:", "fp16": f"HGMMA.64x{cfg.block_n}x16.F32:"}[dname]
     assert expect in hgmma, hgmma
     ptx_kind = {"bf16": "bf16", "fp16": "f16"}[dname]
-    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.block_n}k16.f32.{ptx_kind}.{ptx_kind}:" in _mnemonics(e, "ptx", "matrix")
+    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.block_n}k16.f32.{ptx_kind}.{ptx_kind}:" in ws_checks.mnemonics(e, "ptx", "matrix")
     # Operands arrive and C leaves through the TMA engine.
     sass = e.text("sass")
     assert "UTMALDG.2D" in sass and "UTMASTG.2D" in sass
@@ -67,46 +62,17 @@ def test_sm90_uses_wgmma(compiled, cname, dname):
 
 @pytest.mark.parametrize("cname,dname", XC_CASES)
 def test_sm90_no_spills(compiled, cname, dname):
-    e = compiled[cname, dname]
-    r = e.resources()
-    assert not r["problems"], r["problems"]
-    assert r["spill_stores"] == 0 and r["spill_loads"] == 0  # STL / LDL in SASS
-    assert r.get("local_bytes", 0) == 0 and r.get("stack_bytes", 0) == 0
-    assert ".local" not in e.text("ptx")
+    ws_checks.assert_no_spills(compiled[cname, dname])
 
 
 @pytest.mark.parametrize("cname,dname", XC_CASES)
 def test_sm90_warp_specialised(compiled, cname, dname):
-    e, cfg = compiled[cname, dname], XC_CONFIGS[cname]
-    ttgir = e.text("ttgir")
-    assert "ttg.warp_specialize" in ttgir
-    if cfg.cooperative:
-        # Default partition: the 8-warp consumer; one worker: the 1-warp producer.
-        assert f"requestedRegisters = array<i32: {cfg.producer_regs}>" in ttgir
-        assert re.search(r"partition0\(.*\) num_warps\(1\)", ttgir) and "partition1(" not in ttgir
-    else:
-        # Default partition: consumer 0 (the kernel's 4 warps); workers: consumer 1
-        # (4 warps) and the producer (1 warp), with the registers they ask for.
-        assert f"requestedRegisters = array<i32: {cfg.consumer_regs}, {cfg.producer_regs}>" in ttgir
-        assert re.search(r"partition0\(.*\) num_warps\(4\)", ttgir)
-        assert re.search(r"partition1\(.*\) num_warps\(1\)", ttgir)
-    # setmaxnreg really moves registers: the consumers to consumer_regs_of(cfg)
-    # (the default partition gets the leftover), the producer down to producer_regs.
-    ptx_regs = {int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", e.text("ptx"))}
-    assert {gemm_ws.consumer_regs_of(cfg), gemm_ws.default_partition_regs(cfg), cfg.producer_regs} <= ptx_regs
-    assert "USETMAXREG" in e.text("sass")
-    r = e.resources()
-    assert r["num_warps"] == gemm_ws.TOTAL_WARPS == 12 and r["threads_per_block"] == 384
-    assert r["registers"] == gemm_ws.MAXNREG == 168  # the launch limit that 384 threads allow
+    ws_checks.assert_warp_specialised(compiled[cname, dname], XC_CONFIGS[cname], gemm_ws)
 
 
 @pytest.mark.parametrize("cname,dname", XC_CASES)
 def test_sm90_shared_memory_fits(compiled, cname, dname):
-    e, cfg = compiled[cname, dname], XC_CONFIGS[cname]
-    shared = e.resources()["shared_bytes"]
-    assert shared <= smem_per_block(90)
-    estimate = gemm_ws.smem_bytes(cfg)
-    assert estimate - gemm_ws.WS_EXTRA_SMEM <= shared <= estimate  # the model in smem_bytes holds
+    ws_checks.assert_smem_fits(compiled[cname, dname], XC_CONFIGS[cname], gemm_ws, smem_per_block(90))
 
 
 def test_compile_args_surface():

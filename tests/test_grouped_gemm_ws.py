@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import ws_checks  # tests/ws_checks.py (pytest puts tests/ on the path)
 from kernels import grouped_gemm_ws as ggws
 from kernels.grouped_gemm_ws import GroupedWsConfig
 from workbench.asm.resources import smem_per_block
@@ -59,20 +59,15 @@ def compiled(tmp_path_factory):
     return out
 
 
-def _mnemonics(entry, stage: str, category: str) -> str:
-    mix = entry.mix(stage)
-    return " ".join(mix.loc[mix["category"] == category, "mnemonics"])
-
-
 @pytest.mark.parametrize("cname,dname,op", XC_CASES)
 def test_sm90_uses_wgmma_and_tma(compiled, cname, dname, op):
     e, cfg = compiled[cname, dname, op], XC_CONFIGS[cname]
     # One warpgroup issues m64nBLOCK_Nk16 wgmma (HGMMA in SASS; fp16 inputs go unnamed there).
-    hgmma = _mnemonics(e, "sass", "matrix")
+    hgmma = ws_checks.mnemonics(e, "sass", "matrix")
     expect = {"bf16": f"HGMMA.64x{cfg.block_n}x16.F32.BF16:", "fp16": f"HGMMA.64x{cfg.block_n}x16.F32:"}[dname]
     assert expect in hgmma, hgmma
     kind = {"bf16": "bf16", "fp16": "f16"}[dname]
-    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.block_n}k16.f32.{kind}.{kind}:" in _mnemonics(e, "ptx", "matrix")
+    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.block_n}k16.f32.{kind}.{kind}:" in ws_checks.mnemonics(e, "ptx", "matrix")
     # x through a 2-D descriptor, w through a 3-D one ([G, K, N] / [G, N, K]), out
     # through the 4-D row-window descriptor.
     sass = e.text("sass")
@@ -88,48 +83,23 @@ def test_sm90_uses_wgmma_and_tma(compiled, cname, dname, op):
 
 @pytest.mark.parametrize("key", XC_CASES + ["max-G"], ids=str)
 def test_sm90_no_spills(compiled, key):
-    e = compiled[key]
-    r = e.resources()
-    assert not r["problems"], r["problems"]
-    assert r["spill_stores"] == 0 and r["spill_loads"] == 0  # STL / LDL in SASS
-    assert r.get("local_bytes", 0) == 0 and r.get("stack_bytes", 0) == 0
-    assert ".local" not in e.text("ptx")
+    ws_checks.assert_no_spills(compiled[key])
 
 
 @pytest.mark.parametrize("cname,dname,op", XC_CASES)
 def test_sm90_warp_specialised(compiled, cname, dname, op):
-    e, cfg = compiled[cname, dname, op], XC_CONFIGS[cname]
-    ttgir = e.text("ttgir")
-    assert "ttg.warp_specialize" in ttgir
-    if cfg.cooperative:
-        assert f"requestedRegisters = array<i32: {cfg.producer_regs}>" in ttgir
-        assert re.search(r"partition0\(.*\) num_warps\(1\)", ttgir) and "partition1(" not in ttgir
-    else:
-        # Default partition: consumer 0 (the kernel's 4 warps); workers: consumer 1 (4 warps)
-        # and the producer (1 warp).
-        assert f"requestedRegisters = array<i32: {cfg.consumer_regs}, {cfg.producer_regs}>" in ttgir
-        assert re.search(r"partition0\(.*\) num_warps\(4\)", ttgir)
-        assert re.search(r"partition1\(.*\) num_warps\(1\)", ttgir)
-    ptx = e.text("ptx")
-    ptx_regs = {int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}
-    assert {ggws.consumer_regs_of(cfg), ggws.default_partition_regs(cfg), cfg.producer_regs} <= ptx_regs
-    assert "USETMAXREG" in e.text("sass")
-    r = e.resources()
-    assert r["num_warps"] == ggws.TOTAL_WARPS == 12 and r["threads_per_block"] == 384
-    assert r["registers"] == ggws.MAXNREG == 168
+    e = compiled[cname, dname, op]
+    ws_checks.assert_warp_specialised(e, XC_CONFIGS[cname], ggws)
     # The group-size prefix sums and the tile -> group lookups stay inside a warp:
     # lane shuffles for the scans, redux.sync for the reductions (and no scratch
     # shared memory for them: see test_sm90_shared_memory_fits).
+    ptx = e.text("ptx")
     assert "shfl.sync.up" in ptx and "redux.sync" in ptx
 
 
 @pytest.mark.parametrize("cname,dname,op", XC_CASES)
 def test_sm90_shared_memory_fits(compiled, cname, dname, op):
-    e, cfg = compiled[cname, dname, op], XC_CONFIGS[cname]
-    shared = e.resources()["shared_bytes"]
-    assert shared <= smem_per_block(90)
-    estimate = ggws.smem_bytes(cfg)
-    assert estimate - ggws.WS_EXTRA_SMEM <= shared <= estimate  # no scratch for the schedule's reductions
+    ws_checks.assert_smem_fits(compiled[cname, dname, op], XC_CONFIGS[cname], ggws, smem_per_block(90))
 
 
 def test_compile_args_surface():
