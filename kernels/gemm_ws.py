@@ -298,9 +298,6 @@ class WsConfig:
         return dataclasses.asdict(self)
 
 
-PARAMS = WsConfig().as_params()  # field names with their defaults
-
-
 def _who(cls) -> str:
     """The module name errors start with: gemm_ws, or a subclass's module (grouped_gemm_ws)."""
     return cls.__module__.rsplit(".", 1)[-1]

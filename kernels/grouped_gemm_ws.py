@@ -324,13 +324,6 @@ class GroupedWsConfig(dense.WsConfig):
     num_stages: int = 5
 
 
-PARAMS = GroupedWsConfig().as_params()
-
-
-def _as_config(config) -> GroupedWsConfig:
-    return dense._as_config(config, GroupedWsConfig)
-
-
 def smem_bytes(config: GroupedWsConfig | Mapping[str, Any] | None = None, elem_bytes: int = 2) -> int:
     """Shared memory per CTA (an upper bound), as ``kernels.gemm_ws.smem_bytes``."""
     return dense.smem_bytes(config, elem_bytes, GroupedWsConfig)
