@@ -454,9 +454,13 @@ def _check_operands(a, b) -> None:
                          f"(wgmma and setmaxnreg as used here are Hopper's); {_FALLBACK}")
 
 
+def _layout(dtype: torch.dtype, block: list[int]):
+    """The swizzled shared-memory layout a TMA box of this shape lands in (any rank)."""
+    return gl.NVMMASharedLayout.get_default_for(block, _gl_dtype(dtype))
+
+
 def _descriptor(t: torch.Tensor, block: list[int]):
-    layout = gl.NVMMASharedLayout.get_default_for(block, _gl_dtype(t.dtype))
-    return TensorDescriptor.from_tensor(t, block, layout)
+    return TensorDescriptor.from_tensor(t, block, _layout(t.dtype, block))
 
 
 def grid_size(M: int, N: int, config: WsConfig, num_sms: int) -> int:
@@ -522,9 +526,8 @@ def tolerance(dtype: torch.dtype) -> float:
 # --------------------------------------------------------------------------
 def _desc_type(dtype: torch.dtype, block: list[int]) -> str:
     # Gluon descriptors carry their shared-memory layout in the type, after the
-    # block shape (triton.language.str_to_ty evaluates it).
-    layout = gl.NVMMASharedLayout.get_default_for(block, _gl_dtype(dtype))
-    return f"tensordesc<{triton_type(dtype)}[{block[0]}, {block[1]}],{layout!r}>"
+    # block shape (triton.language.str_to_ty evaluates it); any rank.
+    return f"tensordesc<{triton_type(dtype)}[{', '.join(map(str, block))}],{_layout(dtype, block)!r}>"
 
 
 def compile_args(config: WsConfig | Mapping[str, Any] | None = None, dtype: torch.dtype = torch.bfloat16,

@@ -85,7 +85,6 @@ def _patch_interpreter() -> None:
 # ---------------------------------------------------------------------------
 
 
-_WINDOW = 1 << 30     # rows a window descriptor can address past its base
 
 
 def _row_window_desc(t: torch.Tensor, block_rows: int, block_cols: int) -> TensorDescriptor:
@@ -98,13 +97,7 @@ def _row_window_desc(t: torch.Tensor, block_rows: int, block_cols: int) -> Tenso
     the hardware treats i >= n as out of bounds, so rows outside [lo, lo + n)
     are zero-filled on loads and dropped on stores.
     """
-    rows, cols = t.shape
-    if rows > _WINDOW:
-        raise ValueError(f"grouped_gemm: at most {_WINDOW} rows, got {rows}")
-    big = 0x7FFF0000
-    s = t.stride(0)
-    return TensorDescriptor(t, [big, big, _WINDOW, cols], [2**34 - s, s, s, 1],
-                            [1, 1, block_rows, block_cols])
+    return TensorDescriptor(t, *ws.row_window(t, "grouped_gemm"), [1, 1, block_rows, block_cols])
 
 
 @triton.jit

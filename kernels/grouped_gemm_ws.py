@@ -96,11 +96,6 @@ from kernels import gemm_ws as dense
 from kernels.gemm import prepare_output
 from workbench.dtypes import triton_type
 
-try:  # the host-side descriptor that carries a shared-memory layout (Gluon)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-except ImportError:  # pragma: no cover
-    TensorDescriptor = None
-
 # The dense kernel's limits and config helpers hold here too (same partitions,
 # registers, ring and staging buffers): kernels.gemm_ws.
 DTYPES, SMEM_LIMIT_SM90, TOTAL_WARPS, MAXNREG, WS_EXTRA_SMEM = (
@@ -108,6 +103,8 @@ DTYPES, SMEM_LIMIT_SM90, TOTAL_WARPS, MAXNREG, WS_EXTRA_SMEM = (
 num_consumers, num_warps = dense.num_consumers, dense.num_warps
 default_partition_regs, consumer_regs_of = dense.default_partition_regs, dense.consumer_regs_of
 _sm_count, _capability, _gl_dtype, _tma_ok = dense._sm_count, dense._capability, dense._gl_dtype, dense._tma_ok
+TensorDescriptor, _layout, _desc_type, tolerance = dense.TensorDescriptor, dense._layout, dense._desc_type, dense.tolerance
+_acc_layout = dense._acc_layout  # warps stacked along M, the whole BLOCK_N in one wgmma
 MAX_GROUPS = 512  # G_PAD / 32 registers per sizes vector; the 40-register producer spills at G_PAD = 1024
 _WINDOW = 1 << 30  # rows a row-window descriptor can address past its base
 _FALLBACK = "use kernels.grouped_gemm.grouped_gemm instead"
@@ -116,13 +113,6 @@ _FALLBACK = "use kernels.grouped_gemm.grouped_gemm instead"
 # --------------------------------------------------------------------------
 # Gluon kernel
 # --------------------------------------------------------------------------
-@gluon.constexpr_function
-def _acc_layout(block_n, bitwidth, num_warps):
-    # Warps stacked along M (one m64 wgmma per warpgroup), the whole BLOCK_N in one instruction.
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                     instr_shape=[16, block_n, 256 // bitwidth])
-
-
 @gluon.constexpr_function
 def _vec_layout(g_pad, num_warps):
     # 1-D vectors of G_PAD (>= 32) entries: G_PAD / 32 per lane, the 32 lanes of a
@@ -358,22 +348,23 @@ def check_alignment(N: int, K: int, dtype: torch.dtype = torch.bfloat16) -> None
 # --------------------------------------------------------------------------
 # Launcher
 # --------------------------------------------------------------------------
-def _layout(dtype: torch.dtype, block: list[int]):
-    return gl.NVMMASharedLayout.get_default_for(block, _gl_dtype(dtype))
+def row_window(t: torch.Tensor, who: str = "grouped_gemm_ws") -> tuple[list[int], list[int]]:
+    """(shape, strides) of the 4-D row-window view of a 2-D row-major tensor (see
+    kernels.grouped_gemm._row_window_desc): dims (a, b, r, c), strides
+    (2**34 - s, s, s, 1); (2**30, lo + n, 2**30 - n + i, c) is element (lo + i, c)
+    and rows i >= n are out of bounds (zero-filled on loads, dropped on stores)."""
+    rows, cols = t.shape
+    if rows > _WINDOW:
+        raise ValueError(f"{who}: at most {_WINDOW} rows, got {rows}")
+    s = t.stride(0)
+    return [0x7FFF0000, 0x7FFF0000, _WINDOW, cols], [2**34 - s, s, s, 1]
 
 
 def _row_window_desc(t: torch.Tensor, block_rows: int, block_cols: int):
-    """kernels.grouped_gemm._row_window_desc as a Gluon descriptor (it carries the
-    shared-memory layout of its [1, 1, block_rows, block_cols] box): dims (a, b, r, c),
-    strides (2**34 - s, s, s, 1); (2**30, lo + n, 2**30 - n + i, c) is element
-    (lo + i, c) and rows i >= n are out of bounds (dropped on stores)."""
-    rows, cols = t.shape
-    if rows > _WINDOW:
-        raise ValueError(f"grouped_gemm_ws: at most {_WINDOW} rows, got {rows}")
-    s = t.stride(0)
+    """The row-window descriptor as a Gluon one (it carries the shared-memory layout
+    of its [1, 1, block_rows, block_cols] box)."""
     block = [1, 1, block_rows, block_cols]
-    return TensorDescriptor(t, [0x7FFF0000, 0x7FFF0000, _WINDOW, cols], [2**34 - s, s, s, 1], block,
-                            _layout(t.dtype, block))
+    return TensorDescriptor(t, *row_window(t), block, _layout(t.dtype, block))
 
 
 def _check_device(device: torch.device) -> None:
@@ -519,19 +510,9 @@ def flops(total_tokens: int, N: int, K: int) -> int:
     return 2 * int(total_tokens) * int(N) * int(K)
 
 
-def tolerance(dtype: torch.dtype) -> float:
-    """Largest accepted ||out - ref|| / ||ref|| (out rounded to dtype), as kernels.gemm_ws."""
-    return {torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
-
-
 # --------------------------------------------------------------------------
 # Cross-compilation (no GPU needed): arguments for workbench.asm.compile
 # --------------------------------------------------------------------------
-def _desc_type(dtype: torch.dtype, block: list[int]) -> str:
-    # Gluon descriptors carry their shared-memory layout in the type, after the block shape.
-    return f"tensordesc<{triton_type(dtype)}[{', '.join(map(str, block))}],{_layout(dtype, block)!r}>"
-
-
 def compile_args(config: GroupedWsConfig | Mapping[str, Any] | None = None, dtype: torch.dtype = torch.bfloat16,
                  trans_w: bool = False, G: int = 32, shape: Mapping[str, int] | tuple[int, int] | None = None,
                  sizes_dtype: torch.dtype = torch.int32) -> dict:
