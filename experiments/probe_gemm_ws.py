@@ -26,14 +26,14 @@ import argparse
 import csv
 import faulthandler
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from workbench.child import run_records  # noqa: E402
 
 SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (1024, 4096, 14336), (4096, 14336, 4096),
           (16384, 3584, 8192), (2048, 7168, 2048), (512, 4096, 7168), (8192, 28672, 8192)]
@@ -84,27 +84,11 @@ for i, (M, N, K) in enumerate(json.loads(sys.argv[2])):
 """
 
 
-def _text(x) -> str:
-    return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
-
-
 def check_variant(fields: dict, shapes, timeout_s: float) -> dict:
     """Run the child for one variant; {'hung': bool, 'error': str|None, 'shapes': {MxNxK: record}}."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, "-c", _CHILD.format(root=str(ROOT)), json.dumps(fields), json.dumps(shapes)]
-    res = {"hung": False, "error": None, "shapes": {}}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s, cwd=ROOT)
-        stdout, stderr = proc.stdout, proc.stderr
-        if proc.returncode != 0:
-            res["error"] = f"child exited {proc.returncode}: {stderr.strip()[-500:]}"
-    except subprocess.TimeoutExpired as exc:
-        stdout, stderr = _text(exc.stdout), _text(exc.stderr)
-        res["hung"] = True
-    for line in stdout.splitlines():
-        if line.startswith("{"):
-            rec = json.loads(line)
-            res["shapes"]["x".join(map(str, rec["shape"]))] = rec
+    child = run_records(_CHILD.format(root=str(ROOT)), [json.dumps(fields), json.dumps(shapes)], timeout_s, ROOT)
+    res = {"hung": child.hung, "error": child.error,
+           "shapes": {"x".join(map(str, rec["shape"])): rec for rec in child.records}}
     if res["hung"]:
         done = len(res["shapes"])
         nxt = "x".join(map(str, shapes[done])) if done < len(shapes) else "exit"

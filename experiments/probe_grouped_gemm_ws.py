@@ -40,14 +40,14 @@ import csv
 import faulthandler
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from workbench.child import run_records  # noqa: E402
 
 MODELS = {
     "gpt-oss-20B": {"B": [4, 32], "M": [2048, 4096], "layers": {"GateUP": (5760, 2880), "Down": (2880, 2880)}},
@@ -107,10 +107,6 @@ def log(*a):
     print(*a, flush=True)
 
 
-def _text(x) -> str:
-    return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
-
-
 def cases(models, quick: bool):
     """(model, layer, B, M, N, K) problems, each run under every routing and op."""
     for model in models:
@@ -138,24 +134,13 @@ def _check_key(model, layer, op) -> str:
 
 def check_variant(fields: dict, check: list, timeout_s: float) -> dict:
     """Run the child for one variant: {'hung', 'error', 'cases': {model/layer/op: [records]}}."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, "-c", _CHILD.format(root=str(ROOT), seed=SEED), json.dumps(fields), json.dumps(check)]
-    res = {"hung": False, "error": None, "cases": {}}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s, cwd=ROOT)
-        stdout, stderr = proc.stdout, proc.stderr
-        if proc.returncode != 0:
-            res["error"] = f"child exited {proc.returncode}: {stderr.strip()[-500:]}"
-    except subprocess.TimeoutExpired as exc:
-        stdout = _text(exc.stdout)
-        res["hung"] = True
-    done = 0
-    for line in stdout.splitlines():
-        if line.startswith("{"):
-            rec = json.loads(line)
-            model, layer, B, M, routing, op = rec["case"]
-            res["cases"].setdefault(_check_key(model, layer, op), []).append(rec)
-            done += 1
+    child = run_records(_CHILD.format(root=str(ROOT), seed=SEED), [json.dumps(fields), json.dumps(check)],
+                        timeout_s, ROOT)
+    res = {"hung": child.hung, "error": child.error, "cases": {}}
+    for rec in child.records:
+        model, layer, B, M, routing, op = rec["case"]
+        res["cases"].setdefault(_check_key(model, layer, op), []).append(rec)
+    done = len(child.records)
     if res["hung"]:
         nxt = check[done] if done < len(check) else "exit"
         res["error"] = f"no exit within {timeout_s:.0f} s (hang?) while on {nxt}, after {done} case(s)"
