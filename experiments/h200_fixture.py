@@ -1,8 +1,8 @@
 """Compile and run the remote-store kernel on a real H200, keeping its cache.
 
-Run on the GPU machine (device tool, kind nvidia-h200):
-    PYTHONPATH=. python3 experiments/h200_fixture.py $OUT
-then unpack $OUT/h200_cache.tar.gz into tests/fixtures/h200_cache/.
+Run on an H200 node:
+    PYTHONPATH=. python3 experiments/h200_fixture.py /tmp/h200_fixture
+then unpack /tmp/h200_fixture/h200_cache.tar.gz into tests/fixtures/h200_cache/.
 It checks the copy is exact, and records cuobjdump's SASS and resource usage
 of the same cubin so the CPU tests can compare against them.
 """

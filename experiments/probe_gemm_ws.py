@@ -1,7 +1,7 @@
-"""Probe the warp-specialised Gluon GEMM (kernels.gemm_ws) on an H200 against
+"""Probe the warp-specialised Gluon GEMM (kernels.gemm.gluon) on an H200 against
 cuBLAS and the existing Triton kernel (kernels.gemm), bf16, on the 8 goal shapes.
 
-    PYTHONUNBUFFERED=1 python experiments/probe_gemm_ws.py --out "$OUT"
+    PYTHONUNBUFFERED=1 python experiments/probe_gemm_ws.py --out results/gemm_tiling/probe
 
 1. Every ``matmul_ws`` variant first runs in a child process, with a time limit
    (``--child-timeout``): compile, then every shape against an fp32 reference
@@ -59,8 +59,9 @@ _CHILD = """
 import json, sys, time
 import torch
 sys.path.insert(0, {root!r})
-from kernels import gemm_ws
-cfg = gemm_ws.WsConfig(**json.loads(sys.argv[1]))
+from kernels import gemm
+from kernels.gemm import sweep as gsweep
+cfg = gemm.WsConfig(**json.loads(sys.argv[1]))
 for i, (M, N, K) in enumerate(json.loads(sys.argv[2])):
     t0 = time.perf_counter()
     g = torch.Generator(device="cuda").manual_seed(100 + i)
@@ -69,12 +70,12 @@ for i, (M, N, K) in enumerate(json.loads(sys.argv[2])):
     c = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     rec = {{"shape": [M, N, K]}}
     try:
-        gemm_ws.matmul_ws(a, b, config=cfg, out=c)
+        gemm.matmul_ws(a, b, config=cfg, out=c)
         torch.cuda.synchronize()
-        ref = gemm_ws.reference(a, b)
+        ref = gemm.reference(a, b)
         rec["rel_err"] = float((c.float() - ref).norm() / ref.norm())
         rec["finite"] = bool(torch.isfinite(c).all())
-        rec["ok"] = rec["finite"] and rec["rel_err"] < gemm_ws.tolerance(torch.bfloat16)
+        rec["ok"] = rec["finite"] and rec["rel_err"] < gsweep.tolerance(torch.bfloat16)
     except Exception as exc:
         rec["ok"] = False
         rec["error"] = f"{{type(exc).__name__}}: {{exc}}"[:500]
@@ -109,14 +110,14 @@ def probe_shape(M, N, K, variants: dict, checks: dict, args) -> list[dict]:
     """Rows for one shape: cuBLAS, kernels.gemm, and each variant that passed its check."""
     import torch
 
-    from kernels import gemm, gemm_ws
+    from kernels import gemm
     from workbench import bench
 
     g = torch.Generator(device="cuda").manual_seed(M * 31 + N * 7 + K)
     a = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
     b = torch.randn(K, N, device="cuda", generator=g).to(torch.bfloat16)
     out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    ref = gemm_ws.reference(a, b)
+    ref = gemm.reference(a, b)
     key = f"{M}x{N}x{K}"
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
 
@@ -125,7 +126,7 @@ def probe_shape(M, N, K, variants: dict, checks: dict, args) -> list[dict]:
     labels = {"cublas": "torch.matmul", "triton-heuristic": gemm.heuristic(M, N, K, torch.bfloat16, sms).label()}
     rows = {}
     for name, fields in variants.items():
-        cfg = gemm_ws.WsConfig(**fields)
+        cfg = gemm.WsConfig(**fields)
         labels[name] = cfg.label()
         chk = checks[name]
         rec = chk["shapes"].get(key, {})
@@ -134,7 +135,7 @@ def probe_shape(M, N, K, variants: dict, checks: dict, args) -> list[dict]:
                 f"wrong result in the child check (rel_err {rec.get('rel_err')}, finite {rec.get('finite')})")
             rows[name] = dict(status="skipped", error=why or "not checked")
             continue
-        fns[name] = (lambda cfg=cfg: gemm_ws.matmul_ws(a, b, config=cfg, out=out))
+        fns[name] = (lambda cfg=cfg: gemm.matmul_ws(a, b, config=cfg, out=out))
 
     errs = {}
     for name, fn in list(fns.items()):
@@ -145,7 +146,7 @@ def probe_shape(M, N, K, variants: dict, checks: dict, args) -> list[dict]:
             del fns[name]
     timings = bench.interleave(fns, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
     base = timings.get("cublas")
-    flop = gemm_ws.flops(M, N, K)
+    flop = gemm.flops({"M": M, "N": N, "K": K})
     out_rows = []
     for name in ["cublas", "triton-heuristic", *variants]:
         row = dict(M=M, N=N, K=K, dtype="bf16", variant=name, config=labels[name], rel_err=errs.get(name))
@@ -195,7 +196,7 @@ def main(argv=None) -> int:
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     print(json.dumps(meta), flush=True)
     if cap[0] != 9:
-        print(f"kernels.gemm_ws needs sm_90; this is sm_{cap[0]}{cap[1]}", file=sys.stderr)
+        print(f"the Gluon GEMM needs sm_90; this is sm_{cap[0]}{cap[1]}", file=sys.stderr)
         return 2
 
     # 1. Children: compile and check each variant, killed if they hang.

@@ -2,7 +2,7 @@
 against our Triton grouped GEMM, the per-expert cuBLAS loop and torch._grouped_mm,
 bf16, forward and dgrad, on the seed's MoE layers.
 
-    PYTHONUNBUFFERED=1 python experiments/probe_grouped_gemm_ws.py --out "$OUT" [--quick] [--model gpt-oss-20B]
+    PYTHONUNBUFFERED=1 python experiments/probe_grouped_gemm_ws.py --out results/grouped_gemm/probe [--quick] [--model gpt-oss-20B]
 
 Cases: gpt-oss-20B (B = 4, 32 experts; GateUP N, K = 5760, 2880 and Down 2880, 2880)
 and DeepSeek-V3 (B = 16, 32; GateUP 4096, 7168 and Down 7168, 2048), M = 2048 and

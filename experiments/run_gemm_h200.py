@@ -1,7 +1,7 @@
 """One scripted GPU run for the GEMM tiling study (needs only torch, triton,
 pandas, pyarrow, pyyaml, tqdm: what the device machine has).
 
-    PYTHONUNBUFFERED=1 python experiments/run_gemm_h200.py --out "$OUT"
+    PYTHONUNBUFFERED=1 python experiments/run_gemm_h200.py --out results/gemm_tiling/run
 
 1. measures the device ceilings (copy bandwidth, cuBLAS bf16/fp16 GEMM);
 2. times, on the goal shapes, the heuristic's configuration (kernels.gemm.heuristic),
@@ -54,6 +54,7 @@ def main(argv=None) -> int:
     import torch
 
     from kernels import gemm
+    from kernels.gemm import sweep as gsweep
     from workbench import bench, provenance, roofline, sweep
 
     out = Path(args.out)
@@ -164,7 +165,7 @@ def _table(gemm, bench, provenance, prov, sms, args, best=None, long_rows=None):
     rows = []
     for (M, N, K) in GOAL_SHAPES:
         shape = {"M": M, "N": N, "K": K}
-        inp = gemm.make_inputs(shape, torch.bfloat16, "cuda", seed=1234 + M + N + K)
+        inp = gsweep.make_inputs(shape, torch.bfloat16, "cuda", seed=1234 + M + N + K)
         ref = gemm.reference(inp)
         heur = gemm.heuristic(M, N, K, torch.bfloat16, sms)
         configs = {"heuristic": heur}

@@ -20,8 +20,8 @@ one after another; `median_ms`/`q25_ms`/`q75_ms` are over those runs.
 torch._grouped_mm gets its int32 offsets and the cuBLAS loop its host sizes
 precomputed, outside the timed region; ours takes the sizes tensor as it is.
 
-Usage (on the H200, through `device`):
-    python3 experiments/run_grouped_gemm_h200.py --out $OUT [--sweep] [--quick]
+Usage (on an H200 node):
+    python3 experiments/run_grouped_gemm_h200.py --out results/grouped_gemm/run [--sweep] [--quick]
 """
 from __future__ import annotations
 

@@ -48,9 +48,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels import cuda_context
+from kernels.common import cuda_context
 from kernels import grouped_gemm_ws as ws
-from kernels import interpreter
+from kernels.common import interpreter
 
 __all__ = [
     "GemmConfig",

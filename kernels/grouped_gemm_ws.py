@@ -6,7 +6,7 @@ The grouped GEMM of ``kernels.grouped_gemm`` (``x`` [sum(sizes), K] split into
 * forward ``out[rows_g] = x[rows_g] @ w[g]``     (``w`` [G, K, N])
 * dgrad   ``out[rows_g] = dy[rows_g] @ w[g].T``  (``trans_w=True``, ``w`` [G, N, K])
 
-with the producer / consumer design of ``kernels.gemm_ws`` (read its docstring
+with the producer / consumer design of ``kernels.gemm.gluon`` (read its docstring
 for the synchronisation): every CTA runs a 1-warp TMA producer that fills a
 ``NUM_STAGES``-deep ring of (x box, w box) stages guarded by ready/empty
 mbarriers, and either two 4-warp consumer warpgroups on alternate 128x128
@@ -52,7 +52,7 @@ Shared memory: ``NUM_STAGES * (BM*BK + BK*BN) * 2`` bytes for the ring, one
 ``BM*BN*2``-byte C buffer per consumer, mbarriers and Triton's
 warp-specialisation state (``smem_bytes``). Registers: 12 warps (384 threads,
 ``maxnreg`` 168 at launch), ``setmaxnreg`` moves them to the consumers
-(default 232 each, producer 40), as ``kernels.gemm_ws``.
+(default 232 each, producer 40), as ``kernels.gemm.gluon``.
 
 What Gluon (Triton 3.6) took and refused, found while writing this:
 
@@ -91,20 +91,21 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from kernels import cuda_context, interpreter
-from kernels import gemm_ws as dense
-from kernels.gemm import prepare_output
+from kernels.common import cuda_context, interpreter
+from kernels.gemm import config as dense, gluon as dense_gluon
+from kernels.gemm.launch import _capability, _sm_count, _tma_ok, prepare_output
+from kernels.gemm.sweep import tolerance  # noqa: F401  (this module's protocol name)
 from workbench.dtypes import triton_type
 
 # The dense kernel's limits and config helpers hold here too (same partitions,
-# registers, ring and staging buffers): kernels.gemm_ws.
+# registers, ring and staging buffers): kernels.gemm.config / kernels.gemm.gluon.
 DTYPES, SMEM_LIMIT_SM90, TOTAL_WARPS, MAXNREG, WS_EXTRA_SMEM = (
-    dense.DTYPES, dense.SMEM_LIMIT_SM90, dense.TOTAL_WARPS, dense.MAXNREG, dense.WS_EXTRA_SMEM)
+    dense.WS_DTYPES, dense.SMEM_LIMIT_SM90, dense.TOTAL_WARPS, dense.MAXNREG, dense.WS_EXTRA_SMEM)
 num_consumers, num_warps = dense.num_consumers, dense.num_warps
 default_partition_regs, consumer_regs_of = dense.default_partition_regs, dense.consumer_regs_of
-_sm_count, _capability, _gl_dtype, _tma_ok = dense._sm_count, dense._capability, dense._gl_dtype, dense._tma_ok
-TensorDescriptor, _layout, _desc_type, tolerance = dense.TensorDescriptor, dense._layout, dense._desc_type, dense.tolerance
-_acc_layout = dense._acc_layout  # warps stacked along M, the whole BLOCK_N in one wgmma
+_gl_dtype, TensorDescriptor = dense_gluon._gl_dtype, dense_gluon.TensorDescriptor
+_layout, _desc_type = dense_gluon.layout, dense_gluon.desc_type
+_acc_layout = dense_gluon._acc_layout  # warps stacked along M, the whole BLOCK_N in one wgmma
 MAX_GROUPS = 512  # G_PAD / 32 registers per sizes vector; the 40-register producer spills at G_PAD = 1024
 _WINDOW = 1 << 30  # rows a row-window descriptor can address past its base
 _FALLBACK = "use kernels.grouped_gemm.grouped_gemm instead"
@@ -168,7 +169,7 @@ def _locate(t, row_ends, tile_ends, num_n_tiles, group_m, BLOCK_M: gl.constexpr,
     tile0 = gl.reduce(gl.where(before, tile_ends, 0), 0, _max)
     row0 = gl.reduce(gl.where(before, row_ends, 0), 0, _max)
     m_g = gl.reduce(gl.where(before, 2147483647, row_ends), 0, _min) - row0
-    # GROUP_M-row bands inside the group (kernels.gemm_ws._tile_coords).
+    # GROUP_M-row bands inside the group (kernels.gemm.gluon._tile_coords).
     local = t - tile0
     num_pid_m = (m_g + BLOCK_M - 1) // BLOCK_M
     band = local // (group_m * num_n_tiles)
@@ -224,7 +225,7 @@ def _producer(x_desc, w_desc, sizes_ptr, M_total, G, group_m, a_bufs, b_bufs, re
 @gluon.jit
 def _mainloop(a_bufs, b_bufs, ready, empty, counter, k_steps, acc_layout: gl.constexpr,
               NUM_STAGES: gl.constexpr, TRANS_W: gl.constexpr):
-    """One tile's wgmma loop from ring position `counter` (kernels.gemm_ws._mainloop,
+    """One tile's wgmma loop from ring position `counter` (kernels.gemm.gluon._mainloop,
     with the B view of _b_view); the last wgmma is left pending."""
     BLOCK_M: gl.constexpr = a_bufs.shape[1]
     BLOCK_N: gl.constexpr = b_bufs.shape[2] if TRANS_W else b_bufs.shape[3]
@@ -282,7 +283,7 @@ def _grouped_gemm_ws_kernel(x_desc, w_desc, out_desc, sizes_ptr, M_total, G, gro
                             NUM_STAGES: gl.constexpr, COOPERATIVE: gl.constexpr, TRANS_W: gl.constexpr,
                             G_PAD: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = 1 if COOPERATIVE else 2
-    a_bufs, b_bufs, c_bufs, ready, empty, order = dense._shared_state(x_desc, w_desc, out_desc, NUM_STAGES,
+    a_bufs, b_bufs, c_bufs, ready, empty, order = dense_gluon._shared_state(x_desc, w_desc, out_desc, NUM_STAGES,
                                                                       NUM_CONSUMERS)
 
     if COOPERATIVE:
@@ -308,20 +309,21 @@ def _grouped_gemm_ws_kernel(x_desc, w_desc, out_desc, sizes_ptr, M_total, G, gro
 # --------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class GroupedWsConfig(dense.WsConfig):
-    """``kernels.gemm_ws.WsConfig``'s knobs; 5 stages by default (the probe's best
+    """``kernels.gemm.gluon.WsConfig``'s knobs; 5 stages by default (the probe's best
     on the seed layers); group_m: rows of tiles per L2 band inside an expert."""
 
     num_stages: int = 5
+    WHO = "grouped_gemm_ws"  # the name errors about this config start with
 
 
 def smem_bytes(config: GroupedWsConfig | Mapping[str, Any] | None = None, elem_bytes: int = 2) -> int:
-    """Shared memory per CTA (an upper bound), as ``kernels.gemm_ws.smem_bytes``."""
-    return dense.smem_bytes(config, elem_bytes, GroupedWsConfig)
+    """Shared memory per CTA (an upper bound), as ``kernels.gemm.gluon.smem_bytes``."""
+    return dense.ws_smem_bytes(config, elem_bytes, GroupedWsConfig)
 
 
 def validate(config: GroupedWsConfig | Mapping[str, Any] | None) -> GroupedWsConfig:
     """The config, or a ValueError naming the knob that cannot work."""
-    return dense.validate(config, GroupedWsConfig)
+    return dense.validate_ws(config, GroupedWsConfig)
 
 
 def g_pad(G: int) -> int:

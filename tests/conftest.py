@@ -29,8 +29,8 @@ if CUDA_COUNT == 0:
 
 
 def pytest_collection_modifyitems(config, items):
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; run it through `device` on an H200")
-    skip_multi = pytest.mark.skip(reason=f"needs 2+ CUDA GPUs, found {CUDA_COUNT}; run on nvidia-h200-x2/x4")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (H200 or other sm_90)")
+    skip_multi = pytest.mark.skip(reason=f"needs 2+ CUDA GPUs, found {CUDA_COUNT} (H200s or other sm_90 GPUs on one node)")
     for item in items:
         if "multigpu" in item.keywords and CUDA_COUNT < 2:
             item.add_marker(skip_multi)

@@ -188,7 +188,7 @@ def test_hints_give_128_bit_remote_stores_on_sm90(tmp_path):
 
 
 # --------------------------------------------------------------------------
-# GPU: every variant equals NCCL, bit for bit (run on nvidia-h200-x2 / -x4)
+# GPU: every variant equals NCCL, bit for bit (on a node with 2 or more H200s)
 # --------------------------------------------------------------------------
 @pytest.mark.multigpu
 @pytest.mark.parametrize("world_size", [2, 4])

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import gemm, gemm_ws
+from kernels import gemm
+from kernels.gemm import config as gconfig, gluon as ggluon, launch as glaunch, sweep as gsweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,6 +58,7 @@ _SCRIPT = textwrap.dedent("""
     import torch
     sys.path.insert(0, {root!r})
     from kernels import gemm
+    from kernels.gemm import sweep as gsweep
     cases = json.loads(sys.argv[1])
     out = {{}}
     for i, (name, M, N, K, dt, cfg) in enumerate(cases):
@@ -70,7 +72,7 @@ _SCRIPT = textwrap.dedent("""
             ref = a.double() @ b.double()
             finite = bool(torch.isfinite(c).all())
             err = float((c.double() - ref).norm() / ref.norm())
-            out[name] = {{"finite": finite, "err": err, "tol": gemm.tolerance(dtype)}}
+            out[name] = {{"finite": finite, "err": err, "tol": gsweep.tolerance(dtype)}}
         except Exception as exc:
             out[name] = {{"error": f"{{type(exc).__name__}}: {{exc}}"}}
     print(json.dumps(out))
@@ -177,13 +179,13 @@ GOAL = [(8192, 8192, 8192), (4096, 4096, 4096), (1024, 4096, 14336), (4096, 1433
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_heuristic_configs_are_valid(M, N, K, dtype):
     cfg = gemm.heuristic(M, N, K, dtype, num_sms=132)
-    gemm._validate_config(cfg)
+    gconfig.validate_config(cfg)
     es = torch.empty((), dtype=dtype).element_size()
     if cfg.gluon:
         assert dtype != torch.float32
-        gemm_ws.validate(cfg.ws_config())    # smem, registers per consumer thread
+        gconfig.validate_ws(cfg.ws_config())    # smem, registers per consumer thread
     else:
-        assert gemm.smem_bytes(cfg, es) <= gemm.SMEM_LIMIT_SM90
+        assert gconfig.smem_bytes(cfg, es) <= gconfig.SMEM_LIMIT_SM90
         assert cfg.block_m * cfg.block_n // (cfg.num_warps * 32) <= 128
     assert gemm.heuristic(M, N, K, dtype, num_sms=132) == cfg  # deterministic
 
@@ -194,17 +196,17 @@ def test_heuristic_pointer_path_is_small():
 
 
 def test_sweep_protocol_surface():
-    inp = gemm.make_inputs({"M": 5, "N": 6, "K": 7}, torch.float32, "cpu", seed=3)
+    inp = gsweep.make_inputs({"M": 5, "N": 6, "K": 7}, torch.float32, "cpu", seed=3)
     assert inp.a.shape == (5, 7) and inp.b.shape == (7, 6) and inp.out.shape == (5, 6)
-    gemm.poison(inp)
+    gsweep.poison(inp)
     assert torch.isnan(inp.out).all()
     ref = gemm.reference(inp)
     assert torch.allclose(ref, inp.a.float() @ inp.b.float())
-    d = gemm.derived({"M": 256, "N": 256, "K": 64}, torch.bfloat16, {"block_m": 128, "block_n": 256})
-    assert d["smem_bytes"] == gemm.smem_bytes(gemm.GemmConfig(block_m=128, block_n=256), 2)
-    assert set(gemm.PARAMS) >= {"block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages", "num_sms"}
-    assert "cublas" in gemm.baselines
-    assert "ws" in gemm.label({"warp_specialize": True, "tma_store": False, "flatten": False})
+    d = gsweep.derived({"M": 256, "N": 256, "K": 64}, torch.bfloat16, {"block_m": 128, "block_n": 256})
+    assert d["smem_bytes"] == gconfig.smem_bytes(gemm.GemmConfig(block_m=128, block_n=256), 2)
+    assert set(gsweep.PARAMS) >= {"block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages", "num_sms"}
+    assert "cublas" in gsweep.baselines
+    assert "ws" in gsweep.label({"warp_specialize": True, "tma_store": False, "flatten": False})
 
 
 # -------------------------------------------- Hopper path, cross-compiled (CPU)
@@ -213,11 +215,11 @@ def test_sweep_protocol_surface():
 _XC_SCRIPT = textwrap.dedent("""
     import json, sys, tempfile
     sys.path.insert(0, {root!r})
-    from kernels import gemm
+    from kernels.gemm import launch as glaunch
     from workbench.asm.compile import cross_compile
     out = {{}}
     for name, cfg in json.loads(sys.argv[1]).items():
-        e = cross_compile(targets="sm90", cache_dir=tempfile.mkdtemp(), **gemm.compile_args(cfg))[0]
+        e = cross_compile(targets="sm90", cache_dir=tempfile.mkdtemp(), **glaunch.compile_args(cfg))[0]
         ptx = e.text("ptx")
         out[name] = {{k: ptx.count(v) for k, v in (("wgmma", "wgmma.mma_async"), ("tma", "cp.async.bulk.tensor"),
                                                   ("local", ".local"), ("setmaxnreg", "setmaxnreg"))}}
@@ -291,7 +293,7 @@ def test_gpu_stream_k_repeated_calls_stay_right():
     for _ in range(5):
         for (a, b), ref in zip(ops, refs):
             c = gemm.matmul(a, b, cfg)
-            assert ((c.float() - ref).norm() / ref.norm()).item() <= gemm.tolerance(torch.bfloat16)
+            assert ((c.float() - ref).norm() / ref.norm()).item() <= gsweep.tolerance(torch.bfloat16)
 
 
 @pytest.mark.gpu
@@ -306,7 +308,7 @@ def test_gpu_correct(M, N, K, dtype, cfg):
     ref = a.double() @ b.double()
     assert torch.isfinite(c).all()
     err = ((c.double() - ref).norm() / ref.norm()).item()
-    assert err <= gemm.tolerance(dtype), err
+    assert err <= gsweep.tolerance(dtype), err
 
 
 @pytest.mark.gpu
@@ -315,7 +317,7 @@ def test_gpu_strided_operands_take_the_pointer_path():
     w = torch.randn(100, 200, device="cuda").to(torch.bfloat16)
     c = gemm.matmul(a, w.t())  # b is column-major
     ref = a.double() @ w.t().double()
-    assert ((c.double() - ref).norm() / ref.norm()).item() <= gemm.tolerance(torch.bfloat16)
+    assert ((c.double() - ref).norm() / ref.norm()).item() <= gsweep.tolerance(torch.bfloat16)
 
 
 @pytest.mark.gpu
@@ -331,7 +333,7 @@ def test_gpu_refuses_warp_specialization(monkeypatch):
 @pytest.mark.parametrize("tiles,programs,k_steps", [(2048, 132, 128), (512, 132, 64), (128, 132, 112),
                                                     (45, 7, 8), (45, 4, 8), (5, 132, 3)])
 def test_stream_k_plan_covers_the_tail_once(tiles, programs, k_steps):
-    plan = gemm.stream_k_plan(tiles, programs, k_steps)
+    plan = gconfig.stream_k_plan(tiles, programs, k_steps)
     tail = tiles - plan.dp_tiles
     if plan.sk_programs == 0:
         assert plan.dp_tiles == tiles
@@ -339,13 +341,13 @@ def test_stream_k_plan_covers_the_tail_once(tiles, programs, k_steps):
     assert plan.dp_tiles % programs == 0 and 0 < tail < programs or plan.dp_tiles == 0
     ranges = [plan.sk_iters_per + (p < plan.sk_extra) for p in range(plan.sk_programs)]
     assert sum(ranges) == tail * k_steps  # every K-step of every tail tile, exactly once
-    assert min(ranges) >= gemm.SK_MIN_STEPS and plan.sk_programs <= programs
-    assert plan.sk_programs <= tail * gemm.SK_MAX_SPLIT
+    assert min(ranges) >= gconfig.SK_MIN_STEPS and plan.sk_programs <= programs
+    assert plan.sk_programs <= tail * gconfig.SK_MAX_SPLIT
 
 
 def test_stream_k_plan_skips_whole_rounds_and_short_k():
-    assert gemm.stream_k_plan(264, 132, 64).sk_programs == 0  # no partial round
-    assert gemm.stream_k_plan(133, 132, 1).sk_programs == 0   # one K-step: nothing to split
+    assert gconfig.stream_k_plan(264, 132, 64).sk_programs == 0  # no partial round
+    assert gconfig.stream_k_plan(133, 132, 1).sk_programs == 0   # one K-step: nothing to split
 
 
 def test_heuristic_uses_stream_k_only_after_many_whole_rounds():
@@ -376,25 +378,25 @@ def test_heuristic_picks_gluon_for_several_rounds_of_tiles(M, N, K, expect):
 
 def test_gluon_config_validation_and_cpu_refusal():
     with pytest.raises(ValueError, match="gluon="):
-        gemm._validate_config(gemm.GemmConfig(gluon="warp"))
+        gconfig.validate_config(gemm.GemmConfig(gluon="warp"))
     with pytest.raises(ValueError, match="stream_k"):
-        gemm._validate_config(gemm.GemmConfig(gluon="coop", stream_k=True))
+        gconfig.validate_config(gemm.GemmConfig(gluon="coop", stream_k=True))
     with pytest.raises(ValueError, match="shared memory"):
-        gemm._validate_config(gemm.GemmConfig(gluon="coop", num_stages=8))
+        gconfig.validate_config(gemm.GemmConfig(gluon="coop", num_stages=8))
     cfg = gemm.GemmConfig(block_n=128, num_stages=5, gluon="pingpong")
     assert cfg.label() == "gl-pp 128x128x64 s5 g8" and not cfg.ws_config().cooperative
     assert gemm.GemmConfig(block_k=32, num_stages=6, gluon="coop").label().startswith("gl-coop 128x256x32 s6")
     # Sweep constraints see the Gluon kernel's shared memory and per-thread accumulator.
-    assert gemm.smem_bytes(cfg) == gemm_ws.smem_bytes(cfg.ws_config()) > gemm.smem_bytes(dataclasses.replace(cfg, gluon=None))
-    d = gemm.derived({"M": 256, "N": 256, "K": 64}, torch.bfloat16, {**cfg.as_params()})
+    assert gconfig.smem_bytes(cfg) == gconfig.ws_smem_bytes(cfg.ws_config()) > gconfig.smem_bytes(dataclasses.replace(cfg, gluon=None))
+    d = gsweep.derived({"M": 256, "N": 256, "K": 64}, torch.bfloat16, {**cfg.as_params()})
     assert d["acc_regs"] == 128 and d["smem_bytes"] <= d["SMEM_LIMIT"]
     with pytest.raises(ValueError, match="gluon=None"):
         gemm.matmul(torch.randn(64, 64, dtype=torch.bfloat16), torch.randn(64, 64, dtype=torch.bfloat16), cfg)
 
 
 def test_compile_args_of_a_gluon_config_build_the_ws_kernel():
-    args = gemm.compile_args(gemm.GemmConfig(block_n=128, num_stages=5, gluon="pingpong"))
-    assert args["fn"] is gemm_ws._gemm_ws_kernel
+    args = glaunch.compile_args(gemm.GemmConfig(block_n=128, num_stages=5, gluon="pingpong"))
+    assert args["fn"] is ggluon._gemm_ws_kernel
     assert "NVMMASharedLayout" in args["signature"]["a_desc"]
 
 

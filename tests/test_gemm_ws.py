@@ -1,4 +1,4 @@
-"""kernels.gemm_ws: sm_90 cross-compilation (CPU), host-side checks (CPU), and
+"""kernels.gemm.gluon (via matmul_ws): sm_90 cross-compilation (CPU), host-side checks (CPU), and
 GPU correctness (marked gpu; run in a child process with a timeout, because a
 warp-specialised kernel with a synchronisation bug hangs instead of failing)."""
 from __future__ import annotations
@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import ws_checks  # tests/ws_checks.py (pytest puts tests/ on the path)
-from kernels import gemm_ws
-from kernels.gemm_ws import WsConfig
+from kernels import gemm
+from kernels.gemm import config as gconfig, gluon as ggluon, launch as glaunch, sweep as gsweep
+from kernels.gemm import WsConfig
 from workbench.asm.resources import smem_per_block
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +41,7 @@ def compiled(tmp_path_factory):
 
     out = {}
     for i, (cname, dname) in enumerate(XC_CASES):
-        args = gemm_ws.compile_args(XC_CONFIGS[cname], XC_DTYPES[dname], (4096, 4096, 4096))
+        args = glaunch.compile_args_ws(XC_CONFIGS[cname], XC_DTYPES[dname], (4096, 4096, 4096))
         out[cname, dname] = cross_compile(targets="sm90", cache_dir=tmp_path_factory.mktemp(f"xc{i}"), **args)[0]
     return out
 
@@ -67,25 +68,25 @@ def test_sm90_no_spills(compiled, cname, dname):
 
 @pytest.mark.parametrize("cname,dname", XC_CASES)
 def test_sm90_warp_specialised(compiled, cname, dname):
-    ws_checks.assert_warp_specialised(compiled[cname, dname], XC_CONFIGS[cname], gemm_ws)
+    ws_checks.assert_warp_specialised(compiled[cname, dname], XC_CONFIGS[cname], gconfig)
 
 
 @pytest.mark.parametrize("cname,dname", XC_CASES)
 def test_sm90_shared_memory_fits(compiled, cname, dname):
-    ws_checks.assert_smem_fits(compiled[cname, dname], XC_CONFIGS[cname], gemm_ws, smem_per_block(90))
+    ws_checks.assert_smem_fits(compiled[cname, dname], XC_CONFIGS[cname], gconfig, smem_per_block(90))
 
 
 def test_compile_args_surface():
-    args = gemm_ws.compile_args(dtype=torch.float16)
-    assert args["fn"] is gemm_ws._gemm_ws_kernel
+    args = glaunch.compile_args_ws(dtype=torch.float16)
+    assert args["fn"] is ggluon._gemm_ws_kernel
     assert args["num_warps"] == 4 and args["options"] == {"maxnreg": 168}
-    assert gemm_ws.compile_args(WsConfig(cooperative=True, block_n=256, num_stages=3))["num_warps"] == 8
+    assert glaunch.compile_args_ws(WsConfig(cooperative=True, block_n=256, num_stages=3))["num_warps"] == 8
     # Gluon descriptors carry their shared-memory layout in the signature.
     assert args["signature"]["a_desc"].startswith("tensordesc<fp16[128, 64],NVMMASharedLayout(")
     assert args["signature"]["c_desc"].startswith("tensordesc<fp16[128, 128],")
     assert args["constexprs"] == {"NUM_STAGES": 4, "COOPERATIVE": False, "CONSUMER_REGS": 232, "PRODUCER_REGS": 40}
     with pytest.raises(ValueError, match="float16"):
-        gemm_ws.compile_args(dtype=torch.float32)
+        glaunch.compile_args_ws(dtype=torch.float32)
 
 
 # ---------------------------------------------------------- host logic (CPU)
@@ -110,9 +111,9 @@ def test_compile_args_surface():
 ])
 def test_bad_config(cfg, match):
     with pytest.raises(ValueError, match=match):
-        gemm_ws.validate(cfg)
+        gconfig.validate_ws(cfg)
     with pytest.raises(ValueError, match=match):
-        gemm_ws.compile_args(cfg)
+        glaunch.compile_args_ws(cfg)
 
 
 def test_good_configs_validate():
@@ -120,32 +121,32 @@ def test_good_configs_validate():
                 WsConfig(block_m=64, block_n=128, num_stages=6), WsConfig(consumer_regs=240, producer_regs=24),
                 WsConfig(cooperative=True, block_n=256, num_stages=3), WsConfig(cooperative=True, block_m=256, num_stages=3),
                 WsConfig(cooperative=True, block_n=256, block_k=32, num_stages=6)]:
-        assert gemm_ws.validate(cfg) is cfg
-    assert gemm_ws.validate({"num_stages": 3}) == WsConfig(num_stages=3)
-    assert gemm_ws.validate(None) == WsConfig()
+        assert gconfig.validate_ws(cfg) is cfg
+    assert gconfig.validate_ws({"num_stages": 3}) == WsConfig(num_stages=3)
+    assert gconfig.validate_ws(None) == WsConfig()
 
 
 @pytest.mark.parametrize("M,N,K", [(128, 100, 64), (128, 128, 100), (64, 4, 4)])
 def test_alignment_error_points_to_fallback(M, N, K):
     with pytest.raises(ValueError, match=r"multiples of 8.*kernels\.gemm\.matmul"):
-        gemm_ws.check_alignment(M, N, K, torch.bfloat16)
+        glaunch.check_alignment(M, N, K, torch.bfloat16)
     with pytest.raises(ValueError, match=r"kernels\.gemm\.matmul"):
-        gemm_ws.compile_args(shape=(M, N, K))
-    gemm_ws.check_alignment(130, 264, 96)  # ragged M is fine
+        glaunch.compile_args_ws(shape=(M, N, K))
+    glaunch.check_alignment(130, 264, 96)  # ragged M is fine
 
 
 def test_interpreter_is_refused(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     a = torch.randn(64, 64).to(torch.bfloat16)
     with pytest.raises(ValueError, match=r"interpreter.*kernels\.gemm\.matmul"):
-        gemm_ws.matmul_ws(a, a)
+        gemm.matmul_ws(a, a)
 
 
 def test_cpu_tensors_are_refused(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     a = torch.randn(64, 64).to(torch.float16)
     with pytest.raises(ValueError, match=r"sm_90.*kernels\.gemm\.matmul"):
-        gemm_ws.matmul_ws(a, a)
+        gemm.matmul_ws(a, a)
 
 
 @pytest.mark.parametrize("a,b,match", [
@@ -157,29 +158,29 @@ def test_cpu_tensors_are_refused(monkeypatch):
 def test_bad_operands(monkeypatch, a, b, match):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match=match):
-        gemm_ws.matmul_ws(a, b)
+        gemm.matmul_ws(a, b)
 
 
 def test_counts_and_labels():
-    assert gemm_ws.flops(2, 3, 4) == 48
-    assert gemm_ws.smem_bytes(WsConfig()) == 4 * 32768 + 65536 + 80 + gemm_ws.WS_EXTRA_SMEM
-    assert gemm_ws.grid_size(8192, 8192, WsConfig(), 132) == 132
-    assert gemm_ws.grid_size(130, 264, WsConfig(), 132) == 6
-    assert gemm_ws.grid_size(8192, 8192, WsConfig(num_sms=7), 132) == 7
-    assert gemm_ws.default_partition_regs(WsConfig()) == 232
-    assert gemm_ws.consumer_regs_of(WsConfig(cooperative=True, producer_regs=24)) == 240
-    assert gemm_ws.smem_bytes(WsConfig(cooperative=True, block_n=256, num_stages=3)) == \
-        3 * 49152 + 65536 + 64 + gemm_ws.WS_EXTRA_SMEM
+    assert gemm.flops({"M": 2, "N": 3, "K": 4}) == 48
+    assert gconfig.ws_smem_bytes(WsConfig()) == 4 * 32768 + 65536 + 80 + gconfig.WS_EXTRA_SMEM
+    assert glaunch.grid_size(8192, 8192, WsConfig(), 132) == 132
+    assert glaunch.grid_size(130, 264, WsConfig(), 132) == 6
+    assert glaunch.grid_size(8192, 8192, WsConfig(num_sms=7), 132) == 7
+    assert gconfig.default_partition_regs(WsConfig()) == 232
+    assert gconfig.consumer_regs_of(WsConfig(cooperative=True, producer_regs=24)) == 240
+    assert gconfig.ws_smem_bytes(WsConfig(cooperative=True, block_n=256, num_stages=3)) == \
+        3 * 49152 + 65536 + 64 + gconfig.WS_EXTRA_SMEM
     assert WsConfig().label() == "ws 128x128x64 s4 g8"
     assert WsConfig(cooperative=True, block_n=256, num_stages=3).label() == "coop 128x256x64 s3 g8"
     assert "r240/24" in WsConfig(consumer_regs=240, producer_regs=24).label()
-    assert gemm_ws.tolerance(torch.bfloat16) > gemm_ws.tolerance(torch.float16)
+    assert gsweep.tolerance(torch.bfloat16) > gsweep.tolerance(torch.float16)
 
 
 def test_reference_is_fp32():
     a = torch.randn(5, 8).to(torch.bfloat16)
     b = torch.randn(8, 3).to(torch.bfloat16)
-    r = gemm_ws.reference(a, b)
+    r = gemm.reference(a, b)
     assert r.dtype == torch.float32 and torch.allclose(r, a.float() @ b.float())
 
 
@@ -211,7 +212,8 @@ _GPU_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch
     sys.path.insert(0, {root!r})
-    from kernels import gemm_ws
+    from kernels import gemm
+    from kernels.gemm import sweep as gsweep
     out = {{}}
     for i, (M, N, K, dt, cfg) in enumerate(json.loads(sys.argv[1])):
         name = f"{{M}}x{{N}}x{{K}}-{{dt}}-{{cfg}}"
@@ -221,11 +223,11 @@ _GPU_SCRIPT = textwrap.dedent("""
         b = torch.randn(K, N, device="cuda", generator=g).to(dtype)
         c = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)  # poisoned
         try:
-            gemm_ws.matmul_ws(a, b, config=cfg or None, out=c)
+            gemm.matmul_ws(a, b, config=cfg or None, out=c)
             torch.cuda.synchronize()
-            ref = gemm_ws.reference(a, b)
+            ref = gemm.reference(a, b)
             err = float((c.float() - ref).norm() / ref.norm())
-            out[name] = {{"finite": bool(torch.isfinite(c).all()), "err": err, "tol": gemm_ws.tolerance(dtype)}}
+            out[name] = {{"finite": bool(torch.isfinite(c).all()), "err": err, "tol": gsweep.tolerance(dtype)}}
         except Exception as exc:
             out[name] = {{"error": f"{{type(exc).__name__}}: {{exc}}"}}
         print(json.dumps({{name: out[name]}}), file=sys.stderr, flush=True)
@@ -267,4 +269,4 @@ def test_gpu_refuses_unaligned_k():
     a = torch.randn(64, 100, device="cuda").to(torch.bfloat16)
     b = torch.randn(100, 64, device="cuda").to(torch.bfloat16)
     with pytest.raises(ValueError, match=r"kernels\.gemm\.matmul"):
-        gemm_ws.matmul_ws(a, b)
+        gemm.matmul_ws(a, b)

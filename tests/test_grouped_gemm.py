@@ -512,7 +512,7 @@ def test_cublas_loop_backend_on_cpu():
 
 
 # ---------------------------------------------------------------------------
-# GPU: bf16 at the seed's shapes (run on the H200 through `device`)
+# GPU: bf16 at the seed's shapes (on an H200)
 # ---------------------------------------------------------------------------
 
 # (model, layer, B experts, M tokens per expert, N, K): one per layer at the smaller B and M

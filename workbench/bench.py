@@ -117,7 +117,7 @@ def _summarize(times: Sequence[float], **fields) -> Timing:
 
 def gpu_timing_available() -> bool:
     """True when calls can be timed with CUDA events (a GPU, no interpreter)."""
-    from kernels.interpreter import active
+    from kernels.common.interpreter import active
 
     if active():
         return False

@@ -973,7 +973,7 @@ def interpreted(kernel):
     """
     from triton.runtime.interpreter import InterpretedFunction
 
-    from kernels import interpreter
+    from kernels.common import interpreter
 
     interpreter.patch()
     if isinstance(kernel, InterpretedFunction):

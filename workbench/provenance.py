@@ -103,7 +103,7 @@ def _knobs(extra: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def _interpreting() -> bool:
     try:
-        from kernels.interpreter import active
+        from kernels.common.interpreter import active
     except ImportError:  # triton missing: nothing can be interpreted
         return False
     return active()

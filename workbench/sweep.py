@@ -13,7 +13,7 @@ Experiment spec (YAML)
 ::
 
     name: gemm_tiling              # results go to results/<name>/ (default: file stem)
-    kernel: kernels.gemm           # module implementing the protocol below
+    kernel: kernels.gemm.sweep     # module implementing the protocol below
     description: free text
     variant: triton                # name of the kernel's rows (default "triton")
     dtypes: [bfloat16]             # bfloat16/bf16, float16/fp16, float32/fp32
@@ -280,7 +280,7 @@ def parse_spec(raw: Any, *, path: Path | None = None, quick: bool = False, impor
         raise _err(path, "name", f"expected a name of letters, digits, '_', '.', '-', got {name!r}")
     kernel = data.get("kernel")
     if not isinstance(kernel, str) or not re.fullmatch(r"[A-Za-z_][\w.]*", kernel):
-        raise _err(path, "kernel", f"expected a module path such as kernels.gemm, got {kernel!r}")
+        raise _err(path, "kernel", f"expected a module path such as kernels.gemm.sweep, got {kernel!r}")
     description = data.get("description", "")
     if not isinstance(description, str):
         raise _err(path, "description", "expected text")
@@ -1196,7 +1196,7 @@ def _run_world(spec: Spec, job: _Job, W: int, tasks: list, rec: _Recorder, log, 
             recorded.add(i)
             rec.add(row)
 
-    from kernels.interpreter import active
+    from kernels.common.interpreter import active
 
     env = {"TRITON_INTERPRET": "1"} if active() else {}
     log(f"sweep {spec.name}: world size {W}: {len(tasks)} rows on {W} ranks (torchrun, {backend})")

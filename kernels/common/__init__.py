@@ -1,0 +1,1 @@
+"""Pieces every kernel family shares: interpreter fixes, CUDA context."""

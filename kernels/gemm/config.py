@@ -1,0 +1,445 @@
+"""Configurations of the GEMM family, their validation, and the heuristic.
+
+``GemmConfig``: every knob of the Triton kernel (``kernels.gemm.triton``), and
+with ``gluon="pingpong"|"coop"`` the Gluon kernel's (``kernels.gemm.gluon``),
+which ``WsConfig`` describes in that kernel's own terms. ``heuristic`` is the
+config ``matmul`` runs when none is given; ``stream_k_plan`` splits the last
+round of tiles along K.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Mapping
+
+import torch
+
+from workbench.asm.resources import smem_per_block
+from workbench.dtypes import element_size
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+SMEM_LIMIT_SM90 = smem_per_block(90)  # bytes of shared memory one block may use on sm_90
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """Every knob of the kernel. ``None`` means "decide from the device"."""
+
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+    num_sms: int | None = None  # programs launched; None = every SM
+    tma: bool | None = None  # None = TMA when the device and operands allow it
+    warp_specialize: bool = False  # Hopper: needs tma_store=False and flatten=False
+    tma_store: bool = True  # TMA path: store C through a descriptor (else plain stores)
+    epilogue_split: int = 1  # 1 or 2 (descriptor stores only)
+    flatten: bool = True
+    stream_k: bool = False  # TMA path: split the last wave's tiles along K over every SM
+    # "pingpong" or "coop": run the Gluon warp-specialised kernel (kernels.gemm.gluon)
+    # with this tile, stages, group and SM count; num_warps and the other
+    # Triton-kernel knobs do not apply (4 warps per consumer warpgroup there).
+    gluon: str | None = None
+
+    def label(self) -> str:
+        if self.gluon:
+            return self.ws_config().label().replace("ws ", "gl-pp ").replace("coop ", "gl-coop ")
+        s = f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} g{self.group_m}"
+        if self.num_sms is not None:
+            s += f" sm{self.num_sms}"
+        if self.warp_specialize:
+            s += " ws"
+        if not self.tma_store:
+            s += " st"
+        if self.epilogue_split != 1:
+            s += f" e{self.epilogue_split}"
+        if not self.flatten:
+            s += " nf"
+        if self.tma is False:
+            s += " ptr"
+        if self.stream_k:
+            s += " sk"
+        return s
+
+    def as_params(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def ws_config(self):
+        """The kernels.gemm.gluon configuration of a ``gluon`` config."""
+        return WsConfig(block_m=self.block_m, block_n=self.block_n, block_k=self.block_k,
+                                num_stages=self.num_stages, group_m=self.group_m, num_sms=self.num_sms,
+                                cooperative=self.gluon == "coop")
+
+
+PARAMS = GemmConfig().as_params()  # the names a sweep grid may use, with defaults
+
+
+def _as_config(config: GemmConfig | Mapping[str, Any] | None) -> GemmConfig | None:
+    if config is None or isinstance(config, GemmConfig):
+        return config
+    if isinstance(config, Mapping):
+        unknown = sorted(set(config) - set(PARAMS))
+        if unknown:
+            raise ValueError(f"gemm: unknown config field(s) {unknown}; known: {sorted(PARAMS)}")
+        return GemmConfig(**config)
+    raise ValueError(f"gemm: config must be a GemmConfig or a dict, got {type(config).__name__}")
+
+
+def smem_bytes(config: GemmConfig, elem_bytes: int = 2, tma: bool = True) -> int:
+    """Shared memory the config asks for: the pipeline's A and B stages plus,
+    on the TMA path, the epilogue's staging buffer for C."""
+    if isinstance(config, WsConfig):
+        return ws_smem_bytes(config, elem_bytes)
+    c = _as_config(config)
+    if c.gluon:   # the Gluon kernel's ring, C buffers, barriers and partition state
+        return ws_smem_bytes(c.ws_config(), elem_bytes)
+    stages = (c.block_m * c.block_k + c.block_k * c.block_n) * elem_bytes * c.num_stages
+    epilogue = c.block_m * c.block_n * elem_bytes // c.epilogue_split if tma and c.tma_store else 0
+    return stages + epilogue
+
+
+def validate_config(c: GemmConfig) -> None:
+    for name in ("block_m", "block_n", "block_k"):
+        v = getattr(c, name)
+        if not isinstance(v, int) or v < 16 or v & (v - 1):
+            raise ValueError(f"gemm: {name}={v!r} must be a power of two >= 16")
+    if c.num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"gemm: num_warps={c.num_warps!r} must be 1, 2, 4, 8 or 16")
+    if not isinstance(c.num_stages, int) or c.num_stages < 1:
+        raise ValueError(f"gemm: num_stages={c.num_stages!r} must be an int >= 1")
+    if not isinstance(c.group_m, int) or c.group_m < 1:
+        raise ValueError(f"gemm: group_m={c.group_m!r} must be an int >= 1")
+    if c.num_sms is not None and (not isinstance(c.num_sms, int) or c.num_sms < 1):
+        raise ValueError(f"gemm: num_sms={c.num_sms!r} must be None or an int >= 1")
+    if c.epilogue_split not in (1, 2):
+        raise ValueError(f"gemm: epilogue_split={c.epilogue_split!r} must be 1 or 2")
+    if c.stream_k and (c.warp_specialize or c.tma is False):
+        raise ValueError("gemm: stream_k=True runs on the TMA path without warp specialisation "
+                         "(set tma=None or True and warp_specialize=False)")
+    if c.gluon is not None:
+        if c.gluon not in GLUON_SCHEDULES:
+            raise ValueError(f"gemm: gluon={c.gluon!r} must be None (the Triton kernel) or one of {GLUON_SCHEDULES}")
+        if c.stream_k or c.warp_specialize or c.tma is False:
+            raise ValueError("gemm: gluon configs run kernels.gemm.gluon (TMA, its own warp specialisation, no "
+                             "stream-K): leave stream_k, warp_specialize and tma at their defaults")
+        validate_ws(c.ws_config())
+    if c.warp_specialize and (c.tma_store or c.flatten):
+        raise ValueError("gemm: warp_specialize=True needs tma_store=False and flatten=False (Triton 3.6's "
+                         "Hopper warp specialisation rejects descriptor stores and flattened loops)")
+
+
+GLUON_SCHEDULES = ("pingpong", "coop")
+
+
+def _refuse_ws_on_gpu() -> None:
+    # Seen on an H200 (2026-11-21, Triton 3.6.0): the warp-specialised
+    # persistent kernel compiles (12 warps, setmaxnreg) but never finishes.
+    if os.environ.get("WORKBENCH_ALLOW_WS", "0") != "1":
+        raise ValueError("gemm: warp_specialize=True hung the GPU with Triton 3.6 on an H200 (the kernel never "
+                         "finished); set WORKBENCH_ALLOW_WS=1 to run it anyway (interpreter runs are fine)")
+
+
+# --------------------------------------------------------------------------
+# Heuristic
+# --------------------------------------------------------------------------
+# (block_m, block_n, block_k, num_warps, num_stages) -> (per-SM rate in
+# TFLOP/s, fixed cost per tile in microseconds), fitted by least squares to
+# the H200 sweep (results/gemm_tiling/rows.parquet, 2026-11-21): for each tile,
+# time = rounds * (2*BM*BN*K / rate + fixed) over the shapes it ran on (35
+# shapes; 128x128 with 6 stages: the 8 goal shapes of the stages study; 64x128
+# with 6 stages: its 4-stage fit scaled by the 6/4-stage speed-up seen there).
+# All store C with plain stores (tma_store=False); what the sweep showed:
+# * 128x256x64, 8 warps: the best large-shape tile (two warpgroups, each
+#   64x256 through wgmma m64n256k16); 4 stages >= 3; plain stores ~= TMA stores.
+# * 128x128x64, 4 warps: 6 stages beat 4 by 5-14% on every goal shape
+#   (512x4096x7168: 700 vs 613 TFLOP/s); it wins when 128x256 tiles would
+#   leave SMs idle in the last round (M=512 or small N*M).
+# * 64x128 / 128x64: for small problems (more tiles to spread); 64x128 also
+#   likes deep pipelines (5-6 stages: ~+25% over 4).
+# * GROUP_M 8 is as good as any other value within the noise; 256x128 tiles and
+#   fewer programs than SMs never won.
+_CANDIDATES: dict[tuple[int, int, int, int, int], tuple[float, float]] = {
+    (128, 256, 64, 8, 4): (5.54, 2.0),
+    (128, 128, 64, 4, 6): (5.20, 0.6),
+    (64, 128, 64, 4, 6): (4.40, 0.5),
+    (128, 64, 64, 4, 4): (3.42, 0.8),
+}
+
+
+# Stream-K tail (`stream_k_plan`) for big problems: the goal-shape table of
+# results/gemm_tiling/variants.csv (H200, 2026-11-21, cuBLAS in the same run)
+# measured it +1.5-2% on 8192^3 (15 whole rounds of 128x256 tiles + 68 of 132
+# SMs' worth), +0.6-1.1% on 8192x28672x8192 (54 rounds), +0.7% on
+# 16384x3584x8192 (13 rounds), and -8% on 4096^3 (3 rounds), -11% on
+# 2048x7168x2048 (6 rounds), -20 to -38% when every tile is split (fewer tiles
+# than SMs): a split tile costs a pipeline refill, a partial written and read
+# back, and staggered K positions across SMs, which only a long run of whole
+# rounds pays for. Best there: 3 stages with C through TMA stores in two halves.
+SK_MIN_ROUNDS = 12
+
+# Gluon warp-specialised kernels (kernels.gemm.gluon): a producer warp feeds the
+# consumers through an mbarrier ring, so a tile's epilogue overlaps loads (coop)
+# or another tile's mainloop (ping-pong). The goal-shape probe
+# (results/gemm_tiling/ws_probe_run9a.csv, H200, cuBLAS in the same run) put them
+# ahead of this module's Triton kernel wherever a problem takes several rounds
+# of tiles: 4096x14336x4096 0.984 -> 1.002 (ping-pong) / 0.995 (coop),
+# 16384x3584x8192 0.982 -> 0.996 (coop), 4096^3 0.992 -> 0.999 (coop),
+# 2048x7168x2048 1.034 -> 1.054 (ping-pong); 8192^3 1.034 -> 1.027 (coop; the
+# stream-K tail is worth more there). With a round or less of tiles the Triton
+# kernel stays ahead (512x4096x7168: 1.002 vs 0.961; 1024x4096x14336: 1.002 vs
+# 0.997): a warp-specialised CTA has no second tile to overlap with.
+# Which one (goal table run 9b, three repeats): ping-pong (128x128 tiles) where
+# Triton's own pick is 128x128, or where 128x128 tiles fill the last round
+# (8192x28672x8192: 1.018 vs coop 1.009); the Triton stream-K kernel where it
+# applies with a long K (8192^3: 1.030 vs coop 1.019; the split tiles' partial
+# sums are paid back over K, while a hidden epilogue is worth less the longer
+# the mainloop); else cooperative 128x256 tiles (4096^3, 4096x14336x4096).
+GLUON_PP_MIN_FILL = 0.99
+GLUON_SK_MIN_K = 8192
+_GLUON_PINGPONG = GemmConfig(block_m=128, block_n=128, block_k=64, num_stages=5, group_m=8, num_warps=4,
+                             gluon="pingpong")
+_GLUON_COOP = GemmConfig(block_m=128, block_n=256, block_k=32, num_stages=6, group_m=8, num_warps=8,
+                         gluon="coop")
+_STREAM_K_CONFIG = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, group_m=8,
+                              tma_store=True, epilogue_split=2, stream_k=True)
+
+
+def _estimate_us(M: int, N: int, K: int, num_sms: int, tile, rate: float, fixed_us: float) -> float:
+    bm, bn = tile[0], tile[1]
+    tiles = math.ceil(M / bm) * math.ceil(N / bn)
+    rounds = math.ceil(tiles / num_sms)
+    per_tile_us = 2.0 * bm * bn * max(K, 1) / (rate * 1e12) * 1e6 + fixed_us
+    return rounds * per_tile_us
+
+
+def heuristic(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
+              hopper: bool = True, gluon: bool = True) -> GemmConfig:
+    """The config this module runs when none is given (see the module docstring).
+    ``gluon=False`` keeps to the Triton kernel (e.g. for operands TMA cannot take)."""
+    if not hopper:
+        # Pointer path (interpreter, pre-Hopper): modest tiles.
+        return GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3, group_m=8)
+    elem = element_size(dtype)
+    best, best_t = None, float("inf")
+    for key, (rate, fixed) in _CANDIDATES.items():
+        bm, bn, bk, w, s = key
+        t = _estimate_us(M, N, K, num_sms, key, rate, fixed)
+        if t < best_t:
+            best, best_t = GemmConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s,
+                                      tma_store=False, group_m=8), t
+    tiles = math.ceil(M / best.block_m) * math.ceil(N / best.block_n)
+    stream_k = best.block_n == 256 and tiles % num_sms and tiles // num_sms >= SK_MIN_ROUNDS
+    big_tiles = math.ceil(M / 128) * math.ceil(N / 256)
+    if gluon and dtype in (torch.bfloat16, torch.float16) and big_tiles > num_sms and best.block_m == 128:
+        pp_tiles = math.ceil(M / 128) * math.ceil(N / 128)
+        pp_fill = pp_tiles / (math.ceil(pp_tiles / num_sms) * num_sms)   # last round's share of SMs busy
+        if best.block_n == 128 or pp_fill >= GLUON_PP_MIN_FILL:
+            return _GLUON_PINGPONG
+        if best.block_n == 256 and not (stream_k and K >= GLUON_SK_MIN_K):
+            return _GLUON_COOP
+    if stream_k:
+        best = _STREAM_K_CONFIG
+    return _fit_smem(best, elem)
+
+
+def _fit_smem(cfg: GemmConfig, elem_bytes: int, limit: int = SMEM_LIMIT_SM90) -> GemmConfig:
+    """Shrink a config until its shared memory fits (wider types need it):
+    split the epilogue, then fewer stages (down to 2), then a smaller BLOCK_K."""
+    while smem_bytes(cfg, elem_bytes) > limit:
+        if cfg.tma_store and cfg.epilogue_split == 1:
+            cfg = dataclasses.replace(cfg, epilogue_split=2)
+        elif cfg.num_stages > 2:
+            cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+        elif cfg.block_k > 16:
+            cfg = dataclasses.replace(cfg, block_k=cfg.block_k // 2)
+        else:
+            break
+    return cfg
+
+
+# --------------------------------------------------------------------------
+# Stream-K tail
+# --------------------------------------------------------------------------
+SK_MAX_SPLIT = 4  # programs per tail tile at most: a finishing program reads the others' partials
+SK_MIN_STEPS = 2  # K-steps per stream-K program at least
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamKPlan:
+    """How ``_gemm_tma_kernel`` splits its work: tiles ``0 .. dp_tiles-1`` whole,
+    strided over the programs; the rest as ``sk_programs`` contiguous ranges of
+    K-steps, ``sk_iters_per`` each plus one for the first ``sk_extra``."""
+
+    dp_tiles: int
+    sk_programs: int
+    sk_iters_per: int
+    sk_extra: int
+
+
+def stream_k_plan(tiles: int, programs: int, k_steps: int) -> StreamKPlan:
+    """A persistent kernel runs ``ceil(tiles / programs)`` rounds of whole tiles,
+    so a last round of ``tiles % programs`` tiles leaves the other SMs idle
+    (8192^3 in 128x256 tiles on 132 SMs: 15.5 rounds of work take 16). Here the
+    whole rounds stay data-parallel and the last round's K-steps are spread over
+    up to ``SK_MAX_SPLIT`` programs per tile. Returns a plan with
+    ``sk_programs == 0`` when there is nothing to gain (no partial round, or too
+    few K-steps to split)."""
+    tail = tiles % programs if tiles > programs else tiles
+    none = StreamKPlan(tiles, 0, 1, 0)
+    if tail == 0:
+        return none
+    steps = tail * k_steps
+    sk_programs = min(programs, tail * SK_MAX_SPLIT, steps // SK_MIN_STEPS)
+    if sk_programs <= tail:
+        return none
+    per, extra = divmod(steps, sk_programs)
+    return StreamKPlan(tiles - tail, sk_programs, per, extra)
+
+
+_SK_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+
+# --------------------------------------------------------------------------
+# The Gluon kernel's configuration (kernels.gemm.gluon)
+# --------------------------------------------------------------------------
+WS_DTYPES = (torch.bfloat16, torch.float16)
+REGS_PER_SM = 65536
+TOTAL_WARPS = 12  # both modes: 2 consumer warpgroups + the producer's warpgroup (1 warp used, 4 allocated)
+MAXNREG = (REGS_PER_SM // (TOTAL_WARPS * 32)) // 8 * 8  # 168: registers per thread at launch
+# Triton 3.6 keeps the worker partitions' state (and alignment padding) in shared
+# memory too: 168 bytes in every config cross-compiled for sm_90.
+WS_EXTRA_SMEM = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class WsConfig:
+    """Every knob of the kernel (``num_sms=None``: every SM of the device)."""
+
+    block_m: int = 128  # tile rows. Ping-pong: 64 or 128 (one warpgroup); cooperative: 128 or 256
+    block_n: int = 128  # 64, 128 or 256 (one wgmma instruction wide)
+    block_k: int = 64  # 32 or 64
+    num_stages: int = 4  # depth of the shared-memory ring
+    group_m: int = 8  # rows of tiles per L2 band
+    num_sms: int | None = None  # CTAs launched (one per SM)
+    cooperative: bool = False  # False: ping-pong (2 consumers, alternate tiles); True: 1 consumer of 8 warps
+    consumer_regs: int = 232  # per thread, consumer 1's warpgroup (ping-pong only; see consumer_regs_of)
+    producer_regs: int = 40  # per thread, the producer's warpgroup
+
+    def label(self) -> str:
+        s = f"{'coop' if self.cooperative else 'ws'} {self.block_m}x{self.block_n}x{self.block_k} " \
+            f"s{self.num_stages} g{self.group_m}"
+        if self.num_sms is not None:
+            s += f" sm{self.num_sms}"
+        if self.producer_regs != 40 or (self.consumer_regs != 232 and not self.cooperative):
+            s += f" r{consumer_regs_of(self)}/{self.producer_regs}"
+        return s
+
+    def as_params(self) -> dict:
+        return dataclasses.asdict(self)
+
+    WHO = "gemm_ws"  # the name errors about this config start with
+
+
+def _who(cls) -> str:
+    """The name errors start with: the config class's ``WHO`` (gemm_ws, or a subclass's)."""
+    return getattr(cls, "WHO", cls.__name__)
+
+
+def as_ws_config(config, cls: type | None = None):
+    """A ``cls`` (default ``WsConfig``) from None, an instance or a dict of its fields."""
+    cls = cls or WsConfig
+    if config is None:
+        return cls()
+    if isinstance(config, cls):
+        return config
+    if isinstance(config, Mapping):
+        known = dataclasses.asdict(cls())
+        unknown = sorted(set(config) - set(known))
+        if unknown:
+            raise ValueError(f"{_who(cls)}: unknown config field(s) {unknown}; known: {sorted(known)}")
+        return cls(**config)
+    raise ValueError(f"{_who(cls)}: config must be a {cls.__name__} or a dict, got {type(config).__name__}")
+
+
+def num_consumers(config: WsConfig) -> int:
+    return 1 if config.cooperative else 2
+
+
+def num_warps(config: WsConfig) -> int:
+    """The kernel's num_warps: its default partition (consumer 0) - one or two warpgroups."""
+    return 8 if config.cooperative else 4
+
+
+def ws_smem_bytes(config: WsConfig | Mapping[str, Any] | None = None, elem_bytes: int = 2,
+               cls: type | None = None) -> int:
+    """Shared memory per CTA (an upper bound): the ring, one C staging buffer per
+    consumer, the mbarriers, and what Triton adds for warp specialisation."""
+    c = as_ws_config(config, cls)
+    ring = c.num_stages * (c.block_m * c.block_k + c.block_k * c.block_n) * elem_bytes
+    staging = num_consumers(c) * c.block_m * c.block_n * elem_bytes
+    barriers = 8 * (2 * c.num_stages + 2)
+    return ring + staging + barriers + WS_EXTRA_SMEM
+
+
+def default_partition_regs(config: WsConfig) -> int:
+    """Registers per thread the compiler leaves the default partition (consumer 0):
+    the 3 warpgroups' ``3 * MAXNREG`` less what the workers asked for."""
+    total = TOTAL_WARPS // 4 * MAXNREG
+    if config.cooperative:
+        return (total - config.producer_regs) // 2 // 8 * 8  # two warpgroups share it
+    return total - config.producer_regs - config.consumer_regs
+
+
+def consumer_regs_of(config: WsConfig) -> int:
+    """Registers per thread every consumer thread gets."""
+    if config.cooperative:
+        return default_partition_regs(config)
+    return min(config.consumer_regs, default_partition_regs(config))
+
+
+def _validate_tile(c: WsConfig) -> None:
+    threads = 32 * num_warps(c)
+    who = _who(type(c))
+    if c.block_m not in ((128, 256) if c.cooperative else (64, 128)):
+        raise ValueError(f"{who}: block_m={c.block_m!r} must be " + (
+            "128 or 256 (cooperative: 2 warpgroups)" if c.cooperative else "64 or 128 (one warpgroup per consumer)"))
+    if c.block_n not in (64, 128, 256):
+        raise ValueError(f"{who}: block_n={c.block_n!r} must be 64, 128 or 256 (one wgmma instruction)")
+    if c.block_k not in (32, 64):
+        raise ValueError(f"{who}: block_k={c.block_k!r} must be 32 or 64 (one 128-byte swizzled row)")
+    if c.block_m * c.block_n > 128 * threads:
+        raise ValueError(f"{who}: a {c.block_m}x{c.block_n} fp32 accumulator needs "
+                         f"{c.block_m * c.block_n // threads} registers per consumer thread; at most 128 fit "
+                         + ("(use 128x256 or 256x128)" if c.cooperative else "(use 128x128 or 64x256)"))
+
+
+def validate_ws(config: WsConfig | Mapping[str, Any] | None, cls: type | None = None) -> WsConfig:
+    """The config (a ``cls``, default ``WsConfig``), or a ValueError naming the knob that cannot work."""
+    c = as_ws_config(config, cls)
+    who = _who(type(c))
+    if not isinstance(c.cooperative, bool):
+        raise ValueError(f"{who}: cooperative={c.cooperative!r} must be True or False")
+    _validate_tile(c)
+    if not isinstance(c.num_stages, int) or c.num_stages < 2:
+        raise ValueError(f"{who}: num_stages={c.num_stages!r} must be an int >= 2")
+    if not isinstance(c.group_m, int) or c.group_m < 1:
+        raise ValueError(f"{who}: group_m={c.group_m!r} must be an int >= 1")
+    if c.num_sms is not None and (not isinstance(c.num_sms, int) or c.num_sms < 1):
+        raise ValueError(f"{who}: num_sms={c.num_sms!r} must be None or an int >= 1")
+    for name in ("consumer_regs", "producer_regs"):
+        r = getattr(c, name)
+        if not isinstance(r, int) or r % 8 or not 24 <= r <= 256:
+            raise ValueError(f"{who}: {name}={r!r} must be a multiple of 8 in [24, 256] (setmaxnreg)")
+    if not c.cooperative and default_partition_regs(c) < c.consumer_regs:
+        raise ValueError(f"{who}: producer_regs + 2 * consumer_regs = {c.producer_regs + 2 * c.consumer_regs} "
+                         f"exceeds the {TOTAL_WARPS // 4} warpgroups' {TOTAL_WARPS // 4 * MAXNREG} registers "
+                         f"per thread (65536 per SM over {TOTAL_WARPS * 32} threads)")
+    need = ws_smem_bytes(c)
+    if need > SMEM_LIMIT_SM90:
+        raise ValueError(f"{who}: {c.label()} needs {need} bytes of shared memory, over sm_90's "
+                         f"{SMEM_LIMIT_SM90} per block; use fewer stages or a smaller tile")
+    return c
+

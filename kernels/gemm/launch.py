@@ -1,0 +1,464 @@
+"""The public launchers of the GEMM family: ``matmul`` (and ``matmul_ws`` for the
+Gluon kernel alone).
+
+A call is validated, then planned once per call signature: shapes, strides,
+dtype, device, 16-byte alignment of each pointer and the explicit config
+decide the config, the kernel, its grid and constants, and the stream-K
+workspace. Plans live in a bounded LRU (``PLAN_CACHE_SIZE``); a repeated call
+is a dictionary lookup, the TMA descriptors (whose base pointers change from
+call to call) and a launch. Nothing synchronizes the host.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+from typing import Any, Mapping
+
+import torch
+import triton
+
+from kernels.common import cuda_context, interpreter
+from kernels.gemm import gluon
+from kernels.gemm.config import (
+    DTYPES, MAXNREG, WS_DTYPES, GemmConfig, StreamKPlan, WsConfig, _as_config, _refuse_ws_on_gpu, heuristic,
+    num_warps, stream_k_plan, validate_config, validate_ws,
+)
+from kernels.gemm.metrics import _mnk
+from kernels.gemm.triton import _gemm_ptr_kernel, _gemm_tma_kernel
+from workbench.dtypes import triton_type
+
+try:  # triton >= 3.4
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
+
+_FALLBACK = "use kernels.gemm.matmul instead"
+_SK_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _stream_k_workspace(device: torch.device, programs: int, tile_elems: int, sk_tiles: int):
+    """fp32 partial slots (2 per program) and per-tile arrival counters, zeroed once
+    and reused: the kernel resets every counter it completes. One pair per device
+    and stream, so calls on two streams never share counters."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    ws, cnt = _SK_WORKSPACE.get(key, (None, None))
+    if ws is None or ws.numel() < programs * 2 * tile_elems or cnt.numel() < sk_tiles:
+        ws = torch.empty(max(programs * 2 * tile_elems, ws.numel() if ws is not None else 0),
+                         dtype=torch.float32, device=device)
+        cnt = torch.zeros(max(sk_tiles, cnt.numel() if cnt is not None else 0), dtype=torch.int32, device=device)
+        _SK_WORKSPACE[key] = (ws, cnt)
+    return ws, cnt
+
+
+
+# --------------------------------------------------------------------------
+# Checks and device facts (once per plan)
+# --------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    es = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * es) % 16 == 0
+            and t.shape[0] > 0 and t.shape[1] > 0)
+
+
+def _check_operands(a: torch.Tensor, b: torch.Tensor) -> None:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        raise ValueError("gemm: a and b must be torch tensors")
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"gemm: a and b must be 2-D, got a{tuple(a.shape)} and b{tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"gemm: inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)} "
+                         f"(need a (M, K) and b (K, N))")
+    if a.dtype != b.dtype:
+        raise ValueError(f"gemm: a and b must share a dtype, got {a.dtype} and {b.dtype}")
+    if a.dtype not in DTYPES:
+        raise ValueError(f"gemm: dtype {a.dtype} is not supported; use one of "
+                         f"{', '.join(str(d) for d in DTYPES)}")
+    if a.device != b.device:
+        raise ValueError(f"gemm: a is on {a.device} and b on {b.device}; put both on one device")
+    if a.device.type == "cuda":
+        return
+    if a.device.type == "cpu" and interpreter.active():
+        return
+    raise ValueError(f"gemm: tensors on {a.device} need a CUDA GPU, or TRITON_INTERPRET=1 set before "
+                     f"triton is imported to run them in Triton's interpreter")
+
+
+def prepare_output(out: torch.Tensor | None, M: int, N: int, K: int, like: torch.Tensor, who: str = "gemm"):
+    """(C, done) for a product with an (M, N) result and reduction length K, in
+    ``like``'s dtype and device: ``out`` checked, or a new tensor; ``done`` when
+    nothing is left to compute (C is empty, or K == 0 and C zeroed)."""
+    if out is None:
+        out = torch.empty((M, N), dtype=like.dtype, device=like.device)
+    elif out.shape != (M, N) or out.dtype != like.dtype or out.device != like.device:
+        raise ValueError(f"{who}: out must be ({M}, {N}) {like.dtype} on {like.device}, got "
+                         f"{tuple(out.shape)} {out.dtype} on {out.device}")
+    if M == 0 or N == 0:
+        return out, True
+    if K == 0:
+        return out.zero_(), True
+    return out, False
+
+
+
+
+def _device_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+# --------------------------------------------------------------------------
+# Plans
+# --------------------------------------------------------------------------
+PLAN_CACHE_SIZE = 256  # plans kept per launcher (least recently used dropped)
+
+
+class PlanCache:
+    """A bounded LRU of launch plans keyed by call signature."""
+
+    def __init__(self, size: int = PLAN_CACHE_SIZE):
+        self.size = size
+        self._plans: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, key):
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+        return plan
+
+    def put(self, key, plan):
+        self._plans[key] = plan
+        if len(self._plans) > self.size:
+            self._plans.popitem(last=False)
+        return plan
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+
+def tensor_signature(t: torch.Tensor) -> tuple:
+    """What a plan may depend on: shape, strides, dtype, device and whether the
+    base pointer is 16-byte aligned (TMA's and vector loads' condition)."""
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
+
+def config_key(config) -> Any:
+    """A hashable form of an explicit config (None, a dataclass, or a dict of fields)."""
+    if config is None or not isinstance(config, Mapping):
+        return config
+    try:
+        return tuple(sorted(config.items()))
+    except TypeError:
+        return ("unhashable", id(config))  # planned anew (and validated) on every call
+
+
+@dataclasses.dataclass(frozen=True)
+class _GemmPlan:
+    """Everything ``matmul`` decides for one call signature."""
+
+    kind: str  # "empty" (nothing to compute), "zero" (K == 0), "tma", "ptr" or "gluon"
+    M: int
+    N: int
+    K: int
+    config: Any = None  # the GemmConfig (or, kind "gluon", the WsConfig) it runs
+    grid: tuple = (1,)
+    args: tuple = ()  # run-time scalars after the tensors
+    meta: dict = dataclasses.field(default_factory=dict)  # constexprs and launch options
+    sk_tiles: int = 0  # stream-K tiles (workspace counters); 0: no stream-K
+
+
+_PLANS = PlanCache()
+
+
+def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config) -> _GemmPlan:
+    _check_operands(a, b)
+    M, K = a.shape
+    N = b.shape[1]
+    if out is not None:
+        prepare_output(out, M, N, K, a)   # raises on a wrong out; nothing written
+    if M == 0 or N == 0:
+        return _GemmPlan("empty", M, N, K)
+    if K == 0:
+        return _GemmPlan("zero", M, N, K)
+    on_gpu = a.device.type == "cuda"
+    dev_index = _device_index(a) if on_gpu else 0
+    hopper = on_gpu and _capability(dev_index)[0] >= 9
+    sm90 = on_gpu and _capability(dev_index)[0] == 9
+    sms = _sm_count(dev_index) if on_gpu else 4
+    # A fresh C is contiguous and aligned; a given one is judged by its own signature.
+    c_ok = out is None or _tma_ok(out)
+    aligned = TensorDescriptor is not None and _tma_ok(a) and _tma_ok(b) and c_ok
+    cfg = _as_config(config)
+    if cfg is None:
+        cfg = heuristic(M, N, K, a.dtype, sms, hopper=hopper, gluon=aligned and sm90)
+    validate_config(cfg)
+    if cfg.gluon:
+        if not (sm90 and aligned and a.dtype in WS_DTYPES):
+            raise ValueError(f"gemm: gluon={cfg.gluon!r} runs the Gluon kernel (kernels.gemm.gluon), which needs "
+                             f"bf16/fp16 operands on an sm_90 GPU with 16-byte aligned rows (K, N multiples of 8); "
+                             f"got {a.dtype} on {a.device}. Use gluon=None (the Triton kernel) here")
+        return _ws_plan(M, N, K, cfg.ws_config(), sms)
+    if cfg.warp_specialize and on_gpu:
+        _refuse_ws_on_gpu()
+    if cfg.tma is None:
+        use_tma = hopper and aligned
+    elif cfg.tma:
+        if not aligned:
+            raise ValueError("gemm: tma=True needs unit stride in the last dimension and 16-byte aligned "
+                             "rows and base pointers (K and N multiples of 8 for 16-bit types)")
+        if on_gpu and not hopper:
+            raise ValueError("gemm: tma=True needs an sm_90+ GPU (Hopper)")
+        use_tma = True
+    else:
+        use_tma = False
+
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    if cfg.stream_k and not use_tma and config is None:  # the heuristic's choice, on unaligned operands
+        cfg = dataclasses.replace(cfg, stream_k=False)
+    if cfg.stream_k and not use_tma:
+        raise ValueError("gemm: stream_k=True needs the TMA path (sm_90+, 16-byte aligned rows); "
+                         "use stream_k=False for these operands")
+    programs = max(1, cfg.num_sms or sms) if cfg.stream_k else max(1, min(cfg.num_sms or sms, tiles))
+    if not use_tma:
+        meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FLATTEN=cfg.flatten,
+                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return _GemmPlan("ptr", M, N, K, cfg, (programs,), (programs, cfg.group_m), meta)
+    sk = stream_k_plan(tiles, programs, triton.cdiv(K, cfg.block_k)) if cfg.stream_k else None
+    if sk is None or sk.sk_programs == 0:
+        sk = StreamKPlan(tiles, 0, 1, 0)
+        programs = min(programs, tiles)
+    meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, TMA_STORE=cfg.tma_store,
+                EPILOGUE_SPLIT=cfg.epilogue_split, FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize,
+                STREAM_K=sk.sk_programs > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    args = (M, N, K, programs, cfg.group_m, sk.dp_tiles, sk.sk_programs, sk.sk_iters_per, sk.sk_extra)
+    return _GemmPlan("tma", M, N, K, cfg, (programs,), args, meta, tiles - sk.dp_tiles if sk.sk_programs else 0)
+
+
+def plan_for(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | None = None) -> _GemmPlan:
+    """The plan ``matmul(a, b, config, out)`` runs (made once per call signature)."""
+    try:
+        key = (tensor_signature(a), tensor_signature(b), None if out is None else tensor_signature(out),
+               config_key(config))
+    except AttributeError:   # not tensors: let the checks say what is wrong
+        _check_operands(a, b)
+        raise
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.put(key, _plan(a, b, out, config))
+    return plan
+
+
+# --------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------
+def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, Any] | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ b`` with the persistent Triton kernel, or with the warp-specialised
+    Gluon kernel (``kernels.gemm.gluon``) when the config says ``gluon``.
+
+    a: (M, K), b: (K, N), same dtype (bf16, fp16 or fp32) and device; any
+    strides. ``config`` picks the knobs (``GemmConfig`` or a dict of its fields;
+    ``None`` runs ``heuristic``). ``out`` (M, N), if given, receives C.
+    Everything but the launch is decided once per call signature (``plan_for``).
+    """
+    p = plan_for(a, b, config, out)
+    if out is None:
+        out = torch.empty((p.M, p.N), dtype=a.dtype, device=a.device)
+    if p.kind == "tma":
+        cfg = p.config
+        if p.sk_tiles:
+            ws, cnt = _stream_k_workspace(out.device, p.grid[0], cfg.block_m * cfg.block_n, p.sk_tiles)
+        else:
+            ws, cnt = out, out  # never touched
+        a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
+        b_desc = TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n])
+        c_desc = (TensorDescriptor.from_tensor(out, [cfg.block_m, cfg.block_n // cfg.epilogue_split])
+                  if cfg.tma_store else None)
+        _gemm_tma_kernel[p.grid](a_desc, b_desc, c_desc, out, out.stride(0), *p.args, ws, cnt, **p.meta)
+    elif p.kind == "ptr":
+        _gemm_ptr_kernel[p.grid](a, b, out, p.M, p.N, p.K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                                 out.stride(0), out.stride(1), *p.args, **p.meta)
+    elif p.kind == "gluon":
+        _launch_ws(p, a, b, out)
+    elif p.kind == "zero":
+        out.zero_()
+    return out
+
+
+# --------------------------------------------------------------------------
+# The Gluon kernel alone
+# --------------------------------------------------------------------------
+def check_alignment(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16) -> None:
+    """ValueError unless the TMA engine can address A (M, K), B (K, N) and C (M, N)
+    packed row-major: 16-byte row strides, so K and N multiples of 8 (16-bit)."""
+    per16 = 16 // dtype.itemsize
+    if K % per16 or N % per16:
+        raise ValueError(f"gemm_ws: K={K} and N={N} must be multiples of {per16} for {dtype} (TMA needs "
+                         f"16-byte aligned row strides); {_FALLBACK}, which handles any shape")
+
+
+def _check_ws_operands(a, b) -> None:
+    if interpreter.active():
+        raise ValueError("gemm_ws: Gluon kernels do not run in Triton's interpreter (TRITON_INTERPRET=1 is set); "
+                         f"{_FALLBACK}")
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        raise ValueError("gemm_ws: a and b must be torch tensors")
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"gemm_ws: need a (M, K) and b (K, N), got a{tuple(a.shape)} and b{tuple(b.shape)}")
+    if a.dtype != b.dtype or a.dtype not in WS_DTYPES:
+        raise ValueError(f"gemm_ws: a and b must both be bfloat16 or both float16, got {a.dtype} and {b.dtype}; "
+                         f"{_FALLBACK}")
+    if a.device != b.device:
+        raise ValueError(f"gemm_ws: a is on {a.device} and b on {b.device}; put both on one device")
+    if a.device.type != "cuda":
+        raise ValueError(f"gemm_ws: tensors on {a.device}: this kernel needs an sm_90 (Hopper) CUDA GPU; "
+                         f"{_FALLBACK}")
+    cap = _capability(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    if cap[0] != 9:
+        raise ValueError(f"gemm_ws: this kernel needs an sm_90 (Hopper) GPU, found sm_{cap[0]}{cap[1]} "
+                         f"(wgmma and setmaxnreg as used here are Hopper's); {_FALLBACK}")
+
+
+
+def grid_size(M: int, N: int, config: WsConfig, num_sms: int) -> int:
+    """CTAs launched: one per SM (or ``config.num_sms``), never more than tiles."""
+    tiles = -(-M // config.block_m) * -(-N // config.block_n)
+    return max(1, min(config.num_sms or num_sms, tiles))
+
+
+
+def _ws_plan(M: int, N: int, K: int, cfg: WsConfig, sms: int) -> _GemmPlan:
+    grid = (grid_size(M, N, cfg, sms),)
+    meta = dict(NUM_STAGES=cfg.num_stages, COOPERATIVE=cfg.cooperative, CONSUMER_REGS=cfg.consumer_regs,
+                PRODUCER_REGS=cfg.producer_regs, num_warps=num_warps(cfg), maxnreg=MAXNREG)
+    return _GemmPlan("gluon", M, N, K, cfg, grid, (cfg.group_m,), meta, 0)
+
+
+def _launch_ws(p: _GemmPlan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    bm, bn, bk = p.config.block_m, p.config.block_n, p.config.block_k
+    cuda_context.ensure_current(a.device)   # autograd's backward thread may have no current context
+    gluon._gemm_ws_kernel[p.grid](gluon.descriptor(a, [bm, bk]), gluon.descriptor(b, [bk, bn]),
+                                  gluon.descriptor(out, [bm, bn]), *p.args, **p.meta)
+
+
+_WS_PLANS = PlanCache()
+
+
+def _plan_ws(a, b, out, config) -> _GemmPlan:
+    cfg = validate_ws(config)
+    _check_ws_operands(a, b)
+    M, K = a.shape
+    N = b.shape[1]
+    check_alignment(M, N, K, a.dtype)
+    if out is not None:
+        prepare_output(out, M, N, K, a, who="gemm_ws")
+    if M == 0 or N == 0:
+        return _GemmPlan("empty", M, N, K)
+    if K == 0:
+        return _GemmPlan("zero", M, N, K)
+    if not all(_tma_ok(t) for t in (a, b) + (() if out is None else (out,))):
+        raise ValueError("gemm_ws: a, b and out need unit column stride, 16-byte aligned base pointers and "
+                         f"row strides (TMA); {_FALLBACK}, which takes any strides")
+    return _ws_plan(M, N, K, cfg, _sm_count(_device_index(a)))
+
+
+def matmul_ws(a: torch.Tensor, b: torch.Tensor, *, config: WsConfig | Mapping[str, Any] | None = None,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ b`` with the warp-specialised Gluon kernel alone (sm_90 only).
+
+    a: (M, K), b: (K, N), both bf16 or both fp16, with unit column stride and
+    16-byte aligned rows (K, N multiples of 8). ``out`` (M, N), if given,
+    receives C. Raises ValueError, naming ``kernels.gemm.matmul`` as the
+    fallback, for anything this kernel cannot take. Planned once per call
+    signature, like ``matmul``.
+    """
+    try:
+        key = (tensor_signature(a), tensor_signature(b), None if out is None else tensor_signature(out),
+               config_key(config))
+    except AttributeError:
+        _check_ws_operands(a, b)
+        raise
+    p = _WS_PLANS.get(key) or _WS_PLANS.put(key, _plan_ws(a, b, out, config))
+    if out is None:
+        out = torch.empty((p.M, p.N), dtype=a.dtype, device=a.device)
+    if p.kind == "gluon":
+        _launch_ws(p, a, b, out)
+    elif p.kind == "zero":
+        out.zero_()
+    return out
+
+
+# --------------------------------------------------------------------------
+# Cross-compilation (no GPU needed): arguments for workbench.asm.compile
+# --------------------------------------------------------------------------
+def compile_args_ws(config: WsConfig | Mapping[str, Any] | None = None, dtype: torch.dtype = torch.bfloat16,
+                 shape: Mapping[str, int] | tuple[int, int, int] | None = None) -> dict:
+    """Keyword arguments for ``workbench.asm.compile.cross_compile`` that build
+    the kernel ``matmul_ws`` launches for ``config`` (``fn`` included)::
+
+        cross_compile(targets="sm90", cache_dir=d, **compile_args(cfg, torch.float16))
+
+    The descriptors carry the problem size at run time, so ``shape`` (M, N, K)
+    only checks the alignment rule.
+    """
+    cfg = validate_ws(config)
+    if dtype not in WS_DTYPES:
+        raise ValueError(f"gemm_ws: dtype {dtype} is not supported; use torch.bfloat16 or torch.float16")
+    if shape is not None:
+        M, N, K = (shape["M"], shape["N"], shape["K"]) if isinstance(shape, Mapping) else shape
+        check_alignment(M, N, K, dtype)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    sig = {"a_desc": gluon.desc_type(dtype, [bm, bk]), "b_desc": gluon.desc_type(dtype, [bk, bn]),
+           "c_desc": gluon.desc_type(dtype, [bm, bn]), "group_m": "i32"}
+    constexprs = {"NUM_STAGES": cfg.num_stages, "COOPERATIVE": cfg.cooperative, "CONSUMER_REGS": cfg.consumer_regs,
+                  "PRODUCER_REGS": cfg.producer_regs}
+    return {"fn": gluon._gemm_ws_kernel, "signature": sig, "constexprs": constexprs, "num_warps": num_warps(cfg),
+            "options": {"maxnreg": MAXNREG}}
+
+
+
+
+def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: torch.dtype = torch.bfloat16,
+                 shape: Mapping[str, int] | None = None) -> dict:
+    """Keyword arguments for ``workbench.asm.compile.cross_compile`` that build
+    the TMA kernel ``matmul`` launches for ``config`` (``fn`` included)::
+
+        cross_compile(targets="sm90", cache_dir=d, **compile_args(cfg))
+
+    ``shape`` (M, N, K) only decides which sizes count as multiples of 16.
+    """
+    cfg = _as_config(config) or heuristic(*(_mnk(shape) if shape else (8192, 8192, 8192)), dtype)
+    validate_config(cfg)
+    if cfg.gluon:
+        return compile_args_ws(cfg.ws_config(), dtype, _mnk(shape) if shape else None)
+    t = triton_type(dtype)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    sig = {"a_desc": f"tensordesc<{t}[{bm}, {bk}]>", "b_desc": f"tensordesc<{t}[{bk}, {bn}]>",
+           "c_ptr": f"*{t}", "stride_cm": "i32", "M": "i32", "N": "i32", "K": "i32",
+           "num_sms": "i32", "group_m": "i32", "dp_tiles": "i32", "sk_programs": "i32",
+           "sk_iters_per": "i32", "sk_extra": "i32", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+    constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "TMA_STORE": cfg.tma_store,
+                  "EPILOGUE_SPLIT": cfg.epilogue_split, "FLATTEN": cfg.flatten,
+                  "WARP_SPECIALIZE": cfg.warp_specialize, "STREAM_K": cfg.stream_k}
+    if cfg.tma_store:
+        sig["c_desc"] = f"tensordesc<{t}[{bm}, {bn // cfg.epilogue_split}]>"
+    else:
+        constexprs["c_desc"] = None
+    M, N, K = _mnk(shape) if shape else (8192, 8192, 8192)
+    divisible = ["c_ptr"] + [name for name, v in (("stride_cm", N), ("M", M), ("N", N), ("K", K)) if v % 16 == 0]
+    return {"fn": _gemm_tma_kernel, "signature": sig, "constexprs": constexprs, "divisible": divisible,
+            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+

@@ -1,0 +1,178 @@
+"""Triton kernels of the persistent GEMM (see ``kernels.gemm`` for the design).
+
+``_gemm_tma_kernel`` (Hopper: TMA descriptors, wgmma, optional stream-K tail)
+and ``_gemm_ptr_kernel`` (masked pointer loads: interpreter, older GPUs,
+unaligned or strided operands) share one tile schedule (``_tile_coords``).
+"""
+import triton
+import triton.language as tl
+
+from kernels.common import interpreter
+
+if interpreter.active():
+    interpreter.patch()
+
+
+# --------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, group_m):
+    """Tile index -> (row block, column block), walking bands of group_m rows: an
+    L2 swizzle (programs that run together share A rows and B columns)."""
+    band_id = tile_id // (group_m * num_pid_n)
+    first_m = band_id * group_m
+    rows_in_band = tl.minimum(num_pid_m - first_m, group_m)
+    inside = tile_id - band_id * (group_m * num_pid_n)
+    return first_m + inside % rows_in_band, inside // rows_in_band
+
+
+@triton.jit
+def _store_tile(acc, off_m, off_n, c_desc, c_ptr, stride_cm, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr):
+    """C[off_m:, off_n:] = acc: through C's descriptor (whole, or in two column
+    halves to halve the staging buffer), or with plain masked stores (the form
+    Triton 3.6's Hopper warp specialisation accepts)."""
+    if TMA_STORE:
+        if EPILOGUE_SPLIT == 2:
+            pair = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(pair)
+            c_desc.store([off_m, off_n], left.to(c_desc.dtype))
+            c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(c_desc.dtype))
+        else:
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+    else:
+        rows = off_m + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :], acc.to(c_ptr.dtype.element_ty),
+                 mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit
+def _sk_program_of(step, sk_iters_per, sk_extra):
+    """The stream-K program whose range holds global tail K-step `step` (the first
+    sk_extra programs take sk_iters_per + 1 steps, the rest sk_iters_per)."""
+    big = sk_extra * (sk_iters_per + 1)
+    return tl.where(step < big, step // (sk_iters_per + 1), sk_extra + (step - big) // sk_iters_per)
+
+
+@triton.jit(do_not_specialize=["num_sms", "group_m", "dp_tiles", "sk_programs", "sk_iters_per", "sk_extra"])
+def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m,
+                     dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
+                     WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr):
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    k_steps = (K + BLOCK_K - 1) // BLOCK_K
+    pid = tl.program_id(0)
+    # Data-parallel part: whole tiles 0 .. dp_tiles-1 (every tile without stream-K).
+    for tile_id in tl.range(pid, dp_tiles, num_sms, flatten=FLATTEN,
+                            warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, group_m)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kk in range(k_steps):
+            a = a_desc.load([off_m, kk * BLOCK_K])
+            b = b_desc.load([kk * BLOCK_K, off_n])
+            acc = tl.dot(a, b, acc)
+        _store_tile(acc, off_m, off_n, c_desc, c_ptr, stride_cm, M, N, BLOCK_M, BLOCK_N, TMA_STORE,
+                    EPILOGUE_SPLIT)
+    if STREAM_K:
+        # Stream-K tail: the last (tiles - dp_tiles) tiles' K-steps, split evenly
+        # over programs 0 .. sk_programs-1 (contiguous ranges, the first sk_extra
+        # programs one step more), so the last wave leaves no SM idle. A tile
+        # split between programs is summed by whichever arrives last: each writes
+        # its fp32 partial to its own workspace slot (0: the first tile of its
+        # range, 1: the last), then counts itself in the tile's counter; the one
+        # that completes the count sums the tile's slots, stores C and resets the
+        # counter for the next call. Nobody waits, so it also runs in the interpreter.
+        # Split tiles leave through plain stores (C's descriptor box is a whole tile).
+        if pid < sk_programs:
+            start = pid * sk_iters_per + tl.minimum(pid, sk_extra)
+            end = start + sk_iters_per + (pid < sk_extra).to(tl.int32)
+            rows_t = tl.arange(0, BLOCK_M)
+            cols_t = tl.arange(0, BLOCK_N)
+            tile_offs = rows_t[:, None] * BLOCK_N + cols_t[None, :]
+            half_cols = tl.arange(0, BLOCK_N // 2)
+            it = start
+            while it < end:
+                t = it // k_steps
+                k_lo = it - t * k_steps
+                k_hi = tl.minimum(k_steps, k_lo + end - it)
+                pid_m, pid_n = _tile_coords(dp_tiles + t, num_pid_m, num_pid_n, group_m)
+                off_m = pid_m * BLOCK_M
+                off_n = pid_n * BLOCK_N
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for kk in range(k_lo, k_hi):
+                    a = a_desc.load([off_m, kk * BLOCK_K])
+                    b = b_desc.load([kk * BLOCK_K, off_n])
+                    acc = tl.dot(a, b, acc)
+                # Programs holding the tile's first and last K-step.
+                s_first = t * k_steps
+                s_last = s_first + k_steps - 1
+                q_first = _sk_program_of(s_first, sk_iters_per, sk_extra)
+                q_last = _sk_program_of(s_last, sk_iters_per, sk_extra)
+                if q_first == q_last:  # the whole tile is ours
+                    _store_tile(acc, off_m, off_n, c_desc, c_ptr, stride_cm, M, N, BLOCK_M, BLOCK_N, TMA_STORE,
+                                EPILOGUE_SPLIT)
+                else:
+                    slot = (t != start // k_steps).to(tl.int32)
+                    tl.store(ws_ptr + (pid * 2 + slot).to(tl.int64) * (BLOCK_M * BLOCK_N) + tile_offs, acc)
+                    tl.debug_barrier()  # every thread's partial is written before the count
+                    arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
+                    if arrived == q_last - q_first:
+                        # Sum the slots half a tile at a time (the accumulator is dead by
+                        # now): a whole second tile in registers would spill.
+                        for h in tl.static_range(2):
+                            half_offs = rows_t[:, None] * BLOCK_N + (h * (BLOCK_N // 2) + half_cols)[None, :]
+                            part = tl.zeros((BLOCK_M, BLOCK_N // 2), dtype=tl.float32)
+                            for q in range(q_first, q_last + 1):
+                                q_start = q * sk_iters_per + tl.minimum(q, sk_extra)
+                                q_slot = (t != q_start // k_steps).to(tl.int32)
+                                part += tl.load(ws_ptr + (q * 2 + q_slot).to(tl.int64) * (BLOCK_M * BLOCK_N)
+                                                + half_offs, cache_modifier=".cg")
+                            rows = off_m + rows_t
+                            cols = off_n + h * (BLOCK_N // 2) + half_cols
+                            tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :],
+                                     part.to(c_ptr.dtype.element_ty),
+                                     mask=(rows[:, None] < M) & (cols[None, :] < N))
+                        tl.store(cnt_ptr + t, 0)
+                it += k_hi - k_lo
+
+
+@triton.jit(do_not_specialize=["num_sms", "group_m"])
+def _gemm_ptr_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                     num_sms, group_m,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     FLATTEN: tl.constexpr):
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    num_tiles = num_pid_m * num_pid_n
+    k_steps = (K + BLOCK_K - 1) // BLOCK_K
+    lane_k = tl.arange(0, BLOCK_K)
+    for tile_id in tl.range(tl.program_id(0), num_tiles, num_sms, flatten=FLATTEN):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, group_m)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        # Rows/columns past the edge read row/column 0 (always valid) and are
+        # never stored, so the loads need a mask on K only.
+        rows_in = tl.where(rows < M, rows, 0)
+        cols_in = tl.where(cols < N, cols, 0)
+        a_ptrs = a_ptr + rows_in[:, None] * stride_am + lane_k[None, :] * stride_ak
+        b_ptrs = b_ptr + lane_k[:, None] * stride_bk + cols_in[None, :] * stride_bn
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kk in range(k_steps):
+            k_left = K - kk * BLOCK_K
+            a = tl.load(a_ptrs, mask=lane_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=lane_k[:, None] < k_left, other=0.0)
+            acc = tl.dot(a, b, acc)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+# --------------------------------------------------------------------------
