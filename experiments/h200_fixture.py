@@ -19,7 +19,7 @@ os.environ["TRITON_CACHE_DIR"] = str(cache)
 
 import torch  # noqa: E402
 
-from kernels.remote import remote_store_kernel  # noqa: E402
+from kernels.comm.remote import remote_store_kernel  # noqa: E402
 
 n, block = 1 << 20, 2048
 for hint in (False, True):

@@ -73,7 +73,7 @@ def run_checks(w, heap, ag, torch, tdist):
     rows = []
     for (M, N), dname in CHECK_SHAPES:
         dtype = getattr(torch, dname)
-        x = ag.shard(M, N, dtype, seed=11, rank=heap.rank, device=heap.device)
+        x = agsweep.shard(M, N, dtype, seed=11, rank=heap.rank, device=heap.device)
         ref = torch.empty((heap.world_size * M, N), dtype=dtype, device=heap.device)
         tdist.all_gather_into_tensor(ref, x)
         runs = [("triton", True), ("gluon", True), ("copy_engine", True)]
@@ -82,10 +82,10 @@ def run_checks(w, heap, ag, torch, tdist):
             w.stage(f"check {variant} {M}x{N} {dname}")
             row = {"kind": "check", "variant": variant, "hints": hints, "M": M, "N": N, "dtype": dname}
             try:
-                out = ag.out_buffer(heap, (heap.world_size * M, N), dtype)
+                out = comm.out_buffer(heap, (heap.world_size * M, N), dtype)
                 out.view(torch.uint8).fill_(0xFF)  # poison
                 heap.barrier()
-                got = ag.all_gather(x, heap, variant=variant, hints=hints, max_spins=MAX_SPINS).clone()
+                got = comm.all_gather(x, heap, variant=variant, hints=hints, max_spins=MAX_SPINS).clone()
                 heap.barrier()  # nobody refills `out` while a peer still reads it
                 bad = int((got.view(torch.uint8) != ref.view(torch.uint8)).sum())
                 row.update(ok=bad == 0, bytes_differ=bad, error="")
@@ -101,7 +101,7 @@ def run_checks(w, heap, ag, torch, tdist):
 def measure_peer(w, heap, ag, torch, tdist, mib: int):
     """One direction of one NVLink pair (rank 0 writes rank 1; the others wait):
     the copy engine (dst.copy_(src) into the peer's heap) and an SM copy kernel."""
-    from kernels.remote import put_kernel
+    from kernels.comm.remote import put_kernel
 
     if heap.world_size < 2:
         return
@@ -172,7 +172,7 @@ def run_grid(w, heap, ag, torch, tdist, plan, modes):
     for mode in modes:  # every eager point first: a failed graph capture cannot cost eager rows
         for M, N in shapes:
             nbytes = M * N * esize
-            x = ag.shard(M, N, dtype, seed=plan["seed"], rank=rank, device=heap.device)
+            x = agsweep.shard(M, N, dtype, seed=plan["seed"], rank=rank, device=heap.device)
             iters = _iters(W * nbytes)
             per, replays = _graph_calls(W * nbytes)
             base = {"kind": "bw", "timing": mode, "M": M, "N": N, "dtype": plan["dtype"], "bytes_per_rank": nbytes,
@@ -197,27 +197,27 @@ def run_grid(w, heap, ag, torch, tdist, plan, modes):
                         kw = dict(variant=p["variant"], num_sms=p["num_sms"], block=block, hints=p["hints"],
                                   num_warps=p["num_warps"], check=False, max_spins=MAX_SPINS)
                         if p["variant"] in ("triton", "gluon"):
-                            cfg = ag.pick_config(M, N, esize, p["variant"], block, p["num_sms"], W, sms_here,
+                            cfg = comm.pick_config(M, N, esize, p["variant"], block, p["num_sms"], W, sms_here,
                                                  p["num_warps"])
                             row.update(grid=cfg["grid"], block_m=cfg["BLOCK_M"], block_n=cfg["BLOCK_N"],
                                        vec=cfg["VEC"], num_warps=cfg["num_warps"])
 
                         def fn():
-                            ag.all_gather(x, heap, **kw)
+                            comm.all_gather(x, heap, **kw)
                     if mode == "graph":
                         t = dist.time_collective(fn, warmup=3, iters=replays, graph=per)
                     else:
                         t = dist.time_collective(fn, warmup=max(5, iters // 4), iters=iters)
                     if p["variant"] in ("triton", "gluon"):
-                        from kernels.remote import check_status
+                        from kernels.comm.remote import check_status
 
                         check_status(heap.status(), rank, "all_gather flags", lambda i: f"signals from rank {i}")
-                    alg, bus = ag.bus_bandwidth_gbps(nbytes, W, t["ms"])
+                    alg, bus = comm.bus_bandwidth_gbps(nbytes, W, t["ms"])
                     row.update(ms=t["ms"], q25_ms=t["q25_ms"], q75_ms=t["q75_ms"], loop_ms=t["loop_ms"],
                                slowest_rank=t["slowest_rank"], graph_calls=t["graph"],
                                ms_per_rank=json.dumps([round(v, 5) for v in t["ms_per_rank"]]),
                                iters=t["iters"], algbw_gbps=alg, busbw_gbps=bus,
-                               loop_busbw_gbps=ag.bus_bandwidth_gbps(nbytes, W, t["loop_ms"])[1],
+                               loop_busbw_gbps=comm.bus_bandwidth_gbps(nbytes, W, t["loop_ms"])[1],
                                status="ok", error="")
                 except Exception as exc:  # noqa: BLE001 - record, resync, go on
                     failed = 1
@@ -240,7 +240,8 @@ def worker(args):
     import torch
     import torch.distributed as tdist
 
-    from kernels import all_gather as ag
+    from kernels import comm
+    from kernels.comm import sweep as agsweep
 
     with dist.worker() as w:
         plan = load_plan(Path(args.spec), args.quick)
@@ -249,7 +250,7 @@ def worker(args):
         biggest = max((p["M"] * p["N"] for p in plan["points"]), default=1) * dtype.itemsize
         heap_bytes = (64 << 20) if args.check_only else max(W * biggest, args.peer_mib << 20) + (16 << 20)
         w.stage("symmetric heap")
-        heap = ag.process_heap(heap_bytes)
+        heap = agsweep.process_heap(heap_bytes)
         w.emit({"kind": "info", "heap_bytes": heap_bytes, "heap_bases": [hex(b) for b in heap.heap_bases.tolist()],
                 "device": torch.cuda.get_device_name(heap.device),
                 "nccl_version": str(torch.cuda.nccl.version()),

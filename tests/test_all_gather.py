@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import all_gather as ag
-from kernels.remote import WaitTimeout
+from kernels import comm
+from kernels.comm import launch as aglaunch, sweep as agsweep
+from kernels.comm.remote import WaitTimeout
 from workbench import dist
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ def _gather(world, xs, poison=True, **kw):
         o.view(torch.uint8).fill_(0xFF if poison else 0)
 
     def body(h):
-        return ag.all_gather(xs[h.rank], h, out=outs[h.rank], **kw).clone()
+        return comm.all_gather(xs[h.rank], h, out=outs[h.rank], **kw).clone()
 
     return world.run(body)
 
@@ -72,7 +73,7 @@ def test_knobs_and_repeated_calls(variant):
     # default output buffer (in the heap), called twice with fresh inputs
     for _ in range(2):
         xs = _inputs(3, (6, 40), torch.float16, gen)
-        _assert_gathered(world.run(lambda h: ag.all_gather(xs[h.rank], h, variant=variant).clone()), xs)
+        _assert_gathered(world.run(lambda h: comm.all_gather(xs[h.rank], h, variant=variant).clone()), xs)
 
 
 def test_heap_reset_drops_cached_launch_plans():
@@ -80,7 +81,7 @@ def test_heap_reset_drops_cached_launch_plans():
     gen = torch.Generator().manual_seed(9)
     for _ in range(2):
         xs = _inputs(2, (4, 24), torch.float16, gen)
-        _assert_gathered(world.run(lambda h: ag.all_gather(xs[h.rank], h).clone()), xs)
+        _assert_gathered(world.run(lambda h: comm.all_gather(xs[h.rank], h).clone()), xs)
         assert world.heaps[0].cache("all_gather")
         for h in world.heaps:
             h.reset()
@@ -89,15 +90,28 @@ def test_heap_reset_drops_cached_launch_plans():
         world.heaps[1].alloc((64,), torch.float32).fill_(1.0)
 
 
-def test_rank_that_never_arrives_times_out_with_its_name():
-    """Only rank 0 runs: its bounded wait gives up and names the silent rank."""
+def test_rank_that_never_arrives_surfaces_at_the_next_call():
+    """Only rank 0 runs: its bounded wait gives up. The call itself returns (no host
+    synchronization per call); the next call, or check_all_gather, names the silent rank."""
     world = dist.SimulatedWorld(2, heap_bytes=1 << 16)
     xs = _inputs(2, (6, 40), torch.float16, torch.Generator().manual_seed(3))
+    world.run(lambda h: comm.all_gather(xs[h.rank], h, max_spins=20), ranks=[0])
+    with pytest.raises(WaitTimeout, match="signals from rank 1"):
+        comm.check_all_gather(world.heaps[0])
     with pytest.raises(dist.RankError) as info:
-        world.run(lambda h: ag.all_gather(xs[h.rank], h, max_spins=20), ranks=[0])
+        world.run(lambda h: comm.all_gather(xs[h.rank], h, max_spins=20), ranks=[0])
     err = info.value.__cause__
     assert isinstance(err, WaitTimeout)
     assert "rank 0" in str(err) and "signals from rank 1" in str(err) and "timed out" in str(err)
+
+
+def test_check_true_raises_at_once():
+    world = dist.SimulatedWorld(2, heap_bytes=1 << 16)
+    xs = _inputs(2, (4, 16), torch.float16, torch.Generator().manual_seed(4))
+    with pytest.raises(dist.RankError) as info:
+        world.run(lambda h: comm.all_gather(xs[h.rank], h, max_spins=20, check=True), ranks=[0])
+    assert isinstance(info.value.__cause__, WaitTimeout)
+    comm.check_all_gather(world.heaps[1])   # rank 1 never called: nothing to report
 
 
 def test_sim_barrier_names_missing_rank():
@@ -133,44 +147,44 @@ def test_clear_errors(bad, match):
     kw.update(bad)
     x = kw.pop("x")
     with pytest.raises(ValueError, match=match):
-        ag.all_gather(x, world.heaps[0], **kw)
+        comm.all_gather(x, world.heaps[0], **kw)
 
 
 def test_out_must_live_in_the_heap():
     world = dist.SimulatedWorld(2, heap_bytes=1 << 14)
     with pytest.raises(ValueError, match="not in rank 0's heap"):
-        ag.all_gather(torch.randn(4, 4), world.heaps[0], out=torch.empty(8, 4))
+        comm.all_gather(torch.randn(4, 4), world.heaps[0], out=torch.empty(8, 4))
 
 
 def test_auto_dispatch_table_and_sim_fallback():
-    for ws, limit, variant, sms in ag.AUTO_TABLE:
+    for ws, limit, variant, sms in comm.AUTO_TABLE:
         assert variant in ("triton", "gluon", "copy_engine", "nccl") and limit > 0
         assert sms is None or 1 <= sms <= 1024
     for W in (2, 4, 8):
         for nbytes in (1 << 20, 8 << 20, 512 << 20):
-            assert ag.auto_choice(W, nbytes)[0] in ("triton", "gluon", "copy_engine", "nccl")
+            assert comm.auto_choice(W, nbytes)[0] in ("triton", "gluon", "copy_engine", "nccl")
     world = dist.SimulatedWorld(2, heap_bytes=1 << 14)
     xs = _inputs(2, (2, 16), torch.float16, torch.Generator().manual_seed(1))
     _assert_gathered(_gather(world, xs, variant="auto"), xs)
 
 
 def test_bus_bandwidth_is_nccl_tests_definition():
-    alg, bus = ag.bus_bandwidth_gbps(1_000_000_000, 4, 1000.0)  # 4 GB gathered in 1 s
+    alg, bus = comm.bus_bandwidth_gbps(1_000_000_000, 4, 1000.0)  # 4 GB gathered in 1 s
     assert alg == pytest.approx(4.0) and bus == pytest.approx(3.0)
 
 
 def test_sweep_protocol_on_cpu():
     shape = {"M": 3, "N": 24, "world": 3}
-    inp = ag.make_inputs(shape, torch.float32, "cpu", seed=5)
-    ag.poison(inp)
-    out = ag.run(inp, variant="gluon", num_sms=2)
-    ok, err, msg = ag.check(out, ag.reference(inp), torch.float32)
+    inp = agsweep.make_inputs(shape, torch.float32, "cpu", seed=5)
+    agsweep.poison(inp)
+    out = agsweep.run(inp, variant="gluon", num_sms=2)
+    ok, err, msg = agsweep.check(out, agsweep.reference(inp), torch.float32)
     assert ok, msg
-    ag.poison(inp)
+    agsweep.poison(inp)
     bad = inp.heaps[0]._named[next(iter(k for k in inp.heaps[0]._named if k.startswith("all_gather.out")))]
-    assert not ag.check(torch.stack([bad] * 3), ag.reference(inp), torch.float32)[0]
-    assert ag.bytes_moved(shape, torch.float32) == 2 * 3 * 24 * 4 and ag.flops(shape) == 0
-    assert set(ag.PARAMS) >= {"variant", "num_sms", "block_m", "block_n", "hints"}
+    assert not agsweep.check(torch.stack([bad] * 3), agsweep.reference(inp), torch.float32)[0]
+    assert agsweep.bytes_moved(shape, torch.float32) == 2 * 3 * 24 * 4 and agsweep.flops(shape) == 0
+    assert set(agsweep.PARAMS) >= {"variant", "num_sms", "block_m", "block_n", "hints"}
 
 
 def test_hints_give_128_bit_remote_stores_on_sm90(tmp_path):
@@ -178,8 +192,8 @@ def test_hints_give_128_bit_remote_stores_on_sm90(tmp_path):
     from workbench.asm.diff import diff_entries
 
     for variant in VARIANTS:
-        off = ag.compile_kernel(variant, False, world_size=2, N=1024, cache_dir=tmp_path)
-        on = ag.compile_kernel(variant, True, world_size=2, N=1024, cache_dir=tmp_path)
+        off = aglaunch.compile_kernel(variant, False, world_size=2, N=1024, cache_dir=tmp_path)
+        on = aglaunch.compile_kernel(variant, True, world_size=2, N=1024, cache_dir=tmp_path)
         mix = diff_entries(off, on, "ptx").mix
         stores = mix[(mix["space"] == "global") & (mix["kind"] == "store")]
         by_width = {int(w): (int(a), int(b)) for w, a, b in stores[["width_bits", "count_a", "count_b"]].values}

@@ -99,10 +99,10 @@ def test_entry_by_directory_path_and_kernel_name(capsys, cache):
     (["asm", "show", "ZZZZ", "--stage", "nope"], "no entry with hash prefix"),
     (["asm", "mix", "/nonexistent/entry"], "no entry directory at /nonexistent/entry"),
     (["asm", "ls", "--cache", "/nonexistent/cache"], "no Triton cache at /nonexistent/cache"),
-    (["asm", "compile", "kernels.remote:remote_store_kernel", "--target", "sm42"], "unknown target 'sm42'"),
-    (["asm", "compile", "kernels.remote", "--target", "sm90"], "MODULE:FUNCTION"),
+    (["asm", "compile", "kernels.comm.remote:remote_store_kernel", "--target", "sm42"], "unknown target 'sm42'"),
+    (["asm", "compile", "kernels.comm.remote", "--target", "sm90"], "MODULE:FUNCTION"),
     (["asm", "compile", "no_such_module:f", "--target", "sm90"], "cannot import"),
-    (["asm", "compile", "kernels.remote:remote_store_kernel", "--target", "sm90"], "give a type for heap_bases"),
+    (["asm", "compile", "kernels.comm.remote:remote_store_kernel", "--target", "sm90"], "give a type for heap_bases"),
 ])
 def test_bad_input_exits_2_with_a_message(capsys, cache, argv, message):
     if "--cache" not in argv:
@@ -151,7 +151,7 @@ def test_corrupt_cubin(capsys, cache):
 def test_console_script_compile_then_ls(tmp_path, interpret):
     """The installed `workbench` command, end to end, in a fresh process."""
     exe = Path(sys.executable).with_name("workbench")
-    cmd = [str(exe), "asm", "compile", "kernels.remote:remote_store_kernel", "--target", "sm90,gfx942",
+    cmd = [str(exe), "asm", "compile", "kernels.comm.remote:remote_store_kernel", "--target", "sm90,gfx942",
            "--arg", "heap_bases=*i64", "--arg", "x_ptr=*fp16", "--arg", "n=i32",
            "--constexpr", "rank=0", "--constexpr", "peer=1", "--constexpr", "BLOCK=1024", "--constexpr", "HINT=true",
            "--divisible", "heap_bases", "--divisible", "x_ptr", "--divisible", "n", "--num-warps", "4",

@@ -195,3 +195,38 @@ def test_gpu_interleave_orders_two_sizes():
     out = bench.interleave({"small": lambda: small @ small, "big": lambda: big @ big}, warmup_ms=5, rep_ms=20)
     assert all(t.is_performance and t.l2_flushed and t.n >= 15 for t in out.values())
     assert out["small"].median_ms * 10 < out["big"].median_ms  # 64x the work
+
+
+# ------------------------------------------------ modes and host time (CPU)
+def test_mode_is_checked_and_named():
+    with pytest.raises(ValueError, match="eager"):
+        bench.measure(lambda: None, mode="fast")
+    t = bench.measure(lambda: time.sleep(0.0005), warmup_ms=0, rep_ms=2, mode="eager")
+    assert t.mode == "eager" and t.host_us >= 400  # the host timer: the call's own wall time
+    assert t.as_row()["mode"] == "eager" and "host" in str(t)
+
+
+def test_host_time_counts_every_call_without_sync():
+    calls = []
+    h = bench.host_time_us(lambda: calls.append(time.sleep(0.0002)), calls=30, warmup=3)
+    assert len(calls) == 33 and h["calls"] == 30
+    assert 150 <= h["median_us"] < 50_000 and h["q25_us"] <= h["median_us"] <= h["q75_us"]
+
+
+def test_interleave_records_host_time_per_callable():
+    out = bench.interleave({"slow": lambda: time.sleep(0.001), "fast": lambda: None},
+                           warmup_ms=0, rep_ms=0, min_reps=5)
+    assert out["slow"].host_us > 500 > out["fast"].host_us
+    assert all(t.mode == "eager" for t in out.values())
+    with pytest.raises(ValueError, match="mode"):
+        bench.interleave({"a": lambda: None}, mode="replay")
+
+
+@pytest.mark.gpu
+def test_interleave_graph_mode_times_replays():
+    import torch
+
+    x = torch.randn(4096, 4096, device="cuda")
+    out = bench.interleave({"mm": lambda: x @ x, "add": lambda: x.add_(1.0)}, warmup_ms=2, rep_ms=10, mode="graph")
+    assert {t.mode for t in out.values()} == {"graph"} and out["mm"].median_ms > out["add"].median_ms
+    assert all(math.isnan(t.host_us) for t in out.values())

@@ -141,7 +141,7 @@ def test_heap_named_flags_advance_and_reset():
 
 
 def test_interpreted_runs_a_jit_kernel_without_the_env_variable():
-    from kernels.remote import put_kernel
+    from kernels.comm.remote import put_kernel
 
     fn = dist.interpreted(put_kernel)
     assert dist.interpreted(put_kernel) is fn

@@ -403,3 +403,74 @@ def test_compile_args_of_a_gluon_config_build_the_ws_kernel():
 def test_stream_k_needs_the_tma_path():
     with pytest.raises(ValueError, match="stream_k"):
         gemm.matmul(torch.randn(8, 8), torch.randn(8, 8), dict(TINY, tma=False, stream_k=True))
+
+
+# ------------------------------------------- launch plans (interpreter, CPU)
+def _check(c, a, b, dtype=torch.float16):
+    ref = a.double() @ b.double()
+    assert torch.isfinite(c).all()
+    assert ((c.double() - ref).norm() / ref.norm()).item() <= gsweep.tolerance(dtype)
+
+
+def test_plan_is_reused_for_the_same_signature():
+    glaunch._PLANS.clear()
+    g = torch.Generator().manual_seed(11)
+    a, b = torch.randn(24, 40, generator=g).half(), torch.randn(40, 33, generator=g).half()
+    p1 = glaunch.plan_for(a, b, SMALL)
+    c = gemm.matmul(a, b, SMALL)
+    a2, b2 = torch.randn(24, 40, generator=g).half(), torch.randn(40, 33, generator=g).half()  # fresh values
+    c2 = gemm.matmul(a2, b2, SMALL)
+    assert glaunch.plan_for(a2, b2, SMALL) is p1 and len(glaunch._PLANS) == 1
+    _check(c, a, b)
+    _check(c2, a2, b2)
+
+
+def test_plans_are_separate_where_they_must_be():
+    """Same shape but another alignment class, a transposed view, a slice with an
+    offset, an output given then not given: each its own plan, each correct."""
+    glaunch._PLANS.clear()
+    g = torch.Generator().manual_seed(12)
+    tma = dict(SMALL, tma=True)
+    M, K, N = 32, 64, 48
+    a = torch.randn(M, K, generator=g).half()
+    b = torch.randn(K, N, generator=g).half()
+    _check(gemm.matmul(a, b, tma), a, b)
+    # The same shape, one element off 16-byte alignment: the TMA plan must not be reused.
+    buf = torch.randn(M * K + 1, generator=g).half()
+    a_off = buf[1:].view(M, K)
+    assert a_off.data_ptr() % 16 and a_off.shape == a.shape and a_off.stride() == a.stride()
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        gemm.matmul(a_off, b, tma)
+    _check(gemm.matmul(a_off, b, SMALL), a_off, b)   # the pointer path takes it
+    # A transposed view of B, and a slice of A with an offset.
+    bt = torch.randn(N, K, generator=g).half().t()
+    _check(gemm.matmul(a, bt, SMALL), a, bt)
+    big = torch.randn(M + 5, K + 7, generator=g).half()
+    a_sl = big[3:3 + M, 5:5 + K]
+    _check(gemm.matmul(a_sl, b, SMALL), a_sl, b)
+    # An output given (poisoned, strided), then not given.
+    out = torch.full((M, 2 * N), float("nan"), dtype=torch.float16)[:, ::2]
+    c = gemm.matmul(a, b, SMALL, out=out)
+    assert c is out and torch.isfinite(out).all()
+    _check(out, a, b)
+    c2 = gemm.matmul(a, b, SMALL)
+    assert c2 is not out and c2.is_contiguous()
+    _check(c2, a, b)
+    assert len(glaunch._PLANS) == 6
+
+
+def test_plan_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(glaunch, "_PLANS", glaunch.PlanCache(size=3))
+    g = torch.Generator().manual_seed(13)
+    for m in range(1, 7):
+        a, b = torch.randn(m, 16, generator=g).half(), torch.randn(16, 8, generator=g).half()
+        _check(gemm.matmul(a, b, TINY), a, b)
+    assert len(glaunch._PLANS) == 3
+
+
+def test_wrong_out_is_refused_before_anything_is_written():
+    a, b = torch.randn(8, 16).half(), torch.randn(16, 8).half()
+    out = torch.full((8, 9), 7.0, dtype=torch.float16)
+    with pytest.raises(ValueError, match="out must be"):
+        gemm.matmul(a, b, TINY, out=out)
+    assert (out == 7.0).all()

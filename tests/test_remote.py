@@ -1,10 +1,10 @@
-"""Peer-memory helpers (kernels/remote.py) in a simulated world, and their PTX."""
+"""Peer-memory helpers (kernels/comm/remote.py) in a simulated world, and their PTX."""
 import re
 
 import pytest
 import torch
 
-from kernels import remote
+from kernels.comm import remote
 from workbench import dist
 
 

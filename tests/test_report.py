@@ -275,7 +275,7 @@ def test_make_offline_converts_plotly_and_widgets():
 
 @pytest.fixture(scope="module")
 def hint_pair(tmp_path_factory):
-    from kernels import isa_hints as K
+    from kernels.comm import isa_hints as K
 
     cache = tmp_path_factory.mktemp("widget-cache")
     (a,) = K.compile_remote_store(["sm90"], block=2048, dtype="fp16", hint=False, cache_dir=cache)

@@ -182,10 +182,10 @@ def test_retry_rows_are_replaced_not_duplicated(tmp_path):
 
 
 def test_all_gather_module_in_a_cpu_world(tmp_path, monkeypatch):
-    """kernels.all_gather through a torchrun world of 2 on gloo: each rank gathers in a
+    """kernels.comm.sweep through a torchrun world of 2 on gloo: each rank gathers in a
     simulated world (interpreter); its nccl baseline needs a GPU world and says so."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    d = {"name": "ag_tiny", "kernel": "kernels.all_gather", "dtypes": ["float16"], "world_size": [2],
+    d = {"name": "ag_tiny", "kernel": "kernels.comm.sweep", "dtypes": ["float16"], "world_size": [2],
          "bench": {"warmup_ms": 0, "rep_ms": 0}, "shapes": [{"M": 3, "N": 24}],
          "grid": {"variant": ["triton", "copy_engine"], "num_sms": [2]}, "baselines": ["nccl"],
          "launch_timeout_s": 300}

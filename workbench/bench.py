@@ -14,6 +14,14 @@ which removes launch gaps for short or many-kernel calls. ``input_sets``
 rotates among several input sets (``fn`` then takes one set); use
 ``sets_for_l2`` to pick how many, when you time without a flush.
 
+Two modes, named in every result (``Timing.mode``): ``eager`` times each call
+between CUDA events as a user's Python loop gets it, host cost included (a
+launcher that spends 100 us on the host before its kernel starts shows it);
+``graph`` captures the call in a CUDA graph and times replays: GPU time alone.
+Every eager measurement also records the host time per call (``host_us``:
+the median wall time of the Python call itself, without synchronizing), and
+``host_time_us`` measures only that, over many back-to-back calls.
+
 ``interleave`` compares several callables run by run in turn (the order
 rotating each round): on a power-limited card whose clocks drift by several
 per cent within seconds, timing one variant after another favours whichever
@@ -31,7 +39,10 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
-__all__ = ["Timing", "measure", "interleave", "sets_for_l2", "l2_bytes", "gpu_timing_available"]
+__all__ = ["Timing", "measure", "interleave", "host_time_us", "sets_for_l2", "l2_bytes", "gpu_timing_available",
+           "MODES"]
+
+MODES = ("eager", "graph")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +61,8 @@ class Timing:
     input_sets: int = 1
     calls_per_sample: int = 1
     device: str = ""
+    mode: str = "eager"  # "eager" (host cost included) or "graph" (CUDA-graph replays: GPU time alone)
+    host_us: float = math.nan  # median host wall time of one call (eager runs), microseconds
     times_ms: tuple = dataclasses.field(default=(), repr=False, compare=False)
 
     @property
@@ -91,11 +104,13 @@ class Timing:
             ("median_ms", self.median_ms), ("q25_ms", self.q25_ms), ("q75_ms", self.q75_ms),
             ("min_ms", self.min_ms), ("mean_ms", self.mean_ms), ("n_runs", self.n),
             ("is_performance", self.is_performance), ("timing_method", self.method),
-            ("l2_flushed", self.l2_flushed), ("input_sets", self.input_sets))}
+            ("l2_flushed", self.l2_flushed), ("input_sets", self.input_sets), ("mode", self.mode),
+            ("host_us", self.host_us))}
 
     def __str__(self) -> str:
-        s = (f"{self.median_ms:.4f} ms (IQR {self.q25_ms:.4f}-{self.q75_ms:.4f}, n={self.n}, "
-             f"{self.method}{', L2 flushed' if self.l2_flushed else ''})")
+        host = f", host {self.host_us:.1f} us/call" if not math.isnan(self.host_us) else ""
+        s = (f"{self.median_ms:.4f} ms (IQR {self.q25_ms:.4f}-{self.q75_ms:.4f}, n={self.n}, {self.mode}, "
+             f"{self.method}{', L2 flushed' if self.l2_flushed else ''}{host})")
         return s if self.is_performance else s + " [not performance]"
 
 
@@ -171,8 +186,17 @@ def _counts(estimate_ms: float, warmup_ms: float, rep_ms: float, min_reps: int, 
     return n_warm, n_rep
 
 
+def _graph_mode(mode: str | None, cuda_graph: bool) -> bool:
+    if mode is None:
+        return bool(cuda_graph)
+    if mode not in MODES:
+        raise ValueError(f"bench: mode={mode!r} must be one of {MODES} (eager: as a user's loop calls it; "
+                         f"graph: CUDA-graph replays, GPU time alone)")
+    return mode == "graph"
+
+
 def measure(fn: Callable, *, warmup_ms: float = 25, rep_ms: float = 100, flush_l2: bool = True,
-            cuda_graph: bool = False, input_sets: Sequence[Any] | None = None,
+            mode: str | None = None, cuda_graph: bool = False, input_sets: Sequence[Any] | None = None,
             min_reps: int | None = None, max_reps: int = 10000) -> Timing:
     """Time ``fn`` and return the median, quartiles and number of runs.
 
@@ -182,10 +206,12 @@ def measure(fn: Callable, *, warmup_ms: float = 25, rep_ms: float = 100, flush_l
         runs comes from a first estimate (at least ``min_reps``: 5 on a GPU, 1
         on the host timer).
     flush_l2: clear the L2 before each timed run (GPU only).
-    cuda_graph: time graph replays. With ``flush_l2`` each sample is one
-        replayed call after a flush; without it a graph of several unrolled
-        calls is replayed and each sample is its time divided by the calls.
+    mode: "eager" (default) or "graph": time graph replays. With ``flush_l2``
+        each sample is one replayed call after a flush; without it a graph of
+        several unrolled calls is replayed and each sample is its time divided
+        by the calls. ``cuda_graph=True`` is the older spelling of "graph".
     """
+    cuda_graph = _graph_mode(mode, cuda_graph)
     sets = None
     if input_sets is not None:
         sets = list(input_sets)
@@ -223,7 +249,7 @@ def _measure_host(call, warmup_ms, rep_ms, min_reps, max_reps, n_sets) -> Timing
         call(i)
         times.append((time.perf_counter() - t0) * 1e3)
     return _summarize(times, is_performance=False, method="host-timer", l2_flushed=False,
-                      input_sets=n_sets, device="cpu")
+                      input_sets=n_sets, device="cpu", host_us=statistics.median(times) * 1e3)
 
 
 def _measure_events(call, warmup_ms, rep_ms, flush_l2, min_reps, max_reps, n_sets) -> Timing:
@@ -253,15 +279,19 @@ def _measure_events(call, warmup_ms, rep_ms, flush_l2, min_reps, max_reps, n_set
     for i in range(n_warm):
         call(i)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n_rep)]
+    host = []
     for i, (s, e) in enumerate(events):
         flush()
         s.record()
+        t0 = time.perf_counter()
         call(i)
+        host.append(time.perf_counter() - t0)
         e.record()
     torch.cuda.synchronize()
     times = [s.elapsed_time(e) for s, e in events]
     return _summarize(times, is_performance=True, method="cuda-events", l2_flushed=flush_l2,
-                      input_sets=n_sets, device=torch.cuda.get_device_name(dev))
+                      input_sets=n_sets, device=torch.cuda.get_device_name(dev),
+                      host_us=statistics.median(host) * 1e6)
 
 
 def _measure_graph(call, warmup_ms, rep_ms, flush_l2, min_reps, max_reps, n_sets) -> Timing:
@@ -306,7 +336,7 @@ def _measure_graph(call, warmup_ms, rep_ms, flush_l2, min_reps, max_reps, n_sets
         times = sample([(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                         for _ in range(n_rep)])
         return _summarize(times, is_performance=True, method="cuda-graph", l2_flushed=True,
-                          input_sets=n_sets, device=name)
+                          input_sets=n_sets, device=name, mode="graph")
 
     # No flush: unroll enough calls into one graph that a replay lasts ~1 ms+.
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -334,32 +364,54 @@ def _measure_graph(call, warmup_ms, rep_ms, flush_l2, min_reps, max_reps, n_sets
     torch.cuda.synchronize()
     times = [s.elapsed_time(e) / unroll for s, e in events]
     return _summarize(times, is_performance=True, method="cuda-graph-unrolled", l2_flushed=False,
-                      input_sets=n_sets, calls_per_sample=unroll, device=name)
+                      input_sets=n_sets, calls_per_sample=unroll, device=name, mode="graph")
+
+
+def _capture(fn: Callable[[], Any]):
+    """A CUDA graph of one call of ``fn`` (warmed on a side stream first): its replay."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return g.replay
 
 
 def interleave(fns: dict[str, Callable[[], Any]], *, warmup_ms: float = 50, rep_ms: float = 100,
-               min_reps: int = 15, max_reps: int = 200, flush_l2: bool = True) -> dict[str, Timing]:
+               min_reps: int = 15, max_reps: int = 200, flush_l2: bool = True,
+               mode: str = "eager") -> dict[str, Timing]:
     """Time several callables run by run in turn; one ``Timing`` per name.
 
     Every round runs each callable once, each between its own CUDA events after
     an L2 flush, and the first callable of a round rotates. The number of
     rounds gives each callable about ``rep_ms`` of timed runs (``min_reps`` to
     ``max_reps``), after about ``warmup_ms`` of warm-up each, which also lets
-    the clocks settle after whatever ran before. A callable that raises in its
-    first call is left out of the result (the others are still timed); one
-    that raises later propagates. On the host timer the same rotation runs
-    and the results say ``is_performance=False``.
+    the clocks settle after whatever ran before. ``mode="graph"`` captures each
+    callable in a CUDA graph first and times its replays (GPU time alone);
+    ``"eager"`` times the calls themselves and records their host time. A
+    callable that raises in its first call (or capture) is left out of the
+    result (the others are still timed); one that raises later propagates. On
+    the host timer the same rotation runs and the results say
+    ``is_performance=False``.
     """
+    graph = _graph_mode(mode, False)
+    on_gpu = gpu_timing_available()
     live: dict[str, Callable[[], Any]] = {}
     for name, fn in fns.items():
         try:
             fn()
-            live[name] = fn
+            live[name] = _capture(fn) if graph and on_gpu else fn
         except Exception:
             continue
     if not live:
         return {}
-    on_gpu = gpu_timing_available()
     if on_gpu:
         import torch
         import triton
@@ -375,21 +427,24 @@ def interleave(fns: dict[str, Callable[[], Any]], *, warmup_ms: float = 50, rep_
                     clear(cache)
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 s.record()
+                t0 = time.perf_counter()
                 live[name]()
+                host = time.perf_counter() - t0
                 e.record()
-                pairs.append((name, s, e))
+                pairs.append((name, s, e, host))
             return pairs
 
         def finish(pairs):
             torch.cuda.synchronize()
-            return [(name, s.elapsed_time(e)) for name, s, e in pairs]
+            return [(name, s.elapsed_time(e), host) for name, s, e, host in pairs]
     else:
         def timed_round(order):
             out = []
             for name in order:
                 t0 = time.perf_counter()
                 live[name]()
-                out.append((name, (time.perf_counter() - t0) * 1e3))
+                dt = time.perf_counter() - t0
+                out.append((name, dt * 1e3, dt))
             return out
 
         def finish(pairs):
@@ -397,20 +452,54 @@ def interleave(fns: dict[str, Callable[[], Any]], *, warmup_ms: float = 50, rep_
 
     names = list(live)
     # Estimate one round, then size warm-up and timing from it.
-    est = {n: t for n, t in finish(timed_round(names))}
+    est = {n: t for n, t, _ in finish(timed_round(names))}
     slowest = max(max(est.values()), 1e-4)
     n_warm = max(1, min(max_reps, int(warmup_ms / slowest)))
     n_rep = max(min_reps, min(max_reps, int(rep_ms / slowest)))
     for i in range(n_warm):  # same rotation, results dropped
         timed_round(names[i % len(names):] + names[:i % len(names)])
     samples: dict[str, list[float]] = {n: [] for n in names}
+    hosts: dict[str, list[float]] = {n: [] for n in names}
     pairs = []
     for i in range(n_rep):
         k = i % len(names)
         pairs.extend(timed_round(names[k:] + names[:k]))
-    for name, ms in finish(pairs):
+    for name, ms, host in finish(pairs):
         samples[name].append(ms)
+        hosts[name].append(host)
     device = torch.cuda.get_device_name(dev) if on_gpu else "cpu"
-    return {n: _summarize(v, is_performance=on_gpu, method="cuda-events-interleaved" if on_gpu else "host-timer",
-                          l2_flushed=on_gpu and flush_l2, device=device)
+    graphed = graph and on_gpu
+    method = ("cuda-graph-interleaved" if graphed else "cuda-events-interleaved") if on_gpu else "host-timer"
+    return {n: _summarize(v, is_performance=on_gpu, method=method, l2_flushed=on_gpu and flush_l2, device=device,
+                          mode="graph" if graphed else "eager",
+                          host_us=math.nan if graphed else statistics.median(hosts[n]) * 1e6)
             for n, v in samples.items()}
+
+
+def host_time_us(fn: Callable[[], Any], *, calls: int = 200, warmup: int = 20) -> dict[str, float]:
+    """Host time per call of ``fn``: ``calls`` back-to-back calls, each timed on
+    the host clock alone, with no synchronization in between (what a Python
+    loop pays before its kernels can start). Returns microseconds:
+    ``median_us``, ``q25_us``, ``q75_us``, ``min_us`` and ``calls``. The GPU is
+    drained before and after, never in between.
+    """
+    sync = _synchronize_if_gpu
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    sync()
+    s = sorted(times)
+    return {"median_us": float(statistics.median(s)), "q25_us": _quantile(s, 0.25), "q75_us": _quantile(s, 0.75),
+            "min_us": float(s[0]), "calls": len(s)}
+
+
+def _synchronize_if_gpu() -> None:
+    if gpu_timing_available():
+        import torch
+
+        torch.cuda.synchronize()

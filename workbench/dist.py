@@ -671,7 +671,7 @@ class _BumpHeap:
         self._flag_area, self._flag_names, self._flag_used, self._totals = area, names, used, totals
 
     def status(self):
-        """This rank's int32 status words for bounded waits (see kernels.remote.check_status)."""
+        """This rank's int32 status words for bounded waits (see kernels.comm.remote.check_status)."""
         raise NotImplementedError
 
 
@@ -969,7 +969,7 @@ def interpreted(kernel):
     kernel, which the interpreter does not know) the function is re-bound to a
     copy of its module's globals in which jitted helpers are interpreted too
     and ``gl`` maps to ``tl``. Helpers must be referenced by name (``from
-    kernels.remote import translate``), not as ``module.attr``.
+    kernels.comm.remote import translate``), not as ``module.attr``.
     """
     from triton.runtime.interpreter import InterpretedFunction
 

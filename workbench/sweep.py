@@ -101,7 +101,7 @@ step longer than ``point_timeout_s`` (or a world that outlives
 other points as ``not_run``, and the sweep goes on with the next world size.
 A module whose rank raises while its peers wait for it in a collective makes
 them wait until ``point_timeout_s``: use bounded waits, as
-``kernels.all_gather`` does.
+``kernels.comm.sweep`` does.
 
 Rows
 ----

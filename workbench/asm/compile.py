@@ -55,7 +55,7 @@ def resolve_function(spec: str):
     """`package.module:function` -> the jitted function (importing the module runs its code)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise CacheError(f"{spec!r}: give the kernel as MODULE:FUNCTION, e.g. kernels.isa_hints:remote_store")
+        raise CacheError(f"{spec!r}: give the kernel as MODULE:FUNCTION, e.g. kernels.comm.isa_hints:remote_store")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

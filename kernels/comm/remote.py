@@ -217,3 +217,51 @@ def check_status(status, rank: int, what: str = "flag", names=None) -> None:
         f"expected >= {expected}. The peer never signalled: it died, is stuck, or launched a different "
         f"grid or call sequence (every rank must make the same calls with the same num_sms)."
     )
+
+
+class StatusWatch:
+    """Reads a rank's status word without synchronizing the host on every call.
+
+    After each launch ``arm()`` queues a copy of the status words into pinned
+    host memory and records an event, on the caller's stream. ``poll()`` (at
+    the start of the next call) raises `WaitTimeout` if a copy that has
+    already landed shows a timeout, and otherwise returns at once: an error
+    surfaces at the next call after the device reached it. ``check()`` waits
+    for the last copy (a synchronization) and raises the same error: call it
+    after a batch, or let ``heap.barrier()``-time code call it. The words
+    accumulate until ``heap.resync_flags()``, so a timeout keeps being
+    reported until the world is resynchronized. Under CUDA graph capture
+    nothing is armed (a captured graph is checked with ``check()`` after replays).
+    """
+
+    def __init__(self, status, rank: int, what: str, names=None):
+        self.status, self.rank, self.what, self.names = status, rank, what, names
+        self.cuda = status.device.type == "cuda"
+        self._host = status.new_zeros(status.shape, device="cpu", pin_memory=self.cuda) if self.cuda else status
+        self._event = None
+        self._armed = False
+
+    def arm(self) -> None:
+        if not self.cuda:
+            self._armed = True   # a simulated world's status words are host memory already
+            return
+        import torch
+
+        if torch.cuda.is_current_stream_capturing():
+            return
+        self._host.copy_(self.status, non_blocking=True)
+        if self._event is None:
+            self._event = torch.cuda.Event()
+        self._event.record()
+        self._armed = True
+
+    def poll(self) -> None:
+        """Raise for a timeout the device already reported; never waits."""
+        if self._armed and (not self.cuda or self._event.query()):
+            check_status(self._host, self.rank, self.what, self.names)
+
+    def check(self) -> None:
+        """Wait for the last armed copy and raise for a timeout (synchronizes)."""
+        if self._armed and self.cuda:
+            self._event.synchronize()
+        check_status(self._host if self._armed else self.status, self.rank, self.what, self.names)

@@ -2,7 +2,7 @@
 
 Two patterns from the seeds, in the form a reader can cross-compile anywhere:
 
-- `kernels.remote.remote_store_kernel`: a store through a pointer rebuilt from a loaded heap
+- `kernels.comm.remote.remote_store_kernel`: a store through a pointer rebuilt from a loaded heap
   base (iris' `translate`: local heap offset + peer base, through uint64).
   The integer round trip erases what the compiler knew about alignment and
   contiguity, so without `HINT` every thread stores scalars (16-bit for fp16);
@@ -26,7 +26,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from kernels.remote import remote_store_kernel
+from kernels.comm.remote import remote_store_kernel
 from workbench.asm.compile import warp_size  # the target table's, so a new target needs one entry
 
 # dtype name (the study's parameter) -> Triton pointer type and bytes per element
@@ -74,7 +74,7 @@ def gluon_block(block: int, spt: int, target: str, num_warps: int) -> int:
 
 def compile_remote_store(targets, *, block: int, dtype: str, hint: bool, cache_dir,
                          num_warps: int = 4):
-    """Cross-compile `kernels.remote.remote_store_kernel` for each target; one Entry per target."""
+    """Cross-compile `kernels.comm.remote.remote_store_kernel` for each target; one Entry per target."""
     from workbench.asm.compile import cross_compile
 
     return cross_compile(remote_store_kernel, list(targets), signature=_signature(dtype, "heap_bases"),
