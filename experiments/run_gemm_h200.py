@@ -194,8 +194,10 @@ def _table(gemm, bench, provenance, prov, sms, args, best=None, long_rows=None):
                 float(torch.linalg.vector_norm(o - ref) / torch.linalg.vector_norm(ref))
             del o
         del ref
-        timings = bench.interleave(variants, warmup_ms=100, rep_ms=args.rep_ms * args.rounds)
+        timings = bench.interleave(variants, warmup_ms=100, rep_ms=args.rep_ms * args.rounds, mode="eager")
+        graphs = bench.interleave(variants, warmup_ms=50, rep_ms=args.rep_ms * args.rounds, mode="graph")
         flops = gemm.flops(shape)
+        gms = {k: t.median_ms for k, t in graphs.items()}
         ms = {k: t.median_ms for k, t in timings.items()}
         for name, t in timings.items():
             if long_rows is not None:
@@ -220,12 +222,18 @@ def _table(gemm, bench, provenance, prov, sms, args, best=None, long_rows=None):
                "best_rel_err": errs.get("best", math.nan),
                "ratio_best_vs_cublas": ms["cublas"] / ms["best"] if "best" in ms else math.nan,
                "regret": ms["heuristic"] / ms["best"] if "best" in ms else math.nan,
-               "timing": "bench.interleave", "rep_ms": args.rep_ms * args.rounds}
+               "heuristic_host_us": timings["heuristic"].host_us, "cublas_host_us": timings["cublas"].host_us,
+               "heuristic_graph_ms": gms.get("heuristic", math.nan), "cublas_graph_ms": gms.get("cublas", math.nan),
+               "ratio_heuristic_vs_cublas_graph": gms.get("cublas", math.nan) / gms.get("heuristic", math.nan),
+               "timing": "bench.interleave: *_ms eager (host cost included), *_graph_ms CUDA-graph replays",
+               "rep_ms": args.rep_ms * args.rounds}
         row.update(provenance.flat(prov))
         rows.append(row)
         extra = "".join(f"  {k} {ms['cublas'] / v:.3f}" for k, v in ms.items() if k not in ("cublas", "heuristic"))
         print(f"{M:>6} {N:>6} {K:>6}  heuristic {row['heuristic_config']:<28} {row['heuristic_tflops']:7.1f} "
-              f"TFLOP/s  cuBLAS {row['cublas_tflops']:7.1f}  ratio {row['ratio_heuristic_vs_cublas']:.3f}"
+              f"TFLOP/s  cuBLAS {row['cublas_tflops']:7.1f}  ratio eager {row['ratio_heuristic_vs_cublas']:.3f} "
+              f"graph {row['ratio_heuristic_vs_cublas_graph']:.3f} host {row['heuristic_host_us']:.0f}/"
+              f"{row['cublas_host_us']:.0f} us"
               f"{extra}  err {errs['heuristic']:.1e}", flush=True)
         del inp
         torch.cuda.empty_cache()
@@ -236,7 +244,11 @@ def _report(table, title: str) -> None:
     ratios = table["ratio_heuristic_vs_cublas"].tolist()
     geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     wins = sum(r >= 1.0 for r in ratios)
-    line = f"{title}: geomean {geo:.3f}, {wins}/{len(ratios)} shapes >= 1.0x"
+    line = f"{title}: eager geomean {geo:.3f}, {wins}/{len(ratios)} shapes >= 1.0x"
+    if "ratio_heuristic_vs_cublas_graph" in table:
+        gr = table["ratio_heuristic_vs_cublas_graph"].dropna().tolist()
+        if gr:
+            line += f"; graph geomean {math.exp(sum(math.log(r) for r in gr) / len(gr)):.3f}"
     best_r = table["ratio_best_vs_cublas"].dropna().tolist()
     if best_r:
         line += f"; sweep-best vs cuBLAS geomean {math.exp(sum(math.log(r) for r in best_r) / len(best_r)):.3f}"
