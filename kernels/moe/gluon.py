@@ -75,7 +75,7 @@ def _min(a, b):
 def _schedule(sizes_ptr, G, M_total, num_n_tiles, BLOCK_M: gl.constexpr, G_PAD: gl.constexpr):
     """(row_ends, tile_ends, total tiles): cumulative rows and tiles of groups
     0..g (padding entries repeat the totals). Sizes are clipped at 0 and the
-    groups at M_total, as kernels.grouped_gemm does."""
+    groups at M_total, as the Triton kernels (kernels.moe.triton) do."""
     layout: gl.constexpr = _vec_layout(G_PAD, gl.num_warps())
     gi = gl.arange(0, G_PAD, layout=layout)
     sizes = gl.load(sizes_ptr + gi, mask=gi < G, other=0).to(gl.int32)
