@@ -11,6 +11,16 @@ descriptors' shapes, strides and boxes. Plans live in bounded LRUs
 the output's allocation (when none is given), the TMA descriptors (their base
 pointers change from call to call) and a launch.
 
+What a repeated call still does on the host, and why: a signature of each
+tensor (a few attribute reads: the plan must not be reused for another layout
+or alignment), the lookup, the output's allocation when none is given, a
+device copy of group_sizes if it is strided (the kernels read it with unit
+stride), making the device's CUDA context current where descriptors are built
+(autograd's backward thread may have none), the 3 or 5 host TMA descriptors
+from the plan's shapes, strides and boxes (their base pointers change), and
+Triton's own launcher (which derives its specialization key from the
+arguments).
+
 Nothing here reads the group sizes on the host: the kernels read them on the
 GPU, so no call synchronizes and every call can be captured in a CUDA graph;
 the sizes may change between calls that share a plan. A strided group_sizes
