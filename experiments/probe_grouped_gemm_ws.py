@@ -1,4 +1,4 @@
-"""Probe the warp-specialised Gluon grouped GEMM (kernels.grouped_gemm_ws) on an H200
+"""Probe the warp-specialised Gluon grouped GEMM (kernels.moe.grouped_gemm_ws) on an H200
 against our Triton grouped GEMM, the per-expert cuBLAS loop and torch._grouped_mm,
 bf16, forward and dgrad, on the seed's MoE layers.
 
@@ -6,7 +6,7 @@ bf16, forward and dgrad, on the seed's MoE layers.
 
 Cases: gpt-oss-20B (B = 4, 32 experts; GateUP N, K = 5760, 2880 and Down 2880, 2880)
 and DeepSeek-V3 (B = 16, 32; GateUP 4096, 7168 and Down 7168, 2048), M = 2048 and
-4096 tokens per expert, routings balanced / mild / extreme (kernels.routing.make,
+4096 tokens per expert, routings balanced / mild / extreme (kernels.moe.routing.make,
 seed 1234 + B + M as experiments/run_grouped_gemm_h200.py), ops fwd
 (``x [T, K] @ w[g]``, out [T, N]) and dgrad (``dy [T, N] @ w[g].T``, out [T, K],
 our kernels with trans_w=True on the stored [G, K, N] weight).
@@ -75,9 +75,9 @@ _CHILD = """
 import json, math, sys, time
 import torch
 sys.path.insert(0, {root!r})
-from kernels import grouped_gemm_ws as ggws
-from kernels import routing as rt
-cfg = ggws.GroupedWsConfig(**json.loads(sys.argv[1]))
+from kernels.moe import GroupedWsConfig, grouped_gemm_ws, routing as rt
+from kernels.moe.reference import reference, tolerance
+cfg = GroupedWsConfig(**json.loads(sys.argv[1]))
 for i, (model, layer, B, M, N, K, routing, op) in enumerate(json.loads(sys.argv[2])):
     t0 = time.perf_counter()
     rec = {{"case": [model, layer, B, M, routing, op]}}
@@ -88,12 +88,12 @@ for i, (model, layer, B, M, N, K, routing, op) in enumerate(json.loads(sys.argv[
         a = torch.randn(T, N if op == "dgrad" else K, device="cuda", generator=g).to(torch.bfloat16)
         s = rt.make(routing, T, B, seed={seed} + B + M, device="cuda")
         out = torch.full((T, K if op == "dgrad" else N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        ggws.grouped_gemm_ws(a, w, s, trans_w=(op == "dgrad"), config=cfg, out=out)
+        grouped_gemm_ws(a, w, s, trans_w=(op == "dgrad"), config=cfg, out=out)
         torch.cuda.synchronize()
-        ref = ggws.reference(a, w, s, trans_w=(op == "dgrad"))
+        ref = reference(a, w, s, trans_w=(op == "dgrad"), dtype=torch.float32)
         rec["finite"] = bool(torch.isfinite(out).all())
         rec["rel_err"] = float((out.float() - ref).norm() / ref.norm())
-        rec["ok"] = rec["finite"] and rec["rel_err"] < ggws.tolerance(torch.bfloat16)
+        rec["ok"] = rec["finite"] and rec["rel_err"] < tolerance(torch.bfloat16)
         del a, w, out, ref
     except Exception as exc:
         rec["ok"] = False
@@ -168,8 +168,8 @@ class Problem:
     def __init__(self, B, M, N, K):
         import torch
 
-        from kernels import grouped_gemm_autotune as ga
-        from kernels import routing as rt
+        from kernels.moe import routing as rt
+        from kernels.moe.baselines import grouped_mm_offsets
 
         self.B, self.T, self.N, self.K = B, B * M, N, K
         g = torch.Generator(device="cuda").manual_seed(SEED + B * 7 + M + N + K)
@@ -179,7 +179,7 @@ class Problem:
         self.sizes = {}
         for r in ROUTINGS:
             s = rt.make(r, self.T, B, seed=SEED + B + M, device="cuda")
-            self.sizes[r] = (s, ga.grouped_mm_offsets(s), [int(v) for v in s.tolist()])
+            self.sizes[r] = (s, grouped_mm_offsets(s), [int(v) for v in s.tolist()])
 
     def operand(self, op):
         return self.dy if op == "dgrad" else self.x
@@ -199,9 +199,9 @@ def probe_case(p: Problem, model, layer, M, routing, op, variants, checks, n_che
     """Rows for one case: the baselines and each variant that passed its check."""
     import torch
 
-    from kernels import grouped_gemm as gg
-    from kernels import grouped_gemm_autotune as ga
-    from kernels import grouped_gemm_ws as ggws
+    from kernels import moe
+    from kernels.moe import autotune as ga
+    from kernels.moe.reference import reference, tolerance
     from workbench import bench
 
     s, offs, host = p.sizes[routing]
@@ -211,21 +211,21 @@ def probe_case(p: Problem, model, layer, M, routing, op, variants, checks, n_che
     fns = {
         "cublas_loop": lambda: ga.run_backend("cublas_loop", op, a, p.w, s, host_sizes=host),
         "grouped_mm": lambda: ga.run_backend("grouped_mm", op, a, p.w, s, offs=offs),
-        "triton": lambda: gg.grouped_gemm(a, p.w, s, trans_w=trans, out=out),
+        "triton": lambda: moe.grouped_gemm(a, p.w, s, trans_w=trans, out=out),
     }
     labels = {"cublas_loop": "torch.mm per expert", "grouped_mm": "torch._grouped_mm",
-              "triton": gg.pick_config(op, p.out_width(op), p.N if trans else p.K, a.device).label()}
+              "triton": moe.pick_config(op, p.out_width(op), p.N if trans else p.K, a.device).label()}
     rows = {}
     for name, fields in variants.items():
-        cfg = ggws.GroupedWsConfig(**fields)
+        cfg = moe.GroupedWsConfig(**fields)
         labels[name] = cfg.label()
         ok, why = variant_ok(checks[name], model, layer, op, n_check)
         if not ok:
             rows[name] = dict(status="skipped", error=why)
             continue
-        fns[name] = (lambda cfg=cfg: ggws.grouped_gemm_ws(a, p.w, s, trans_w=trans, config=cfg, out=out))
+        fns[name] = (lambda cfg=cfg: moe.grouped_gemm_ws(a, p.w, s, trans_w=trans, config=cfg, out=out))
 
-    ref = ggws.reference(a, p.w, s, trans_w=trans)
+    ref = reference(a, p.w, s, trans_w=trans, dtype=torch.float32)
     errs = {}
     for name, fn in list(fns.items()):
         try:
@@ -240,7 +240,7 @@ def probe_case(p: Problem, model, layer, M, routing, op, variants, checks, n_che
     del ref
     timings = bench.interleave(fns, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, min_reps=args.min_reps,
                                max_reps=args.max_reps)
-    flop = gg.flops(p.T, p.N, p.K)
+    flop = moe.flops(p.T, p.N, p.K)
     base = timings.get("cublas_loop")
     tri = timings.get("triton")
     out_rows = []
@@ -252,7 +252,7 @@ def probe_case(p: Problem, model, layer, M, routing, op, variants, checks, n_che
             row.update(median_ms=t.median_ms, q25_ms=t.q25_ms, q75_ms=t.q75_ms, tflops=t.tflops(flop),
                        vs_cublas_loop=base.median_ms / t.median_ms if base else None,
                        vs_triton=tri.median_ms / t.median_ms if tri else None, status="ok")
-            tol = ggws.tolerance(torch.bfloat16)
+            tol = tolerance(torch.bfloat16)
             if errs.get(name) is not None and not errs[name] < tol:
                 row.update(status="wrong", error=f"rel_err {errs[name]:.3g} over {tol}")
         else:
@@ -336,7 +336,7 @@ def main(argv=None) -> int:
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
     log(json.dumps(meta))
     if cap[0] != 9:
-        print(f"kernels.grouped_gemm_ws needs sm_90; this is sm_{cap[0]}{cap[1]}", file=sys.stderr)
+        print(f"kernels.moe.grouped_gemm_ws needs sm_90; this is sm_{cap[0]}{cap[1]}", file=sys.stderr)
         return 2
 
     # 1. Children: compile and check each variant, killed if they hang.

@@ -38,9 +38,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from kernels import grouped_gemm as gg  # noqa: E402
-from kernels import grouped_gemm_autotune as ga  # noqa: E402
-from kernels import routing as rt  # noqa: E402
+from kernels import moe  # noqa: E402
+from kernels.moe import autotune as ga  # noqa: E402
+from kernels.moe import config as mconfig  # noqa: E402
+from kernels.moe import launch as mlaunch  # noqa: E402
+from kernels.moe import routing as rt  # noqa: E402
 from workbench import bench  # noqa: E402
 from workbench import provenance as wb_provenance  # noqa: E402
 
@@ -54,7 +56,7 @@ BACKENDS = ("cublas_loop", "grouped_mm", "triton", "autotune")
 SEED = 1234
 DEV = "cuda"
 
-C = gg.GemmConfig
+C = moe.GroupedConfig
 SWEEP_CONFIGS = {
     # 128x256 tiles, one CTA (two consumer warpgroups) per SM; and 128x128 tiles with one
     # warpgroup per CTA and two CTAs per SM, whose main loops and epilogues interleave.
@@ -170,7 +172,7 @@ class Problem:
         self.sizes = {}
         for r in ROUTINGS:
             s = rt.make(r, self.M, B, seed=SEED + B + Mper, device=DEV)
-            self.sizes[r] = (s, ga.grouped_mm_offsets(s), [int(v) for v in s.tolist()])
+            self.sizes[r] = (s, moe.baselines.grouped_mm_offsets(s), [int(v) for v in s.tolist()])
 
     def operands(self, op):
         return {"fwd": (self.x, self.w), "dgrad": (self.dy, self.w), "wgrad": (self.x, self.dy)}[op]
@@ -178,14 +180,14 @@ class Problem:
     def reference(self, op, sizes):
         a, b = self.operands(op)
         if op == "wgrad":
-            return gg.reference_wgrad(a, b, sizes, dtype=torch.float32)
-        return gg.reference(a, b, sizes, trans_w=(op == "dgrad"), dtype=torch.float32)
+            return moe.reference_wgrad(a, b, sizes, dtype=torch.float32)
+        return moe.reference(a, b, sizes, trans_w=(op == "dgrad"), dtype=torch.float32)
 
     def ours(self, op, sizes, out=None, config=None):
         a, b = self.operands(op)
         if op == "wgrad":
-            return gg.grouped_gemm_wgrad(a, b, sizes, out=out, config=config)
-        return gg.grouped_gemm(a, b, sizes, trans_w=(op == "dgrad"), out=out, config=config)
+            return moe.grouped_gemm_wgrad(a, b, sizes, out=out, config=config)
+        return moe.grouped_gemm(a, b, sizes, trans_w=(op == "dgrad"), out=out, config=config)
 
     def out_shape(self, op):
         return {"fwd": (self.M, self.N), "dgrad": (self.M, self.K), "wgrad": (self.B, self.K, self.N)}[op]
@@ -241,10 +243,10 @@ def run_sweep(quick, models=None):
                     med = times["cublas_loop"][0]
                     rows.append(dict(model=model, layer=layer, B=B, M=Mper, N=N, K=K, op=op, routing=r,
                                      config="cublas_loop", median_ms=med, q25_ms=times["cublas_loop"][1],
-                                     q75_ms=times["cublas_loop"][2], tflops=gg.flops(p.M, N, K) / med / 1e9))
+                                     q75_ms=times["cublas_loop"][2], tflops=moe.flops(p.M, N, K) / med / 1e9))
                     for ci, cfg in enumerate(SWEEP_CONFIGS[op]):
                         med, q25, q75 = times.get(ci, (math.inf,) * 3)
-                        tf = gg.flops(p.M, N, K) / med / 1e9 if math.isfinite(med) else 0.0
+                        tf = moe.flops(p.M, N, K) / med / 1e9 if math.isfinite(med) else 0.0
                         per_cfg[op].setdefault(ci, []).append(tf)
                         rows.append(dict(model=model, layer=layer, B=B, M=Mper, N=N, K=K, op=op, routing=r,
                                          config=cfg.label(), median_ms=med, q25_ms=q25, q75_ms=q75, tflops=tf))
@@ -254,7 +256,8 @@ def run_sweep(quick, models=None):
             best = max(per_cfg[op], key=lambda ci: gmean(per_cfg[op][ci]))
             cfg = SWEEP_CONFIGS[op][best]
             chosen[key_of(op, N, K)] = cfg
-            gg._TABLE[key_of(op, N, K)] = cfg
+            mconfig._TABLE[key_of(op, N, K)] = cfg
+            mlaunch.clear_plans()   # plans made before keep the table's old choice
             log(f"sweep {op:5s} N={N} K={K}: " + "  ".join(
                 f"{SWEEP_CONFIGS[op][ci].label()}={gmean(v):.0f}" for ci, v in per_cfg[op].items()) +
                 f"  -> {cfg.label()}")
@@ -293,10 +296,10 @@ def run_main(quick, prov, tuner_path, partial_csv=None, models=None):
                     "autotune": lambda: tuner(op, a, b, s, **kw),
                 }
                 times = measure_turns({name: fns[name] for name in BACKENDS}, rep_ms=REP_MS)
-                fl = gg.flops(p.M, N, K)
+                fl = moe.flops(p.M, N, K)
                 gmm = times["grouped_mm"][0]
-                cfg_label = (gg.pick_config(op, *(key_of(op, N, K)[1:]), torch.device(DEV)).label() if op == "wgrad"
-                             else gg.default_label(a, b, s, trans_w=(op == "dgrad")))
+                cfg_label = (mconfig.pick_config(op, *(key_of(op, N, K)[1:]), torch.device(DEV)).label() if op == "wgrad"
+                             else mlaunch.default_label(a, b, s, trans_w=(op == "dgrad")))
                 for name in BACKENDS:
                     med, q25, q75 = times[name]
                     rows.append(dict(
@@ -305,7 +308,7 @@ def run_main(quick, prov, tuner_path, partial_csv=None, models=None):
                         tflops=fl / med / 1e9 if med == med else math.nan,
                         ratio_vs_grouped_mm=gmm / med if med == med and gmm == gmm else math.nan,
                         rel_err=errs.get(name, math.nan),
-                        flops=fl, bytes=gg.bytes_moved(op, p.M, B, N, K,
+                        flops=fl, bytes=moe.bytes_moved(op, p.M, B, N, K,
                                                        active_groups=sum(1 for v in host if v)),
                         config=cfg_label if name == "triton" else (choice if name == "autotune" else ""),
                         **prov))
@@ -369,7 +372,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.configs:
         try:
-            configs = [gg.GemmConfig(**c) for c in json.loads(args.configs)]
+            configs = [moe.GroupedConfig(**c) for c in json.loads(args.configs)]
         except (ValueError, TypeError) as exc:
             sys.exit(f"--configs: {exc}")
         for op in OPS:

@@ -68,7 +68,7 @@ _RUNNER = textwrap.dedent(r'''
     os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, sys.argv[1])
     import torch
-    from kernels import grouped_gemm as gg
+    from kernels import moe
 
     seed = int(sys.argv[2])
     cases = json.loads(sys.stdin.read())
@@ -85,7 +85,7 @@ _RUNNER = textwrap.dedent(r'''
         c = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=1, num_stages=1,
                  EPI_SUBTILE=False, FLATTEN=False, USE_TMA=False)
         c.update(over)
-        return gg.GemmConfig(**c)
+        return moe.GroupedConfig(**c)
 
     for i, (name, (op, dt, sizes, K, N, over)) in enumerate(sorted(cases.items())):
         torch.manual_seed(seed + i)
@@ -108,20 +108,20 @@ _RUNNER = textwrap.dedent(r'''
                     w = torch.randn(G, K, N).to(dtype); tw = True
                 width = w.shape[1] if tw else w.shape[2]
                 out = torch.full((M, width), float("nan"), dtype=dtype)
-                gg.grouped_gemm(x, w, gs, trans_w=tw, config=cfg, out=out)
-                results[name] = rel(out, gg.reference(x, w, gs, trans_w=tw))
+                moe.grouped_gemm(x, w, gs, trans_w=tw, config=cfg, out=out)
+                results[name] = rel(out, moe.reference(x, w, gs, trans_w=tw))
             elif op == "wgrad":
                 x = torch.randn(M, K).to(dtype)
                 dy = torch.randn(M, N).to(dtype)
                 out = torch.full((G, K, N), float("nan"), dtype=dtype)
-                gg.grouped_gemm_wgrad(x, dy, gs, config=cfg, out=out)
-                ref = gg.reference_wgrad(x, dy, gs)
+                moe.grouped_gemm_wgrad(x, dy, gs, config=cfg, out=out)
+                ref = moe.reference_wgrad(x, dy, gs)
                 zero_ok = all(out[g].abs().max().item() == 0 for g in range(G) if sizes[g] == 0)
                 results[name] = rel(out, ref) if zero_ok else float("inf")
             elif op == "autograd":
                 x = torch.randn(M, K, dtype=dtype, requires_grad=True)
                 w = torch.randn(G, K, N, dtype=dtype, requires_grad=True)
-                y = gg.grouped_linear(x, w, gs)
+                y = moe.grouped_linear(x, w, gs)
                 g_out = torch.randn_like(y)
                 y.backward(g_out)
                 xr = x.detach().double().requires_grad_(True)
@@ -162,8 +162,8 @@ def test_interpreter_matches_reference(interpreter_results, name):
 # Validation (no kernel runs)
 # ---------------------------------------------------------------------------
 
-from kernels import grouped_gemm as gg  # noqa: E402
-from kernels import grouped_gemm_autotune as ga  # noqa: E402
+from kernels import moe  # noqa: E402
+from kernels.moe import autotune as ga  # noqa: E402
 
 
 def _inputs(G=3, M=10, K=16, N=8, dtype=torch.float16):
@@ -185,35 +185,35 @@ def _inputs(G=3, M=10, K=16, N=8, dtype=torch.float16):
 def test_grouped_gemm_rejects_bad_inputs(mutate, match):
     x, w, s = mutate(*_inputs())
     with pytest.raises(ValueError, match=match):
-        gg.grouped_gemm(x, w, s)
+        moe.grouped_gemm(x, w, s)
 
 
 def test_grouped_gemm_rejects_transposed_weight_view():
     x, w, s = _inputs()
     with pytest.raises(ValueError, match="trans_w"):
-        gg.grouped_gemm(x, w.transpose(1, 2).contiguous().transpose(1, 2), s)
+        moe.grouped_gemm(x, w.transpose(1, 2).contiguous().transpose(1, 2), s)
 
 
 def test_wgrad_rejects_bad_inputs():
     x, _, s = _inputs()
     with pytest.raises(ValueError, match="rows"):
-        gg.grouped_gemm_wgrad(x, torch.randn(9, 8).half(), s)
+        moe.grouped_gemm_wgrad(x, torch.randn(9, 8).half(), s)
     with pytest.raises(ValueError, match="dtypes differ"):
-        gg.grouped_gemm_wgrad(x, torch.randn(10, 8), s)
+        moe.grouped_gemm_wgrad(x, torch.randn(10, 8), s)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"), reason="interpreting")
 def test_cpu_tensors_need_the_interpreter():
     x, w, s = _inputs()
     with pytest.raises(ValueError, match="interpreter"):
-        gg.grouped_gemm(x, w, s)
+        moe.grouped_gemm(x, w, s)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU for a second device")
 def test_mixed_devices_rejected():
     x, w, s = _inputs()
     with pytest.raises(ValueError, match="one device"):
-        gg.grouped_gemm(x.cuda(), w.cuda(), s)
+        moe.grouped_gemm(x.cuda(), w.cuda(), s)
 
 
 @pytest.mark.parametrize("N, block_n, width", [
@@ -227,24 +227,24 @@ def test_mixed_devices_rejected():
     (20, 256, 32),       # narrower than half a tile: all of it in 32-wide tiles
 ])
 def test_tail_width(N, block_n, width):
-    assert gg.tail_width(N, block_n) == width
+    assert moe.tail_width(N, block_n) == width
 
 
 def test_flops_and_bytes():
-    assert gg.flops(2048 * 16, 4096, 7168) == 2 * 2048 * 16 * 4096 * 7168
-    b = gg.bytes_moved("fwd", 100, 4, 8, 16)
+    assert moe.flops(2048 * 16, 4096, 7168) == 2 * 2048 * 16 * 4096 * 7168
+    b = moe.bytes_moved("fwd", 100, 4, 8, 16)
     assert b == 2 * (100 * 16 + 4 * 16 * 8 + 100 * 8)
-    assert gg.bytes_moved("wgrad", 100, 4, 8, 16) == b
+    assert moe.bytes_moved("wgrad", 100, 4, 8, 16) == b
     with pytest.raises(ValueError):
-        gg.bytes_moved("bwd", 1, 1, 1, 1)
+        moe.bytes_moved("bwd", 1, 1, 1, 1)
 
 
 def test_reference_handles_empty_groups():
     x, w, s = _inputs(dtype=torch.float32)
-    ref = gg.reference(x, w, s)
+    ref = moe.reference(x, w, s)
     assert torch.allclose(ref[:3].float(), x[:3] @ w[0], atol=1e-5)
     assert torch.allclose(ref[3:].float(), x[3:] @ w[2], atol=1e-5)
-    dw = gg.reference_wgrad(x, torch.randn(10, 8), s)
+    dw = moe.reference_wgrad(x, torch.randn(10, 8), s)
     assert dw[1].abs().max() == 0
 
 
@@ -254,12 +254,12 @@ def test_sm90_cross_compile_uses_wgmma_and_tma(tmp_path):
     code = textwrap.dedent("""
         import json, sys
         sys.path.insert(0, sys.argv[1])
-        from kernels import grouped_gemm as gg
+        from kernels import moe
         out = {}
         for op in ("fwd", "dgrad", "wgrad"):
-            ptx = gg.compile_for_target(op, arch=90).asm["ptx"]
+            ptx = moe.launch.compile_for_target(op, arch=90).asm["ptx"]
             out[op] = [ptx.count("wgmma.mma_async"), ptx.count("cp.async.bulk.tensor")]
-        tail = gg.compile_for_target("fwd", arch=90, N=2880).asm["ttgir"]
+        tail = moe.launch.compile_for_target("fwd", arch=90, N=2880).asm["ttgir"]
         out["tail_dots"] = [tail.count("128x256xf32, #mma"), tail.count("128x64xf32, #mma")]
         print("PTX" + json.dumps(out))
     """)
@@ -501,12 +501,12 @@ def test_cublas_loop_backend_on_cpu():
     x, w = torch.randn(8, 6), torch.randn(3, 6, 4)
     s = torch.tensor(sizes)
     out = ga.run_backend("cublas_loop", "fwd", x, w, s)
-    assert torch.allclose(out.double(), gg.reference(x, w, s), atol=1e-5)
+    assert torch.allclose(out.double(), moe.reference(x, w, s), atol=1e-5)
     dy = torch.randn(8, 4)
     dx = ga.run_backend("cublas_loop", "dgrad", dy, w, s)
-    assert torch.allclose(dx.double(), gg.reference(dy, w, s, trans_w=True), atol=1e-5)
+    assert torch.allclose(dx.double(), moe.reference(dy, w, s, trans_w=True), atol=1e-5)
     dw = ga.run_backend("cublas_loop", "wgrad", x, dy, s)
-    assert torch.allclose(dw.double(), gg.reference_wgrad(x, dy, s), atol=1e-5)
+    assert torch.allclose(dw.double(), moe.reference_wgrad(x, dy, s), atol=1e-5)
     with pytest.raises(ga.BackendUnavailable):
         ga.run_backend("grouped_mm", "fwd", x, w, s)
 
@@ -534,7 +534,7 @@ def _rel(out, ref):
 @pytest.mark.parametrize("routing", ["balanced", "mild", "extreme"])
 @pytest.mark.parametrize("shape", _SEED_SHAPES, ids=lambda s: f"{s[0]}-{s[1]}-B{s[2]}")
 def test_gpu_bf16_seed_shapes(shape, routing):
-    from kernels import routing as rt
+    from kernels.moe import routing as rt
 
     _, _, B, Mper, N, K = shape
     dev = "cuda"
@@ -545,14 +545,14 @@ def test_gpu_bf16_seed_shapes(shape, routing):
     w = (torch.randn(B, K, N, device=dev) / K ** 0.5).to(torch.bfloat16)
     dy = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
     out = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
-    gg.grouped_gemm(x, w, sizes, out=out)
-    assert _rel(out, gg.reference(x, w, sizes, dtype=torch.float32)) < TOL["bfloat16"]
+    moe.grouped_gemm(x, w, sizes, out=out)
+    assert _rel(out, moe.reference(x, w, sizes, dtype=torch.float32)) < TOL["bfloat16"]
     dx = torch.full((M, K), float("nan"), device=dev, dtype=torch.bfloat16)
-    gg.grouped_gemm(dy, w, sizes, trans_w=True, out=dx)
-    assert _rel(dx, gg.reference(dy, w, sizes, trans_w=True, dtype=torch.float32)) < TOL["bfloat16"]
+    moe.grouped_gemm(dy, w, sizes, trans_w=True, out=dx)
+    assert _rel(dx, moe.reference(dy, w, sizes, trans_w=True, dtype=torch.float32)) < TOL["bfloat16"]
     dw = torch.full((B, K, N), float("nan"), device=dev, dtype=torch.bfloat16)
-    gg.grouped_gemm_wgrad(x, dy, sizes, out=dw)
-    ref = gg.reference_wgrad(x, dy, sizes, dtype=torch.float32)
+    moe.grouped_gemm_wgrad(x, dy, sizes, out=dw)
+    ref = moe.reference_wgrad(x, dy, sizes, dtype=torch.float32)
     empty = (sizes == 0).nonzero().flatten().tolist()
     for g in empty:
         assert dw[g].abs().max().item() == 0
@@ -561,31 +561,31 @@ def test_gpu_bf16_seed_shapes(shape, routing):
 
 @pytest.mark.gpu
 def test_gpu_launch_never_syncs_and_captures_in_a_graph():
-    from kernels import routing as rt
+    from kernels.moe import routing as rt
 
     dev = "cuda"
     sizes = rt.mild(4096, 8, seed=3, device=dev)
     x = torch.randn(4096, 512, device=dev, dtype=torch.bfloat16)
     w = torch.randn(8, 512, 256, device=dev, dtype=torch.bfloat16)
     dy = torch.randn(4096, 256, device=dev, dtype=torch.bfloat16)
-    gg.grouped_gemm(x, w, sizes)     # compile first
-    gg.grouped_gemm(dy, w, sizes, trans_w=True)
-    gg.grouped_gemm_wgrad(x, dy, sizes)
+    moe.grouped_gemm(x, w, sizes)     # compile first
+    moe.grouped_gemm(dy, w, sizes, trans_w=True)
+    moe.grouped_gemm_wgrad(x, dy, sizes)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        out = gg.grouped_gemm(x, w, sizes)
-        gg.grouped_gemm(dy, w, sizes, trans_w=True)
-        gg.grouped_gemm_wgrad(x, dy, sizes)
+        out = moe.grouped_gemm(x, w, sizes)
+        moe.grouped_gemm(dy, w, sizes, trans_w=True)
+        moe.grouped_gemm_wgrad(x, dy, sizes)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out_g = gg.grouped_gemm(x, w, sizes)
+        out_g = moe.grouped_gemm(x, w, sizes)
     sizes.copy_(rt.extreme(4096, 8, seed=5, device=dev))    # new routing, same graph
     graph.replay()
     torch.cuda.synchronize()
-    ref = gg.reference(x, w, sizes, dtype=torch.float32)
+    ref = moe.reference(x, w, sizes, dtype=torch.float32)
     assert _rel(out_g, ref) < TOL["bfloat16"]
     del out
 
@@ -593,7 +593,7 @@ def test_gpu_launch_never_syncs_and_captures_in_a_graph():
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["fwd", "dgrad", "wgrad"])
 def test_gpu_backends_agree(op, tmp_path):
-    from kernels import routing as rt
+    from kernels.moe import routing as rt
 
     dev = "cuda"
     G, M, K, N = 8, 8 * 512, 1024, 768
@@ -603,9 +603,9 @@ def test_gpu_backends_agree(op, tmp_path):
     dy = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
     a, b = {"fwd": (x, w), "dgrad": (dy, w), "wgrad": (x, dy)}[op]
     if op == "wgrad":
-        ref = gg.reference_wgrad(a, b, sizes, dtype=torch.float32)
+        ref = moe.reference_wgrad(a, b, sizes, dtype=torch.float32)
     else:
-        ref = gg.reference(a, b, sizes, trans_w=(op == "dgrad"), dtype=torch.float32)
+        ref = moe.reference(a, b, sizes, trans_w=(op == "dgrad"), dtype=torch.float32)
     for name in ga.BACKENDS:
         assert _rel(ga.run_backend(name, op, a, b, sizes), ref) < TOL["bfloat16"], name
     tuner = ga.GroupedGemmAutotuner(tmp_path / "c.json")
@@ -615,18 +615,18 @@ def test_gpu_backends_agree(op, tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_autograd_training_step():
-    from kernels import routing as rt
+    from kernels.moe import routing as rt
 
     dev = "cuda"
     G, M, K, N = 16, 16 * 256, 512, 384
     sizes = rt.mild(M, G, seed=2, device=dev)
     x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, requires_grad=True)
     w = (torch.randn(G, K, N, device=dev) / K ** 0.5).to(torch.bfloat16).requires_grad_(True)
-    y = gg.grouped_linear(x, w, sizes)
+    y = moe.grouped_linear(x, w, sizes)
     g_out = torch.randn_like(y)
     y.backward(g_out)
-    assert _rel(x.grad, gg.reference(g_out, w.detach(), sizes, trans_w=True, dtype=torch.float32)) < 1.5e-2
-    assert _rel(w.grad, gg.reference_wgrad(x.detach(), g_out, sizes, dtype=torch.float32)) < 1.5e-2
+    assert _rel(x.grad, moe.reference(g_out, w.detach(), sizes, trans_w=True, dtype=torch.float32)) < 1.5e-2
+    assert _rel(w.grad, moe.reference_wgrad(x.detach(), g_out, sizes, dtype=torch.float32)) < 1.5e-2
 
 
 def test_autotune_default_timing_interleaves_and_skips_failing_backend(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""kernels.grouped_gemm_ws: sm_90 cross-compilation (CPU), host-side checks (CPU),
+"""kernels.moe's Gluon kernel (grouped_gemm_ws): sm_90 cross-compilation (CPU), host-side checks (CPU),
 and GPU correctness (marked gpu; every GPU case runs in ONE child process with a
 timeout, because a warp-specialised kernel with a synchronisation bug hangs
 instead of failing).
@@ -22,8 +22,10 @@ import pytest
 import torch
 
 import ws_checks  # tests/ws_checks.py (pytest puts tests/ on the path)
-from kernels import grouped_gemm_ws as ggws
-from kernels.grouped_gemm_ws import GroupedWsConfig
+from kernels.common import interpreter
+from kernels.moe import config as mconfig, gluon as mgluon, launch as mlaunch, metrics as mmetrics
+from kernels.moe.config import GroupedWsConfig
+from kernels.moe.reference import reference, tolerance
 from workbench.asm.resources import smem_per_block
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,10 +52,10 @@ def compiled(tmp_path_factory):
 
     out = {}
     for i, (cname, dname, op) in enumerate(XC_CASES):
-        args = ggws.compile_args(XC_CONFIGS[cname], XC_DTYPES[dname], XC_OPS[op], G=32, shape=(2880, 5760))
+        args = mlaunch.compile_args_ws(XC_CONFIGS[cname], XC_DTYPES[dname], XC_OPS[op], G=32, shape=(2880, 5760))
         out[cname, dname, op] = cross_compile(targets="sm90", cache_dir=tmp_path_factory.mktemp(f"xc{i}"), **args)[0]
     cname, dname, op = XC_MAX_G
-    args = ggws.compile_args(XC_CONFIGS[cname], XC_DTYPES[dname], XC_OPS[op], G=ggws.MAX_GROUPS,
+    args = mlaunch.compile_args_ws(XC_CONFIGS[cname], XC_DTYPES[dname], XC_OPS[op], G=mconfig.WS_MAX_GROUPS,
                              sizes_dtype=torch.int64)
     out["max-G"] = cross_compile(targets="sm90", cache_dir=tmp_path_factory.mktemp("xcmax"), **args)[0]
     return out
@@ -89,7 +91,7 @@ def test_sm90_no_spills(compiled, key):
 @pytest.mark.parametrize("cname,dname,op", XC_CASES)
 def test_sm90_warp_specialised(compiled, cname, dname, op):
     e = compiled[cname, dname, op]
-    ws_checks.assert_warp_specialised(e, XC_CONFIGS[cname], ggws)
+    ws_checks.assert_warp_specialised(e, XC_CONFIGS[cname], mconfig)
     # The group-size prefix sums and the tile -> group lookups stay inside a warp:
     # lane shuffles for the scans, redux.sync for the reductions (and no scratch
     # shared memory for them: see test_sm90_shared_memory_fits).
@@ -99,12 +101,12 @@ def test_sm90_warp_specialised(compiled, cname, dname, op):
 
 @pytest.mark.parametrize("cname,dname,op", XC_CASES)
 def test_sm90_shared_memory_fits(compiled, cname, dname, op):
-    ws_checks.assert_smem_fits(compiled[cname, dname, op], XC_CONFIGS[cname], ggws, smem_per_block(90))
+    ws_checks.assert_smem_fits(compiled[cname, dname, op], XC_CONFIGS[cname], mconfig, smem_per_block(90))
 
 
 def test_compile_args_surface():
-    args = ggws.compile_args(dtype=torch.float16, trans_w=True, G=5)
-    assert args["fn"] is ggws._grouped_gemm_ws_kernel
+    args = mlaunch.compile_args_ws(dtype=torch.float16, trans_w=True, G=5)
+    assert args["fn"] is mgluon._grouped_gemm_ws_kernel
     assert args["num_warps"] == 4 and args["options"] == {"maxnreg": 168}
     sig = args["signature"]
     assert sig["x_desc"].startswith("tensordesc<fp16[128, 64],NVMMASharedLayout(")
@@ -113,16 +115,16 @@ def test_compile_args_surface():
     assert sig["sizes_ptr"] == "*i32" and sig["M_total"] == sig["G"] == sig["group_m"] == "i32"
     assert args["constexprs"] == {"NUM_STAGES": 5, "COOPERATIVE": False, "TRANS_W": True, "G_PAD": 32,
                                   "CONSUMER_REGS": 232, "PRODUCER_REGS": 40}
-    fwd = ggws.compile_args(GroupedWsConfig(cooperative=True, block_n=256, num_stages=3), G=100,
+    fwd = mlaunch.compile_args_ws(GroupedWsConfig(cooperative=True, block_n=256, num_stages=3), G=100,
                             sizes_dtype=torch.int64)
     assert fwd["num_warps"] == 8 and fwd["constexprs"]["G_PAD"] == 128 and fwd["signature"]["sizes_ptr"] == "*i64"
     assert fwd["signature"]["w_desc"].startswith("tensordesc<bf16[1, 64, 256],")
-    with pytest.raises(ValueError, match=r"float16.*kernels\.grouped_gemm\.grouped_gemm"):
-        ggws.compile_args(dtype=torch.float32)
-    with pytest.raises(ValueError, match=r"multiples of 8.*kernels\.grouped_gemm\.grouped_gemm"):
-        ggws.compile_args(shape=(2880, 100))
-    with pytest.raises(ValueError, match=r"G=513.*kernels\.grouped_gemm\.grouped_gemm"):
-        ggws.compile_args(G=513)
+    with pytest.raises(ValueError, match=r"float16.*kernels\.moe\.grouped_gemm"):
+        mlaunch.compile_args_ws(dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"multiples of 8.*kernels\.moe\.grouped_gemm"):
+        mlaunch.compile_args_ws(shape=(2880, 100))
+    with pytest.raises(ValueError, match=r"G=513.*kernels\.moe\.grouped_gemm"):
+        mlaunch.compile_args_ws(G=513)
 
 
 @pytest.mark.parametrize("trans_w", [False, True])
@@ -138,8 +140,8 @@ def test_launch_types_match_compile_args(cfg, trans_w):
     w = torch.empty((G, N, K) if trans_w else (G, K, N), dtype=torch.float16)
     out = torch.empty(M, N, dtype=torch.float16)
     sizes = torch.zeros(G, dtype=torch.int64)
-    descs = ggws.descriptors(x, w, out, cfg, trans_w)
-    sig = ggws.compile_args(cfg, torch.float16, trans_w, G=G, sizes_dtype=torch.int64)["signature"]
+    descs = mgluon.descriptors(x, w, out, cfg, trans_w)
+    sig = mlaunch.compile_args_ws(cfg, torch.float16, trans_w, G=G, sizes_dtype=torch.int64)["signature"]
     got = [mangle_type(a) for a in (*descs, sizes, M, G, cfg.group_m)]
     assert got == [sig[k] for k in ("x_desc", "w_desc", "out_desc", "sizes_ptr", "M_total", "G", "group_m")]
     # The row window: (a, b, r, c) with strides (2**34 - s, s, s, 1); r spans 2**30 rows.
@@ -169,66 +171,66 @@ def test_launch_types_match_compile_args(cfg, trans_w):
 ])
 def test_bad_config(cfg, match):
     with pytest.raises(ValueError, match=match):
-        ggws.validate(cfg)
+        mconfig.validate_ws(cfg)
     with pytest.raises(ValueError, match=match):
-        ggws.compile_args(cfg)
+        mlaunch.compile_args_ws(cfg)
 
 
 def test_good_configs_validate():
     for cfg in [GroupedWsConfig(), GroupedWsConfig(num_stages=4), GroupedWsConfig(block_m=64, block_n=256, num_stages=4),
                 GroupedWsConfig(cooperative=True, block_n=256, num_stages=3),
                 GroupedWsConfig(cooperative=True, block_m=256, num_stages=3)]:
-        assert ggws.validate(cfg) is cfg
-    assert ggws.validate({"num_stages": 3}) == GroupedWsConfig(num_stages=3)
-    assert ggws.validate(None) == GroupedWsConfig()
+        assert mconfig.validate_ws(cfg) is cfg
+    assert mconfig.validate_ws({"num_stages": 3}) == GroupedWsConfig(num_stages=3)
+    assert mconfig.validate_ws(None) == GroupedWsConfig()
 
 
 def test_counts_and_labels():
-    assert ggws.smem_bytes(GroupedWsConfig()) == 5 * 32768 + 65536 + 96 + ggws.WS_EXTRA_SMEM
-    assert ggws.smem_bytes(GroupedWsConfig()) <= smem_per_block(90)
-    assert [ggws.g_pad(g) for g in (1, 32, 33, 64, 65, 512)] == [32, 32, 64, 64, 128, 512]
+    assert mconfig.smem_bytes(GroupedWsConfig()) == 5 * 32768 + 65536 + 96 + mconfig.WS_EXTRA_SMEM
+    assert mconfig.smem_bytes(GroupedWsConfig()) <= smem_per_block(90)
+    assert [mconfig.g_pad(g) for g in (1, 32, 33, 64, 65, 512)] == [32, 32, 64, 64, 128, 512]
     # Grid: one CTA per SM, never more than the tiles could be ((cdiv(M, BM) + G) row blocks).
-    assert ggws.grid_size(16384, 5760, 4, GroupedWsConfig(), 132) == 132
-    assert ggws.grid_size(106, 40, 5, GroupedWsConfig(), 132) == 6
-    assert ggws.grid_size(16384, 5760, 4, GroupedWsConfig(num_sms=3), 132) == 3
+    assert mlaunch.grid_size(16384, 5760, 4, GroupedWsConfig(), 132) == 132
+    assert mlaunch.grid_size(106, 40, 5, GroupedWsConfig(), 132) == 6
+    assert mlaunch.grid_size(16384, 5760, 4, GroupedWsConfig(num_sms=3), 132) == 3
     assert GroupedWsConfig().label() == "ws 128x128x64 s5 g8"
     assert GroupedWsConfig(cooperative=True, block_n=256, num_stages=3).label() == "coop 128x256x64 s3 g8"
-    assert ggws.default_partition_regs(GroupedWsConfig()) == 232
-    assert ggws.flops(10, 3, 4) == 240
-    assert ggws.tolerance(torch.bfloat16) > ggws.tolerance(torch.float16)
+    assert mconfig.default_partition_regs(GroupedWsConfig()) == 232
+    assert mmetrics.flops(10, 3, 4) == 240
+    assert tolerance(torch.bfloat16) > tolerance(torch.float16)
 
 
 def test_reference_is_fp32():
     x = torch.randn(7, 8).to(torch.bfloat16)
     w = torch.randn(2, 8, 3).to(torch.bfloat16)
     sizes = torch.tensor([3, 4])
-    r = ggws.reference(x, w, sizes)
+    r = reference(x, w, sizes, dtype=torch.float32)
     assert r.dtype == torch.float32
     assert torch.allclose(r[:3], x[:3].float() @ w[0].float()) and torch.allclose(r[3:], x[3:].float() @ w[1].float())
-    rt = ggws.reference(x, w.transpose(1, 2).contiguous(), sizes, trans_w=True)
+    rt = reference(x, w.transpose(1, 2).contiguous(), sizes, trans_w=True, dtype=torch.float32)
     assert torch.allclose(r, rt)
 
 
 @pytest.mark.parametrize("N,K", [(100, 64), (128, 100), (4, 4), (2884, 5760)])
 def test_alignment_error_points_to_fallback(N, K):
-    with pytest.raises(ValueError, match=r"multiples of 8.*kernels\.grouped_gemm\.grouped_gemm"):
-        ggws.check_alignment(N, K, torch.bfloat16)
-    ggws.check_alignment(2880, 5760)
-    ggws.check_alignment(40, 48, torch.float16)
+    with pytest.raises(ValueError, match=r"multiples of 8.*kernels\.moe\.grouped_gemm"):
+        mconfig.check_alignment(N, K, torch.bfloat16)
+    mconfig.check_alignment(2880, 5760)
+    mconfig.check_alignment(40, 48, torch.float16)
 
 
-@pytest.mark.parametrize("G", [0, ggws.MAX_GROUPS + 1, 4096])
+@pytest.mark.parametrize("G", [0, mconfig.WS_MAX_GROUPS + 1, 4096])
 def test_too_many_groups(G):
-    with pytest.raises(ValueError, match=r"groups.*kernels\.grouped_gemm\.grouped_gemm"):
-        ggws.check_groups(G)
+    with pytest.raises(ValueError, match=r"groups.*kernels\.moe\.grouped_gemm"):
+        mconfig.check_groups(G)
 
 
 def test_interpreter_is_refused(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     x = torch.randn(8, 16).to(torch.bfloat16)
     w = torch.randn(2, 16, 8).to(torch.bfloat16)
-    with pytest.raises(ValueError, match=r"interpreter.*kernels\.grouped_gemm\.grouped_gemm"):
-        ggws.grouped_gemm_ws(x, w, torch.tensor([3, 5]))
+    with pytest.raises(ValueError, match=r"interpreter.*kernels\.moe\.grouped_gemm"):
+        mlaunch.grouped_gemm_ws(x, w, torch.tensor([3, 5]))
 
 
 def _operands(M=8, K=16, N=8, G=2, dtype=torch.float16, trans_w=False):
@@ -239,26 +241,26 @@ def _operands(M=8, K=16, N=8, G=2, dtype=torch.float16, trans_w=False):
 
 def test_cpu_tensors_are_refused(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(ValueError, match=r"sm_90.*kernels\.grouped_gemm\.grouped_gemm"):
-        ggws.grouped_gemm_ws(*_operands())
-    with pytest.raises(ValueError, match=r"sm_90.*kernels\.grouped_gemm\.grouped_gemm"):
-        ggws.grouped_gemm_ws(*_operands(dtype=torch.bfloat16, trans_w=True), trans_w=True)
+    with pytest.raises(ValueError, match=r"sm_90.*kernels\.moe\.grouped_gemm"):
+        mlaunch.grouped_gemm_ws(*_operands())
+    with pytest.raises(ValueError, match=r"sm_90.*kernels\.moe\.grouped_gemm"):
+        mlaunch.grouped_gemm_ws(*_operands(dtype=torch.bfloat16, trans_w=True), trans_w=True)
 
 
 def test_other_gpus_are_refused(monkeypatch):
     """The capability check, fed a fake sm_80 / sm_100 device (no GPU here)."""
     for cap in ((8, 0), (10, 0), (12, 0)):
-        monkeypatch.setattr(ggws, "_capability", lambda index, cap=cap: cap)
-        with pytest.raises(ValueError, match=rf"sm_{cap[0]}{cap[1]}.*kernels\.grouped_gemm\.grouped_gemm"):
-            ggws._check_device(torch.device("cuda", 0))
-    monkeypatch.setattr(ggws, "_capability", lambda index: (9, 0))
-    ggws._check_device(torch.device("cuda", 0))
+        monkeypatch.setattr(mlaunch, "_capability", lambda index, cap=cap: cap)
+        with pytest.raises(ValueError, match=rf"sm_{cap[0]}{cap[1]}.*kernels\.moe\.grouped_gemm"):
+            mlaunch._check_device(torch.device("cuda", 0))
+    monkeypatch.setattr(mlaunch, "_capability", lambda index: (9, 0))
+    mlaunch._check_device(torch.device("cuda", 0))
     with pytest.raises(ValueError, match=r"tensors on cpu.*sm_90"):
-        ggws._check_device(torch.device("cpu"))
+        mlaunch._check_device(torch.device("cpu"))
 
 
 @pytest.mark.parametrize("make,match", [
-    (lambda: _operands(dtype=torch.float32), r"bfloat16 or both float16.*kernels\.grouped_gemm\.grouped_gemm"),
+    (lambda: _operands(dtype=torch.float32), r"bfloat16 or both float16.*kernels\.moe\.grouped_gemm"),
     (lambda: (torch.randn(8, 16, dtype=torch.float16), torch.randn(2, 16, 8, dtype=torch.bfloat16),
               torch.tensor([4, 4])), "both float16"),
     (lambda: (torch.randn(8, 16, dtype=torch.float16), torch.randn(16, 8, dtype=torch.float16),
@@ -270,27 +272,27 @@ def test_other_gpus_are_refused(monkeypatch):
 def test_bad_operands(monkeypatch, make, match):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match=match):
-        ggws.grouped_gemm_ws(*make())
+        mlaunch.grouped_gemm_ws(*make())
 
 
 def test_shape_checks_after_the_device(monkeypatch):
     """Shape errors on a (faked) sm_90 device: K mismatch, G mismatch, too many groups, alignment."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(ggws, "_check_device", lambda device: None)
+    monkeypatch.setattr(mlaunch, "_check_device", lambda device: None)
     x, w, s = _operands()
     with pytest.raises(ValueError, match="did you mean trans_w=True"):
-        ggws._check_operands(x, torch.randn(2, 8, 16, dtype=x.dtype), s, False)
-    assert ggws._check_operands(x, torch.randn(2, 8, 16, dtype=x.dtype), s, True) == (8, 8, 16, 2)
+        mlaunch._check_ws_operands(x, torch.randn(2, 8, 16, dtype=x.dtype), s, False)
+    assert mlaunch._check_ws_operands(x, torch.randn(2, 8, 16, dtype=x.dtype), s, True) == (8, 8, 16, 2)
     with pytest.raises(ValueError, match="3 entries but w has G=2"):
-        ggws._check_operands(x, w, torch.tensor([1, 2, 5]), False)
-    G = ggws.MAX_GROUPS + 1
-    with pytest.raises(ValueError, match=rf"G={G} groups.*kernels\.grouped_gemm\.grouped_gemm"):
-        ggws._check_operands(x, torch.randn(G, 16, 8, dtype=x.dtype), torch.zeros(G, dtype=torch.int32), False)
-    with pytest.raises(ValueError, match=r"K=12 and N=8 must be multiples of 8.*kernels\.grouped_gemm\.grouped_gemm"):
-        ggws._check_operands(torch.randn(8, 12, dtype=x.dtype), torch.randn(2, 12, 8, dtype=x.dtype), s, False)
+        mlaunch._check_ws_operands(x, w, torch.tensor([1, 2, 5]), False)
+    G = mconfig.WS_MAX_GROUPS + 1
+    with pytest.raises(ValueError, match=rf"G={G} groups.*kernels\.moe\.grouped_gemm"):
+        mlaunch._check_ws_operands(x, torch.randn(G, 16, 8, dtype=x.dtype), torch.zeros(G, dtype=torch.int32), False)
+    with pytest.raises(ValueError, match=r"K=12 and N=8 must be multiples of 8.*kernels\.moe\.grouped_gemm"):
+        mlaunch._check_ws_operands(torch.randn(8, 12, dtype=x.dtype), torch.randn(2, 12, 8, dtype=x.dtype), s, False)
     with pytest.raises(ValueError, match=r"K=16 and N=20"):
-        ggws._check_operands(x, torch.randn(2, 20, 16, dtype=x.dtype), s, True)
-    assert ggws._check_operands(torch.randn(0, 16, dtype=x.dtype), w, s, False) == (0, 8, 16, 2)
+        mlaunch._check_ws_operands(x, torch.randn(2, 20, 16, dtype=x.dtype), s, True)
+    assert mlaunch._check_ws_operands(torch.randn(0, 16, dtype=x.dtype), w, s, False) == (0, 8, 16, 2)
 
 
 # ------------------------------------- the tile schedule, modelled on the host
@@ -393,7 +395,8 @@ _GPU_SCRIPT = textwrap.dedent("""
     import json, random, sys
     import torch
     sys.path.insert(0, {root!r})
-    from kernels import grouped_gemm_ws as ggws
+    from kernels.moe import launch as mlaunch
+    from kernels.moe.reference import reference, tolerance
     seed = int(sys.argv[2])
     out = {{}}
     for i, (name, (sizes, K, N, trans_w, dt, cfg, extra, sdt)) in enumerate(json.loads(sys.argv[1]).items()):
@@ -413,15 +416,15 @@ _GPU_SCRIPT = textwrap.dedent("""
         c = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)  # poisoned
         rec = {{"sizes": sizes if G <= 16 else f"{{G}} groups, {{sum(sizes)}} rows"}}
         try:
-            ggws.grouped_gemm_ws(x, w, s, trans_w=trans_w, config=cfg or None, out=c)
+            mlaunch.grouped_gemm_ws(x, w, s, trans_w=trans_w, config=cfg or None, out=c)
             torch.cuda.synchronize()
             rows = sum(sizes)
-            ref = ggws.reference(x[:rows], w, s, trans_w=trans_w)
+            ref = reference(x[:rows], w, s, trans_w=trans_w, dtype=torch.float32)
             got = c[:rows].float()
             rec["finite"] = bool(torch.isfinite(got).all())
             rec["untouched"] = bool(torch.isnan(c[rows:]).all())
             rec["err"] = float((got - ref).norm() / ref.norm().clamp_min(1e-30)) if rows else 0.0
-            rec["tol"] = ggws.tolerance(dtype)
+            rec["tol"] = tolerance(dtype)
         except Exception as exc:
             rec["error"] = f"{{type(exc).__name__}}: {{exc}}"[:800]
         out[name] = rec
@@ -464,21 +467,21 @@ def test_gpu_refusals():
     x = torch.randn(64, 100, device="cuda").to(torch.bfloat16)
     w = torch.randn(2, 100, 64, device="cuda").to(torch.bfloat16)
     s = torch.tensor([30, 34], device="cuda")
-    with pytest.raises(ValueError, match=r"multiples of 8.*kernels\.grouped_gemm\.grouped_gemm"):
-        ggws.grouped_gemm_ws(x, w, s)
-    with pytest.raises(ValueError, match=r"bfloat16 or both float16.*kernels\.grouped_gemm\.grouped_gemm"):
-        ggws.grouped_gemm_ws(x.float(), w.float(), s)
+    with pytest.raises(ValueError, match=r"multiples of 8.*kernels\.moe\.grouped_gemm"):
+        mlaunch.grouped_gemm_ws(x, w, s)
+    with pytest.raises(ValueError, match=r"bfloat16 or both float16.*kernels\.moe\.grouped_gemm"):
+        mlaunch.grouped_gemm_ws(x.float(), w.float(), s)
     with pytest.raises(ValueError, match="one device"):
-        ggws.grouped_gemm_ws(x, w, s.cpu())
+        mlaunch.grouped_gemm_ws(x, w, s.cpu())
 
 
 def test_default_path_hands_over_only_on_sm90():
-    """kernels.grouped_gemm runs the Triton kernel on a CPU (and with a config); its
+    """grouped_gemm runs the Triton kernel on a CPU (and with a config); its
     per-layer stages for the Gluon kernel come from the H200 probe."""
-    from kernels import grouped_gemm as gg
-
     x, w, s = torch.randn(8, 16), torch.randn(2, 16, 24), torch.tensor([3, 5])
-    assert not ggws.can_run(x.bfloat16(), w.bfloat16(), s, None, False)
-    assert gg.default_label(x, w, s) == gg.pick_config("fwd", 24, 16, x.device).label()
-    assert ggws.pick_config("fwd", 2880, 2880).num_stages == 4
-    assert ggws.pick_config("dgrad", 2880, 5760) == ggws.DEFAULT_CONFIG and ggws.DEFAULT_CONFIG.num_stages == 5
+    assert not mlaunch.can_run(x.bfloat16(), w.bfloat16(), s, None, False)
+    if interpreter.active():   # CPU tensors run only there (elsewhere grouped_gemm refuses them)
+        assert mlaunch.default_label(x, w, s) == mconfig.pick_config("fwd", 24, 16, x.device).label()
+    assert mconfig.pick_ws_config("fwd", 2880, 2880).num_stages == 4
+    assert (mconfig.pick_ws_config("dgrad", 2880, 5760) == mconfig.WS_DEFAULT_CONFIG
+            and mconfig.WS_DEFAULT_CONFIG.num_stages == 5)

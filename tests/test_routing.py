@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import routing as rt
+from kernels.moe import routing as rt
 
 
 @pytest.mark.parametrize("kind", rt.ROUTINGS)

@@ -21,8 +21,8 @@ def assert_no_spills(entry) -> None:
 
 def assert_warp_specialised(entry, cfg, ws) -> None:
     """Partitions with the warps and registers ``cfg`` asks for, setmaxnreg really
-    moving registers, and the launch shape ``ws`` (kernels.gemm.config or a module
-    sharing its limits) promises: 12 warps, 384 threads, ws.MAXNREG registers."""
+    moving registers, and the launch shape ``ws`` (kernels.gemm.config or
+    kernels.moe.config, which shares its limits) promises: 12 warps, 384 threads, ws.MAXNREG registers."""
     ttgir = entry.text("ttgir")
     assert "ttg.warp_specialize" in ttgir
     if cfg.cooperative:

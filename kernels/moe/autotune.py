@@ -1,13 +1,11 @@
-"""Grouped GEMM backends and an autotuner that picks among them.
+"""An autotuner that picks among the grouped GEMM backends per layer.
 
 Backends (each computes fwd, dgrad or wgrad from ``(a, b, group_sizes)``):
 
-* ``triton``: ours (``kernels.grouped_gemm``), group sizes stay on the GPU;
-* ``grouped_mm``: ``torch._grouped_mm`` (CUTLASS on sm_90); bf16 only, 16-byte
-  aligned strides; offsets are cumulative int32 end offsets, computed on the
-  device with ``torch.cumsum``;
-* ``cublas_loop``: one ``torch.mm`` per expert. It needs the sizes on the host
-  (a sync, unless the caller passes ``host_sizes``): a baseline, not a product.
+* ``triton``: ours (``kernels.moe.grouped_gemm`` / ``grouped_gemm_wgrad``), group
+  sizes stay on the GPU;
+* ``grouped_mm`` and ``cublas_loop``: the library baselines of
+  ``kernels.moe.baselines`` (``torch._grouped_mm``; one ``torch.mm`` per expert).
 
 Operations, with the layer's weight ``w`` of shape ``[G, K, N]``:
 
@@ -30,7 +28,6 @@ warning; a backend that fails is skipped.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -41,11 +38,10 @@ from typing import Callable
 
 import torch
 
+from kernels.moe.baselines import BackendUnavailable, cublas_loop, grouped_mm, grouped_mm_offsets
+from kernels.moe.config import OPS
+from kernels.moe.launch import grouped_gemm, grouped_gemm_wgrad
 from workbench import bench
-from workbench.asm.resources import smem_per_block
-from workbench.dtypes import element_size
-
-from . import grouped_gemm as gg
 
 __all__ = [
     "BACKENDS",
@@ -60,12 +56,7 @@ __all__ = [
 ]
 
 BACKENDS = ("triton", "grouped_mm", "cublas_loop")   # preference order on ties
-OPS = ("fwd", "dgrad", "wgrad")
 CACHE_VERSION = 1
-
-
-class BackendUnavailable(RuntimeError):
-    """This backend cannot run these inputs (dtype, layout, device, library)."""
 
 
 # ---------------------------------------------------------------------------
@@ -80,70 +71,13 @@ def _check_op(op: str) -> None:
 
 def _triton(op, a, b, group_sizes, **_):
     if op == "fwd":
-        return gg.grouped_gemm(a, b, group_sizes)
+        return grouped_gemm(a, b, group_sizes)
     if op == "dgrad":
-        return gg.grouped_gemm(a, b, group_sizes, trans_w=True)
-    return gg.grouped_gemm_wgrad(a, b, group_sizes)
+        return grouped_gemm(a, b, group_sizes, trans_w=True)
+    return grouped_gemm_wgrad(a, b, group_sizes)
 
 
-def grouped_mm_offsets(group_sizes: torch.Tensor) -> torch.Tensor:
-    """Cumulative int32 end offsets, on the sizes' device (no sync)."""
-    return torch.cumsum(group_sizes, 0, dtype=torch.int32)
-
-
-def _grouped_mm(op, a, b, group_sizes, *, offs=None, **_):
-    fn = getattr(torch, "_grouped_mm", None)
-    if fn is None:
-        raise BackendUnavailable("this torch has no torch._grouped_mm")
-    if a.device.type != "cuda":
-        raise BackendUnavailable("torch._grouped_mm runs on CUDA only")
-    if a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
-        raise BackendUnavailable(f"torch._grouped_mm needs bf16 inputs, got {a.dtype}")
-    if offs is None:
-        offs = grouped_mm_offsets(group_sizes)
-    if op == "fwd":
-        mat_a, mat_b = a, b
-    elif op == "dgrad":
-        mat_a, mat_b = a, b.transpose(-2, -1)
-    else:
-        mat_a, mat_b = a.t(), b          # [K, M] x [M, N] -> [G, K, N], groups along M
-    for t in (mat_a, mat_b):
-        if any((s * t.element_size()) % 16 for s in t.stride() if s != 1):
-            raise BackendUnavailable(f"torch._grouped_mm needs 16-byte aligned strides, got {t.stride()}")
-    try:
-        return fn(mat_a, mat_b, offs=offs)
-    except RuntimeError as exc:
-        raise BackendUnavailable(f"torch._grouped_mm failed: {exc}") from exc
-
-
-def _cublas_loop(op, a, b, group_sizes, *, host_sizes=None, **_):
-    sizes = host_sizes if host_sizes is not None else [int(s) for s in group_sizes.tolist()]
-    G = len(sizes)
-    M = a.shape[0]
-    if op == "fwd":
-        out = torch.empty((M, b.shape[2]), device=a.device, dtype=a.dtype)
-    elif op == "dgrad":
-        out = torch.empty((M, b.shape[1]), device=a.device, dtype=a.dtype)
-    else:
-        out = torch.empty((G, a.shape[1], b.shape[1]), device=a.device, dtype=a.dtype)
-    start = 0
-    for g, m in enumerate(sizes):
-        end = start + m
-        if op == "fwd":
-            if m:
-                torch.mm(a[start:end], b[g], out=out[start:end])
-        elif op == "dgrad":
-            if m:
-                torch.mm(a[start:end], b[g].t(), out=out[start:end])
-        elif m:
-            torch.mm(a[start:end].t(), b[start:end], out=out[g])
-        else:
-            out[g].zero_()
-        start = end
-    return out
-
-
-_IMPLS: dict[str, Callable] = {"triton": _triton, "grouped_mm": _grouped_mm, "cublas_loop": _cublas_loop}
+_IMPLS: dict[str, Callable] = {"triton": _triton, "grouped_mm": grouped_mm, "cublas_loop": cublas_loop}
 
 
 def run_backend(name: str, op: str, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor,
@@ -446,132 +380,3 @@ def autotuned(op: str, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tens
     if _DEFAULT_TUNER is None:
         _DEFAULT_TUNER = GroupedGemmAutotuner()
     return _DEFAULT_TUNER(op, a, b, group_sizes, **kwargs)
-
-
-# ---------------------------------------------------------------------------
-# `workbench sweep` kernel-module protocol (experiments/grouped_gemm.yaml)
-# ---------------------------------------------------------------------------
-# A sweep shape is {B, M, N, K, op, routing} with integer codes, because sweep
-# shapes are integers: op 0/1/2 = fwd/dgrad/wgrad, routing 0/1/2 =
-# balanced/mild/extreme. B experts, M tokens per expert, (N, K) the layer's.
-
-OP_CODES = {0: "fwd", 1: "dgrad", 2: "wgrad"}
-ROUTING_CODES = {0: "balanced", 1: "mild", 2: "extreme"}
-
-# 0 / "auto": take the value from the kernel's config table for that (op, N, K)
-PARAMS = {"block_m": 0, "block_n": 0, "block_k": 0, "group_m": 0, "num_warps": 0, "num_stages": 0,
-          "epi_subtile": "auto", "flatten": "auto", "use_tma": "auto"}
-
-
-def _decode(shape: dict) -> tuple[str, str]:
-    try:
-        return OP_CODES[int(shape.get("op", 0))], ROUTING_CODES[int(shape.get("routing", 0))]
-    except KeyError:
-        raise ValueError(f"grouped GEMM sweep shape {shape}: op must be 0/1/2 (fwd/dgrad/wgrad) and "
-                         f"routing 0/1/2 (balanced/mild/extreme)") from None
-
-
-def make_inputs(shape: dict, dtype: torch.dtype, device: str, seed: int) -> dict:
-    """x [B*M, K], w [B, K, N], dy [B*M, N], routed group sizes (+ offsets, host sizes)."""
-    from . import routing
-
-    op, kind = _decode(shape)
-    B, Mper, N, K = (int(shape[k]) for k in ("B", "M", "N", "K"))
-    M = B * Mper
-    gen = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(M, K, device=device, generator=gen).to(dtype)
-    w = (torch.randn(B, K, N, device=device, generator=gen) / math.sqrt(K)).to(dtype)
-    dy = torch.randn(M, N, device=device, generator=gen).to(dtype)
-    sizes = routing.make(kind, M, B, seed=seed, device=device)
-    a, b = {"fwd": (x, w), "dgrad": (dy, w), "wgrad": (x, dy)}[op]
-    out_shape = {"fwd": (M, N), "dgrad": (M, K), "wgrad": (B, K, N)}[op]
-    return {"op": op, "routing": kind, "a": a, "b": b, "sizes": sizes, "offs": grouped_mm_offsets(sizes),
-            "host_sizes": [int(v) for v in sizes.tolist()], "N": N, "K": K,
-            "out": torch.empty(out_shape, device=device, dtype=dtype)}
-
-
-def _config(inputs: dict, params: dict) -> gg.GemmConfig:
-    op, N, K = inputs["op"], inputs["N"], inputs["K"]
-    call_n, call_k = (K, N) if op == "dgrad" else (N, K)
-    cfg = gg.pick_config(op, call_n, call_k, inputs["a"].device)
-    over = {}
-    for p, field in (("block_m", "BLOCK_M"), ("block_n", "BLOCK_N"), ("block_k", "BLOCK_K"),
-                     ("group_m", "GROUP_M"), ("num_warps", "num_warps"), ("num_stages", "num_stages")):
-        if params.get(p):
-            over[field] = int(params[p])
-    for p, field in (("epi_subtile", "EPI_SUBTILE"), ("flatten", "FLATTEN"), ("use_tma", "USE_TMA")):
-        v = params.get(p, "auto")
-        if v != "auto" and v is not None:
-            over[field] = bool(v)
-    return dataclasses.replace(cfg, **over) if over else cfg
-
-
-def run(inputs: dict, **params) -> torch.Tensor:
-    """Our kernel at one configuration, writing into inputs['out'] (poisoned before the check)."""
-    op, a, b, s = inputs["op"], inputs["a"], inputs["b"], inputs["sizes"]
-    cfg = _config(inputs, params)
-    if op == "wgrad":
-        return gg.grouped_gemm_wgrad(a, b, s, config=cfg, out=inputs["out"])
-    return gg.grouped_gemm(a, b, s, trans_w=(op == "dgrad"), config=cfg, out=inputs["out"])
-
-
-def poison(inputs: dict) -> None:
-    inputs["out"].fill_(float("nan"))
-
-
-def reference(inputs: dict) -> torch.Tensor:
-    """Per-group fp32 matmuls on the inputs' device (fp64 on the CPU)."""
-    op, a, b, s = inputs["op"], inputs["a"], inputs["b"], inputs["sizes"]
-    dt = torch.float32 if a.device.type == "cuda" else torch.float64
-    if op == "wgrad":
-        return gg.reference_wgrad(a, b, s, dtype=dt)
-    return gg.reference(a, b, s, trans_w=(op == "dgrad"), dtype=dt)
-
-
-def flops(shape: dict) -> int:
-    return gg.flops(int(shape["B"]) * int(shape["M"]), int(shape["N"]), int(shape["K"]))
-
-
-def bytes_moved(shape: dict, dtype: torch.dtype) -> int:
-    op, _ = _decode(shape)
-    B = int(shape["B"])
-    return gg.bytes_moved(op, B * int(shape["M"]), B, int(shape["N"]), int(shape["K"]),
-                          elem_bytes=element_size(dtype))
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    return {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}.get(dtype, 1e-4)
-
-
-def derived(shape: dict, dtype: torch.dtype, params: dict) -> dict:
-    """smem_bytes of a config (operand stages + epilogue staging), for spec constraints."""
-    elem = element_size(dtype)
-    d = gg._DEFAULT["fwd"]
-    bm, bn, bk = (params.get("block_m") or d.BLOCK_M, params.get("block_n") or d.BLOCK_N,
-                  params.get("block_k") or d.BLOCK_K)
-    stages = params.get("num_stages") or d.num_stages
-    sub = params.get("epi_subtile", "auto") in ("auto", True)
-    return {"smem_bytes": stages * (bm * bk + bk * bn) * elem + bm * (bn // 2 if sub else bn) * elem,
-            "SMEM_LIMIT": smem_per_block(90)}
-
-
-def label(params: dict) -> str:
-    parts = [f"{k}={v}" for k, v in params.items() if v not in (0, "auto", None)]
-    return ",".join(parts) or "table"
-
-
-def _baseline(name: str) -> Callable[[dict], torch.Tensor]:
-    def call(inputs: dict) -> torch.Tensor:
-        return run_backend(name, inputs["op"], inputs["a"], inputs["b"], inputs["sizes"],
-                           offs=inputs["offs"], host_sizes=inputs["host_sizes"])
-    call.__name__ = f"baseline_{name}"
-    return call
-
-
-def _autotune_baseline(inputs: dict) -> torch.Tensor:
-    return autotuned(inputs["op"], inputs["a"], inputs["b"], inputs["sizes"],
-                     offs=inputs["offs"], host_sizes=inputs["host_sizes"])
-
-
-baselines = {"grouped_mm": _baseline("grouped_mm"), "cublas_loop": _baseline("cublas_loop"),
-             "autotune": _autotune_baseline}
