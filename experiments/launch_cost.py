@@ -98,16 +98,17 @@ def _grouped(rows, bench) -> None:
 
     for G, T, N, K in GROUPED:
         g = torch.Generator(device="cuda").manual_seed(G + T)
-        sizes = routing.mild(G, T, seed=G).to("cuda") if hasattr(routing, "mild") else None
+        sizes = routing.mild(T, G, seed=G, device="cuda")
+        offs = mb.grouped_mm_offsets(sizes)   # a library user computes these once per routing too
         x = torch.randn(T, K, device="cuda", generator=g).bfloat16()
         w = torch.randn(G, K, N, device="cuda", generator=g).bfloat16()
         dy = torch.randn(T, N, device="cuda", generator=g).bfloat16()
         moe.grouped_gemm(x, w, sizes)
         moe.grouped_gemm_wgrad(x, dy, sizes)
         _pair(f"grouped_gemm G{G} T{T} {N}x{K}", lambda: moe.grouped_gemm(x, w, sizes),
-              lambda: mb.grouped_mm("fwd", x, w, sizes), "torch._grouped_mm", bench, rows, 2 * T * N * K)
+              lambda: mb.grouped_mm("fwd", x, w, sizes, offs=offs), "torch._grouped_mm", bench, rows, 2 * T * N * K)
         _pair(f"grouped_gemm_wgrad G{G} T{T} {N}x{K}", lambda: moe.grouped_gemm_wgrad(x, dy, sizes),
-              lambda: mb.grouped_mm("wgrad", x, dy, sizes), "torch._grouped_mm", bench, rows, 2 * T * N * K)
+              lambda: mb.grouped_mm("wgrad", x, dy, sizes, offs=offs), "torch._grouped_mm", bench, rows, 2 * T * N * K)
 
 
 def comm_world(rows, bench) -> None:
