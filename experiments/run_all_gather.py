@@ -68,8 +68,11 @@ def _iters(total_bytes: int) -> int:
     return max(5, min(50, int(8e9 / max(total_bytes, 1))))
 
 
-def run_checks(w, heap, ag, torch, tdist):
+def run_checks(w, heap, torch, tdist):
     """Every variant against NCCL's all_gather_into_tensor, bit for bit, on odd shapes."""
+    from kernels import comm
+    from kernels.comm import sweep as agsweep
+
     rows = []
     for (M, N), dname in CHECK_SHAPES:
         dtype = getattr(torch, dname)
@@ -98,7 +101,7 @@ def run_checks(w, heap, ag, torch, tdist):
     return rows
 
 
-def measure_peer(w, heap, ag, torch, tdist, mib: int):
+def measure_peer(w, heap, torch, tdist, mib: int):
     """One direction of one NVLink pair (rank 0 writes rank 1; the others wait):
     the copy engine (dst.copy_(src) into the peer's heap) and an SM copy kernel."""
     from kernels.comm.remote import put_kernel
@@ -146,7 +149,10 @@ def _graph_calls(total_bytes: int) -> tuple[int, int]:
     return per, max(5, min(20, int(4e9 / max(total_bytes * per, 1))))
 
 
-def run_grid(w, heap, ag, torch, tdist, plan, modes):
+def run_grid(w, heap, torch, tdist, plan, modes):
+    from kernels import comm
+    from kernels.comm import sweep as agsweep
+
     W, rank = heap.world_size, heap.rank
     dtype = getattr(torch, plan["dtype"])
     esize = element_size(dtype)
@@ -240,7 +246,6 @@ def worker(args):
     import torch
     import torch.distributed as tdist
 
-    from kernels import comm
     from kernels.comm import sweep as agsweep
 
     with dist.worker() as w:
@@ -256,12 +261,12 @@ def worker(args):
                 "nccl_version": str(torch.cuda.nccl.version()),
                 "peer_access": [torch.cuda.can_device_access_peer(heap.device.index, d)
                                 for d in range(torch.cuda.device_count()) if d != heap.device.index]})
-        run_checks(w, heap, ag, torch, tdist)
+        run_checks(w, heap, torch, tdist)
         if args.check_only:
             return
         w.stage("peer bandwidth")
-        measure_peer(w, heap, ag, torch, tdist, args.peer_mib)
-        run_grid(w, heap, ag, torch, tdist, plan, [m for m in args.modes.split(",") if m])
+        measure_peer(w, heap, torch, tdist, args.peer_mib)
+        run_grid(w, heap, torch, tdist, plan, [m for m in args.modes.split(",") if m])
         w.stage("done")
 
 

@@ -54,7 +54,6 @@ def main(argv=None) -> int:
     import torch
 
     from kernels import gemm
-    from kernels.gemm import sweep as gsweep
     from workbench import bench, provenance, roofline, sweep
 
     out = Path(args.out)
@@ -161,6 +160,8 @@ def _table(gemm, bench, provenance, prov, sms, args, best=None, long_rows=None):
     fp32 reference, then timed taking turns run by run (``bench.interleave``)."""
     import pandas as pd
     import torch
+
+    from kernels.gemm import sweep as gsweep
 
     rows = []
     for (M, N, K) in GOAL_SHAPES:

@@ -66,7 +66,8 @@ SWEEP_CONFIGS = {
 SWEEP_CONFIGS["dgrad"] = SWEEP_CONFIGS["fwd"]
 SWEEP_CONFIGS["wgrad"] = SWEEP_CONFIGS["fwd"]
 REPS = 40           # at least this many timed runs per callable, the callables taking turns run by run
-REP_MS = 300        # main table: about this much timed time per backend and case
+REP_MS = 150        # main table: about this much timed time per backend and case (eager)
+GRAPH_REP_MS = 100  # the same, graph-replayed
 
 
 def log(*a):
@@ -87,14 +88,14 @@ def measure(fn, warmup_ms=10, rep_ms=50):
     return _stats(bench.measure(fn, warmup_ms=warmup_ms, rep_ms=rep_ms))
 
 
-def measure_turns(fns: dict, rep_ms: float) -> dict:
-    """name -> (median, q25, q75) ms, the callables taking turns run by run
-    (`workbench.bench.interleave`); NaN for one that failed to run."""
-    timings = bench.interleave(fns, warmup_ms=30, rep_ms=rep_ms, min_reps=REPS)
+def measure_turns(fns: dict, rep_ms: float, mode: str = "eager") -> dict:
+    """name -> (median, q25, q75, host_us): ms, the callables taking turns run by run
+    (`workbench.bench.interleave`, ``mode`` eager or graph); NaN for one that failed to run."""
+    timings = bench.interleave(fns, warmup_ms=30, rep_ms=rep_ms, min_reps=REPS, mode=mode)
     for n in fns:
         if n not in timings:
-            log(f"  timing {n} failed in its first call")
-    return {n: (_stats(timings[n]) if n in timings else (math.nan,) * 3) for n in fns}
+            log(f"  timing {n} ({mode}) failed in its first call")
+    return {n: ((*_stats(timings[n]), timings[n].host_us) if n in timings else (math.nan,) * 4) for n in fns}
 
 
 def provenance(command: str) -> dict:
@@ -296,15 +297,20 @@ def run_main(quick, prov, tuner_path, partial_csv=None, models=None):
                     "autotune": lambda: tuner(op, a, b, s, **kw),
                 }
                 times = measure_turns({name: fns[name] for name in BACKENDS}, rep_ms=REP_MS)
+                gtimes = measure_turns({name: fns[name] for name in BACKENDS}, rep_ms=GRAPH_REP_MS, mode="graph")
                 fl = moe.flops(p.M, N, K)
                 gmm = times["grouped_mm"][0]
+                ggmm = gtimes["grouped_mm"][0]
                 cfg_label = (mconfig.pick_config(op, *(key_of(op, N, K)[1:]), torch.device(DEV)).label() if op == "wgrad"
                              else mlaunch.default_label(a, b, s, trans_w=(op == "dgrad")))
                 for name in BACKENDS:
-                    med, q25, q75 = times[name]
+                    med, q25, q75, host_us = times[name]
+                    gmed = gtimes[name][0]
                     rows.append(dict(
                         model=model, layer=layer, B=B, M=Mper, tokens=p.M, N=N, K=K, op=op, routing=r,
-                        backend=name, median_ms=med, q25_ms=q25, q75_ms=q75,
+                        backend=name, median_ms=med, q25_ms=q25, q75_ms=q75, host_us=host_us,
+                        graph_median_ms=gmed, ratio_vs_grouped_mm_graph=ggmm / gmed if gmed == gmed else math.nan,
+                        timing="median_ms: eager (host cost included); graph_median_ms: CUDA-graph replays",
                         tflops=fl / med / 1e9 if med == med else math.nan,
                         ratio_vs_grouped_mm=gmm / med if med == med and gmm == gmm else math.nan,
                         rel_err=errs.get(name, math.nan),
@@ -351,7 +357,14 @@ def summarize(df) -> str:
             lambda v: math.exp(sum(map(math.log, v)) / len(v)))
         lines.append(per_op.round(3).to_string())
         gm = math.exp(sum(map(math.log, r)) / len(r))
-        lines.append(f"\nours/torch._grouped_mm: geomean {gm:.3f}, min {r.min():.3f} "
+        if "graph_median_ms" in df:
+            gp = df.pivot_table(index=["model", "routing", "layer", "B", "M", "N", "K", "op"], columns="backend",
+                                values="graph_median_ms", sort=False)
+            gr = gp["grouped_mm"] / gp["triton"]
+            lines.append(f"\nGraph-replayed ours/torch._grouped_mm: geomean "
+                         f"{math.exp(sum(map(math.log, gr.dropna())) / max(1, len(gr.dropna()))):.3f}, "
+                         f"min {gr.min():.3f}")
+        lines.append(f"\nEager ours/torch._grouped_mm: geomean {gm:.3f}, min {r.min():.3f} "
                      f"({r.idxmin()}), cases below 0.8: {int((r < 0.8).sum())}/{len(r)}")
         ab = piv["autotune/best"]
         lines.append(f"autotune/best backend: min {ab.min():.3f} ({ab.idxmin()}), "
@@ -361,7 +374,7 @@ def summarize(df) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "results" / "grouped_gemm")))
+    ap.add_argument("--out", default=str(ROOT / "results" / "grouped_gemm"))
     ap.add_argument("--sweep", action="store_true", help="tune our launch configs first (adds about a minute)")
     ap.add_argument("--quick", action="store_true", help="one size per model only")
     ap.add_argument("--model", action="append", choices=sorted(MODELS), help="only this model (repeatable)")
