@@ -89,6 +89,7 @@ class Attribution:
     line_info: bool
     note: str | None = None  # why there is no line info, and what to do
     files: list[str] = field(default_factory=list)
+    text: str = field(default="", repr=False)  # the stage text the instructions' text_line index
 
 
 # ---------------------------------------------------------------------------
@@ -587,7 +588,7 @@ def attribute(text: str, stage: str, *, sass_lines: str | None = None, ptx: str 
     files = sorted({i.file for i in instrs if i.file and i.line is not None}
                    | {f for i in instrs for f, _ in i.via if f})
     note = None if line_info or not instrs else NO_LINE_INFO.format(stage=stage)
-    return Attribution(stage, instrs, line_info, note, files)
+    return Attribution(stage, instrs, line_info, note, files, text)
 
 
 def entry_lines(entry, stage: str | None = None, text: str | None = None) -> Attribution:
@@ -601,18 +602,31 @@ def entry_lines(entry, stage: str | None = None, text: str | None = None) -> Att
     stage = normalize_stage(stage or entry.final_stage)
     if stage == "python":
         raise ValueError("the python stage is the source itself; pick a compiled stage: " + ", ".join(LINE_STAGES))
-    text = entry.text(stage) if text is None else text
     if stage != "sass":
-        return attribute(text, stage)
+        return attribute(entry.text(stage) if text is None else text, stage)
+    from concurrent.futures import ThreadPoolExecutor
+
     from .tools import sass_with_lines
 
-    ptx = None
-    if "ptx" in entry.stages:
-        try:
-            ptx = entry.text("ptx")
-        except Exception:  # the PTX only adds call sites
-            ptx = None
-    return attribute(text, "sass", sass_lines=sass_with_lines(entry.stages["cubin"]), ptx=ptx)
+    # nvdisasm (line table) and cuobjdump (the text the mix counts) run side by side.
+    with ThreadPoolExecutor(1) as pool:
+        table = pool.submit(sass_with_lines, entry._stage_path("cubin"))
+        text = entry.text("sass") if text is None else text
+        ptx = None
+        if "ptx" in entry.stages:
+            try:
+                ptx = entry.text("ptx")
+            except Exception:  # the PTX only adds call sites
+                ptx = None
+        return attribute(text, "sass", sass_lines=table.result(), ptx=ptx)
+
+
+def instr_text(attr: Attribution, i: LineInstr) -> str:
+    """The instruction's line of the stage text, without addresses, encodings and comments."""
+    raw = attr.text.split("\n")[i.text_line - 1] if attr.text else ""
+    if attr.stage in _isa.ISAS:
+        return _isa._clean_text(raw, attr.stage)
+    return raw.strip()
 
 
 def _via_str(via: tuple) -> str:
@@ -662,12 +676,10 @@ def class_phrase(space, kind, width, count, category) -> str:
     return f"{space or '?'} {kind or '?'}{w} x{count}"
 
 
-def summarize_line(rows: pd.DataFrame) -> str:
-    """The classes of one source line, as 'global store 128-bit x2; barrier x1'."""
-    parts = []
-    for r in rows.itertuples(index=False):
-        parts.append(class_phrase(r.space, r.kind, r.width_bits, r.count, r.category))
-    return "; ".join(parts)
+def summarize_line(counts: dict) -> str:
+    """The classes of one source line, {(category, space, kind, width): count} -> 'global store 128-bit x2; barrier x1'."""
+    keys = sorted(counts, key=lambda k: (k[0], k[1] or "", k[2] or "", -1 if k[3] is None else k[3]))
+    return "; ".join(class_phrase(k[1], k[2], k[3], counts[k], k[0]) for k in keys)
 
 
 def source_view(attr: Attribution, context: int = 0) -> pd.DataFrame:
@@ -680,52 +692,40 @@ def source_view(attr: Attribution, context: int = 0) -> pd.DataFrame:
     line that produced anything (and `context` lines beyond); a final row
     with line <NA> holds the instructions with no line.
     """
-    table = line_table(attr, include_other=True)
+    own: dict[tuple, dict] = {}  # (file, line) -> {class: count}
+    other: dict[tuple, int] = {}
+    calls: dict[tuple, int] = {}
+    for i in attr.instrs:
+        key = (i.file, i.line) if i.line is not None else (None, None)
+        if i.category == "other":
+            other[key] = other.get(key, 0) + 1
+        else:
+            c = own.setdefault(key, {})
+            cls = (i.category, i.space, i.kind, i.width_bits)
+            c[cls] = c.get(cls, 0) + 1
+            for site in set(i.via):
+                calls[site] = calls.get(site, 0) + 1
     rows = []
-    for file in sorted({f for f in table["file"].dropna()} | set(attr.files)):
-        own = table[table["file"] == file]
-        called = [i for i in attr.instrs if i.category != "other" and any(f == file for f, _ in i.via)]
-        nums = set(own["line"].dropna().astype(int)) | {ln for i in called for f, ln in i.via if f == file}
-        if not nums:
-            continue
+    for file in sorted({k[0] for k in (*own, *other, *calls) if k[0] is not None}):
+        nums = {ln for f, ln in (*own, *other, *calls) if f == file and ln is not None}
         text, _problem = read_source(file)
         lo, hi = max(1, min(nums) - context), max(nums) + context
         if text is not None:
-            hi = min(hi, len(text))
-        call_counts: dict[int, int] = {}
-        for i in called:
-            for f, ln in set(i.via):
-                if f == file:
-                    call_counts[ln] = call_counts.get(ln, 0) + 1
+            hi = max(min(hi, len(text)), max(nums))
         for ln in range(lo, hi + 1):
-            here = own[own["line"] == ln]
-            main = here[here["category"] != "other"]
+            c = own.get((file, ln), {})
             rows.append({"file": file, "line": ln, "source": text[ln - 1] if text and ln <= len(text) else "",
-                         "instructions": summarize_line(_merge_via(main)), "count": int(main["count"].sum()),
-                         "other": int(here.loc[here["category"] == "other", "count"].sum()),
-                         "calls": call_counts.get(ln, 0)})
-    none = table[table["line"].isna()]
-    if len(none):
-        main = none[none["category"] != "other"]
-        rows.append({"file": None, "line": pd.NA, "source": "(no line: " + ("compiler-generated or unlocated)"
-                                                                            if attr.line_info else "no line info)"),
-                     "instructions": summarize_line(_merge_via(main)), "count": int(main["count"].sum()),
-                     "other": int(none.loc[none["category"] == "other", "count"].sum()), "calls": 0})
+                         "instructions": summarize_line(c), "count": sum(c.values()),
+                         "other": other.get((file, ln), 0), "calls": calls.get((file, ln), 0)})
+    none = (None, None)
+    if none in own or none in other:
+        c = own.get(none, {})
+        what = "compiler-generated or unlocated" if attr.line_info else "no line info"
+        rows.append({"file": None, "line": pd.NA, "source": f"(no line: {what})", "instructions": summarize_line(c),
+                     "count": sum(c.values()), "other": other.get(none, 0), "calls": 0})
     out = pd.DataFrame(rows, columns=["file", "line", "source", "instructions", "count", "other", "calls"])
     out["line"] = out["line"].astype("Int64")
     return out
-
-
-def _merge_via(rows: pd.DataFrame) -> pd.DataFrame:
-    """Sum one line's rows over call sites (a helper line called from two places)."""
-    if rows.empty:
-        return rows
-    keys = ["category", "space", "kind", "width_bits"]
-    r = rows.copy()
-    for k in keys:
-        r[k] = r[k].astype(object).where(r[k].notna(), None)
-    return (r.groupby(keys, dropna=False, sort=False)["count"].sum().reset_index()
-            .sort_values(keys, key=_sort_key).reset_index(drop=True))
 
 
 def line_instructions(attr: Attribution, line: int, file: str | None = None) -> list[LineInstr]:
