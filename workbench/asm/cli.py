@@ -376,9 +376,9 @@ def _render_source(view) -> list[str]:
     width = min(72, max([len(s.rstrip()) for s in view["source"]] + [20]))
     lines, last = [], object()
     for r in view.itertuples(index=False):
-        if r.file != last:
-            lines.append(f"  {r.file if isinstance(r.file, str) else '(no source line)'}")
-            last = r.file
+        if r.file != last and isinstance(r.file, str):
+            lines.append(f"  {r.file}")
+        last = r.file
         src = r.source.rstrip().expandtabs(4)
         src = src if len(src) <= width else src[: width - 3] + "..."
         what = r.instructions

@@ -283,7 +283,14 @@ def _mlir_instrs(text: str, stage: str) -> list[LineInstr]:
     return out
 
 
+# Triton's own library (tl.zeros, tl.cdiv, ...): its lines are not the user's, so an
+# instruction made there is attributed to the user's call site.
+_LIBRARY = re.compile(r"[/\\]triton[/\\](?:language|experimental)[/\\]")
+
+
 def _instr(stage, no, mn, cls, frames) -> LineInstr:
+    while len(frames) > 1 and frames[0][0] and _LIBRARY.search(frames[0][0]):
+        frames = frames[1:]
     if frames and frames[0][1] > 0:
         f, ln = frames[0][0], frames[0][1]
         via = tuple((fr[0], fr[1]) for fr in frames[1:])
