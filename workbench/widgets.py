@@ -54,11 +54,12 @@ _CSS = """
 .wb-isa table.wb-mix th { background: #f5f5f5; }
 .wb-isa .wb-legend span { display: inline-block; padding: 0 6px; margin-right: 4px; border-left: 4px solid; }
 .wb-isa .wb-srcbox { max-height: 26em; overflow: auto; border: 1px solid #ddd; margin: 4px 0 8px 0; }
-.wb-isa table.wb-src { border-collapse: collapse; width: 100%; line-height: 1.3; }
+.wb-isa table.wb-src { border-collapse: collapse; table-layout: fixed; width: 100%; line-height: 1.3; }
 .wb-isa table.wb-src td, .wb-isa table.wb-src th { padding: 0 6px; border: 0; text-align: left; vertical-align: top; }
 .wb-isa table.wb-src th { background: #f5f5f5; position: sticky; top: 0; }
 .wb-isa table.wb-src td.wb-no { color: #999; text-align: right; user-select: none; width: 3.5em; }
-.wb-isa table.wb-src td.wb-pysrc { font-family: var(--jp-code-font-family, monospace); white-space: pre; }
+.wb-isa table.wb-src td.wb-pysrc { font-family: var(--jp-code-font-family, monospace); white-space: pre-wrap;
+  word-break: break-word; tab-size: 4; }
 .wb-isa table.wb-src tr[data-key] { cursor: pointer; }
 .wb-isa table.wb-src tr.wb-srcchg td.wb-no { box-shadow: inset 4px 0 0 #8e24aa; color: #555; font-weight: bold; }
 .wb-isa table.wb-src tr.wb-hl td, .wb-isa table.wb-src tr.wb-pin td { background: #fff8e1; }
@@ -376,7 +377,8 @@ def source_pane(a, b, stage: str) -> tuple[str, dict, dict]:
     changed = sum(r["a"] != r["b"] for r in rows)
     return (f'<div class="wb-srcpane"><b>source</b> ({changed} line(s) whose instructions differ, marked): '
             "hover a line to outline its instructions in A and B, click to pin it"
-            f'{note}<div class="wb-srcbox"><table class="wb-src" {handlers}><thead><tr><th>line</th><th>source</th>'
+            f'{note}<div class="wb-srcbox"><table class="wb-src" {handlers}><colgroup><col style="width:3.5em">'
+            '<col style="width:50%"><col><col></colgroup><thead><tr><th>line</th><th>source</th>'
             f"<th>A</th><th>B</th></tr></thead><tbody>{''.join(body)}</tbody></table></div></div>",
             src_a, src_b)
 
