@@ -309,3 +309,41 @@ def test_source_view_without_readable_source_keeps_the_counts(tmp_path, attribut
     view = L.source_view(moved)
     store = view[view["line"] == STORE_LINE].iloc[0]
     assert store["source"] == "" and "global store" in store["instructions"]
+
+
+# -- the largest kernel we compile: the warp-specialised Gluon GEMM ------------------
+
+
+@pytest.fixture(scope="module")
+def gemm_ws_entry(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+    from kernels import gemm_ws
+    from workbench.asm.compile import cross_compile
+
+    args = gemm_ws.compile_args(gemm_ws.WsConfig(cooperative=True, block_n=256, num_stages=3), torch.bfloat16,
+                                (4096, 4096, 4096))
+    return cross_compile(targets="sm90", cache_dir=tmp_path_factory.mktemp("ws"), **args)[0]
+
+
+@pytest.mark.parametrize("stage", ["ttgir", "llir", "ptx", "sass"])
+def test_gluon_gemm_lines_complete_and_fast(gemm_ws_entry, stage):
+    import time
+
+    if stage == "sass" and not _has_nvdisasm():
+        pytest.skip("needs nvdisasm and cuobjdump (the Triton wheel ships them)")
+    t0 = time.perf_counter()
+    attr = L.entry_lines(gemm_ws_entry, stage)
+    view = L.source_view(attr)
+    elapsed = time.perf_counter() - t0
+    assert attr.line_info and len(view) > 50
+    table = L.line_table(attr)
+    if stage in ISA_STAGES:
+        assert _by_class(table) == _by_class(gemm_ws_entry.mix(stage))
+    # every wgmma comes from gemm_ws.py; in PTX exactly from the warpgroup_mma line of the mainloop
+    mma = table[table["category"] == "matrix"]
+    assert len(mma) and {os.path.basename(f) for f in mma["file"].dropna()} == {"gemm_ws.py"}
+    if stage == "ptx":
+        wgmma_line = _line_of(ROOT / "kernels" / "gemm_ws.py", "acc = warpgroup_mma(")
+        assert set(mma["line"]) == {wgmma_line}
+    # generous bound for a shared CI machine; measured ~0.2-0.5 s per stage on 2 cores
+    assert elapsed < 5, elapsed
