@@ -346,3 +346,18 @@ def test_gluon_gemm_lines_complete_and_fast(gemm_ws_entry, stage):
         assert set(mma["line"]) == {wgmma_line}
     # generous bound for a shared CI machine; measured ~0.2-0.5 s per stage on 2 cores
     assert elapsed < 5, elapsed
+
+
+def test_study01_names_the_store_line():
+    from kernels import isa_hints as K
+
+    frames = [K.store_line_changes(a, b, stage, target=arch) for arch, stage, a, b in _hint_pairs()]
+    changes = pd.concat(frames, ignore_index=True)
+    assert len(changes) == len(frames) and set(changes["line"]) == {HINT_STORE_LINE}
+    assert all(before.endswith("16-bit") and after.endswith("128-bit")
+               for before, after in zip(changes["stores before"], changes["stores after"]))
+    text = K.store_line_sentence(changes)
+    assert text.startswith("The stores the hint changed come from one source line: "
+                           f"**remote.py:{HINT_STORE_LINE}** `tl.store(dst, x, mask=mask)`")
+    assert "gfx942 amdgcn: 8 x 16-bit -> 1 x 128-bit" in text
+    assert K.store_line_sentence(changes.iloc[:0]).startswith("_No source line")
