@@ -361,3 +361,16 @@ def test_study01_names_the_store_line():
                            f"**remote.py:{HINT_STORE_LINE}** `tl.store(dst, x, mask=mask)`")
     assert "gfx942 amdgcn: 8 x 16-bit -> 1 x 128-bit" in text
     assert K.store_line_sentence(changes.iloc[:0]).startswith("_No source line")
+
+
+@pytest.mark.parametrize("stage", L.LINE_STAGES)
+def test_hostile_text_is_bounded_not_fatal(stage):
+    chain = "\n".join(f"#loc{i} = loc(callsite(#loc{i + 1} at #loc{i + 1}))" for i in range(3000))
+    dbg = "\n".join(f"!{i} = !DILocation(line: 1, column: 1, scope: !{i + 1}, inlinedAt: !{i + 1})"
+                    for i in range(3000))
+    junk = "\x00\x0c)))(((loc(#loc0) .loc 9 9 9 @[ a:1:1 \n  %x = load i32, ptr %p, !dbg !0\n" * 50
+    text = "  tt.store %a, %b loc(#loc0)\n" + chain + "\n" + dbg + "\n" + junk
+    a = L.attribute(text, stage, sass_lines=junk, ptx=junk)
+    assert isinstance(a.instrs, list)
+    L.source_view(a)
+    L.line_table(a)

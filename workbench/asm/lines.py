@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import pandas as pd
 
@@ -62,9 +62,6 @@ NO_LINE_INFO = (
 )
 TABLE_COLUMNS = ["file", "line", "via", "stage", "category", "space", "kind", "width_bits", "count", "mnemonics"]
 
-Frame = tuple  # (file, line, col)
-
-
 @dataclass
 class Attribution:
     stage: str
@@ -73,6 +70,10 @@ class Attribution:
     note: str | None = None  # why there is no line info, and what to do
     files: list[str] = field(default_factory=list)
     text: str = field(default="", repr=False)  # the stage text the instructions' text_line index
+
+    @cached_property
+    def text_lines(self) -> list[str]:
+        return self.text.splitlines()
 
 
 # ---------------------------------------------------------------------------
@@ -178,7 +179,8 @@ def entry_lines(entry, stage: str | None = None, text: str | None = None) -> Att
 
 def instr_text(attr: Attribution, i: LineInstr) -> str:
     """The instruction's line of the stage text, without addresses, encodings and comments."""
-    raw = attr.text.split("\n")[i.text_line - 1] if attr.text else ""
+    lines = attr.text_lines
+    raw = lines[i.text_line - 1] if 0 < i.text_line <= len(lines) else ""
     if attr.stage in _isa.ISAS:
         ins = _isa.classify(raw, attr.stage)
         if ins is not None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from . import isa as _isa
 
 _OTHER = ("other", None, None, None)
+UNKNOWN_FILE = "<unknown file>"  # a location whose file record is missing
 
 
 @dataclass(frozen=True)
@@ -194,8 +195,8 @@ def _instr(stage, no, mn, cls, frames) -> LineInstr:
     while len(frames) > 1 and frames[0][0] and _LIBRARY.search(frames[0][0]):
         frames = frames[1:]
     if frames and frames[0][1] > 0:
-        f, ln = frames[0][0], frames[0][1]
-        via = tuple((fr[0], fr[1]) for fr in frames[1:])
+        f, ln = frames[0][0] or UNKNOWN_FILE, frames[0][1]
+        via = tuple((fr[0] or UNKNOWN_FILE, fr[1]) for fr in frames[1:] if fr[1] > 0)
     else:
         f, ln, via = (frames[0][0] if frames else None), None, ()
     return LineInstr(stage, no, mn, cls[0], cls[1], cls[2], cls[3], f, ln, via)
@@ -377,7 +378,7 @@ def directive_locs(text: str) -> tuple[list[int], list[tuple]]:
     for f in files.values():
         by_base.setdefault(os.path.basename(f), f)
     nos, frames = [], []
-    for no, line in enumerate(text.split("\n"), 1):
+    for no, line in enumerate(text.splitlines(), 1):  # numbered as isa.parse numbers them
         if ".loc" not in line:
             continue
         m = _LOC_DIR.match(line)
