@@ -374,3 +374,9 @@ def test_hostile_text_is_bounded_not_fatal(stage):
     assert isinstance(a.instrs, list)
     L.source_view(a)
     L.line_table(a)
+
+
+def test_ir_local_alloc_with_a_value_is_a_shared_store():
+    a = L.attribute('    %0 = ttg.local_alloc %x : (tensor<4xf16>) -> !ttg.memdesc<4xf16> loc("/a.py":3:1)\n'
+                    '    %1 = ttg.local_alloc : () -> !ttg.memdesc<4xf16> loc("/a.py":4:1)\n', "ttgir")
+    assert [(i.line, i.space, i.kind) for i in a.instrs] == [(3, "shared", "store"), (4, None, None)]

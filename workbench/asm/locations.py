@@ -165,6 +165,7 @@ _IR_OPS = {
     "ttng.async_tma_store_wait": ("wait", None, None),
 }
 _IR_SKIP = ("tt.func", "tt.return", "module", "scf.yield")
+_ALLOC_INIT = re.compile(r"\s*%")
 
 
 def mlir_instrs(text: str, stage: str) -> list[LineInstr]:
@@ -182,6 +183,8 @@ def mlir_instrs(text: str, stage: str) -> list[LineInstr]:
         loc = _trailing_loc(line)
         frames = locs.frames(loc) if loc is not None else ()
         cat, space, kind = _IR_OPS.get(mn, ("other", None, None))
+        if mn == "ttg.local_alloc" and _ALLOC_INIT.match(line, m.end()):  # allocated with a value: a store
+            cat, space, kind = "memory", "shared", "store"
         out.append(_instr(stage, no, mn, (cat, space, kind, None), frames))
     return out
 
