@@ -1,4 +1,5 @@
-"""Real-browser checks: the study-01 report renders offline, and study 01 runs in JupyterLab.
+"""Real-browser checks: the study-01 report renders offline (its source pane highlights
+without a server), and study 01 runs in JupyterLab.
 
 Headless Chromium (Debian's /usr/bin/chromium) opens the HTML report with the
 network off (its own network namespace through `unshare -n` where allowed, and
@@ -162,6 +163,59 @@ def test_report_screenshot(report, tmp_path_factory):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000, len(data)
 
 
+def _selenium_driver(tmp_path, *extra):
+    pytest.importorskip("selenium", reason="needs selenium (pip install selenium)")
+    if not CHROMEDRIVER.exists():
+        pytest.skip("needs Debian's chromedriver at /usr/bin/chromedriver (apt-get install chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(CHROMIUM)  # with the driver path given too, Selenium Manager is not used
+    for flag in ["--headless=new", *BASE_FLAGS[1:], f"--user-data-dir={tmp_path / 'profile'}", *extra]:
+        opts.add_argument(flag)
+    return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
+
+
+_PINNED_JS = ("return [...arguments[0].closest('.wb-isa').querySelectorAll('table.wb-diff td.wb-pin')]"
+              ".map(e => e.textContent)")
+
+
+def test_report_source_pane_highlights_offline(report, tmp_path):
+    """Static HTML, network off: hovering / clicking a source line outlines its instructions in A and B."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    driver = _selenium_driver(tmp_path, *OFFLINE_FLAGS, "--window-size=1300,1000")
+    try:
+        driver.get(report.as_uri())
+        panes = driver.find_elements(By.CSS_SELECTOR, "table.wb-src")
+        assert len(panes) >= 4  # the widget's snapshot and the per-target diffs
+        store = panes[0].find_element(By.XPATH, ".//tr[td[contains(., 'tl.store(dst, x, mask=mask)')]]")
+        assert "wb-srcchg" in store.get_attribute("class")  # its stores differ between A and B
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", store)
+        ActionChains(driver).move_to_element(store).perform()
+        hovered = driver.execute_script(_PINNED_JS.replace("wb-pin", "wb-hl"), store)
+        assert any("st.global.b16" in t for t in hovered) and any("st.global.v4.b32" in t for t in hovered)
+        store.click()
+        pinned = driver.execute_script(_PINNED_JS, store)
+        assert any("st.global.b16" in t for t in pinned) and any("st.global.v4.b32" in t for t in pinned)
+        assert not any("ld.global.v4.b32" in t for t in pinned)  # the load is another line's
+        store.click()
+        assert driver.execute_script(_PINNED_JS, store) == []
+        # a gfx942 pane: the same line's 16-bit and 128-bit stores
+        amd = next(p for p in panes if "global_store" in p.find_element(
+            By.XPATH, "ancestor::div[contains(@class,'wb-isa')]").get_attribute("textContent"))
+        row = amd.find_element(By.XPATH, ".//tr[td[contains(., 'tl.store(dst, x, mask=mask)')]]")
+        driver.execute_script("arguments[0].closest('details') && (arguments[0].closest('details').open = true);"
+                              "arguments[0].scrollIntoView({block: 'center'})", row)
+        row.click()
+        pinned = driver.execute_script(_PINNED_JS, row)
+        assert any("global_store_short" in t for t in pinned) and any("global_store_dwordx4" in t for t in pinned)
+    finally:
+        driver.quit()
+
+
 # ---------------------------------------------------------------------------
 # JupyterLab
 
@@ -283,9 +337,16 @@ def test_study01_runs_in_jupyterlab(tmp_path):
         assert counts["w16"] >= 1 and counts["w128"] >= 1, counts  # the live diff
         assert counts["svgs"] >= 2, counts  # plotly figures drawn by the Lab extension
         assert counts["errors"] == 0, counts
-        # the live widget answers: switch the ISA diff to SASS
+        # the live widget answers: its source pane outlines a line's instructions, and it switches to SASS
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support.ui import Select
+
+        store = driver.find_element(By.XPATH, "//div[contains(@class,'widget-html')]//table[contains(@class,'wb-src')]"
+                                              "//tr[td[contains(., 'tl.store(dst, x, mask=mask)')]]")
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", store)
+        store.click()
+        pinned = driver.execute_script(_PINNED_JS, store)
+        assert any("st.global.b16" in t for t in pinned) and any("st.global.v4.b32" in t for t in pinned), pinned
 
         stage = driver.find_element(
             By.XPATH, "//div[contains(@class,'widget-dropdown')][label[normalize-space()='stage:']]//select")

@@ -53,6 +53,18 @@ _CSS = """
 .wb-isa table.wb-mix td, .wb-isa table.wb-mix th { border: 1px solid #ddd; padding: 1px 6px; text-align: right; }
 .wb-isa table.wb-mix th { background: #f5f5f5; }
 .wb-isa .wb-legend span { display: inline-block; padding: 0 6px; margin-right: 4px; border-left: 4px solid; }
+.wb-isa .wb-srcbox { max-height: 26em; overflow: auto; border: 1px solid #ddd; margin: 4px 0 8px 0; }
+.wb-isa table.wb-src { border-collapse: collapse; table-layout: fixed; width: 100%; line-height: 1.3; }
+.wb-isa table.wb-src td, .wb-isa table.wb-src th { padding: 0 6px; border: 0; text-align: left; vertical-align: top; }
+.wb-isa table.wb-src th { background: #f5f5f5; position: sticky; top: 0; }
+.wb-isa table.wb-src td.wb-no { color: #999; text-align: right; user-select: none; width: 3.5em; }
+.wb-isa table.wb-src td.wb-pysrc { font-family: var(--jp-code-font-family, monospace); white-space: pre-wrap;
+  word-break: break-word; tab-size: 4; }
+.wb-isa table.wb-src tr[data-key] { cursor: pointer; }
+.wb-isa table.wb-src tr.wb-srcchg td.wb-no { box-shadow: inset 4px 0 0 #8e24aa; color: #555; font-weight: bold; }
+.wb-isa table.wb-src tr.wb-hl td, .wb-isa table.wb-src tr.wb-pin td { background: #fff8e1; }
+.wb-isa table.wb-diff td.wb-hl { outline: 2px solid #1e88e5; outline-offset: -2px; }
+.wb-isa table.wb-diff td.wb-pin { outline: 2px solid #d81b60; outline-offset: -2px; }
 </style>
 """
 
@@ -133,8 +145,10 @@ def _classifier(stage: str):
     return cls
 
 
-def _code_cell(text: str, ins, tag_bg: str | None) -> str:
+def _code_cell(text: str, ins, tag_bg: str | None, src: str | None = None) -> str:
     body = html.escape(text)
+    if src:
+        return _code_cell(text, ins, tag_bg).replace("<td ", f'<td data-src="{html.escape(src, quote=True)}" ', 1)
     if ins is not None:
         bg, bd = _width_style(ins.width_bits)
         w = "?" if ins.width_bits is None else int(ins.width_bits)
@@ -177,12 +191,16 @@ def _visible_rows(rows, context, keep_row=None):
     return out
 
 
-def diff_table_html(rows, stage: str, context: int | str | None = 3, max_rows: int = 4000) -> str:
+def diff_table_html(rows, stage: str, context: int | str | None = 3, max_rows: int = 4000,
+                    src_a: Mapping[int, str] | None = None, src_b: Mapping[int, str] | None = None) -> str:
     """A side-by-side diff table (rows from workbench.asm.diff) with memory lines coloured by width.
 
     `context`: rows of context around changes (int), None for all rows, or
     'memory' for only the rows with a memory instruction on either side.
+    `src_a`/`src_b`: {text line: source-line tokens} (see `source_pane_html`);
+    cells get them as `data-src`, which the source pane highlights.
     """
+    src_a, src_b = src_a or {}, src_b or {}
     cls = _classifier(stage)
     classes = [(cls(r.a) if r.a_no is not None else None, cls(r.b) if r.b_no is not None else None)
                for r in rows]
@@ -205,10 +223,10 @@ def diff_table_html(rows, stage: str, context: int | str | None = 3, max_rows: i
         parts.append(
             f'<tr class="wb-row wb-{row.tag}">'
             f'<td class="wb-no">{"" if row.a_no is None else row.a_no}</td>'
-            f"{_code_cell(row.a, a_ins, tag_bg if row.a_no is not None else None)}"
+            f"{_code_cell(row.a, a_ins, tag_bg if row.a_no is not None else None, src_a.get(row.a_no))}"
             f'<td class="wb-tag">{_TAG_MARK.get(row.tag, "")}</td>'
             f'<td class="wb-no">{"" if row.b_no is None else row.b_no}</td>'
-            f"{_code_cell(row.b, b_ins, tag_bg if row.b_no is not None else None)}</tr>")
+            f"{_code_cell(row.b, b_ins, tag_bg if row.b_no is not None else None, src_b.get(row.b_no))}</tr>")
     if not rows:
         parts.append('<tr class="wb-skip"><td colspan="5">both texts are empty</td></tr>')
     parts.append("</tbody></table>")
@@ -266,11 +284,125 @@ def isa_diff_html(a, b, stage: str | None = None, *, label_a: str | None = None,
         return f'{_CSS}<div class="wb-isa">{head}<p><b>cannot diff:</b> <code>{html.escape(msg)}</code></p></div>'
     changed = sum(r.tag != "equal" for r in d.rows)
     ctx = {None: "all lines", "memory": "memory instructions only"}.get(context, f"{context} line(s) of context")
+    pane, src_a, src_b = source_pane(a, b, d.stage)
     return (f'{_CSS}<div class="wb-isa" data-stage="{html.escape(d.stage, quote=True)}">{head}'
-            f"{legend_html()}<div>{changed} changed row(s) of {len(d.rows)}; {ctx}</div>"
-            f"{diff_table_html(d.rows, d.stage, context)}"
+            f"{legend_html()}{pane}<div>{changed} changed row(s) of {len(d.rows)}; {ctx}</div>"
+            f"{diff_table_html(d.rows, d.stage, context, src_a=src_a, src_b=src_b)}"
             f"<h4>instruction mix: A, B and B &minus; A</h4>{mix_table_html(d.mix)}"
             f"{_metadata_html(d.metadata)}</div>")
+
+
+# ---------------------------------------------------------------------------
+# source pane: which Python line made which instruction
+
+# Hover a source row to outline its instructions in A and B; click to pin (click
+# again to unpin). Plain DOM code in attributes, so a static HTML export (no
+# kernel, no server, no <script> run by a widget) keeps it working.
+_PANE_JS = (
+    "var H=function(t,c,k){var r=t.closest('.wb-isa');"
+    "r.querySelectorAll('.'+c).forEach(function(e){e.classList.remove(c)});"
+    "if(!k)return null;var f=null;"
+    "r.querySelectorAll('[data-src~=\"'+k+'\"]').forEach(function(e){e.classList.add(c);"
+    "if(!f&&e.tagName==='TD')f=e});return f};"
+)
+_PANE_OVER = _PANE_JS + "var tr=event.target.closest('tr[data-key]');H(this,'wb-hl',tr&&tr.dataset.key);"
+_PANE_LEAVE = _PANE_JS + "H(this,'wb-hl',null);"
+_PANE_CLICK = (_PANE_JS + "var tr=event.target.closest('tr[data-key]');if(!tr)return;"
+               "var f=H(this,'wb-pin',tr.classList.contains('wb-pin')?null:tr.dataset.key);"
+               "if(f)f.scrollIntoView({block:'nearest'});")
+MAX_SOURCE_ROWS = 600
+
+
+def _src_token(files: dict[str, int], file: str | None, line: int) -> str:
+    """'F:L', F numbering files by base name (two checkouts of one kernel match)."""
+    import os
+
+    base = os.path.basename(file or "")
+    return f"{files.setdefault(base, len(files))}:{line}"
+
+
+def _text_line_tokens(attr, files: dict[str, int]) -> dict[int, str]:
+    """{stage text line: tokens of the source line that made it and of its call sites}."""
+    out: dict[int, list[str]] = {}
+    for i in attr.instrs:
+        if i.line is None:
+            continue
+        toks = out.setdefault(i.text_line, [])
+        for f, ln in ((i.file, i.line), *i.via):
+            t = _src_token(files, f, ln)
+            if t not in toks:
+                toks.append(t)
+    return {k: " ".join(v) for k, v in out.items()}
+
+
+def source_pane(a, b, stage: str) -> tuple[str, dict, dict]:
+    """(HTML of the source pane, tokens of A's text lines, tokens of B's) for one stage.
+
+    The pane lists the kernel's source lines with the instruction classes each
+    made in A and in B; lines whose mix differs are marked. An entry without
+    line info (or a stage without instructions) gives a note instead.
+    """
+    from .asm import lines as L
+
+    if stage not in L.LINE_STAGES:
+        return "", {}, {}
+    try:
+        la, lb = L.entry_lines(a, stage), L.entry_lines(b, stage)
+    except Exception as exc:  # the diff itself still shows
+        return (f'<div class="wb-srcnote"><i>no source lines: {html.escape(f"{type(exc).__name__}: {exc}")}</i>'
+                "</div>", {}, {})
+    notes = [f"{side}: {x.note}" for side, x in (("A", la), ("B", lb)) if x.note]
+    files: dict[str, int] = {}
+    src_a, src_b = _text_line_tokens(la, files), _text_line_tokens(lb, files)
+    rows = _pane_rows(L.source_view(la), L.source_view(lb), files)
+    note = "".join(f"<div><i>{html.escape(n)}</i></div>" for n in notes)
+    if not rows:
+        return f'<div class="wb-srcnote">{note}</div>', src_a, src_b
+    body = []
+    last_file = None
+    for r in rows[:MAX_SOURCE_ROWS]:
+        if r["file"] != last_file:
+            body.append(f'<tr><td colspan="4"><b>{html.escape(r["file"] or "(no line)")}</b></td></tr>')
+            last_file = r["file"]
+        key = r["key"]
+        attrs = f' data-key="{key}" data-src="{key}"' if key else ""
+        cls = ' class="wb-srcchg"' if r["a"] != r["b"] else ""
+        body.append(f"<tr{cls}{attrs}><td class=\"wb-no\">{r['line']}</td>"
+                    f'<td class="wb-pysrc">{html.escape(r["source"])}</td>'
+                    f"<td>{html.escape(r['a'])}</td><td>{html.escape(r['b'])}</td></tr>")
+    if len(rows) > MAX_SOURCE_ROWS:
+        body.append(f'<tr><td colspan="4"><i>&#8943; {len(rows) - MAX_SOURCE_ROWS} more line(s)</i></td></tr>')
+    handlers = " ".join(f'{ev}="{html.escape(js, quote=True)}"' for ev, js in
+                        (("onmouseover", _PANE_OVER), ("onmouseleave", _PANE_LEAVE), ("onclick", _PANE_CLICK)))
+    changed = sum(r["a"] != r["b"] for r in rows)
+    return (f'<div class="wb-srcpane"><b>source</b> ({changed} line(s) whose instructions differ, marked): '
+            "hover a line to outline its instructions in A and B, click to pin it"
+            f'{note}<div class="wb-srcbox"><table class="wb-src" {handlers}><colgroup><col style="width:3.5em">'
+            '<col style="width:50%"><col><col></colgroup><thead><tr><th>line</th><th>source</th>'
+            f"<th>A</th><th>B</th></tr></thead><tbody>{''.join(body)}</tbody></table></div></div>",
+            src_a, src_b)
+
+
+def _pane_rows(va: pd.DataFrame, vb: pd.DataFrame, files: dict[str, int]) -> list[dict]:
+    """Both sides' source views joined by (file base name, line)."""
+    import os
+
+    rows: dict[tuple, dict] = {}
+    for side, view in (("a", va), ("b", vb)):
+        for r in view.itertuples(index=False):
+            line = None if pd.isna(r.line) else int(r.line)
+            base = os.path.basename(r.file) if isinstance(r.file, str) else None
+            row = rows.setdefault((base is None, base or "", line or 0), {
+                "file": r.file if isinstance(r.file, str) else None, "line": "" if line is None else line,
+                "source": r.source.rstrip(), "a": "", "b": "",
+                "key": _src_token(files, r.file, line) if line is not None else ""})
+            what = r.instructions
+            if r.calls:
+                what = (what + "; " if what else "") + f"{r.calls} from inlined calls"
+            row[side] = what
+            if not row["source"] and r.source:
+                row["source"] = r.source.rstrip()
+    return [rows[k] for k in sorted(rows)]
 
 
 # ---------------------------------------------------------------------------

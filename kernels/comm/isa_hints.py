@@ -13,8 +13,9 @@ Two patterns from the seeds, in the form a reader can cross-compile anywhere:
 
 Launchers (`remote_store`, `gluon_remote_store`) run on a CUDA/ROCm GPU with the
 "peer" heap being a second local buffer; `reference` is the torch copy they
-must equal. `compile_*` cross-compile for named targets with no GPU, and
-`store_table` turns entries into one row per global-store instruction class.
+must equal. `compile_*` cross-compile for named targets with no GPU,
+`store_table` turns entries into one row per global-store instruction class, and
+`store_line_changes` names the source line whose stores a hint changed.
 """
 from __future__ import annotations
 
@@ -126,6 +127,41 @@ def store_table(entry, isa: str, **labels) -> pd.DataFrame:
     out.insert(len(labels), "isa", isa)
     out.insert(len(labels) + 1, "hash", entry.hash[:10])
     return out
+
+
+_GLOBAL_SPACES = ("global", "flat", "buffer")
+
+
+def store_line_changes(a, b, isa: str, **labels) -> pd.DataFrame:
+    """The source lines whose global stores changed from entry `a` to `b` in one ISA.
+
+    One row per changed line (workbench.asm.lines.diff_by_line): file, line, the
+    Python statement, and the stores before and after (e.g. '16 x 16-bit' ->
+    '2 x 128-bit'); `labels` become leading columns.
+    """
+    from workbench.asm.lines import diff_by_line, entry_lines
+
+    d = diff_by_line(entry_lines(a, isa), entry_lines(b, isa))
+    d = d[(d["category"] == "memory") & (d["kind"] == "store") & d["space"].isin(_GLOBAL_SPACES)]
+    out = d[["file", "line", "source", "a", "b"]].rename(columns={"a": "stores before", "b": "stores after"})
+    out = out.reset_index(drop=True)
+    out.insert(0, "isa", isa)
+    for k, v in reversed(list(labels.items())):
+        out.insert(0, k, v)
+    return out
+
+
+def store_line_sentence(changes: pd.DataFrame) -> str:
+    """Markdown naming the line(s) whose stores changed, with the before/after per target and ISA."""
+    if changes.empty:
+        return "_No source line's global stores changed._"
+    where = [f"{Path(f).name}:{ln}" for f, ln in zip(changes["file"], changes["line"])]
+    first = dict(zip(where, changes["source"]))  # each line once, in order
+    names = ", ".join(f"**{w}** `{src}`" if src else f"**{w}**" for w, src in first.items())
+    each = "; ".join(f"{t} {isa}: {before} -> {after}" for t, isa, before, after in
+                     zip(changes["target"], changes["isa"], changes["stores before"], changes["stores after"]))
+    one = "one source line" if len(first) == 1 else f"{len(first)} source lines"
+    return f"The stores the hint changed come from {one}: {names} ({each})."
 
 
 # ---------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`workbench asm`: list, show, measure, diff and cross-compile kernels in the Triton cache.
+"""`workbench asm`: list, show, measure, diff and cross-compile kernels in the Triton cache;
+map instructions to the source lines that made them (`lines`, `diff --by-line`).
 
 Every sub-command takes --cache DIR and --json. Errors print one line that
 says what to do and exit with 2; no traceback reaches the user unless
@@ -42,6 +43,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("entry")
     p.add_argument("--stage", default=None, help="ptx, amdgcn or sass (default: ptx or amdgcn)")
 
+    p = add("lines", "the kernel's source, one row per line, with the instructions each line produced", cmd_lines)
+    p.add_argument("entry")
+    p.add_argument("--stage", action="append", default=None,
+                   help="source, ttir, ttgir, llir, ptx, sass or amdgcn (repeat or comma-separate; "
+                        "default: ptx or amdgcn)")
+    p.add_argument("--line", type=int, metavar="N", help="print the instructions of source line N")
+    p.add_argument("--file", help="with --line: the source file (name or path) when several are involved")
+
     p = add("res", "resource use: registers, spills, scratch, shared memory, occupancy", cmd_res)
     p.add_argument("entry")
 
@@ -50,6 +59,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("b")
     p.add_argument("--stage", default=None)
     p.add_argument("--context", type=int, default=2, help="unchanged lines shown around each change")
+    p.add_argument("--by-line", action="store_true",
+                   help="show which source lines' instruction mix changed instead of the text diff")
 
     p = add("compile", "cross-compile MODULE:FUNCTION for named targets (no GPU needed)", cmd_compile)
     p.add_argument("function", metavar="MODULE:FUNCTION")
@@ -206,6 +217,8 @@ def cmd_diff(args) -> int:
     from .diff import diff_entries
 
     a, b = _open(args.a, args.cache), _open(args.b, args.cache)
+    if args.by_line:
+        return _diff_by_line(args, a, b)
     known = len(a.problems), len(b.problems)
     d = diff_entries(a, b, args.stage)
     _warn(a, known[0])
@@ -289,4 +302,126 @@ def cmd_compile(args) -> int:
     )
     rows = [e.summary() for e in entries]
     _emit(args, rows, _frame([_short(r) for r in rows], LS_COLUMNS + ["path"]).to_string(index=False))
+    return 0
+
+
+# -- source lines -----------------------------------------------------------------
+
+
+def _stages_arg(values, entry: Entry) -> list[str]:
+    from .cache import normalize_stage
+
+    stages = [normalize_stage(s) for v in (values or [entry.final_stage]) for s in v.split(",") if s]
+    return list(dict.fromkeys(stages))
+
+
+def _note(entry: Entry, attr) -> None:
+    if attr.note:
+        print(f"warning: {entry.path}: {attr.note}", file=sys.stderr)
+
+
+def cmd_lines(args) -> int:
+    from .lines import entry_lines, line_instructions, line_table, source_view
+
+    entry = _open(args.entry, args.cache)
+    if args.file and args.line is None:
+        raise CacheError("--file picks the file of --line N: give --line too")
+    out_rows, meta, text_out, instrs = [], {}, [], []
+    for stage in _stages_arg(args.stage, entry):
+        attr = entry_lines(entry, stage)
+        _note(entry, attr)
+        meta[stage] = {"line_info": attr.line_info, "note": attr.note}
+        table = line_table(attr)
+        text_out.append(f"{entry.name} {entry.arch} [{entry.hash[:12]}] {stage}")
+        if args.line is not None:
+            picked = line_instructions(attr, args.line, args.file)
+            for i in picked:
+                row = _instr_row(attr, i)
+                instrs.append(row)
+                if i.category != "other":
+                    out_rows.append(row)
+            text_out += _render_line(attr, args.line, picked)
+        else:
+            out_rows += json.loads(table.to_json(orient="records"))
+            text_out += _render_source(source_view(attr))
+        text_out.append("")
+    obj = {"hash": entry.hash, "name": entry.name, "arch": entry.arch, "stages": meta, "rows": out_rows}
+    if args.line is not None:
+        obj = dict(obj, line=args.line, rows=_count_rows(out_rows), instructions=instrs)
+    _emit(args, obj, "\n".join(text_out).rstrip())
+    return 0
+
+
+def _instr_row(attr, i) -> dict:
+    from .lines import _via_str, instr_text
+
+    return {"stage": i.stage, "text_line": i.text_line, "text": instr_text(attr, i),
+            "file": i.file, "line": i.line, "via": _via_str(i.via), "category": i.category, "space": i.space,
+            "kind": i.kind, "width_bits": i.width_bits, "mnemonic": i.mnemonic}
+
+
+def _count_rows(rows: list[dict]) -> list[dict]:
+    """--line's JSON rows: counts per (stage, file, line, via, class), like the table's."""
+    keys = ("file", "line", "via", "stage", "category", "space", "kind", "width_bits")
+    counts: dict[tuple, int] = {}
+    for r in rows:
+        k = tuple(r[c] for c in keys)
+        counts[k] = counts.get(k, 0) + 1
+    return [dict(zip(keys, k), count=n) for k, n in counts.items()]
+
+
+def _render_source(view) -> list[str]:
+    import pandas as pd
+
+    width = min(72, max([len(s.rstrip()) for s in view["source"]] + [20]))
+    lines, last = [], object()
+    for r in view.itertuples(index=False):
+        if r.file != last and isinstance(r.file, str):
+            lines.append(f"  {r.file}")
+        last = r.file
+        src = r.source.rstrip().expandtabs(4)
+        src = src if len(src) <= width else src[: width - 3] + "..."
+        what = r.instructions
+        if r.calls:
+            what = (what + "; " if what else "") + f"{r.calls} from inlined calls"
+        num = "" if pd.isna(r.line) else r.line
+        lines.append(f"  {num:>5}  {src:<{width}}  {what}")
+    return lines
+
+
+def _render_line(attr, line: int, picked) -> list[str]:
+    from .lines import class_phrase, instr_text
+
+    if not picked:
+        why = attr.note or "no instruction of this stage comes from that line"
+        return [f"  line {line}: {why}"]
+    out = []
+    for i in picked:
+        tag = "" if i.line == line else f"  (inlined: {i.file and i.file.rsplit('/', 1)[-1]}:{i.line})"
+        cls = "" if i.category == "other" else class_phrase(i.space, i.kind, i.width_bits, 1, i.category)[:-3]
+        text = instr_text(attr, i)
+        text = text if len(text) <= 72 else text[:69] + "..."
+        out.append(f"  {i.text_line:>6}  {text:<72}  {cls}{tag}")
+    return out
+
+
+def _diff_by_line(args, a: Entry, b: Entry) -> int:
+    from .lines import describe_changes, diff_by_line, entry_lines
+
+    stage = args.stage or a.final_stage
+    la, lb = entry_lines(a, stage), entry_lines(b, stage)
+    _note(a, la)
+    _note(b, lb)
+    d = diff_by_line(la, lb)
+    if args.json:
+        _emit(args, {"stage": la.stage, "a": a.hash, "b": b.hash, "line_info": [la.line_info, lb.line_info],
+                     "rows": json.loads(d.to_json(orient="records"))}, "")
+        return 0
+    out = [f"a: {a.name} {a.arch} [{a.hash[:12]}]", f"b: {b.name} {b.arch} [{b.hash[:12]}]", f"stage: {la.stage}", ""]
+    if d.empty:
+        out.append("no source line's instruction mix changed")
+    else:
+        out.append(f"{d[['file', 'line']].drop_duplicates().shape[0]} source line(s) whose instruction mix changed (a -> b):")
+        out += ["  " + s for s in describe_changes(d)]
+    print("\n".join(out))
     return 0

@@ -21,6 +21,7 @@ __all__ = [
     "find_tool",
     "run_tool",
     "sass_from_cubin",
+    "sass_with_lines",
     "cubin_resource_usage",
     "parse_resource_usage",
 ]
@@ -162,6 +163,11 @@ def sass_from_cubin(cubin: Path) -> str:
     if not text.strip():
         raise ToolFailed(f"cuobjdump -sass printed nothing for {cubin}; is it a CUDA cubin?")
     return text
+
+
+def sass_with_lines(cubin: Path) -> str:
+    """``nvdisasm -gi -c``: the cubin's code with its line table (``//## File "...", line N``) inline."""
+    return run_tool("nvdisasm", ["-gi", "-c", str(_check_cubin(cubin))])
 
 
 _FUNC = re.compile(r"^\s*Function\s+(\S+)\s*:\s*$")
