@@ -315,13 +315,12 @@ def test_source_view_without_readable_source_keeps_the_counts(tmp_path, attribut
 
 @pytest.fixture(scope="module")
 def gemm_ws_entry(tmp_path_factory):
-    torch = pytest.importorskip("torch")
-    from kernels.gemm import WsConfig, launch as glaunch
-    from workbench.asm.compile import cross_compile
+    import ws_checks  # tests/ws_checks.py: compiles in a child process, interpreter off
 
-    args = glaunch.compile_args_ws(WsConfig(cooperative=True, block_n=256, num_stages=3), torch.bfloat16,
-                                (4096, 4096, 4096))
-    return cross_compile(targets="sm90", cache_dir=tmp_path_factory.mktemp("ws"), **args)[0]
+    cfg = {"cooperative": True, "block_n": 256, "num_stages": 3}
+    case = {"module": "gemm", "config": cfg, "dtype": "bfloat16", "dir": str(tmp_path_factory.mktemp("ws")),
+            "kwargs": {"shape": [4096, 4096, 4096]}}
+    return ws_checks.compile_ws([case], ROOT)[0]
 
 
 @pytest.mark.parametrize("stage", ["ttgir", "llir", "ptx", "sass"])

@@ -35,15 +35,14 @@ XC_CASES = [(c, d) for c in XC_CONFIGS for d in XC_DTYPES]
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """(config name, dtype name) -> the cross-compiled cache entry. Gluon functions
-    are not interpreted, so this works in-process even under TRITON_INTERPRET=1."""
-    from workbench.asm.compile import cross_compile
+    """(config name, dtype name) -> the cross-compiled cache entry (compiled in a child
+    process: see ws_checks.compile_ws)."""
+    import dataclasses
 
-    out = {}
-    for i, (cname, dname) in enumerate(XC_CASES):
-        args = glaunch.compile_args_ws(XC_CONFIGS[cname], XC_DTYPES[dname], (4096, 4096, 4096))
-        out[cname, dname] = cross_compile(targets="sm90", cache_dir=tmp_path_factory.mktemp(f"xc{i}"), **args)[0]
-    return out
+    cases = [{"module": "gemm", "config": dataclasses.asdict(XC_CONFIGS[c]), "dtype": str(XC_DTYPES[d])[6:],
+              "dir": str(tmp_path_factory.mktemp(f"xc{i}")), "kwargs": {"shape": [4096, 4096, 4096]}}
+             for i, (c, d) in enumerate(XC_CASES)]
+    return dict(zip(XC_CASES, ws_checks.compile_ws(cases, ROOT)))
 
 
 @pytest.mark.parametrize("cname,dname", XC_CASES)

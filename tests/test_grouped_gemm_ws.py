@@ -47,18 +47,18 @@ XC_MAX_G = ("ws-128x128x64-s5", "bf16", "dgrad")
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """(config, dtype, op) -> the cross-compiled cache entry (G = 32), plus
-    'max-G' -> XC_MAX_G compiled for G = MAX_GROUPS."""
-    from workbench.asm.compile import cross_compile
+    'max-G' -> XC_MAX_G compiled for G = MAX_GROUPS (in a child process: see
+    ws_checks.compile_ws)."""
+    import dataclasses
 
-    out = {}
-    for i, (cname, dname, op) in enumerate(XC_CASES):
-        args = mlaunch.compile_args_ws(XC_CONFIGS[cname], XC_DTYPES[dname], XC_OPS[op], G=32, shape=(2880, 5760))
-        out[cname, dname, op] = cross_compile(targets="sm90", cache_dir=tmp_path_factory.mktemp(f"xc{i}"), **args)[0]
-    cname, dname, op = XC_MAX_G
-    args = mlaunch.compile_args_ws(XC_CONFIGS[cname], XC_DTYPES[dname], XC_OPS[op], G=mconfig.WS_MAX_GROUPS,
-                             sizes_dtype=torch.int64)
-    out["max-G"] = cross_compile(targets="sm90", cache_dir=tmp_path_factory.mktemp("xcmax"), **args)[0]
-    return out
+    def case(cname, dname, op, d, **kw):
+        return {"module": "moe", "config": dataclasses.asdict(XC_CONFIGS[cname]), "dtype": str(XC_DTYPES[dname])[6:],
+                "dir": str(tmp_path_factory.mktemp(d)), "kwargs": {"trans_w": XC_OPS[op], **kw}}
+
+    cases = [case(c, d, o, f"xc{i}", G=32, shape=[2880, 5760]) for i, (c, d, o) in enumerate(XC_CASES)]
+    cases.append(case(*XC_MAX_G, "xcmax", G=mconfig.WS_MAX_GROUPS, sizes_dtype="int64"))
+    entries = ws_checks.compile_ws(cases, ROOT)
+    return {**dict(zip(XC_CASES, entries)), "max-G": entries[-1]}
 
 
 @pytest.mark.parametrize("cname,dname,op", XC_CASES)

@@ -51,3 +51,42 @@ def assert_smem_fits(entry, cfg, ws, limit: int) -> None:
     assert shared <= limit
     estimate = ws.smem_bytes(cfg)
     assert estimate - ws.WS_EXTRA_SMEM <= shared <= estimate
+
+
+_CHILD = """
+import json, sys
+sys.path.insert(0, {root!r})
+import torch
+from workbench.asm.compile import cross_compile
+from kernels.gemm import launch as glaunch
+from kernels.moe import launch as mlaunch
+for case in json.loads(sys.argv[1]):
+    kw = {{k: getattr(torch, v) if k.endswith("dtype") else v for k, v in case.get("kwargs", {{}}).items()}}
+    args = {{"gemm": glaunch, "moe": mlaunch}}[case["module"]].compile_args_ws(
+        case["config"], getattr(torch, case["dtype"]), **kw)
+    cross_compile(targets="sm90", cache_dir=case["dir"], **args)
+"""
+
+
+def compile_ws(cases: list[dict], root) -> list:
+    """Cross-compile Gluon kernels for sm_90 in a child process with the interpreter
+    off (an interpreted run earlier in this process leaves Triton's language patched,
+    and Gluon compiles then fail), one cache dir per case; the entries, in order.
+    Each case: {"module": "gemm"|"moe", "config": dict, "dtype": "bfloat16", "dir": str,
+    "kwargs": {more keyword arguments of compile_args_ws; "*dtype" values by torch name}}."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from workbench.asm.cache import list_entries
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    r = subprocess.run([sys.executable, "-c", _CHILD.format(root=str(root)), json.dumps(cases)],
+                       capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = []
+    for case in cases:
+        (entry,) = [e for e in list_entries(case["dir"]) if not e.problems]
+        out.append(entry)
+    return out

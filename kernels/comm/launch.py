@@ -16,6 +16,7 @@ from kernels.comm.config import DEFAULT_MAX_SPINS, VARIANTS, _validate, auto_cho
 from kernels.comm.gluon import GLUON_AVAILABLE
 from kernels.comm.remote import StatusWatch, wait_all_kernel
 from kernels.comm.triton import _all_gather_kernel
+from kernels.common.launcher import LAUNCH_OPTIONS, PlannedLaunch
 from workbench.dtypes import element_size, triton_type
 
 if GLUON_AVAILABLE:
@@ -63,7 +64,8 @@ def all_gather(x: torch.Tensor, heap, *, variant: str = "triton", num_sms: int |
     if variant == "nccl":
         return nccl_all_gather(x, heap, out, (W * x.shape[0], *x.shape[1:]))
     blk = tuple(block) if isinstance(block, (list, tuple)) else block
-    key = (variant, tuple(x.shape), x.dtype, num_sms, blk, bool(hints), num_warps, scope,
+    # x's 16-byte alignment is part of the key: the compiled kernel assumes what it saw.
+    key = (variant, tuple(x.shape), x.dtype, x.data_ptr() % 16 == 0, num_sms, blk, bool(hints), num_warps, scope,
            None if out is None else (out.data_ptr(), tuple(out.shape), out.dtype))
     cache = heap.cache("all_gather")
     plan = cache.get(key)
@@ -73,10 +75,13 @@ def all_gather(x: torch.Tensor, heap, *, variant: str = "triton", num_sms: int |
         plan = cache[key] = _plan(x, heap, variant, num_sms, block, hints, num_warps, out, scope)
     if variant == "copy_engine":
         return _copy_engine(x, heap, plan)
-    kernel, grid, out, flags, total, kw = plan
+    kernel, grid, out, flags, total, kw, launch = plan
     status = heap.status()
-    heap.launch(kernel, (grid,), x, out, heap.heap_bases, flags, status, total, x.shape[0], x.numel() // x.shape[0],
-                heap.rank, max_spins, **kw)
+    args = (x, out, heap.heap_bases, flags, status, total, x.shape[0], x.numel() // x.shape[0], heap.rank, max_spins)
+    if launch is None:   # a simulated world: the heap runs it in the interpreter, one rank at a time
+        heap.launch(kernel, (grid,), *args, **kw)
+    else:
+        launch(*args)
     if heap.simulated:  # ranks take turns in the interpreter: wait in a launch of its own
         heap.barrier()
         heap.launch(wait_all_kernel, (1,), flags, total, grid, max_spins, status, WORLD=W, SCOPE=scope)
@@ -130,7 +135,10 @@ def _plan(x, heap, variant, num_sms, block, hints, num_warps, out, scope):
     if variant == "gluon":
         kw["NUM_WARPS"] = cfg["num_warps"]
     kernel = _all_gather_gluon_kernel if variant == "gluon" else _all_gather_kernel
-    return kernel, cfg["grid"], out, heap.flags("all_gather", W), heap.flags("all_gather.total", 1), kw
+    launch = None if heap.simulated else PlannedLaunch(
+        kernel, (cfg["grid"],), {k: v for k, v in kw.items() if k not in LAUNCH_OPTIONS},
+        {k: v for k, v in kw.items() if k in LAUNCH_OPTIONS})
+    return kernel, cfg["grid"], out, heap.flags("all_gather", W), heap.flags("all_gather.total", 1), kw, launch
 
 
 def _copy_engine(x, heap, plan):

@@ -19,6 +19,7 @@ import torch
 import triton
 
 from kernels.common import cuda_context, interpreter
+from kernels.common.launcher import PlannedLaunch
 from kernels.gemm import gluon
 from kernels.gemm.config import (
     DTYPES, MAXNREG, WS_DTYPES, GemmConfig, StreamKPlan, WsConfig, _as_config, _refuse_ws_on_gpu, heuristic,
@@ -174,10 +175,11 @@ class _GemmPlan:
     N: int
     K: int
     config: Any = None  # the GemmConfig (or, kind "gluon", the WsConfig) it runs
-    grid: tuple = (1,)
+    launch: PlannedLaunch | None = None  # the kernel, grid, constexprs and options
     args: tuple = ()  # run-time scalars after the tensors
-    meta: dict = dataclasses.field(default_factory=dict)  # constexprs and launch options
     sk_tiles: int = 0  # stream-K tiles (workspace counters); 0: no stream-K
+    programs: int = 1
+    blocks: tuple = ()  # the descriptors' boxes (A, B, C), or their layouts too (Gluon)
 
 
 _PLANS = PlanCache()
@@ -210,7 +212,7 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config) ->
             raise ValueError(f"gemm: gluon={cfg.gluon!r} runs the Gluon kernel (kernels.gemm.gluon), which needs "
                              f"bf16/fp16 operands on an sm_90 GPU with 16-byte aligned rows (K, N multiples of 8); "
                              f"got {a.dtype} on {a.device}. Use gluon=None (the Triton kernel) here")
-        return _ws_plan(M, N, K, cfg.ws_config(), sms)
+        return _ws_plan(M, N, K, cfg.ws_config(), sms, a.dtype)
     if cfg.warp_specialize and on_gpu:
         _refuse_ws_on_gpu()
     if cfg.tma is None:
@@ -233,18 +235,24 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config) ->
                          "use stream_k=False for these operands")
     programs = max(1, cfg.num_sms or sms) if cfg.stream_k else max(1, min(cfg.num_sms or sms, tiles))
     if not use_tma:
-        meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FLATTEN=cfg.flatten,
-                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        return _GemmPlan("ptr", M, N, K, cfg, (programs,), (programs, cfg.group_m), meta)
+        launch = PlannedLaunch(_gemm_ptr_kernel, (programs,),
+                               dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FLATTEN=cfg.flatten),
+                               dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        return _GemmPlan("ptr", M, N, K, cfg, launch, (programs, cfg.group_m), programs=programs)
     sk = stream_k_plan(tiles, programs, triton.cdiv(K, cfg.block_k)) if cfg.stream_k else None
     if sk is None or sk.sk_programs == 0:
         sk = StreamKPlan(tiles, 0, 1, 0)
         programs = min(programs, tiles)
-    meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, TMA_STORE=cfg.tma_store,
-                EPILOGUE_SPLIT=cfg.epilogue_split, FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize,
-                STREAM_K=sk.sk_programs > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    launch = PlannedLaunch(_gemm_tma_kernel, (programs,),
+                           dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, TMA_STORE=cfg.tma_store,
+                                EPILOGUE_SPLIT=cfg.epilogue_split, FLATTEN=cfg.flatten,
+                                WARP_SPECIALIZE=cfg.warp_specialize, STREAM_K=sk.sk_programs > 0),
+                           dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     args = (M, N, K, programs, cfg.group_m, sk.dp_tiles, sk.sk_programs, sk.sk_iters_per, sk.sk_extra)
-    return _GemmPlan("tma", M, N, K, cfg, (programs,), args, meta, tiles - sk.dp_tiles if sk.sk_programs else 0)
+    blocks = ([cfg.block_m, cfg.block_k], [cfg.block_k, cfg.block_n],
+              [cfg.block_m, cfg.block_n // cfg.epilogue_split] if cfg.tma_store else None)
+    return _GemmPlan("tma", M, N, K, cfg, launch, args, tiles - sk.dp_tiles if sk.sk_programs else 0, programs,
+                     blocks)
 
 
 def plan_for(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | None = None) -> _GemmPlan:
@@ -278,19 +286,18 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
     if out is None:
         out = torch.empty((p.M, p.N), dtype=a.dtype, device=a.device)
     if p.kind == "tma":
-        cfg = p.config
         if p.sk_tiles:
-            ws, cnt = _stream_k_workspace(out.device, p.grid[0], cfg.block_m * cfg.block_n, p.sk_tiles)
+            cfg = p.config
+            ws, cnt = _stream_k_workspace(out.device, p.programs, cfg.block_m * cfg.block_n, p.sk_tiles)
         else:
             ws, cnt = out, out  # never touched
-        a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
-        b_desc = TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n])
-        c_desc = (TensorDescriptor.from_tensor(out, [cfg.block_m, cfg.block_n // cfg.epilogue_split])
-                  if cfg.tma_store else None)
-        _gemm_tma_kernel[p.grid](a_desc, b_desc, c_desc, out, out.stride(0), *p.args, ws, cnt, **p.meta)
+        ab, bb, cb = p.blocks
+        c_desc = TensorDescriptor.from_tensor(out, cb) if cb else None
+        p.launch(TensorDescriptor.from_tensor(a, ab), TensorDescriptor.from_tensor(b, bb), c_desc, out,
+                 out.stride(0), *p.args, ws, cnt)
     elif p.kind == "ptr":
-        _gemm_ptr_kernel[p.grid](a, b, out, p.M, p.N, p.K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                                 out.stride(0), out.stride(1), *p.args, **p.meta)
+        p.launch(a, b, out, p.M, p.N, p.K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                 out.stride(0), out.stride(1), *p.args)
     elif p.kind == "gluon":
         _launch_ws(p, a, b, out)
     elif p.kind == "zero":
@@ -340,18 +347,23 @@ def grid_size(M: int, N: int, config: WsConfig, num_sms: int) -> int:
 
 
 
-def _ws_plan(M: int, N: int, K: int, cfg: WsConfig, sms: int) -> _GemmPlan:
-    grid = (grid_size(M, N, cfg, sms),)
-    meta = dict(NUM_STAGES=cfg.num_stages, COOPERATIVE=cfg.cooperative, CONSUMER_REGS=cfg.consumer_regs,
-                PRODUCER_REGS=cfg.producer_regs, num_warps=num_warps(cfg), maxnreg=MAXNREG)
-    return _GemmPlan("gluon", M, N, K, cfg, grid, (cfg.group_m,), meta, 0)
+def _ws_plan(M: int, N: int, K: int, cfg: WsConfig, sms: int, dtype: torch.dtype) -> _GemmPlan:
+    grid = grid_size(M, N, cfg, sms)
+    launch = PlannedLaunch(gluon._gemm_ws_kernel, (grid,),
+                           dict(NUM_STAGES=cfg.num_stages, COOPERATIVE=cfg.cooperative,
+                                CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs),
+                           dict(num_warps=num_warps(cfg), maxnreg=MAXNREG))
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    # Boxes with their shared-memory layouts, made once (building a layout costs more than the launch).
+    blocks = tuple((blk, gluon.layout(dtype, blk)) for blk in ([bm, bk], [bk, bn], [bm, bn]))
+    return _GemmPlan("gluon", M, N, K, cfg, launch, (cfg.group_m,), 0, grid, blocks)
 
 
 def _launch_ws(p: _GemmPlan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-    bm, bn, bk = p.config.block_m, p.config.block_n, p.config.block_k
     cuda_context.ensure_current(a.device)   # autograd's backward thread may have no current context
-    gluon._gemm_ws_kernel[p.grid](gluon.descriptor(a, [bm, bk]), gluon.descriptor(b, [bk, bn]),
-                                  gluon.descriptor(out, [bm, bn]), *p.args, **p.meta)
+    (ab, al), (bb, bl), (cb, cl) = p.blocks
+    D = gluon.TensorDescriptor
+    p.launch(D.from_tensor(a, ab, al), D.from_tensor(b, bb, bl), D.from_tensor(out, cb, cl), *p.args)
 
 
 _WS_PLANS = PlanCache()
@@ -372,7 +384,7 @@ def _plan_ws(a, b, out, config) -> _GemmPlan:
     if not all(_tma_ok(t) for t in (a, b) + (() if out is None else (out,))):
         raise ValueError("gemm_ws: a, b and out need unit column stride, 16-byte aligned base pointers and "
                          f"row strides (TMA); {_FALLBACK}, which takes any strides")
-    return _ws_plan(M, N, K, cfg, _sm_count(_device_index(a)))
+    return _ws_plan(M, N, K, cfg, _sm_count(_device_index(a)), a.dtype)
 
 
 def matmul_ws(a: torch.Tensor, b: torch.Tensor, *, config: WsConfig | Mapping[str, Any] | None = None,

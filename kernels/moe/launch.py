@@ -35,6 +35,7 @@ import torch
 import triton
 
 from kernels.common import cuda_context, interpreter
+from kernels.common.launcher import LAUNCH_OPTIONS, PlannedLaunch
 from kernels.gemm.launch import PlanCache, _capability, _sm_count, _tma_ok, config_key, tensor_signature
 from kernels.moe import gluon, triton as kernels
 from kernels.moe.config import (
@@ -203,6 +204,13 @@ class _Plan:
     meta: dict = dataclasses.field(default_factory=dict)  # constexprs and launch options
     tma: bool = False         # descriptors built on a CUDA device: needs a current context
     sizes_contiguous: bool = True
+    launcher: Any = dataclasses.field(default=None, compare=False)  # made from kernel, grid and meta
+
+    def __post_init__(self):
+        if self.kind == "launch" and self.launcher is None:
+            constexprs = {k: v for k, v in self.meta.items() if k not in LAUNCH_OPTIONS}
+            options = {k: v for k, v in self.meta.items() if k in LAUNCH_OPTIONS}
+            object.__setattr__(self, "launcher", PlannedLaunch(self.kernel, self.grid, constexprs, options))
 
 
 _PLANS = PlanCache()        # grouped_gemm
@@ -371,9 +379,9 @@ def _launch(p: _Plan, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tenso
         if p.tma:
             cuda_context.ensure_current(a.device)   # autograd's backward thread may have no current context
         if p.gluon:
-            p.kernel[p.grid](*gluon.build(p.descs, (a, b, out)), group_sizes, *p.args, **p.meta)
+            p.launcher(*gluon.build(p.descs, (a, b, out)), group_sizes, *p.args)
         else:
-            p.kernel[p.grid](a, b, out, group_sizes, *kernels.build(p.descs, (a, b, out)), *p.args, **p.meta)
+            p.launcher(a, b, out, group_sizes, *kernels.build(p.descs, (a, b, out)), *p.args)
     elif p.kind == "zero":
         out.zero_()
     return out
