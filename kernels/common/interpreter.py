@@ -9,6 +9,10 @@ that may run in the interpreter calls it.
    ``__index__`` now reads the single element.
 2. Its ``tl.dot`` multiplies bf16 operands as raw 16-bit integers: they are
    widened to fp32 first.
+3. A ``@triton.jit`` helper called from an interpreted kernel re-patches
+   ``triton.language`` with interpreter builtins and never restores them, so
+   after one interpreted kernel with helpers, compiling a (Gluon) kernel in
+   the same process fails: the helper call now restores what it patched.
 """
 import numpy as np
 
@@ -49,4 +53,17 @@ def patch() -> None:
         return dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
 
     interp.InterpreterBuilder.create_dot = create_dot
+
+    def device_call(self, *args, **kwargs):
+        scope = interp._patch_lang(self.fn)
+        try:
+            fn = self.rewrite()
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                raise interp.InterpreterError(repr(e)) from e
+        finally:
+            scope.restore()
+
+    interp.InterpretedFunction.__call__ = device_call
     _PATCHED = True
