@@ -125,7 +125,6 @@ skipped; so is the point a world died or hung on.
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import dataclasses
 import hashlib
@@ -141,6 +140,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
+
+from . import safe_expr
 
 __all__ = ["SpecError", "Spec", "Point", "load_spec", "parse_spec", "expand", "run_spec", "load_rows",
            "best_per_shape", "configure", "run", "DTYPE_NAMES"]
@@ -160,9 +161,7 @@ STUDY_KEYS = {"study", "shapes", "configs", "params"}
 REQUIRED_PROTOCOL = ("make_inputs", "run", "reference", "flops", "bytes_moved", "tolerance")
 RESERVED_COLUMNS = {"sweep", "kernel", "study", "point_id", "variant", "is_baseline", "repeat", "shape", "dtype",
                     "world_size", "params", "config", "status", "error", "rel_err", "tolerance"}
-_SAFE_FUNCS = {"min": min, "max": max, "abs": abs, "ceil": math.ceil, "floor": math.floor, "log2": math.log2,
-               "cdiv": lambda a, b: -(-a // b), "int": int, "bool": bool, "True": True, "False": False,
-               "None": None}
+MAX_POINTS = 100_000  # points one spec may expand to (shapes x dtypes x configs x params); a typo guard
 
 
 class SpecError(ValueError):
@@ -240,15 +239,15 @@ def _is_int(v) -> bool:
 
 def load_spec(path: str | os.PathLike, *, quick: bool = False, import_kernel: bool = True) -> Spec:
     """Read and validate a YAML spec (``SpecError`` names the bad field)."""
-    import yaml
+    from . import safe_yaml
 
     p = Path(path)
     if not p.exists():
         raise SpecError(f"{p}: no such experiment spec (expected e.g. experiments/NAME.yaml)")
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{p}: not valid YAML: {exc}") from None
+    try:  # specs are shared: read as untrusted input (bounded, no Python objects)
+        raw = safe_yaml.load_file(p)
+    except safe_yaml.YamlError as exc:
+        raise SpecError(str(exc)) from None
     return parse_spec(raw, path=p, quick=quick, import_kernel=import_kernel)
 
 
@@ -358,6 +357,11 @@ def parse_spec(raw: Any, *, path: Path | None = None, quick: bool = False, impor
         _check_scalar(v, path, f"{field('defaults')}.{k}")
 
     studies = _parse_grid(data.get("grid"), path, field("grid"), known_params, kernel, set(shapes))
+    n_points = len(dtypes_raw) * sum(len(st.configs) * math.prod(map(len, st.params.values()))
+                                     * sum(len(shapes[n]) for n in (st.shape_sets or shapes)) for st in studies)
+    if n_points > MAX_POINTS:  # checked before anything is expanded
+        raise _err(path, field("grid"), f"{n_points:,} points (shapes x dtypes x configs x params); at most "
+                   f"{MAX_POINTS:,} per spec: split the sweep or narrow the grid")
 
     constraints_raw = data.get("constraints", []) or []
     if isinstance(constraints_raw, str):
@@ -367,10 +371,10 @@ def parse_spec(raw: Any, *, path: Path | None = None, quick: bool = False, impor
     for i, c in enumerate(constraints_raw):
         if not isinstance(c, str):
             raise _err(path, f"{field('constraints')}[{i}]", f"expected an expression string, got {c!r}")
-        try:
-            ast.parse(c, mode="eval")
-        except SyntaxError as exc:
-            raise _err(path, f"{field('constraints')}[{i}]", f"invalid expression {c!r}: {exc.msg}") from None
+        try:  # refused here, when the spec is loaded, if it is anything but a plain expression
+            safe_expr.check(c)
+        except safe_expr.ExprError as exc:
+            raise _err(path, f"{field('constraints')}[{i}]", f"{exc} in {_clip(repr(c), 200)}") from None
 
     baselines_raw = data.get("baselines", []) or []
     if isinstance(baselines_raw, str):
@@ -423,6 +427,8 @@ def _parse_shapes(raw, path, fname) -> dict[str, list[dict]]:
                                    "number >= 0 (a size, a ratio), a name (text) or a list of them")
                 keys.append(k)
                 values.append(vs)
+            if len(expanded) + math.prod(map(len, values)) > MAX_POINTS:
+                raise _err(path, f"{where}[{i}]", f"expands to more than {MAX_POINTS:,} shapes; split the sweep")
             for combo in itertools.product(*values):
                 expanded.append(dict(zip(keys, combo)))
         out[str(set_name)] = expanded
@@ -556,8 +562,7 @@ def _torch_dtype(name: str):
 
 
 def _constraint_namespace(spec: Spec, shape: dict, dtype: str, params: dict) -> dict:
-    ns = dict(_SAFE_FUNCS)
-    ns.update(shape)
+    ns = dict(shape)
     ns.update(params)
     ns["dtype"] = dtype
     derived = getattr(spec.module, "derived", None) if spec.module is not None else None
@@ -572,13 +577,10 @@ def _satisfies(spec: Spec, shape: dict, dtype: str, params: dict) -> bool:
     ns = _constraint_namespace(spec, shape, dtype, params)
     for i, c in enumerate(spec.constraints):
         try:
-            ok = eval(compile(c, f"constraints[{i}]", "eval"), {"__builtins__": {}}, ns)  # noqa: S307
-        except NameError as exc:
-            names = ", ".join(sorted(k for k in ns if k not in _SAFE_FUNCS))
-            raise _err(spec.path, f"constraints[{i}]", f"{exc} in {c!r} (names: {names})") from None
-        except Exception as exc:
-            raise _err(spec.path, f"constraints[{i}]", f"{type(exc).__name__}: {exc} in {c!r} "
-                       f"for shape {shape} and params {params}") from None
+            ok = safe_expr.evaluate(c, ns)
+        except safe_expr.ExprError as exc:
+            raise _err(spec.path, f"constraints[{i}]", f"{exc} in {c!r} for shape {shape} and params {params} "
+                       f"(names: {', '.join(sorted(ns))})") from None
         if not ok:
             return False
     return True
