@@ -110,13 +110,18 @@ def find_study_notebooks(root: str | os.PathLike | None = None) -> list[Path]:
 
 
 def parse_value(text: str) -> Any:
-    """A `-p` value: YAML (so 3, 0.5, true, [sm90, gfx942], {a: 1} work), else the string itself."""
-    import yaml
+    """A `-p` value: YAML (so 3, 0.5, true, [sm90, gfx942], {a: 1} work), else the string itself.
+
+    ValueError (safe_yaml.YamlError) when the YAML unfolds too large (aliases) or nests too deeply.
+    """
+    from . import safe_yaml
 
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
+        return safe_yaml.load_text(text, "the value")
+    except safe_yaml.YamlError as exc:
+        if "not valid YAML" in str(exc):
+            return text
+        raise
 
 
 def _literal(text: str) -> Any:
@@ -613,7 +618,10 @@ def _resolve(args) -> tuple[list[Path], dict[str, Any]]:
     for name, value in args.param or []:
         if not _IDENT.match(name):
             raise ReportUsageError(f"-p {name}: a parameter name must be a Python identifier")
-        params[name] = parse_value(value)
+        try:
+            params[name] = parse_value(value)
+        except ValueError as exc:
+            raise ReportUsageError(f"-p {name}: {exc}") from None
     if params:
         known: set[str] = set()
         for p in checked:
