@@ -574,6 +574,9 @@ def _check_g(G: int, group_sizes: torch.Tensor, what: str) -> None:
         raise ValueError(f"grouped_gemm: group_sizes has {group_sizes.shape[0]} entries but {what} has G={G}")
     if G < 1 or G > _MAX_GROUPS:
         raise ValueError(f"grouped_gemm: G must be in [1, {_MAX_GROUPS}], got {G}")
+    # Sizes on the host cost nothing to look at (no device sync): a negative one would write out of bounds.
+    if group_sizes.device.type == "cpu" and bool((group_sizes < 0).any()):
+        raise ValueError(f"grouped_gemm: group_sizes must be >= 0, got {group_sizes.tolist()[:16]}")
 
 
 # ---------------------------------------------------------------------------
