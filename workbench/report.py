@@ -78,6 +78,9 @@ class ReportResult:
 # inputs
 
 
+MAX_NOTEBOOK_BYTES = 256 << 20
+
+
 def check_notebook(path: str | os.PathLike) -> Path:
     """Return `path` as a Path if it is a readable Jupyter notebook, else raise ReportUsageError."""
     import nbformat
@@ -89,6 +92,11 @@ def check_notebook(path: str | os.PathLike) -> Path:
         raise ReportUsageError(f"{p}: is a directory, not a notebook (use --all for notebooks/)")
     if p.suffix != ".ipynb":
         raise ReportUsageError(f"{p}: not a notebook (expected a .ipynb file)")
+    if not p.is_file():  # a FIFO or device would block or never end
+        raise ReportUsageError(f"{p}: not a regular file")
+    if p.stat().st_size > MAX_NOTEBOOK_BYTES:
+        raise ReportUsageError(f"{p}: {p.stat().st_size:,} bytes; notebooks over {MAX_NOTEBOOK_BYTES >> 20} MB "
+                               "are not read (clear its outputs?)")
     try:
         nb = nbformat.read(str(p), as_version=4)
     except Exception as exc:  # NotJSONError, ValidationError, UnicodeDecodeError, ...

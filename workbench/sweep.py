@@ -13,7 +13,8 @@ Experiment spec (YAML)
 ::
 
     name: gemm_tiling              # results go to results/<name>/ (default: file stem)
-    kernel: kernels.gemm           # module implementing the protocol below
+    kernel: kernels.gemm           # module implementing the protocol below (a module of this
+                                   # project, or of a package in $WORKBENCH_KERNEL_PACKAGES)
     description: free text
     variant: triton                # name of the kernel's rows (default "triton")
     dtypes: [bfloat16]             # bfloat16/bf16, float16/fp16, float32/fp32
@@ -36,13 +37,16 @@ Experiment spec (YAML)
           - {block_m: 128, block_n: 256}
         params:                    # ... each crossed with this product
           num_stages: [3, 4]
-    constraints:                   # Python expressions over params, shape, derived names
-      - "smem_bytes <= SMEM_LIMIT"
+    constraints:                   # expressions over params, shape, derived names: arithmetic,
+      - "smem_bytes <= SMEM_LIMIT"  # comparisons, and/or/not, min/max/ceil/floor/log2/cdiv...
+                                   # (workbench.safe_expr: nothing else, checked when loaded)
     baselines: [cublas]            # names in the kernel module's `baselines`
     quick:                         # overrides for --quick (any key above but name/kernel)
       shapes: [...]
 
-Errors in a spec name the field (``grid[1].params.block_m: ...``) and make the
+A spec is untrusted input: it is read bounded (``workbench.safe_yaml``), its
+expressions never reach ``eval``, and a grid may expand to at most
+``MAX_POINTS`` points. Errors in a spec name the field (``grid[1].params.block_m: ...``) and make the
 command exit with status 2.
 
 Kernel-module protocol
@@ -129,6 +133,7 @@ import contextlib
 import dataclasses
 import hashlib
 import importlib
+import importlib.util
 import itertools
 import json
 import math
@@ -335,6 +340,19 @@ def parse_spec(raw: Any, *, path: Path | None = None, quick: bool = False, impor
 
     shapes = _parse_shapes(data.get("shapes"), path, field("shapes"))
 
+    constraints_raw = data.get("constraints", []) or []
+    if isinstance(constraints_raw, str):
+        constraints_raw = [constraints_raw]
+    if not isinstance(constraints_raw, list):
+        raise _err(path, field("constraints"), "expected a list of expressions")
+    for i, c in enumerate(constraints_raw):
+        if not isinstance(c, str):
+            raise _err(path, f"{field('constraints')}[{i}]", f"expected an expression string, got {c!r}")
+        try:  # refused here, when the spec is loaded, if it is anything but a plain expression
+            safe_expr.check(c)
+        except safe_expr.ExprError as exc:
+            raise _err(path, f"{field('constraints')}[{i}]", f"{exc} in {_clip(repr(c), 200)}") from None
+
     module = _import_kernel(kernel, path) if import_kernel else None
     known_params = dict(getattr(module, "PARAMS", {}) or {}) if module is not None else None
     if module is not None:
@@ -362,19 +380,6 @@ def parse_spec(raw: Any, *, path: Path | None = None, quick: bool = False, impor
     if n_points > MAX_POINTS:  # checked before anything is expanded
         raise _err(path, field("grid"), f"{n_points:,} points (shapes x dtypes x configs x params); at most "
                    f"{MAX_POINTS:,} per spec: split the sweep or narrow the grid")
-
-    constraints_raw = data.get("constraints", []) or []
-    if isinstance(constraints_raw, str):
-        constraints_raw = [constraints_raw]
-    if not isinstance(constraints_raw, list):
-        raise _err(path, field("constraints"), "expected a list of expressions")
-    for i, c in enumerate(constraints_raw):
-        if not isinstance(c, str):
-            raise _err(path, f"{field('constraints')}[{i}]", f"expected an expression string, got {c!r}")
-        try:  # refused here, when the spec is loaded, if it is anything but a plain expression
-            safe_expr.check(c)
-        except safe_expr.ExprError as exc:
-            raise _err(path, f"{field('constraints')}[{i}]", f"{exc} in {_clip(repr(c), 200)}") from None
 
     baselines_raw = data.get("baselines", []) or []
     if isinstance(baselines_raw, str):
@@ -524,7 +529,34 @@ def _parse_grid(raw, path, fname, known, kernel, shape_sets) -> list[Study]:
     return studies
 
 
+def _kernel_module_allowed(kernel: str) -> bool:
+    """Whether the spec's module is this project's code (or a package the user allowed).
+
+    Importing runs a module's code, and a shared spec could name any module
+    on the path (``antigravity`` opens a browser). Only the top package is
+    located (``find_spec`` of a top-level name imports nothing): it must lie
+    under the current directory or this repository, or be listed in
+    $WORKBENCH_KERNEL_PACKAGES (comma-separated, e.g. ``mykernels``).
+    """
+    top = kernel.split(".", 1)[0]
+    if top in {p.strip() for p in os.environ.get("WORKBENCH_KERNEL_PACKAGES", "").split(",")}:
+        return True
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return True  # let the import itself report it
+    if found is None:
+        return True
+    where = list(found.submodule_search_locations or []) + ([found.origin] if found.origin else [])
+    roots = [Path.cwd().resolve(), Path(__file__).resolve().parents[1]]
+    return any(Path(w).resolve().is_relative_to(r) for w in where if os.path.isabs(w) for r in roots)
+
+
 def _import_kernel(kernel: str, path):
+    if not _kernel_module_allowed(kernel):
+        raise _err(path, "kernel", f"{kernel!r} is not a module of this project (under the current directory or "
+                   "the workbench repository), so the spec may not import it; if it is your kernel package, "
+                   "name its top package in $WORKBENCH_KERNEL_PACKAGES")
     _maybe_interpreter()
     try:
         module = importlib.import_module(kernel)
