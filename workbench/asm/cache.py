@@ -207,7 +207,11 @@ class Entry:
         if path is None:
             return None
         try:
+            reading.check_file(path, self.cap, self.path)  # a file over the cap is not read, not even its head
             head = reading.read_text(path, 4096, self.path, head=True)
+        except reading.Refused as exc:
+            self._location_refused = str(exc)
+            return None
         except OSError:
             return None
         m = re.search(r'^#loc\d* = loc\("([^"]+)":(\d+):\d+\)', head, re.M)
@@ -216,7 +220,9 @@ class Entry:
     def _python_source(self) -> str:
         loc = self.location
         if loc is None:
-            raise CacheError(f"{self.path}: no location info in the IR, so the Python source cannot be found")
+            why = getattr(self, "_location_refused", None)
+            raise CacheError(f"{self.path}: no location info in the IR ({why or 'none found'}), so the Python "
+                             "source cannot be found")
         file, line = loc
         if not file.endswith(".py"):
             raise CacheError(f"{self.path}: the IR names {file!r} as the kernel's source, which is not a .py "
