@@ -62,18 +62,22 @@ def cache_dir(explicit: str | os.PathLike | None = None, *, create: bool = False
     return path
 
 
+_REDO = ": delete the entry and re-compile"
+
+
 def _read_json(path: Path, root: Path | None = None, max_bytes: int | None = None) -> tuple[dict | None, str | None]:
+    """(the JSON object, None) or (None, what is wrong and what to do)."""
     limit = min(reading.MAX_JSON_BYTES, reading.max_file_bytes(max_bytes))
     try:
-        data = json.loads(reading.read_bytes(path, limit, root))
+        data = json.loads(reading.read_bytes(path, limit, root, hint="a Triton JSON file is a few kB: delete the entry"))
     except FileNotFoundError:
-        return None, f"{path.name} is missing"
+        return None, f"{path.name} is missing{_REDO}"
     except reading.Refused as exc:
         return None, str(exc)
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        return None, f"{path.name} is unreadable ({type(exc).__name__}: {str(exc)[:200]})"
+        return None, f"{path.name} is unreadable ({type(exc).__name__}: {str(exc)[:200]}){_REDO}"
     if not isinstance(data, dict):
-        return None, f"{path.name} is not a JSON object"
+        return None, f"{path.name} is not a JSON object{_REDO}"
     return data, None
 
 
@@ -398,11 +402,12 @@ def read_entry(path: str | os.PathLike, max_bytes: int | None = None, root: str 
         entry.problems.append(
             "no __grp__ file: the compile did not finish writing this entry; delete the directory and re-compile"
         )
+    refused_names = {p.split(" ", 1)[0] for p in refused}  # reported once, above
     meta, err = _read_json(path / f"{entry.name}.json", path, max_bytes)
-    if err:
-        entry.problems.append(f"metadata {err}: delete the entry and re-compile")
-    else:
+    if meta is not None:
         entry.metadata = meta
+    elif f"{entry.name}.json" not in refused_names:
+        entry.problems.append(f"metadata {err}")
     for fname, fpath in files.items():
         stem, dot, ext = fname.partition(".")
         if stem == entry.name and ext in TEXT_STAGES + BINARY_STAGES:
@@ -411,11 +416,11 @@ def read_entry(path: str | os.PathLike, max_bytes: int | None = None, root: str 
         grp, err = _read_json(path / groups[0], path, max_bytes)
         listed = grp.get("child_paths", {}) if grp else {}
         if not err and not isinstance(listed, dict):
-            err = "has no child_paths mapping"
+            err = f"has no child_paths mapping{_REDO}"
         if err:
-            entry.problems.append(f"group file {err}: delete the entry and re-compile")
+            entry.problems.append(f"group file {err}")
         else:
-            missing = sorted(n for n in listed if n not in files)
+            missing = sorted(n for n in listed if n not in files and n not in refused_names)
             if missing:
                 entry.problems.append(
                     f"files listed by the group file are missing: {', '.join(missing[:10])}"

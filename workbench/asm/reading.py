@@ -78,37 +78,44 @@ def _kind(mode: int) -> str:
     return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
-def check_file(path: str | os.PathLike, limit: int, root: str | os.PathLike | None = None) -> os.stat_result:
-    """The stat of `path` if it may be read (regular, under `limit` bytes, inside `root`); else Refused."""
+_RAISE_CAP = f"if it is a real kernel, set ${ENV_MAX_FILE_MB} higher, else delete the entry"
+
+
+def check_file(path: str | os.PathLike, limit: int, root: str | os.PathLike | None = None,
+               hint: str = _RAISE_CAP) -> os.stat_result:
+    """The stat of `path` if it may be read (regular, under `limit` bytes, inside `root`); else Refused.
+
+    `hint`: what to do about a file over the cap.
+    """
     path = Path(path)
     if root is not None and not inside(path, root):
-        raise Refused(f"{path.name} is a symlink leading out of the cache (to {os.path.realpath(path)}): "
-                      "not read; replace it with the file itself")
+        raise Refused(f"{path.name} is a symlink leading out of {Path(root).name} (to {os.path.realpath(path)}): "
+                      "not read; delete it")
     st = path.stat()
-    _check_stat(path, st, limit)
+    _check_stat(path, st, limit, hint)
     return st
 
 
-def _check_stat(path: Path, st: os.stat_result, limit: int) -> None:
+def _check_stat(path: Path, st: os.stat_result, limit: int, hint: str = _RAISE_CAP) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise Refused(f"{path.name} is {_kind(st.st_mode)}, not a regular file: not read; delete it")
     if st.st_size > limit:
-        raise Refused(f"{path.name} is {st.st_size:,} bytes, over the {_mb(limit)} read cap: not read; "
-                      f"if it is a real kernel, set ${ENV_MAX_FILE_MB} higher, else delete the entry")
+        raise Refused(f"{path.name} is {st.st_size:,} bytes, over the {_mb(limit)} read cap: not read; {hint}")
 
 
 def read_bytes(path: str | os.PathLike, limit: int, root: str | os.PathLike | None = None,
-               head: bool = False) -> bytes:
+               head: bool = False, hint: str = _RAISE_CAP) -> bytes:
     """At most `limit` bytes of a regular file inside `root`; Refused if it is larger (or not regular).
 
     `head`: return the first `limit` bytes of a larger file instead of refusing it.
+    `hint`: what to do about a file over the cap.
     """
     path = Path(path)
-    check_file(path, float("inf") if head else limit, root)  # before open: opening a device can act
+    check_file(path, float("inf") if head else limit, root, hint)  # before open: opening a device can act
     # O_NONBLOCK: a FIFO swapped in after the check must not block the open.
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     with os.fdopen(fd, "rb") as fh:
-        _check_stat(path, os.fstat(fd), float("inf") if head else limit)  # the file actually opened
+        _check_stat(path, os.fstat(fd), float("inf") if head else limit, hint)  # the file actually opened
         data = fh.read(limit + (0 if head else 1))
     if len(data) > limit:  # it grew after the check
         raise Refused(f"{path.name} grew past the {_mb(limit)} read cap while being read: not read")
