@@ -252,6 +252,11 @@ def tool_cases(root: Path) -> list[Case]:
                        ("WORKBENCH_ASM_MAX_FILE_MB", "lots"), ("WORKBENCH_ASM_MAX_FILE_MB", "0")):
         verb = ["res", "GOODSM90"] if "TOOL" in var else ["ls"]
         out.append(Case(f"{var}={value}", py + verb + c, var, env={var: value}))
+    # Types are text too: Triton evals the layout of a Gluon descriptor type, so only literals get through.
+    layout = f"NVMMASharedLayout(rank=__import__('os').system('touch {CANARY}'))"
+    out.append(Case("compile with a code layout", py + [
+        "compile", "kernels.gemm_ws:_gemm_ws_kernel", "--target", "sm90", "--cache", str(root / "compile_cache"),
+        "--arg", f"a_desc=tensordesc<bf16[128, 64],{layout}>"], "literal arguments", rcs=(2,)))
     # At the cap: a stage file just under it still costs bounded memory (counted without holding every line).
     d = cache / "ATCAP"
     shutil.copytree(_fixture("sm90"), d)
