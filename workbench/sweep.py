@@ -166,7 +166,7 @@ STUDY_KEYS = {"study", "shapes", "configs", "params"}
 REQUIRED_PROTOCOL = ("make_inputs", "run", "reference", "flops", "bytes_moved", "tolerance")
 RESERVED_COLUMNS = {"sweep", "kernel", "study", "point_id", "variant", "is_baseline", "repeat", "shape", "dtype",
                     "world_size", "params", "config", "status", "error", "rel_err", "tolerance"}
-MAX_POINTS = 100_000  # points one spec may expand to (shapes x dtypes x configs x params); a typo guard
+MAX_POINTS = 100_000  # points one spec may expand to (shapes x dtypes x configs x params x repeats); a typo guard
 
 
 class SpecError(ValueError):
@@ -375,11 +375,11 @@ def parse_spec(raw: Any, *, path: Path | None = None, quick: bool = False, impor
         _check_scalar(v, path, f"{field('defaults')}.{k}")
 
     studies = _parse_grid(data.get("grid"), path, field("grid"), known_params, kernel, set(shapes))
-    n_points = len(dtypes_raw) * sum(len(st.configs) * math.prod(map(len, st.params.values()))
-                                     * sum(len(shapes[n]) for n in (st.shape_sets or shapes)) for st in studies)
+    n_points = repeats * len(dtypes) * sum(len(st.configs) * math.prod(map(len, st.params.values()))
+                                           * sum(len(shapes[n]) for n in (st.shape_sets or shapes)) for st in studies)
     if n_points > MAX_POINTS:  # checked before anything is expanded
-        raise _err(path, field("grid"), f"{n_points:,} points (shapes x dtypes x configs x params); at most "
-                   f"{MAX_POINTS:,} per spec: split the sweep or narrow the grid")
+        raise _err(path, field("grid"), f"{n_points:,} points (shapes x dtypes x configs x params x repeats); at "
+                   f"most {MAX_POINTS:,} per spec: split the sweep or narrow the grid")
 
     baselines_raw = data.get("baselines", []) or []
     if isinstance(baselines_raw, str):

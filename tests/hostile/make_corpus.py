@@ -355,6 +355,7 @@ def spec_cases(root: Path) -> list[Case]:
     spec("shape explosion", SPEC_BASE.replace("[{M: 256, N: 256, K: 256}]", "[{M: [" + ", ".join(
         map(str, range(1, 1001))) + "], N: [" + ", ".join(map(str, range(1, 1001))) + "], K: 64}]"), "shapes")
     spec("huge world", tiny + "world_size: " + "9" * 400 + "\n", "world_size")
+    spec("huge repeats", tiny + "repeats: " + "9" * 40 + "\n", "points")
     spec("nan timeout", SPEC_BASE + "launch_timeout_s: .nan\n", "launch_timeout_s")
     spec("huge tile", SPEC_BASE.replace("[64, 128]", "[1099511627776]") + "constraints: [smem_bytes <= SMEM_LIMIT]\n",
          "leave no point")  # the kernel's derived sizes of a 2**40 tile are compared, not built
