@@ -144,3 +144,29 @@ def test_hostile_launcher_arguments(tmp_path):
            or r["seconds"] > 5]
     assert not bad, "\n".join(json.dumps(r) for r in bad)
     assert not _canaries(tmp_path)
+
+
+def _tool(tmp_path: Path, name: str, body: str) -> str:
+    p = tmp_path / name
+    p.write_text("#!/bin/sh\n" + body)
+    p.chmod(0o755)
+    return str(p)
+
+
+def test_tools_share_one_deadline_and_a_bounded_output(tmp_path, monkeypatch):
+    from workbench.asm import tools
+
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(b"\x7fELF" + bytes(64))
+    monkeypatch.setenv("TRITON_CUOBJDUMP_PATH", _tool(tmp_path, "fail", "echo broken >&2\nexit 1\n"))
+    monkeypatch.setenv("TRITON_NVDISASM_PATH", _tool(tmp_path, "hang", "sleep 300 &\nwait\n"))
+    t0 = time.monotonic()
+    with pytest.raises(tools.ToolTimeout, match=r"within the 1 s allowed .*WORKBENCH_ASM_TOOL_TIMEOUT_S"):
+        tools.sass_from_cubin(cubin, tools.Deadline(1))
+    assert time.monotonic() - t0 < 3  # the failing cuobjdump's time counts; the hung nvdisasm is killed
+    monkeypatch.setenv("TRITON_CUOBJDUMP_PATH", _tool(tmp_path, "flood", "exec yes STG.E.128\n"))
+    with pytest.raises(tools.ToolFailed, match="wrote more than 1,048,576 bytes"):
+        tools.run_tool("cuobjdump", ["-sass", str(cubin)], max_output=1 << 20)
+    monkeypatch.setenv("WORKBENCH_ASM_TOOL_TIMEOUT_S", "soon")
+    with pytest.raises(ValueError, match="WORKBENCH_ASM_TOOL_TIMEOUT_S"):
+        tools.Deadline()
