@@ -170,3 +170,31 @@ def test_tools_share_one_deadline_and_a_bounded_output(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_ASM_TOOL_TIMEOUT_S", "soon")
     with pytest.raises(ValueError, match="WORKBENCH_ASM_TOOL_TIMEOUT_S"):
         tools.Deadline()
+
+
+def test_bounded_reads(tmp_path, monkeypatch):
+    from workbench.asm import reading
+
+    entry = tmp_path / "entry"
+    entry.mkdir()
+    ok = entry / "k.ptx"
+    ok.write_bytes(b"x" * 100)
+    assert reading.read_bytes(ok, 100, entry) == b"x" * 100
+    assert reading.read_bytes(ok, 10, entry, head=True) == b"x" * 10
+    with pytest.raises(reading.Refused, match="100 bytes, over the .* read cap"):
+        reading.read_bytes(ok, 99, entry)
+    os.mkfifo(entry / "fifo.ptx")
+    with pytest.raises(reading.Refused, match="a FIFO, not a regular file"):
+        reading.read_bytes(entry / "fifo.ptx", 100, entry)
+    (entry / "zero.ptx").symlink_to("/dev/zero")
+    with pytest.raises(reading.Refused, match="symlink leading out of entry"):
+        reading.read_bytes(entry / "zero.ptx", 100, entry)
+    with pytest.raises(reading.Refused, match="a character device"):
+        reading.read_bytes(entry / "zero.ptx", 100)  # no root: still not a regular file
+    (entry / "inside.ptx").symlink_to("k.ptx")
+    assert reading.read_bytes(entry / "inside.ptx", 100, entry) == b"x" * 100
+    monkeypatch.setenv(reading.ENV_MAX_FILE_MB, "0.5")
+    assert reading.max_file_bytes() == 1 << 19 and reading.max_file_bytes(7) == 7
+    monkeypatch.setenv(reading.ENV_MAX_FILE_MB, "-3")
+    with pytest.raises(ValueError, match="WORKBENCH_ASM_MAX_FILE_MB"):
+        reading.max_file_bytes()

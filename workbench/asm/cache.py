@@ -92,6 +92,7 @@ class Entry:
     problems: list[str] = field(default_factory=list)
     mtime: float = 0.0
     max_bytes: int | None = None  # read cap of one stage file (None: reading.max_file_bytes())
+    _location_refused = None  # why the IR holding the location info was not read (not a field)
 
     @property
     def cap(self) -> int:
@@ -224,9 +225,8 @@ class Entry:
     def _python_source(self) -> str:
         loc = self.location
         if loc is None:
-            why = getattr(self, "_location_refused", None)
-            raise CacheError(f"{self.path}: no location info in the IR ({why or 'none found'}), so the Python "
-                             "source cannot be found")
+            raise CacheError(f"{self.path}: no location info in the IR ({self._location_refused or 'none found'}), "
+                             "so the Python source cannot be found")
         file, line = loc
         if not file.endswith(".py"):
             raise CacheError(f"{self.path}: the IR names {file!r} as the kernel's source, which is not a .py "
@@ -330,9 +330,10 @@ def normalize_stage(stage: str) -> str:
 # -- reading one entry -------------------------------------------------------
 
 
-def _entry_files(path: Path) -> tuple[dict[str, Path], list[str]]:
-    """The regular files of an entry directory (symlinks inside it followed), and what was refused."""
+def _entry_files(path: Path) -> tuple[dict[str, Path], set[str], list[str]]:
+    """The regular files of an entry directory (symlinks inside it followed), the names refused, and why."""
     files: dict[str, Path] = {}
+    refused: set[str] = set()
     problems: list[str] = []
     with os.scandir(path) as it:
         for d in itertools.islice(it, MAX_DIR_NAMES + 1):
@@ -342,6 +343,7 @@ def _entry_files(path: Path) -> tuple[dict[str, Path], list[str]]:
                 break
             try:
                 if d.is_symlink() and not reading.inside(d.path, path):
+                    refused.add(d.name)
                     problems.append(f"{d.name} is a symlink leading out of the entry (to "
                                     f"{os.path.realpath(d.path)}): not read; delete it")
                     continue
@@ -352,8 +354,9 @@ def _entry_files(path: Path) -> tuple[dict[str, Path], list[str]]:
             if stat.S_ISREG(mode):
                 files[d.name] = Path(d.path)
             elif not stat.S_ISDIR(mode):  # FIFOs, sockets, devices: never opened
-                problems.append(f"{d.name} is {reading._kind(mode)}, not a regular file: not read; delete it")
-    return files, problems
+                refused.add(d.name)
+                problems.append(f"{d.name} is {reading.kind_of(mode)}, not a regular file: not read; delete it")
+    return files, refused, problems
 
 
 def read_entry(path: str | os.PathLike, max_bytes: int | None = None, root: str | os.PathLike | None = None) -> Entry:
@@ -369,7 +372,7 @@ def read_entry(path: str | os.PathLike, max_bytes: int | None = None, root: str 
                               "delete it, or copy the entry into the cache")
         return entry
     try:
-        files, refused = _entry_files(path)
+        files, refused_names, refused = _entry_files(path)
         entry.mtime = path.stat().st_mtime
     except OSError as exc:
         entry.problems.append(f"cannot read directory ({exc}); check permissions")
@@ -402,7 +405,6 @@ def read_entry(path: str | os.PathLike, max_bytes: int | None = None, root: str 
         entry.problems.append(
             "no __grp__ file: the compile did not finish writing this entry; delete the directory and re-compile"
         )
-    refused_names = {p.split(" ", 1)[0] for p in refused}  # reported once, above
     meta, err = _read_json(path / f"{entry.name}.json", path, max_bytes)
     if meta is not None:
         entry.metadata = meta

@@ -33,7 +33,7 @@ import stat
 from pathlib import Path
 
 __all__ = ["ENV_MAX_FILE_MB", "MAX_JSON_BYTES", "MAX_SOURCE_BYTES", "Refused", "check_file", "max_file_bytes",
-           "read_bytes", "read_text", "inside"]
+           "kind_of", "read_bytes", "read_text", "inside"]
 
 ENV_MAX_FILE_MB = "WORKBENCH_ASM_MAX_FILE_MB"
 DEFAULT_MAX_FILE_BYTES = 32 << 20
@@ -74,7 +74,8 @@ def inside(path: str | os.PathLike, root: str | os.PathLike) -> bool:
     return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
+    """'a FIFO', 'a socket', 'a character device'... for a stat mode."""
     return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
@@ -98,7 +99,7 @@ def check_file(path: str | os.PathLike, limit: int, root: str | os.PathLike | No
 
 def _check_stat(path: Path, st: os.stat_result, limit: int, hint: str = _RAISE_CAP) -> None:
     if not stat.S_ISREG(st.st_mode):
-        raise Refused(f"{path.name} is {_kind(st.st_mode)}, not a regular file: not read; delete it")
+        raise Refused(f"{path.name} is {kind_of(st.st_mode)}, not a regular file: not read; delete it")
     if st.st_size > limit:
         raise Refused(f"{path.name} is {st.st_size:,} bytes, over the {_mb(limit)} read cap: not read; {hint}")
 
