@@ -130,6 +130,10 @@ def test_spec_files_are_read_within_bounds(tmp_path):
         safe_yaml.load_text(bomb)
     with pytest.raises(safe_yaml.YamlError, match="aliases"):
         safe_yaml.load_text("a: &a [*a]")  # recursive
+    merges = "a0: &a0 {k0: 1}\n" + "".join(f"a{i}: &a{i} {{<<: *a{i - 1}, k{i}: 1}}\n" for i in range(1, 2000))
+    with pytest.raises(safe_yaml.YamlError, match="aliases"):  # merge keys copy: quadratic if built
+        safe_yaml.load_text(merges)
+    assert safe_yaml.load_text("a: &a {x: 1}\nb: {<<: *a, y: 2}")["b"] == {"x": 1, "y": 2}
     assert safe_yaml.load_text("grid: {block_m: [64, 128]}") == {"grid": {"block_m": [64, 128]}}
 
 

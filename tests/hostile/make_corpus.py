@@ -337,6 +337,8 @@ def spec_cases(root: Path) -> list[Case]:
     laughs = "".join(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]\n" for i in range(1, 9))
     spec("billion laughs", SPEC_BASE + "l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + laughs,
          "aliases")
+    spec("merge chain", SPEC_BASE + "".join(f"m{i}: &m{i} {{<<: *m{i - 1}, k{i}: 1}}\n" for i in range(1, 5000))
+         .replace("<<: *m0, ", ""), "aliases")  # merge keys are copied: quadratic memory if built
     spec("recursive alias", "name: &n [*n]\n" + SPEC_BASE.split("\n", 1)[1], "aliases")
     spec("deep nesting", "description: " + "[" * 20_000 + "]" * 20_000 + "\n", "nested too deeply")
     spec("not utf-8", b"name: \xff\xfe\x00bad\n", "not UTF-8")
