@@ -9,8 +9,9 @@ reported as a problem of that entry, with what to do, and listing goes on.
 Listing reads only the small JSON files; assembly is read when asked for.
 Nothing here executes or unpickles cache content, and nothing writes to it.
 Every read is bounded (`reading`: size caps, no FIFOs or devices, no
-symlinks out of the entry) and every tool run of an entry shares one
-deadline (`tools.Deadline`); what is refused becomes a problem of the entry.
+symlinks out of the entry) and the tool runs of one request on an entry
+(its SASS, its resources) share one deadline (`tools.Deadline`); what is
+refused becomes a problem of the entry.
 """
 from __future__ import annotations
 
@@ -98,9 +99,8 @@ class Entry:
     def cap(self) -> int:
         return reading.max_file_bytes(self.max_bytes)
 
-    @cached_property
-    def deadline(self):
-        """The one time budget of every tool run (cuobjdump, nvdisasm) on this entry."""
+    def tool_deadline(self):
+        """A fresh time budget shared by the tool runs (cuobjdump, nvdisasm) of one request on this entry."""
         from .tools import Deadline
 
         return Deadline()
@@ -187,7 +187,7 @@ class Entry:
                 reading.check_file(path, self.cap, self.path)
             except reading.Refused as exc:
                 raise self._refused(exc) from None
-            return sass_from_cubin(path, self.deadline, self.cap)
+            return sass_from_cubin(path, self.tool_deadline(), self.cap)
         path = self._stage_path(stage)
         try:
             return reading.read_text(path, self.cap, self.path)
@@ -265,7 +265,7 @@ class Entry:
         from .resources import resources
 
         return resources(dict(self.stages), self.metadata, root=self.path, max_bytes=self.cap,
-                         deadline=self.deadline)
+                         deadline=self.tool_deadline())
 
     def specialization(self) -> dict:
         """What makes this specialization: options, argument attributes, IR constants."""
