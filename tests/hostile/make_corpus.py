@@ -33,7 +33,7 @@ class Case:
     argv: list[str]  # after `python`
     expect: str | None = None  # text the output must hold (the refusal is reported, and how)
     rcs: tuple[int, ...] = (0, 2)  # allowed exit codes
-    deadline_s: float = 30.0
+    deadline_s: float = 15.0  # generous: a cache command takes about a second on a loaded 2-core machine
     env: dict = field(default_factory=dict)
 
 
@@ -256,7 +256,7 @@ def tool_cases(root: Path) -> list[Case]:
     layout = f"NVMMASharedLayout(rank=__import__('os').system('touch {CANARY}'))"
     out.append(Case("compile with a code layout", py + [
         "compile", "kernels.gemm_ws:_gemm_ws_kernel", "--target", "sm90", "--cache", str(root / "compile_cache"),
-        "--arg", f"a_desc=tensordesc<bf16[128, 64],{layout}>"], "literal arguments", rcs=(2,)))
+        "--arg", f"a_desc=tensordesc<bf16[128, 64],{layout}>"], "literal arguments", rcs=(2,), deadline_s=30))
     # At the cap: a stage file just under it still costs bounded memory (counted without holding every line).
     d = cache / "ATCAP"
     shutil.copytree(_fixture("sm90"), d)
@@ -362,7 +362,7 @@ def spec_cases(root: Path) -> list[Case]:
     spec("huge tile", SPEC_BASE.replace("[64, 128]", "[1099511627776]") + "constraints: [smem_bytes <= SMEM_LIMIT]\n",
          "leave no point")  # the kernel's derived sizes of a 2**40 tile are compared, not built
     cases.append(Case("spec gemm_tiling (healthy)", sweep + [str(ROOT / "experiments" / "gemm_tiling.yaml"),
-                                                             "--dry-run"], "spec OK", rcs=(0,)))
+                                                             "--dry-run"], "spec OK", rcs=(0,), deadline_s=30))
     return cases
 
 
@@ -401,7 +401,7 @@ def report_cases(root: Path) -> list[Case]:
     for tag, path in (("FIFO", _fifo(d / "fifo.ipynb")), ("2 GiB", _sparse(d / "big.ipynb")),
                       ("/dev/zero", _symlink(d / "zero.ipynb", "/dev/zero"))):
         cases.append(Case(f"report notebook {tag}", rep + [str(path), "--out", str(out)],
-                          "not a regular file" if tag != "2 GiB" else "are not read", rcs=(2,)))
+                          "not a regular file" if tag != "2 GiB" else "are not read", rcs=(2,), deadline_s=30))
     return cases
 
 
