@@ -47,13 +47,14 @@ def test_lists_every_fixture_entry_healthy():
 
 def test_listing_reads_no_assembly(monkeypatch):
     opened = []
-    real_read_text = Path.read_text
+    real_read_bytes = cache_mod.reading.read_bytes  # every read of the cache goes through it
 
-    def spy(self, *a, **k):
-        opened.append(self.suffix)
-        return real_read_text(self, *a, **k)
+    def spy(path, *a, **k):
+        opened.append(Path(path).suffix)
+        return real_read_bytes(path, *a, **k)
 
-    monkeypatch.setattr(Path, "read_text", spy)
+    monkeypatch.setattr(cache_mod.reading, "read_bytes", spy)
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: pytest.fail(f"unbounded read of {self}"))
     monkeypatch.setattr("builtins.open", lambda *a, **k: pytest.fail(f"listing opened {a[0]}"))
     rows = [e.summary() for e in list_entries(CROSS)]
     assert rows and set(opened) == {".json"}

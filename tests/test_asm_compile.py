@@ -81,3 +81,19 @@ def test_bad_calls(tmp_path, kwargs, message):
 def test_compile_error_names_the_kernel(tmp_path):
     with pytest.raises(CacheError, match="compiling _axpy for sm90 failed"):
         cross_compile(_axpy, ["sm90"], signature=SIG, constexprs={"BLOCK": 3}, cache_dir=tmp_path)  # not a power of 2
+
+
+def test_tensordesc_layouts_that_triton_would_eval_are_refused(tmp_path):
+    from workbench.asm.compile import _check_type
+
+    good = ("tensordesc<bf16[128, 64],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, "
+            "transposed=False, fp4_padded=False, cga_layout=[])>")
+    _check_type("a_desc", good)
+    _check_type("x_ptr", "*fp16")
+    _check_type("d", "tensordesc<fp16[64, 64]>")  # Triton (not Gluon) descriptor: no layout
+    canary = tmp_path / "canary"
+    for layout in (f"__import__('os').system('touch {canary}')", "NVMMASharedLayout(rank=__import__('os'))",
+                   "NVMMASharedLayout.__init__", "(lambda: 1)()", "NVMMASharedLayout(*[1])", "open('x')"):
+        with pytest.raises(CacheError, match="literal arguments"):
+            _check_type("a_desc", f"tensordesc<bf16[128, 64],{layout}>")
+    assert not canary.exists()

@@ -207,7 +207,7 @@ def test_resources_nvidia_from_res_usage(monkeypatch, tmp_path):
                "-sass": (FIX / "gemm_bf16_sm90.sass").read_text()}
     calls = []
 
-    def fake_run(name, args, timeout=0):
+    def fake_run(name, args, timeout=0, **kw):
         calls.append((name, args))
         return outputs[args[0]]
 

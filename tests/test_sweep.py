@@ -82,6 +82,7 @@ def fake(tmp_path, monkeypatch):
     name = f"fake_kernel_{abs(hash(str(tmp_path))) % 10**8}"
     (mod_dir / f"{name}.py").write_text(FAKE_KERNEL)
     monkeypatch.syspath_prepend(str(mod_dir))
+    monkeypatch.setenv("WORKBENCH_KERNEL_PACKAGES", name)  # a module outside the project: allowed by name
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # host timer: fast and deterministic
     return name
 
@@ -161,9 +162,20 @@ def test_quick_validation(fake, tmp_path):
         sweep.load_spec(write_spec(tmp_path, d), quick=True)
 
 
+def test_a_module_outside_the_project_is_not_imported(tmp_path, monkeypatch):
+    canary = tmp_path / "canary"
+    (tmp_path / "side_effect_mod.py").write_text(f"open({str(canary)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("side_effect_mod", "antigravity", "this", "side_effect_mod.sub"):
+        with pytest.raises(SpecError, match="kernel: .* is not a module of this project"):
+            sweep.load_spec(write_spec(tmp_path, spec_dict(name)))
+    assert not canary.exists()
+
+
 def test_missing_protocol_function(tmp_path, monkeypatch):
     (tmp_path / "half_kernel_mod.py").write_text("def run(inputs):\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("WORKBENCH_KERNEL_PACKAGES", "other, half_kernel_mod")
     with pytest.raises(SpecError, match="kernel: half_kernel_mod lacks make_inputs"):
         sweep.load_spec(write_spec(tmp_path, spec_dict("half_kernel_mod")))
 

@@ -78,6 +78,9 @@ class ReportResult:
 # inputs
 
 
+MAX_NOTEBOOK_BYTES = 256 << 20
+
+
 def check_notebook(path: str | os.PathLike) -> Path:
     """Return `path` as a Path if it is a readable Jupyter notebook, else raise ReportUsageError."""
     import nbformat
@@ -89,6 +92,11 @@ def check_notebook(path: str | os.PathLike) -> Path:
         raise ReportUsageError(f"{p}: is a directory, not a notebook (use --all for notebooks/)")
     if p.suffix != ".ipynb":
         raise ReportUsageError(f"{p}: not a notebook (expected a .ipynb file)")
+    if not p.is_file():  # a FIFO or device would block or never end
+        raise ReportUsageError(f"{p}: not a regular file")
+    if p.stat().st_size > MAX_NOTEBOOK_BYTES:
+        raise ReportUsageError(f"{p}: {p.stat().st_size:,} bytes; notebooks over {MAX_NOTEBOOK_BYTES >> 20} MB "
+                               "are not read (clear its outputs?)")
     try:
         nb = nbformat.read(str(p), as_version=4)
     except Exception as exc:  # NotJSONError, ValidationError, UnicodeDecodeError, ...
@@ -110,13 +118,18 @@ def find_study_notebooks(root: str | os.PathLike | None = None) -> list[Path]:
 
 
 def parse_value(text: str) -> Any:
-    """A `-p` value: YAML (so 3, 0.5, true, [sm90, gfx942], {a: 1} work), else the string itself."""
-    import yaml
+    """A `-p` value: YAML (so 3, 0.5, true, [sm90, gfx942], {a: 1} work), else the string itself.
+
+    ValueError (safe_yaml.YamlError) when the YAML unfolds too large (aliases) or nests too deeply.
+    """
+    from . import safe_yaml
 
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
+        return safe_yaml.load_text(text, "the value")
+    except safe_yaml.YamlError as exc:
+        if "not valid YAML" in str(exc):
+            return text
+        raise
 
 
 def _literal(text: str) -> Any:
@@ -613,7 +626,10 @@ def _resolve(args) -> tuple[list[Path], dict[str, Any]]:
     for name, value in args.param or []:
         if not _IDENT.match(name):
             raise ReportUsageError(f"-p {name}: a parameter name must be a Python identifier")
-        params[name] = parse_value(value)
+        try:
+            params[name] = parse_value(value)
+        except ValueError as exc:
+            raise ReportUsageError(f"-p {name}: {exc}") from None
     if params:
         known: set[str] = set()
         for p in checked:

@@ -13,7 +13,8 @@ Experiment spec (YAML)
 ::
 
     name: gemm_tiling              # results go to results/<name>/ (default: file stem)
-    kernel: kernels.gemm.sweep     # module implementing the protocol below
+    kernel: kernels.gemm.sweep     # module implementing the protocol below (a module of this
+                                   # project, or of a package in $WORKBENCH_KERNEL_PACKAGES)
     description: free text
     variant: triton                # name of the kernel's rows (default "triton")
     dtypes: [bfloat16]             # bfloat16/bf16, float16/fp16, float32/fp32
@@ -36,13 +37,16 @@ Experiment spec (YAML)
           - {block_m: 128, block_n: 256}
         params:                    # ... each crossed with this product
           num_stages: [3, 4]
-    constraints:                   # Python expressions over params, shape, derived names
-      - "smem_bytes <= SMEM_LIMIT"
+    constraints:                   # expressions over params, shape, derived names: arithmetic,
+      - "smem_bytes <= SMEM_LIMIT"  # comparisons, and/or/not, min/max/ceil/floor/log2/cdiv...
+                                   # (workbench.safe_expr: nothing else, checked when loaded)
     baselines: [cublas]            # names in the kernel module's `baselines`
     quick:                         # overrides for --quick (any key above but name/kernel)
       shapes: [...]
 
-Errors in a spec name the field (``grid[1].params.block_m: ...``) and make the
+A spec is untrusted input: it is read bounded (``workbench.safe_yaml``), its
+expressions never reach ``eval``, and a grid may expand to at most
+``MAX_POINTS`` points. Errors in a spec name the field (``grid[1].params.block_m: ...``) and make the
 command exit with status 2.
 
 Kernel-module protocol
@@ -125,11 +129,11 @@ skipped; so is the point a world died or hung on.
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import dataclasses
 import hashlib
 import importlib
+import importlib.util
 import itertools
 import json
 import math
@@ -141,6 +145,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
+
+from . import safe_expr
 
 __all__ = ["SpecError", "Spec", "Point", "load_spec", "parse_spec", "expand", "run_spec", "load_rows",
            "best_per_shape", "configure", "run", "DTYPE_NAMES"]
@@ -160,9 +166,7 @@ STUDY_KEYS = {"study", "shapes", "configs", "params"}
 REQUIRED_PROTOCOL = ("make_inputs", "run", "reference", "flops", "bytes_moved", "tolerance")
 RESERVED_COLUMNS = {"sweep", "kernel", "study", "point_id", "variant", "is_baseline", "repeat", "shape", "dtype",
                     "world_size", "params", "config", "status", "error", "rel_err", "tolerance"}
-_SAFE_FUNCS = {"min": min, "max": max, "abs": abs, "ceil": math.ceil, "floor": math.floor, "log2": math.log2,
-               "cdiv": lambda a, b: -(-a // b), "int": int, "bool": bool, "True": True, "False": False,
-               "None": None}
+MAX_POINTS = 100_000  # points one spec may expand to (shapes x dtypes x configs x params x repeats); a typo guard
 
 
 class SpecError(ValueError):
@@ -240,15 +244,15 @@ def _is_int(v) -> bool:
 
 def load_spec(path: str | os.PathLike, *, quick: bool = False, import_kernel: bool = True) -> Spec:
     """Read and validate a YAML spec (``SpecError`` names the bad field)."""
-    import yaml
+    from . import safe_yaml
 
     p = Path(path)
     if not p.exists():
         raise SpecError(f"{p}: no such experiment spec (expected e.g. experiments/NAME.yaml)")
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{p}: not valid YAML: {exc}") from None
+    try:  # specs are shared: read as untrusted input (bounded, no Python objects)
+        raw = safe_yaml.load_file(p)
+    except safe_yaml.YamlError as exc:
+        raise SpecError(str(exc)) from None
     return parse_spec(raw, path=p, quick=quick, import_kernel=import_kernel)
 
 
@@ -336,6 +340,19 @@ def parse_spec(raw: Any, *, path: Path | None = None, quick: bool = False, impor
 
     shapes = _parse_shapes(data.get("shapes"), path, field("shapes"))
 
+    constraints_raw = data.get("constraints", []) or []
+    if isinstance(constraints_raw, str):
+        constraints_raw = [constraints_raw]
+    if not isinstance(constraints_raw, list):
+        raise _err(path, field("constraints"), "expected a list of expressions")
+    for i, c in enumerate(constraints_raw):
+        if not isinstance(c, str):
+            raise _err(path, f"{field('constraints')}[{i}]", f"expected an expression string, got {c!r}")
+        try:  # refused here, when the spec is loaded, if it is anything but a plain expression
+            safe_expr.check(c)
+        except safe_expr.ExprError as exc:
+            raise _err(path, f"{field('constraints')}[{i}]", f"{exc} in {_clip(repr(c), 200)}") from None
+
     module = _import_kernel(kernel, path) if import_kernel else None
     known_params = dict(getattr(module, "PARAMS", {}) or {}) if module is not None else None
     if module is not None:
@@ -358,19 +375,11 @@ def parse_spec(raw: Any, *, path: Path | None = None, quick: bool = False, impor
         _check_scalar(v, path, f"{field('defaults')}.{k}")
 
     studies = _parse_grid(data.get("grid"), path, field("grid"), known_params, kernel, set(shapes))
-
-    constraints_raw = data.get("constraints", []) or []
-    if isinstance(constraints_raw, str):
-        constraints_raw = [constraints_raw]
-    if not isinstance(constraints_raw, list):
-        raise _err(path, field("constraints"), "expected a list of expressions")
-    for i, c in enumerate(constraints_raw):
-        if not isinstance(c, str):
-            raise _err(path, f"{field('constraints')}[{i}]", f"expected an expression string, got {c!r}")
-        try:
-            ast.parse(c, mode="eval")
-        except SyntaxError as exc:
-            raise _err(path, f"{field('constraints')}[{i}]", f"invalid expression {c!r}: {exc.msg}") from None
+    n_points = repeats * len(dtypes) * sum(len(st.configs) * math.prod(map(len, st.params.values()))
+                                           * sum(len(shapes[n]) for n in (st.shape_sets or shapes)) for st in studies)
+    if n_points > MAX_POINTS:  # checked before anything is expanded
+        raise _err(path, field("grid"), f"{n_points:,} points (shapes x dtypes x configs x params x repeats); at "
+                   f"most {MAX_POINTS:,} per spec: split the sweep or narrow the grid")
 
     baselines_raw = data.get("baselines", []) or []
     if isinstance(baselines_raw, str):
@@ -423,6 +432,8 @@ def _parse_shapes(raw, path, fname) -> dict[str, list[dict]]:
                                    "number >= 0 (a size, a ratio), a name (text) or a list of them")
                 keys.append(k)
                 values.append(vs)
+            if len(expanded) + math.prod(map(len, values)) > MAX_POINTS:
+                raise _err(path, f"{where}[{i}]", f"expands to more than {MAX_POINTS:,} shapes; split the sweep")
             for combo in itertools.product(*values):
                 expanded.append(dict(zip(keys, combo)))
         out[str(set_name)] = expanded
@@ -518,7 +529,34 @@ def _parse_grid(raw, path, fname, known, kernel, shape_sets) -> list[Study]:
     return studies
 
 
+def _kernel_module_allowed(kernel: str) -> bool:
+    """Whether the spec's module is this project's code (or a package the user allowed).
+
+    Importing runs a module's code, and a shared spec could name any module
+    on the path (``antigravity`` opens a browser). Only the top package is
+    located (``find_spec`` of a top-level name imports nothing): it must lie
+    under the current directory or this repository, or be listed in
+    $WORKBENCH_KERNEL_PACKAGES (comma-separated, e.g. ``mykernels``).
+    """
+    top = kernel.split(".", 1)[0]
+    if top in {p.strip() for p in os.environ.get("WORKBENCH_KERNEL_PACKAGES", "").split(",")}:
+        return True
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return True  # let the import itself report it
+    if found is None:
+        return True
+    where = list(found.submodule_search_locations or []) + ([found.origin] if found.origin else [])
+    roots = [Path.cwd().resolve(), Path(__file__).resolve().parents[1]]
+    return any(Path(w).resolve().is_relative_to(r) for w in where if os.path.isabs(w) for r in roots)
+
+
 def _import_kernel(kernel: str, path):
+    if not _kernel_module_allowed(kernel):
+        raise _err(path, "kernel", f"{kernel!r} is not a module of this project (under the current directory or "
+                   "the workbench repository), so the spec may not import it; if it is your kernel package, "
+                   "name its top package in $WORKBENCH_KERNEL_PACKAGES")
     _maybe_interpreter()
     try:
         module = importlib.import_module(kernel)
@@ -556,8 +594,7 @@ def _torch_dtype(name: str):
 
 
 def _constraint_namespace(spec: Spec, shape: dict, dtype: str, params: dict) -> dict:
-    ns = dict(_SAFE_FUNCS)
-    ns.update(shape)
+    ns = dict(shape)
     ns.update(params)
     ns["dtype"] = dtype
     derived = getattr(spec.module, "derived", None) if spec.module is not None else None
@@ -572,13 +609,10 @@ def _satisfies(spec: Spec, shape: dict, dtype: str, params: dict) -> bool:
     ns = _constraint_namespace(spec, shape, dtype, params)
     for i, c in enumerate(spec.constraints):
         try:
-            ok = eval(compile(c, f"constraints[{i}]", "eval"), {"__builtins__": {}}, ns)  # noqa: S307
-        except NameError as exc:
-            names = ", ".join(sorted(k for k in ns if k not in _SAFE_FUNCS))
-            raise _err(spec.path, f"constraints[{i}]", f"{exc} in {c!r} (names: {names})") from None
-        except Exception as exc:
-            raise _err(spec.path, f"constraints[{i}]", f"{type(exc).__name__}: {exc} in {c!r} "
-                       f"for shape {shape} and params {params}") from None
+            ok = safe_expr.evaluate(c, ns)
+        except safe_expr.ExprError as exc:
+            raise _err(spec.path, f"constraints[{i}]", f"{exc} in {c!r} for shape {shape} and params {params} "
+                       f"(names: {', '.join(sorted(ns))})") from None
         if not ok:
             return False
     return True

@@ -103,16 +103,16 @@ def smem_bytes(config: GemmConfig, elem_bytes: int = 2, tma: bool = True) -> int
 def validate_config(c: GemmConfig) -> None:
     for name in ("block_m", "block_n", "block_k"):
         v = getattr(c, name)
-        if not isinstance(v, int) or v < 16 or v & (v - 1):
-            raise ValueError(f"gemm: {name}={v!r} must be a power of two >= 16")
+        if not isinstance(v, int) or v < 16 or v > 1024 or v & (v - 1):  # bounded: specs set these
+            raise ValueError(f"gemm: {name}={v!r} must be a power of two from 16 to 1024")
     if c.num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"gemm: num_warps={c.num_warps!r} must be 1, 2, 4, 8 or 16")
-    if not isinstance(c.num_stages, int) or c.num_stages < 1:
-        raise ValueError(f"gemm: num_stages={c.num_stages!r} must be an int >= 1")
+    if not isinstance(c.num_stages, int) or not 1 <= c.num_stages <= 32:
+        raise ValueError(f"gemm: num_stages={c.num_stages!r} must be an int from 1 to 32")
     if not isinstance(c.group_m, int) or c.group_m < 1:
         raise ValueError(f"gemm: group_m={c.group_m!r} must be an int >= 1")
-    if c.num_sms is not None and (not isinstance(c.num_sms, int) or c.num_sms < 1):
-        raise ValueError(f"gemm: num_sms={c.num_sms!r} must be None or an int >= 1")
+    if c.num_sms is not None and (not isinstance(c.num_sms, int) or not 1 <= c.num_sms <= 4096):
+        raise ValueError(f"gemm: num_sms={c.num_sms!r} must be None or an int from 1 to 4096")
     if c.epilogue_split not in (1, 2):
         raise ValueError(f"gemm: epilogue_split={c.epilogue_split!r} must be 1 or 2")
     if c.stream_k and (c.warp_specialize or c.tma is False):

@@ -102,6 +102,9 @@ def prepare_output(out: torch.Tensor | None, M: int, N: int, K: int, like: torch
     nothing is left to compute (C is empty, or K == 0 and C zeroed)."""
     if out is None:
         out = torch.empty((M, N), dtype=like.dtype, device=like.device)
+    elif not isinstance(out, torch.Tensor):
+        raise ValueError(f"{who}: out must be a torch tensor ({M}, {N}) {like.dtype} on {like.device}, "
+                         f"got {type(out).__name__}")
     elif out.shape != (M, N) or out.dtype != like.dtype or out.device != like.device:
         raise ValueError(f"{who}: out must be ({M}, {N}) {like.dtype} on {like.device}, got "
                          f"{tuple(out.shape)} {out.dtype} on {out.device}")
@@ -158,10 +161,10 @@ def tensor_signature(t: torch.Tensor) -> tuple:
 
 def config_key(config) -> Any:
     """A hashable form of an explicit config (None, a dataclass, or a dict of fields)."""
-    if config is None or not isinstance(config, Mapping):
-        return config
     try:
-        return tuple(sorted(config.items()))
+        key = tuple(sorted(config.items())) if isinstance(config, Mapping) else config
+        hash(key)
+        return key
     except TypeError:
         return ("unhashable", id(config))  # planned anew (and validated) on every call
 
@@ -260,9 +263,8 @@ def plan_for(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | 
     try:
         key = (tensor_signature(a), tensor_signature(b), None if out is None else tensor_signature(out),
                config_key(config))
-    except AttributeError:   # not tensors: let the checks say what is wrong
-        _check_operands(a, b)
-        raise
+    except AttributeError:   # not tensors: planning says what is wrong (and raises)
+        return _plan(a, b, out, config)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS.put(key, _plan(a, b, out, config))
@@ -400,8 +402,8 @@ def matmul_ws(a: torch.Tensor, b: torch.Tensor, *, config: WsConfig | Mapping[st
     try:
         key = (tensor_signature(a), tensor_signature(b), None if out is None else tensor_signature(out),
                config_key(config))
-    except AttributeError:
-        _check_ws_operands(a, b)
+    except AttributeError:   # not tensors: planning says what is wrong (and raises)
+        _plan_ws(a, b, out, config)
         raise
     p = _WS_PLANS.get(key) or _WS_PLANS.put(key, _plan_ws(a, b, out, config))
     if out is None:

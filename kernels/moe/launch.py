@@ -374,6 +374,10 @@ def _launch(p: _Plan, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tenso
     if out is None:
         out = torch.empty(p.out_shape, device=a.device, dtype=a.dtype)
     if p.kind == "launch":
+        # Sizes on the host cost nothing to look at (no device sync); a negative one would write out of
+        # bounds. Checked on every call: a plan is keyed on the sizes' layout, not their values.
+        if group_sizes.device.type == "cpu" and bool((group_sizes < 0).any()):
+            raise ValueError(f"grouped_gemm: group_sizes must be >= 0, got {group_sizes.tolist()[:16]}")
         if not p.sizes_contiguous:
             group_sizes = group_sizes.contiguous()  # the kernels read sizes_ptr + g (a device copy, no sync)
         if p.tma:

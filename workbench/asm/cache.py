@@ -8,15 +8,23 @@ reported as a problem of that entry, with what to do, and listing goes on.
 
 Listing reads only the small JSON files; assembly is read when asked for.
 Nothing here executes or unpickles cache content, and nothing writes to it.
+Every read is bounded (`reading`: size caps, no FIFOs or devices, no
+symlinks out of the entry) and the tool runs of one request on an entry
+(its SASS, its resources) share one deadline (`tools.Deadline`); what is
+refused becomes a problem of the entry.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+
+from . import reading
 
 # Stage files Triton writes, by extension. `source` is Triton's front-end IR
 # (TTIR for @triton.jit, the Gluon IR for @gluon.jit); `python` is the kernel's
@@ -30,6 +38,7 @@ STAGE_ALIASES = {"gluon": "source", "py": "python", "gcn": "amdgcn"}
 # Written beside an entry by `workbench asm compile` only: the call that made it.
 SIDECAR = ".workbench.json"
 _AUX_SUFFIXES = (".so", ".c", ".cpp", ".h", ".pyd", ".dll", ".dylib")
+MAX_DIR_NAMES = 10_000  # names looked at in one entry directory (a real one has about ten)
 
 
 class CacheError(Exception):
@@ -54,15 +63,22 @@ def cache_dir(explicit: str | os.PathLike | None = None, *, create: bool = False
     return path
 
 
-def _read_json(path: Path) -> tuple[dict | None, str | None]:
+_REDO = ": delete the entry and re-compile"
+
+
+def _read_json(path: Path, root: Path | None = None, max_bytes: int | None = None) -> tuple[dict | None, str | None]:
+    """(the JSON object, None) or (None, what is wrong and what to do)."""
+    limit = min(reading.MAX_JSON_BYTES, reading.max_file_bytes(max_bytes))
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(reading.read_bytes(path, limit, root, hint="a Triton JSON file is a few kB: delete the entry"))
     except FileNotFoundError:
-        return None, f"{path.name} is missing"
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return None, f"{path.name} is unreadable ({type(exc).__name__}: {exc})"
+        return None, f"{path.name} is missing{_REDO}"
+    except reading.Refused as exc:
+        return None, str(exc)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return None, f"{path.name} is unreadable ({type(exc).__name__}: {str(exc)[:200]}){_REDO}"
     if not isinstance(data, dict):
-        return None, f"{path.name} is not a JSON object"
+        return None, f"{path.name} is not a JSON object{_REDO}"
     return data, None
 
 
@@ -76,6 +92,25 @@ class Entry:
     stages: dict[str, Path] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     mtime: float = 0.0
+    max_bytes: int | None = None  # read cap of one stage file (None: reading.max_file_bytes())
+    _location_refused = None  # why the IR holding the location info was not read (not a field)
+
+    @property
+    def cap(self) -> int:
+        return reading.max_file_bytes(self.max_bytes)
+
+    def tool_deadline(self):
+        """A fresh time budget shared by the tool runs (cuobjdump, nvdisasm) of one request on this entry."""
+        from .tools import Deadline
+
+        return Deadline()
+
+    def _refused(self, exc: OSError) -> CacheError:
+        """Record a refused read as a problem of the entry; the error to raise."""
+        msg = str(exc)
+        if msg not in self.problems:
+            self.problems.append(msg)
+        return CacheError(f"{self.path}: {msg}")
 
     # -- identity ---------------------------------------------------------
     @property
@@ -147,10 +182,17 @@ class Entry:
         if stage == "sass":
             from .tools import sass_from_cubin
 
-            return sass_from_cubin(self._stage_path("cubin"))
+            path = self._stage_path("cubin")
+            try:
+                reading.check_file(path, self.cap, self.path)
+            except reading.Refused as exc:
+                raise self._refused(exc) from None
+            return sass_from_cubin(path, self.tool_deadline(), self.cap)
         path = self._stage_path(stage)
         try:
-            return path.read_text(errors="replace")
+            return reading.read_text(path, self.cap, self.path)
+        except reading.Refused as exc:
+            raise self._refused(exc) from None
         except OSError as exc:
             raise CacheError(f"{path}: cannot read ({exc}); the entry may be damaged, re-compile it") from exc
 
@@ -170,8 +212,11 @@ class Entry:
         if path is None:
             return None
         try:
-            with open(path, errors="replace") as fh:
-                head = fh.read(4096)
+            reading.check_file(path, self.cap, self.path)  # a file over the cap is not read, not even its head
+            head = reading.read_text(path, 4096, self.path, head=True)
+        except reading.Refused as exc:
+            self._location_refused = str(exc)
+            return None
         except OSError:
             return None
         m = re.search(r'^#loc\d* = loc\("([^"]+)":(\d+):\d+\)', head, re.M)
@@ -180,15 +225,25 @@ class Entry:
     def _python_source(self) -> str:
         loc = self.location
         if loc is None:
-            raise CacheError(f"{self.path}: no location info in the IR, so the Python source cannot be found")
+            raise CacheError(f"{self.path}: no location info in the IR ({self._location_refused or 'none found'}), "
+                             "so the Python source cannot be found")
         file, line = loc
+        if not file.endswith(".py"):
+            raise CacheError(f"{self.path}: the IR names {file!r} as the kernel's source, which is not a .py "
+                             "file: not read; the `source` stage has Triton's IR of it")
         try:
-            lines = _find_source_file(file).read_text(errors="replace").splitlines()
+            path = _find_source_file(file)
+            lines = reading.read_text(path, min(reading.MAX_SOURCE_BYTES, self.cap)).splitlines()
+        except reading.Refused as exc:
+            raise CacheError(f"{self.path}: the kernel's source file {file}: {exc}") from None
         except OSError:
             raise CacheError(
                 f"{self.path}: the kernel's source file {file} is not readable here "
                 "(compiled on another machine?); the `source` stage has Triton's IR of it"
             ) from None
+        if not 1 <= line <= len(lines):
+            raise CacheError(f"{self.path}: the IR places the kernel at line {line} of {file}, which has "
+                             f"{len(lines)} lines (the file changed since?); the `source` stage has the IR")
         return _function_block(lines, line - 1)
 
     def mix(self, stage: str | None = None, text: str | None = None):
@@ -209,7 +264,8 @@ class Entry:
     def resources(self) -> dict:
         from .resources import resources
 
-        return resources(dict(self.stages), self.metadata)
+        return resources(dict(self.stages), self.metadata, root=self.path, max_bytes=self.cap,
+                         deadline=self.tool_deadline())
 
     def specialization(self) -> dict:
         """What makes this specialization: options, argument attributes, IR constants."""
@@ -274,16 +330,54 @@ def normalize_stage(stage: str) -> str:
 # -- reading one entry -------------------------------------------------------
 
 
-def read_entry(path: str | os.PathLike) -> Entry:
-    """Read one entry directory's metadata (never its assembly)."""
+def _entry_files(path: Path) -> tuple[dict[str, Path], set[str], list[str]]:
+    """The regular files of an entry directory (symlinks inside it followed), the names refused, and why."""
+    files: dict[str, Path] = {}
+    refused: set[str] = set()
+    problems: list[str] = []
+    with os.scandir(path) as it:
+        for d in itertools.islice(it, MAX_DIR_NAMES + 1):
+            if len(files) + len(problems) >= MAX_DIR_NAMES:
+                problems.append(f"more than {MAX_DIR_NAMES:,} names in the directory: the rest was not looked "
+                                "at (a Triton entry holds about ten files); delete it if no tool owns it")
+                break
+            try:
+                if d.is_symlink() and not reading.inside(d.path, path):
+                    refused.add(d.name)
+                    problems.append(f"{d.name} is a symlink leading out of the entry (to "
+                                    f"{os.path.realpath(d.path)}): not read; delete it")
+                    continue
+                mode = os.stat(d.path).st_mode
+            except OSError as exc:
+                problems.append(f"{d.name} cannot be examined ({exc.strerror or exc}); check it")
+                continue
+            if stat.S_ISREG(mode):
+                files[d.name] = Path(d.path)
+            elif not stat.S_ISDIR(mode):  # FIFOs, sockets, devices: never opened
+                refused.add(d.name)
+                problems.append(f"{d.name} is {reading.kind_of(mode)}, not a regular file: not read; delete it")
+    return files, refused, problems
+
+
+def read_entry(path: str | os.PathLike, max_bytes: int | None = None, root: str | os.PathLike | None = None) -> Entry:
+    """Read one entry directory's metadata (never its assembly).
+
+    `max_bytes`: read cap of one stage file (default `reading.max_file_bytes()`);
+    `root`: the cache, which the entry (a symlink, maybe) must not leave.
+    """
     path = Path(path)
-    entry = Entry(path=path)
+    entry = Entry(path=path, max_bytes=max_bytes)
+    if root is not None and not reading.inside(path, root):
+        entry.problems.append(f"a symlink leading out of the cache (to {os.path.realpath(path)}): not read; "
+                              "delete it, or copy the entry into the cache")
+        return entry
     try:
-        files = {p.name: p for p in path.iterdir() if p.is_file()}
+        files, refused_names, refused = _entry_files(path)
         entry.mtime = path.stat().st_mtime
     except OSError as exc:
         entry.problems.append(f"cannot read directory ({exc}); check permissions")
         return entry
+    entry.problems.extend(refused)
     if path.name.startswith("tmp."):
         entry.problems.append(
             "half-written entry (a tmp.* directory: a compile was interrupted or is running); "
@@ -311,25 +405,28 @@ def read_entry(path: str | os.PathLike) -> Entry:
         entry.problems.append(
             "no __grp__ file: the compile did not finish writing this entry; delete the directory and re-compile"
         )
-    meta, err = _read_json(path / f"{entry.name}.json")
-    if err:
-        entry.problems.append(f"metadata {err}: delete the entry and re-compile")
-    else:
+    meta, err = _read_json(path / f"{entry.name}.json", path, max_bytes)
+    if meta is not None:
         entry.metadata = meta
+    elif f"{entry.name}.json" not in refused_names:
+        entry.problems.append(f"metadata {err}")
     for fname, fpath in files.items():
         stem, dot, ext = fname.partition(".")
         if stem == entry.name and ext in TEXT_STAGES + BINARY_STAGES:
             entry.stages[ext] = fpath
     if groups:
-        grp, err = _read_json(path / groups[0])
+        grp, err = _read_json(path / groups[0], path, max_bytes)
+        listed = grp.get("child_paths", {}) if grp else {}
+        if not err and not isinstance(listed, dict):
+            err = f"has no child_paths mapping{_REDO}"
         if err:
-            entry.problems.append(f"group file {err}: delete the entry and re-compile")
+            entry.problems.append(f"group file {err}")
         else:
-            listed = grp.get("child_paths", {})
-            missing = sorted(n for n in listed if n not in files)
+            missing = sorted(n for n in listed if n not in files and n not in refused_names)
             if missing:
                 entry.problems.append(
-                    f"files listed by the group file are missing: {', '.join(missing)}; "
+                    f"files listed by the group file are missing: {', '.join(missing[:10])}"
+                    f"{f' and {len(missing) - 10} more' if len(missing) > 10 else ''}; "
                     "delete the entry and re-compile"
                 )
     for ext in ("ptx", "amdgcn", "cubin", "hsaco"):
@@ -349,7 +446,7 @@ def _size(p: Path) -> int:
 def _is_aux_dir(path: Path) -> bool:
     """Directories of compiled launchers / driver helpers: part of a healthy cache."""
     try:
-        names = [p.name for p in path.iterdir()]
+        names = [p.name for p in itertools.islice(path.iterdir(), MAX_DIR_NAMES)]
     except OSError:
         return False
     return bool(names) and all(n.endswith(_AUX_SUFFIXES) or n.startswith("__grp__") for n in names) and any(
@@ -357,8 +454,11 @@ def _is_aux_dir(path: Path) -> bool:
     )
 
 
-def list_entries(cache: str | os.PathLike | None = None) -> list[Entry]:
-    """Every entry of the cache, newest first; damaged ones carry `problems`."""
+def list_entries(cache: str | os.PathLike | None = None, max_bytes: int | None = None) -> list[Entry]:
+    """Every entry of the cache, newest first; damaged ones carry `problems`.
+
+    `max_bytes`: read cap of one stage file (default `reading.max_file_bytes()`).
+    """
     root = cache_dir(cache)
     entries = []
     for child in root.iterdir():
@@ -366,18 +466,18 @@ def list_entries(cache: str | os.PathLike | None = None) -> list[Entry]:
             continue
         if _is_aux_dir(child):
             continue
-        entries.append(read_entry(child))
+        entries.append(read_entry(child, max_bytes, root))
     entries.sort(key=lambda e: (-e.mtime, e.hash))
     return entries
 
 
-def get_entry(spec: str | os.PathLike, cache: str | os.PathLike | None = None) -> Entry:
+def get_entry(spec: str | os.PathLike, cache: str | os.PathLike | None = None, max_bytes: int | None = None) -> Entry:
     """An entry by directory path or by a unique prefix of its hash."""
     p = Path(spec).expanduser()
     if os.sep in str(spec):  # a path, not a hash prefix
         if not p.is_dir():
             raise CacheError(f"no entry directory at {p}; give an entry directory or a hash prefix")
-        return read_entry(p)
+        return read_entry(p, max_bytes)
     root = cache_dir(cache)
     prefix = str(spec).upper()
     hits = [c for c in root.iterdir() if c.is_dir() and c.name.upper().startswith(prefix)]
@@ -386,7 +486,7 @@ def get_entry(spec: str | os.PathLike, cache: str | os.PathLike | None = None) -
     if len(hits) > 1:
         names = ", ".join(sorted(h.name[:12] for h in hits)[:6])
         raise CacheError(f"hash prefix {spec!r} is ambiguous in {root} ({len(hits)} entries: {names}...); give more characters")
-    return read_entry(hits[0])
+    return read_entry(hits[0], max_bytes, root)
 
 
 def select(entries: list[Entry], name: str | None = None, **filters) -> list[Entry]:
@@ -406,6 +506,7 @@ def select(entries: list[Entry], name: str | None = None, **filters) -> list[Ent
 _FUNC_RE = re.compile(r"tt\.func public @[\w$.]+\((.*)\)\s*(?:attributes|\{)", re.S)
 _ARG_RE = re.compile(r"%([\w$.]+): ([^\s{]+(?:<[^>]*>)?)(?: \{([^}]*)\})?")
 _CONST_RE = re.compile(r"%([A-Za-z_][\w$]*?)(?:_\d+)? = arith\.constant (?:dense<)?([^ :>]+)>?\s*:")
+_FUNC_WINDOW = 1 << 16  # characters of a kernel's signature line, at most (real ones: a few kB)
 _ANON_CONST_RE = re.compile(r"c\d*(_i\d+)?|cst|true|false|c_?\w*_i\d+")
 _OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_pdl",
                 "launch_cooperative_grid", "warp_size", "waves_per_eu", "matrix_instr_nonkdim", "kpack",
@@ -420,17 +521,18 @@ def specialization(entry: Entry) -> dict:
     """
     spec = {"options": {k: entry.metadata.get(k) for k in _OPTION_KEYS if k in entry.metadata},
             "args": {}, "constants": {}, "constexprs": {}}
-    side, _ = _read_json(entry.path / f"{entry.name}{SIDECAR}")
+    side, _ = _read_json(entry.path / f"{entry.name}{SIDECAR}", entry.path, entry.max_bytes)
     if side and isinstance(side.get("constexprs"), dict):
         spec["constexprs"] = side["constexprs"]
     path = entry.stages.get("source") or entry.stages.get("ttir")
     if path is None:
         return spec
     try:
-        text = path.read_text(errors="replace")
+        text = reading.read_text(path, entry.cap, entry.path)
     except OSError:
         return spec
-    m = _FUNC_RE.search(text)
+    start = text.find("tt.func public @")  # one bounded search: a file of many headers cannot make it quadratic
+    m = _FUNC_RE.search(text, start, start + _FUNC_WINDOW) if start >= 0 else None
     if m:
         for name, typ, attrs in _ARG_RE.findall(m.group(1)):
             attrs = re.sub(r"\s*:\s*i\d+", "", attrs or "").strip()

@@ -124,7 +124,10 @@ def _short(row: dict) -> dict:
     out = dict(row)
     out["hash"] = row["hash"][:12]
     out["stages"] = ",".join(row["stages"])
-    out["mtime"] = datetime.fromtimestamp(row["mtime"]).strftime("%Y-%m-%d %H:%M") if row["mtime"] else ""
+    try:  # a damaged file system can carry any time stamp
+        out["mtime"] = datetime.fromtimestamp(row["mtime"]).strftime("%Y-%m-%d %H:%M") if row["mtime"] else ""
+    except (ValueError, OverflowError, OSError):
+        out["mtime"] = "?"
     return out
 
 

@@ -6,6 +6,7 @@ where `workbench.asm` reads it like any other entry.
 """
 from __future__ import annotations
 
+import ast
 import base64
 import importlib
 import subprocess
@@ -130,6 +131,7 @@ def make_signature(fn, types: dict[str, str] | None, constexprs: dict | None) ->
     missing = []
     for p in fn.params:
         if p.name in types:
+            _check_type(p.name, types[p.name])
             sig[p.name] = types[p.name]
         elif p.is_constexpr or p.name in constexprs:
             sig[p.name] = "constexpr"
@@ -143,6 +145,36 @@ def make_signature(fn, types: dict[str, str] | None, constexprs: dict | None) ->
             f"{fn.__name__}: give a type for {', '.join(missing)} (e.g. --arg {missing[0]}=*fp16 or i32)"
         )
     return sig
+
+
+_LAYOUTS = ("NVMMASharedLayout", "PaddedSharedLayout", "SwizzledSharedLayout")
+
+
+def _check_type(param: str, ty) -> None:
+    """Refuse a type Triton would run as code.
+
+    Triton's ``str_to_ty`` passes the layout of a Gluon ``tensordesc<...>``
+    type to ``eval``; only a layout constructor with literal arguments gets
+    through here (the layout part is cut out exactly as Triton cuts it).
+    """
+    if not isinstance(ty, str):
+        raise CacheError(f"--arg {param}: a type is text such as *fp16 or i32, got {type(ty).__name__}")
+    if not ty.startswith("tensordesc") or "<" not in ty or "[" not in ty.split("<")[1]:
+        return
+    layout = ty.split("<")[1].rstrip(">").split("[", 1)[1].partition("]")[2].lstrip(",")
+    if not layout:
+        return
+    try:
+        call = ast.parse(layout, mode="eval").body
+        ok = isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in _LAYOUTS
+        for node in call.args + [k.value for k in call.keywords] if ok else ():
+            ast.literal_eval(node)
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+        ok = False
+    if not ok:
+        raise CacheError(f"--arg {param}: the layout in {ty[:120]!r} must be one of {', '.join(_LAYOUTS)} called "
+                         "with literal arguments, e.g. NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, "
+                         "rank=2)")
 
 
 def _attrs(fn, divisible: list | None) -> dict:

@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from .cache import Entry, normalize_stage
+from .cache import CacheError, Entry, normalize_stage
 
 # Mix columns that are measures; every other column identifies an instruction class.
 _MEASURES = ("count", "bytes_per_thread")
+MAX_DIFF_LINES = 200_000  # per side; the largest real stage (a Gluon GEMM's llir, 1.9 MB) has about 30,000
 _IGNORED_META = {"hash", "extern_libs", "name"}
 
 
@@ -91,6 +92,12 @@ def diff_entries(a: Entry, b: Entry, stage: str | None = None) -> EntryDiff:
     """Side-by-side text, mix delta and metadata delta of one stage of two entries."""
     stage = normalize_stage(stage or a.final_stage)
     text_a, text_b = a.text(stage), b.text(stage)  # read once: SASS costs a cuobjdump run
+    for e, text in ((a, text_a), (b, text_b)):
+        n = text.count("\n")
+        if n > MAX_DIFF_LINES:  # difflib holds every line, and its time grows faster than the size
+            raise CacheError(f"{e.path}: the {stage} has {n:,} lines; side-by-side diffs stop at "
+                             f"{MAX_DIFF_LINES:,}: compare `workbench asm mix` of both entries, or diff the "
+                             "`workbench asm show` outputs with a diff tool")
     if stage in ("ptx", "amdgcn", "sass"):
         mix = mix_delta(a.mix(stage, text_a), b.mix(stage, text_b))
     else:

@@ -581,14 +581,14 @@ def _special_counts(text: str, isa: str, raw: Counter) -> list:
     """Classify the operand-dependent lines; take them out of ``raw``."""
     out = []
     if isa == "ptx":
-        found = Counter((mn, size) for _ws, mn, size in _SPECIAL_SCAN["ptx"].findall(text))
+        found = Counter(m.group(2, 3) for m in _SPECIAL_SCAN["ptx"].finditer(text))
         for (mn, size), n in found.items():
             if not _ptx_operands_matter(mn):
                 continue
             raw[mn] -= n
             out.append((_ptx_class(mn)[:3] + (int(size, 0) * 8,), mn, n))
     elif isa == "amdgcn":
-        found = Counter(mn for _ws, mn in _SPECIAL_SCAN["amdgcn"].findall(text))
+        found = Counter(m.group(2) for m in _SPECIAL_SCAN["amdgcn"].finditer(text))
         for mn, n in found.items():
             cls = _amd_class(mn)
             if not _amd_operands_matter(mn) or cls[2] != "load":
@@ -608,12 +608,12 @@ def tally(text: str, isa: str) -> dict[tuple, Counter]:
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = "\n" + text
-    found = _SCAN_RE[isa].findall(text)
+    found = _SCAN_RE[isa].finditer(text)  # counted as found: memory grows with distinct mnemonics only
     if isa == "sass":
-        raw = Counter((never, mn) for _ws, never, mn in found)
+        raw = Counter(m.group(2, 3) for m in found)
         pairs = [((_OTHER if never else _sass_class(mn)), mn, n) for (never, mn), n in raw.items()]
     else:
-        raw = Counter(mn for _ws, mn in found)
+        raw = Counter(m.group(2) for m in found)
         matter = _OPERANDS_MATTER[isa]
         pairs = _special_counts(text, isa, raw) if any(matter(mn) for mn in raw) else []
         classify_mn = _CLASSIFY[isa]

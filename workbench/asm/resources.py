@@ -34,7 +34,7 @@ import re
 from pathlib import Path
 
 from workbench.asm import isa as _isa
-from workbench.asm import tools
+from workbench.asm import reading, tools
 
 __all__ = ["resources", "nvidia_occupancy", "amd_kernel_info", "NV_LIMITS", "smem_per_block"]
 
@@ -188,22 +188,23 @@ def amd_kernel_info(text: str) -> dict:
     return out
 
 
-def _read_text(path, what: str, problems: list) -> str | None:
+def _read_text(path, what: str, problems: list, bounds: dict) -> str | None:
+    """The file's text within `bounds` (reading caps and root); None, with a problem noted, if refused."""
     try:
-        return Path(path).read_text(errors="replace")
+        return reading.read_text(path, bounds["limit"], bounds["root"])
     except OSError as e:
-        problems.append(f"cannot read the {what} {path}: {e.strerror or e}")
+        problems.append(f"cannot read the {what} {path}: {e if isinstance(e, reading.Refused) else e.strerror or e}")
         return None
 
 
-def _nvidia(stages: dict, md: dict, out: dict, problems: list, cc: int | None) -> None:
+def _nvidia(stages: dict, md: dict, out: dict, problems: list, cc: int | None, bounds: dict) -> None:
     cubin = stages.get("cubin")
     tool_missing = False
     if cubin is None:
         problems.append("no cubin among the stages: registers, stack and local memory unknown")
     else:
         try:
-            ru = tools.cubin_resource_usage(Path(cubin))
+            ru = tools.cubin_resource_usage(Path(cubin), bounds["deadline"], bounds["limit"])
         except (tools.ToolMissing, tools.ToolFailed, OSError) as e:
             problems.append(f"registers unknown: {e}")
             tool_missing = isinstance(e, tools.ToolMissing)
@@ -225,10 +226,10 @@ def _nvidia(stages: dict, md: dict, out: dict, problems: list, cc: int | None) -
     sass_path = stages.get("sass")
     text = None
     if sass_path is not None:
-        text = _read_text(sass_path, "SASS text", problems)
+        text = _read_text(sass_path, "SASS text", problems, bounds)
     elif cubin is not None and not tool_missing:  # spills show in the machine code only: local loads/stores in SASS
         try:
-            text = tools.sass_from_cubin(Path(cubin))
+            text = tools.sass_from_cubin(Path(cubin), bounds["deadline"], bounds["limit"])
         except (tools.ToolMissing, tools.ToolFailed, OSError) as e:
             problems.append(f"spills unknown: {e}")
     if text is not None:
@@ -262,12 +263,12 @@ def _nvidia(stages: dict, md: dict, out: dict, problems: list, cc: int | None) -
             )
 
 
-def _amd(stages: dict, out: dict, problems: list, arch) -> None:
+def _amd(stages: dict, out: dict, problems: list, arch, bounds: dict) -> None:
     path = stages.get("amdgcn")
     if path is None:
         problems.append("no .amdgcn text among the stages: registers and occupancy unknown")
         return
-    text = _read_text(path, ".amdgcn text", problems)
+    text = _read_text(path, ".amdgcn text", problems, bounds)
     if text is None:
         return
     info = amd_kernel_info(text)
@@ -305,22 +306,29 @@ def _amd(stages: dict, out: dict, problems: list, arch) -> None:
     out["occupancy_limiter"] = limiter
 
 
-def resources(stages: dict, metadata: dict) -> dict:
+def resources(stages: dict, metadata: dict, *, root=None, max_bytes: int | None = None, deadline=None) -> dict:
     """Resource use of one compiled kernel; see the module docstring for the keys.
 
     ``stages`` maps stage names ('ptx', 'cubin', 'amdgcn', 'hsaco', 'json',
     'sass' ...) to files; ``metadata`` is the entry's JSON dict (read from
-    the 'json' stage when empty).
+    the 'json' stage when empty). Files are read within ``max_bytes`` each
+    (default ``reading.max_file_bytes()``) and, given ``root``, only inside
+    it; every tool run shares ``deadline`` (a ``tools.Deadline``).
     """
     problems: list[str] = []
+    bounds = {"limit": reading.max_file_bytes(max_bytes), "root": root, "deadline": deadline or tools.Deadline()}
     stages = {k: Path(v) for k, v in (stages or {}).items() if v is not None}
     md = dict(metadata or {})
     if not md and "json" in stages:
-        text = _read_text(stages["json"], "metadata", problems)
+        text = _read_text(stages["json"], "metadata", problems,
+                          dict(bounds, limit=min(bounds["limit"], reading.MAX_JSON_BYTES)))
         if text is not None:
             try:
-                md = json.loads(text)
-            except ValueError as e:
+                loaded = json.loads(text)
+                if not isinstance(loaded, dict):
+                    raise ValueError("not a JSON object")
+                md = loaded
+            except (ValueError, RecursionError) as e:
                 problems.append(f"bad metadata JSON {stages['json']}: {e}")
     backend, arch = _target(md, stages)
     out: dict = {"backend": backend}
@@ -348,9 +356,9 @@ def resources(stages: dict, metadata: dict) -> dict:
             out[k] = md[k]
 
     if backend == "cuda":
-        _nvidia(stages, md, out, problems, cc)
+        _nvidia(stages, md, out, problems, cc, bounds)
     elif backend == "hip":
-        _amd(stages, out, problems, arch)
+        _amd(stages, out, problems, arch, bounds)
     else:
         problems.append(
             "unknown backend: no target in the metadata and no cubin/amdgcn among the stages"

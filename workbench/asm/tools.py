@@ -5,6 +5,12 @@ finds that folder with ``importlib.util.find_spec`` (without importing
 triton), else looks on ``PATH`` and under ``$CUDA_HOME/bin``.  An explicit
 ``$TRITON_CUOBJDUMP_PATH`` / ``$TRITON_NVDISASM_PATH`` (the variables Triton
 itself reads) wins over both.
+
+A cubin in the cache is untrusted input, and a tool can hang on one (or be a
+broken install that never returns): every tool run of one entry shares one
+`Deadline` (``$WORKBENCH_ASM_TOOL_TIMEOUT_S``, 20 s by default), the tool runs
+in its own process group (killed whole when time is up), and its output goes
+to a temporary file: past the stage-file read cap, the tool is killed.
 """
 from __future__ import annotations
 
@@ -12,12 +18,19 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
+from . import reading
+
 __all__ = [
+    "Deadline",
     "ToolMissing",
     "ToolFailed",
+    "ToolTimeout",
     "find_tool",
     "run_tool",
     "sass_from_cubin",
@@ -26,7 +39,38 @@ __all__ = [
     "parse_resource_usage",
 ]
 
-TIMEOUT_S = 120
+ENV_TIMEOUT = "WORKBENCH_ASM_TOOL_TIMEOUT_S"
+TIMEOUT_S = 20.0  # one entry's tool runs together; the largest real cubin disassembles in well under 1 s
+
+
+def tool_timeout() -> float:
+    """Seconds all tool runs of one entry may take: $WORKBENCH_ASM_TOOL_TIMEOUT_S, else 20."""
+    raw = os.environ.get(ENV_TIMEOUT)
+    if not raw:
+        return TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1
+    if not value > 0:
+        raise ValueError(f"${ENV_TIMEOUT}={raw!r}: give a number of seconds > 0, or unset it")
+    return value
+
+
+class Deadline:
+    """One time budget shared by several tool runs (those of one cache entry)."""
+
+    def __init__(self, seconds: float | None = None):
+        self.seconds = tool_timeout() if seconds is None else float(seconds)
+        self.end = time.monotonic() + self.seconds
+
+    def left(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def expired_message(self, what: str) -> str:
+        return (f"{what} did not finish within the {self.seconds:g} s allowed for one entry's tools "
+                f"(${ENV_TIMEOUT}): the cubin may be damaged, or the tool stuck; re-compile the entry, "
+                "check the tool on a healthy cubin, or raise the limit for a very large kernel")
 
 
 class ToolMissing(RuntimeError):
@@ -111,29 +155,82 @@ def find_tool(name: str) -> str:
     )
 
 
-def run_tool(name: str, args: list[str], timeout: float = TIMEOUT_S) -> str:
-    """Run CUDA tool ``name`` with ``args``; its stdout, or ToolFailed with its stderr."""
+class ToolTimeout(ToolFailed):
+    """The entry's tool deadline passed; no other tool is tried."""
+
+
+def run_tool(name: str, args: list[str], timeout: float | None = None, *, deadline: Deadline | None = None,
+             max_output: int | None = None) -> str:
+    """Run CUDA tool ``name`` with ``args``; its stdout, or ToolFailed with its stderr.
+
+    The run ends at ``deadline`` (else after ``timeout`` s, else the default);
+    its output beyond ``max_output`` bytes (default: the stage-file read cap)
+    makes it fail.
+    """
     exe = find_tool(name)
+    deadline = deadline or Deadline(timeout)
+    what = f"{name} {' '.join(args)}"
+    if deadline.left() <= 0:
+        raise ToolTimeout(deadline.expired_message(what))
+    limit = reading.max_file_bytes(max_output)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            # Own session: a stuck tool and anything it started are killed together.
+            proc = subprocess.Popen([exe, *args], stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                    start_new_session=True)
+        except OSError as e:
+            raise ToolFailed(f"could not run {exe}: {e}") from e
+        code = _wait(proc, deadline, out, limit, what)
+        out_text = _read_capped(out, limit, what)
+        err_text = _read_capped(err, 64 << 10, what, clip=True)
+    if code != 0:
+        msg = (err_text or out_text[:4000]).strip()
+        raise ToolFailed(f"{what} failed (exit {code}): {msg}")
+    return out_text
+
+
+def _wait(proc: subprocess.Popen, deadline: Deadline, out, limit: int, what: str) -> int:
+    """The tool's exit status; killed (ToolFailed) past the deadline or once its output passes `limit`."""
+    pause = 0.002
+    while True:
+        try:
+            return proc.wait(timeout=min(pause, deadline.left()))
+        except subprocess.TimeoutExpired:
+            pass
+        if os.fstat(out.fileno()).st_size > limit:
+            _kill_group(proc)
+            raise ToolFailed(f"{what} wrote more than {limit:,} bytes (the read cap, ${reading.ENV_MAX_FILE_MB}); "
+                             "the cubin may be damaged")
+        if deadline.left() <= 0:
+            _kill_group(proc)
+            raise ToolTimeout(deadline.expired_message(what))
+        pause = min(pause * 2, 0.05)  # a healthy run ends in about 0.1 s: look often at first
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
     try:
-        proc = subprocess.run(
-            [exe, *args], capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired as e:
-        raise ToolFailed(f"{name} {' '.join(args)} took longer than {timeout:.0f} s") from e
-    except OSError as e:
-        raise ToolFailed(f"could not run {exe}: {e}") from e
-    if proc.returncode != 0:
-        msg = (proc.stderr or proc.stdout).strip()
-        raise ToolFailed(f"{name} {' '.join(args)} failed (exit {proc.returncode}): {msg}")
-    return proc.stdout
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        proc.kill()
+    proc.wait()
 
 
-def _check_cubin(cubin: Path) -> Path:
+def _read_capped(fh, limit: int, what: str, clip: bool = False) -> str:
+    size = os.fstat(fh.fileno()).st_size
+    if size > limit and not clip:
+        raise ToolFailed(f"{what} wrote more than {limit:,} bytes (the read cap, ${reading.ENV_MAX_FILE_MB}); "
+                         "the cubin may be damaged")
+    fh.seek(0)
+    return fh.read(limit).decode("utf-8", errors="replace")
+
+
+def _check_cubin(cubin: Path, max_bytes: int | None = None) -> Path:
+    """`cubin` if it is a regular file under the read cap that starts like an ELF file."""
     cubin = Path(cubin)
-    if not cubin.is_file():
+    if not cubin.exists():
         raise FileNotFoundError(f"cubin {cubin} does not exist")
-    with cubin.open("rb") as f:
-        head = f.read(4)
+    reading.check_file(cubin, reading.max_file_bytes(max_bytes))  # Refused: a FIFO, device, huge file
+    head = reading.read_bytes(cubin, 4, head=True)
     if head != b"\x7fELF":
         raise ToolFailed(
             f"{cubin} is not a cubin (no ELF header; {cubin.stat().st_size} bytes): "
@@ -142,15 +239,23 @@ def _check_cubin(cubin: Path) -> Path:
     return cubin
 
 
-def sass_from_cubin(cubin: Path) -> str:
-    """SASS text of a cubin (``cuobjdump -sass``, falling back to ``nvdisasm``)."""
-    cubin = _check_cubin(cubin)
+def sass_from_cubin(cubin: Path, deadline: Deadline | None = None, max_output: int | None = None) -> str:
+    """SASS text of a cubin (``cuobjdump -sass``, falling back to ``nvdisasm``).
+
+    Both runs share ``deadline`` (a fresh one if None); past it, ToolTimeout.
+    """
+    cubin = _check_cubin(cubin, max_output)
+    deadline = deadline or Deadline()
     try:
-        text = run_tool("cuobjdump", ["-sass", str(cubin)])
+        text = run_tool("cuobjdump", ["-sass", str(cubin)], deadline=deadline, max_output=max_output)
+    except ToolTimeout:
+        raise
     except ToolFailed as e:
         first = str(e)
         try:
-            text = run_tool("nvdisasm", [str(cubin)])
+            text = run_tool("nvdisasm", [str(cubin)], deadline=deadline, max_output=max_output)
+        except ToolTimeout:
+            raise
         except ToolMissing:
             raise ToolFailed(
                 f"cannot disassemble {cubin}: {first}; it may be truncated or corrupt"
@@ -226,13 +331,13 @@ def parse_resource_usage(text: str) -> dict:
     return out
 
 
-def cubin_resource_usage(cubin: Path) -> dict:
+def cubin_resource_usage(cubin: Path, deadline: Deadline | None = None, max_output: int | None = None) -> dict:
     """Resource usage of a cubin's kernel(s): registers, stack, shared, local, constant ...
 
     See parse_resource_usage() for the keys. Raises ToolMissing / ToolFailed.
     """
-    cubin = _check_cubin(cubin)
-    text = run_tool("cuobjdump", ["-res-usage", str(cubin)])
+    cubin = _check_cubin(cubin, max_output)
+    text = run_tool("cuobjdump", ["-res-usage", str(cubin)], deadline=deadline, max_output=max_output)
     out = parse_resource_usage(text)
     if not out.get("functions"):
         raise ToolFailed(f"cuobjdump -res-usage found no kernel in {cubin}")
