@@ -112,8 +112,9 @@ _SIM_CONFIG = AgGemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_st
                            k_per_flag=2, num_sms=5, chunk_m_tiles=1, max_spins=1 << 12)
 
 
-def load_table(path: Path = AUTO_TABLE_PATH) -> list[dict] | None:
+def load_table(path: Path | None = None) -> list[dict] | None:
     """The measured table, validated (None when absent). Bad content -> ValueError naming the file."""
+    path = Path(path or AUTO_TABLE_PATH)
     if not path.exists():
         return None
     with open(path, "rb") as fh:

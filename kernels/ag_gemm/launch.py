@@ -225,7 +225,7 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     plan.KG = triton.cdiv(triton.cdiv(S_K, cfg.block_k), cfg.k_per_flag)
     dev = heap.device
     plan.pub = heap.named(f"ag_gemm.pub.{S_M}x{S_K}.{a.dtype}", (S_M, S_K), a.dtype)
-    plan.stg = torch.empty((W, S_M, S_K), dtype=a.dtype, device=dev)
+    plan.stg = torch.zeros((W, S_M, S_K), dtype=a.dtype, device=dev)
     plan.flags = torch.zeros(W * plan.MT * plan.KG, dtype=torch.int32, device=dev)
     total = cfg.num_sms or (sms if not heap.simulated else 4 + cfg.fetchers)
     if cfg.variant == "fused":
@@ -284,7 +284,7 @@ def get_plan(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=Fa
 # --------------------------------------------------------------------------
 def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_dim: int = 1,
                       bias: torch.Tensor | None = None, config: AgGemmConfig | dict | None = None,
-                      trace: bool = False):
+                      trace: bool = False, out: torch.Tensor | None = None):
     """C = all_gather(A) @ B (+ bias) on every rank, the gather hidden behind the GEMM.
 
     gather_dim=1 (iris' convention): each rank holds ``a_shard = A[:, r*K/W:(r+1)*K/W]``
@@ -295,7 +295,8 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_di
     ``heap``: a `workbench.dist.SymmetricHeap` (GPU) or `SimHeap` (simulated world).
     ``bias``: optional (N,) added to every row. ``config``: `AgGemmConfig` or a dict
     of its fields (default: ``auto_config``). ``trace=True`` returns ``(C, raw)``
-    with per-program events (see ``kernels.ag_gemm.trace.frame``).
+    with per-program events (see ``kernels.ag_gemm.trace.frame``). ``out``: an (M, N)
+    tensor of the inputs' dtype, row-major, to receive C (default: a new one).
 
     Every rank must make the same calls in the same order. Timeouts surface at the
     next call or ``check(heap)`` (module docstring); ``a_shard`` may be reused or freed
@@ -305,10 +306,14 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_di
     if s["pending"] is not None:
         _poll(s, heap)
     plan = get_plan(a_shard, b, heap, gather_dim=gather_dim, bias=bias, config=config, trace=trace)
+    if out is not None and (tuple(out.shape) != plan.out_shape or out.dtype != a_shard.dtype
+                            or out.device != a_shard.device or out.stride(1) != 1):
+        raise ValueError(f"all_gather_matmul: out must be a {plan.out_shape} {a_shard.dtype} tensor on "
+                         f"{a_shard.device} with unit column stride, got {tuple(out.shape)} {out.dtype}")
     if plan.cfg.variant == "sequential":
-        c = _sequential(a_shard, b, heap, plan, bias)
+        c = _sequential(a_shard, b, heap, plan, bias, out)
         return (c, None) if trace else c
-    c = torch.empty(plan.out_shape, dtype=a_shard.dtype, device=a_shard.device)
+    c = out if out is not None else torch.empty(plan.out_shape, dtype=a_shard.dtype, device=a_shard.device)
     if trace:
         plan.trace.zero_()
     if plan.cfg.variant == "fused":
@@ -372,7 +377,7 @@ def _copy_engine(a, b, heap, plan, bias, c, s):
     cur.wait_stream(plan.side)
 
 
-def _sequential(a, b, heap, plan, bias):
+def _sequential(a, b, heap, plan, bias, out=None):
     """Our all-gather, then our GEMM (and the bias as a separate add)."""
     from kernels.all_gather import all_gather
     from kernels.gemm import matmul
@@ -385,9 +390,9 @@ def _sequential(a, b, heap, plan, bias):
         A = gathered
     if heap.simulated:
         with heap.world._lock:  # the interpreter runs one rank's kernels at a time
-            c = matmul(A, b)
+            c = matmul(A, b, out=out)
     else:
-        c = matmul(A, b)
+        c = matmul(A, b, out=out)
     if bias is not None:
         c += bias.to(c.dtype)
     heap.barrier()  # peers may refill `gathered` (our heap buffer) only after we read it

@@ -49,7 +49,10 @@ import triton.language as tl
 from kernels.remote import peer_delta, signal, wait
 
 # trace event kinds
-EV_PUBLISH, EV_FETCH, EV_WAIT, EV_COMPUTE = 1, 2, 3, 4
+EV_PUBLISH = tl.constexpr(1)
+EV_FETCH = tl.constexpr(2)
+EV_WAIT = tl.constexpr(3)
+EV_COMPUTE = tl.constexpr(4)
 TRACE_COLS = 5  # kind, item, start, end, sm
 
 
@@ -178,6 +181,9 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                         peer = (rank + i) % WORLD
                         _wait_flag(ready_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - peer, "sys")
         if FETCH:
+            if TRACE:
+                if not PUBLISH:  # simulated world: the publish launch wrote this program's first events
+                    n_ev = (MT * KG - pid + FETCHERS - 1) // FETCHERS
             for i in tl.static_range(1, WORLD):
                 peer = (rank + i) % WORLD
                 if peer != SKIP_RANK:  # SKIP_RANK: fault injection for tests (-1: none)

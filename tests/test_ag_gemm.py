@@ -1,0 +1,294 @@
+"""Fused all-gather + GEMM (kernels.ag_gemm): simulated worlds of 2, 3 and 4 ranks
+on the CPU (interpreter), the flag protocol in cross-compiled sm_90 PTX, the
+trace-off build, and on a multi-GPU node the seed shapes against the reference.
+
+Odd shapes throughout: shards whose rows are not a multiple of BLOCK_M and
+whose K/W is not a multiple of BLOCK_K; random inputs; C and the staging
+buffer poisoned with NaN before every checked call.
+"""
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import ag_gemm
+from kernels.ag_gemm import AgGemmConfig, AgGemmTimeout, all_gather_matmul
+from kernels.ag_gemm import config as agc
+from kernels.ag_gemm.launch import get_plan
+from kernels.ag_gemm.reference import reference, tolerance
+from workbench import dist
+
+REPO = Path(__file__).resolve().parents[1]
+SIM = AgGemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_stages=1, num_warps=1, fetchers=2,
+                   k_per_flag=1, num_sms=5, chunk_m_tiles=1, max_spins=1 << 10)
+# (rows, cols) of each rank's shard: gather_dim=1 -> (M, K/W), gather_dim=0 -> (M/W, K)
+SHARD = {1: (19, 13), 0: (7, 37)}
+N = 21
+
+
+def _problem(W, gather_dim, seed, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    S_M, S_K = SHARD[gather_dim]
+    K = S_K * W if gather_dim == 1 else S_K
+    shards = [torch.randn(S_M, S_K, generator=g).to(dtype) for _ in range(W)]
+    b = torch.randn(K, N, generator=g).to(dtype)
+    bias = torch.randn(N, generator=g).to(dtype)
+    return shards, b, bias
+
+
+def _run(world, shards, b, gather_dim, bias, cfg, trace=False):
+    """Every rank's C (poisoned before the call, and the staging buffer with it)."""
+    M = shards[0].shape[0] * (world.world_size if gather_dim == 0 else 1)
+
+    def body(h):
+        out = torch.full((M, N), float("nan"), dtype=shards[0].dtype)
+        kw = dict(gather_dim=gather_dim, bias=bias, config=cfg, trace=trace)
+        plan = get_plan(shards[h.rank], b, h, **kw)
+        if plan.stg is not None:
+            plan.stg.fill_(float("nan"))
+        res = all_gather_matmul(shards[h.rank], b, h, out=out, **kw)
+        return (res[0].clone(), res[1].clone() if res[1] is not None else None) if trace else res.clone()
+
+    return world.run(body)
+
+
+def _assert_close(outs, shards, b, gather_dim, bias):
+    ref = reference(shards, b, gather_dim, bias)
+    atol, rtol = tolerance(shards[0].dtype, b.shape[0])
+    for r, c in enumerate(outs):
+        assert c.shape == ref.shape, (r, c.shape, ref.shape)
+        assert not torch.isnan(c).any(), f"rank {r}: unwritten (NaN) elements in C"
+        torch.testing.assert_close(c.double(), ref, atol=atol, rtol=rtol, msg=lambda m: f"rank {r}: {m}")
+
+
+CASES = [  # (world, gather_dim, layout, bias, variant)
+    (2, 1, "k", True, "fused"), (2, 0, "m", False, "fused"),
+    (3, 1, "m", False, "fused"), (3, 0, "k", True, "fused"),
+    (4, 1, "k", False, "fused"), (4, 0, "m", True, "fused"),
+    (2, 0, "k", True, "copy_engine"), (3, 1, "k", False, "copy_engine"),
+    (2, 1, "k", True, "sequential"), (3, 0, "k", False, "sequential"),
+]
+
+
+@pytest.mark.parametrize("W,gather_dim,layout,bias,variant", CASES,
+                         ids=[f"w{c[0]}-dim{c[1]}-{c[2]}-{'bias' if c[3] else 'nobias'}-{c[4]}" for c in CASES])
+def test_equals_reference_in_simulated_world(W, gather_dim, layout, bias, variant):
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 18)
+    cfg = SIM.replace(layout=layout, variant=variant, k_per_flag=1 if W % 2 else 2)
+    for call in range(2):  # a second call with fresh inputs: flags count per call (epochs)
+        shards, b, bs = _problem(W, gather_dim, seed=100 * W + 10 * gather_dim + call)
+        bs = bs if bias else None
+        _assert_close(_run(world, shards, b, gather_dim, bs, cfg), shards, b, gather_dim, bs)
+
+
+def test_trace_on_and_off_give_identical_c_and_events():
+    W, gd = 2, 1
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 18)
+    shards, b, bias = _problem(W, gd, seed=5)
+    off = _run(world, shards, b, gd, bias, SIM)
+    on = _run(world, shards, b, gd, bias, SIM, trace=True)
+    for r in range(W):
+        assert torch.equal(off[r], on[r][0]), f"rank {r}: tracing changed C"
+    from kernels.ag_gemm.trace import frame
+
+    df = frame(on[0][1], rank=0, fetchers=SIM.fetchers)
+    assert set(df["kind"]) == {"publish", "fetch", "wait", "compute"}
+    assert (df["end"] >= df["start"]).all()
+    assert set(df[df["kind"].isin(["publish", "fetch"])]["role"]) == {"fetcher"}
+    assert set(df[df["kind"] == "compute"]["role"]) == {"gemm"}
+    S_M, S_K = SHARD[gd]
+    tiles = -(-S_M // SIM.block_m) * -(-N // SIM.block_n)
+    assert (df["kind"] == "compute").sum() == tiles
+
+
+def test_fetcher_that_never_fetches_names_rank_and_tile():
+    """Rank 0's fetchers skip rank 1's shard: its GEMM programs give up and say which tile."""
+    W, gd = 2, 1
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 18)
+    shards, b, _ = _problem(W, gd, seed=9)
+
+    def body(h):
+        cfg = SIM.replace(max_spins=50, skip_rank=1 if h.rank == 0 else -1)
+        return all_gather_matmul(shards[h.rank], b, h, gather_dim=gd, config=cfg)
+
+    with pytest.raises(dist.RankError) as info:
+        world.run(body)
+    err = info.value.__cause__
+    assert isinstance(err, AgGemmTimeout)
+    msg = str(err)
+    assert msg.startswith("rank 0:") and "rank 1's shard never arrived" in msg and "row tile" in msg
+    assert re.search(r"k-group \d+", msg)
+
+
+def test_peer_that_never_calls_names_the_rank():
+    world = dist.SimulatedWorld(3, heap_bytes=1 << 18)
+    shards, b, _ = _problem(3, 0, seed=4)
+    with pytest.raises(dist.RankError) as info:
+        world.run(lambda h: all_gather_matmul(shards[h.rank], b, h, gather_dim=0, config=SIM.replace(max_spins=20)),
+                  ranks=[0])
+    msg = str(info.value.__cause__)
+    assert "rank 0:" in msg and re.search(r"rank [12]", msg.split(";", 1)[1]), msg
+
+
+def test_plan_is_cached_per_signature():
+    world = dist.SimulatedWorld(2, heap_bytes=1 << 18)
+    h = world.heaps[0]
+    shards, b, _ = _problem(2, 1, seed=1)
+    p1 = get_plan(shards[0], b, h, gather_dim=1, config=SIM)
+    assert get_plan(shards[0].clone(), b, h, gather_dim=1, config=SIM) is p1
+    assert get_plan(shards[0], b, h, gather_dim=1, config=SIM.replace(layout="m")) is not p1
+    assert get_plan(shards[0], b, h, gather_dim=1, config=None).cfg.block_m == 16  # simulated auto-config
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(gather_dim=2), "gather_dim must be 1"),
+    (dict(b=torch.randn(13, N)), r"b must be \(K, N\) with K = W"),
+    (dict(a=torch.randn(13, 19).t()), "row-major"),
+    (dict(b=torch.randn(26, N, dtype=torch.float64)), "share a dtype"),
+    (dict(bias=torch.randn(N + 1)), "bias must be a 1-D tensor"),
+    (dict(config=dict(block_m=24)), "power of two"),
+    (dict(config=dict(layout="x")), "layout must be"),
+    (dict(config=dict(variant="copy_engine", layout="m")), "layout='k'"),
+    (dict(config=dict(fetchers=8, num_sms=8)), "fewer than num_sms"),
+    (dict(config=dict(colour=1)), "unknown config field"),
+])
+def test_clear_errors(kw, match):
+    world = dist.SimulatedWorld(2, heap_bytes=1 << 16)
+    args = dict(a=torch.randn(19, 13), b=torch.randn(26, N), gather_dim=1)
+    args.update(kw)
+    a, b = args.pop("a"), args.pop("b")
+    with pytest.raises(ValueError, match=match):
+        all_gather_matmul(a, b, world.heaps[0], **args)
+
+
+def test_auto_config_is_an_explicit_placeholder_until_measured(tmp_path, monkeypatch):
+    monkeypatch.setattr(agc, "_TABLE", {})
+    monkeypatch.setattr(agc, "AUTO_TABLE_PATH", tmp_path / "none.json")
+    assert "placeholder" in agc.auto_source()
+    assert agc.auto_config(64, 64, 64, 2, 1, 132).variant == "sequential"  # tiny: the fallback
+    big = agc.auto_config(4096, 3584, 8192, 2, 0, 132)
+    assert big.variant == "fused" and 1 <= big.fetchers < 132
+    # a measured table replaces the rule; malformed tables are refused with the file's name
+    table = tmp_path / "auto_table.json"
+    table.write_text(json.dumps({"entries": [{"world_size": 2, "gather_dim": 0, "M": 4096, "N": 3584, "K": 8192,
+                                              "config": {"variant": "copy_engine", "block_n": 256}}]}))
+    monkeypatch.setattr(agc, "AUTO_TABLE_PATH", table)
+    monkeypatch.setattr(agc, "_TABLE", {})
+    assert agc.auto_config(4096, 3584, 8192, 2, 0, 132) == AgGemmConfig(variant="copy_engine", block_n=256)
+    assert agc.auto_source().startswith("measured")
+    table.write_text('{"entries": [{"world_size": 2}]}')
+    with pytest.raises(ValueError, match="auto_table.json: entry 0 is malformed"):
+        agc.load_table(table)
+
+
+def test_nccl_baseline_concatenates_column_blocks_for_k_gather():
+    """all_gather_into_tensor gives rank-major rows; the K convention needs column blocks."""
+    from kernels.ag_gemm.baselines import gathered_a
+
+    shards = [torch.randn(5, 3) for _ in range(3)]
+    flat = torch.cat(shards)  # what all_gather_into_tensor writes
+    assert torch.equal(gathered_a(flat, 3, 1), torch.cat(shards, dim=1))
+    assert torch.equal(gathered_a(flat, 3, 0), torch.cat(shards, dim=0))
+    assert not torch.equal(flat.view(5, 9), torch.cat(shards, dim=1))  # the seed's bug, for the record
+
+
+# --------------------------------------------------------------------------
+# Assembly (cross-compiled, no GPU)
+# --------------------------------------------------------------------------
+def _release_atomics_follow_barriers(ptx: str) -> int:
+    """For each release atomic: a bar.sync lies between it and the last global store before it."""
+    lines = ptx.splitlines()
+    checked = 0
+    for i, line in enumerate(lines):
+        if re.search(r"\batom\.global\.(gpu|sys)\.release\.", line):
+            for prev in reversed(lines[:i]):
+                if "bar.sync" in prev:
+                    break
+                assert not re.search(r"\bst\.global\b", prev), f"store reaches a release flag without a barrier: " \
+                                                               f"{prev.strip()} ... {line.strip()}"
+            checked += 1
+    return checked
+
+
+def test_flag_protocol_order_in_sm90_ptx(tmp_path):
+    from kernels.ag_gemm.asm import compile_kernel
+
+    entry = compile_kernel("sm90", cache_dir=tmp_path)
+    ptx = entry.text("ptx")
+    assert _release_atomics_follow_barriers(ptx) >= 3  # staging flags (publish, fetch), ready, done
+    assert re.search(r"atom\.global\.gpu\.release\.exch", ptx), "staging flags: gpu-scope release"
+    assert re.search(r"atom\.global\.sys\.release\.add", ptx), "peer flags: system-scope release"
+    # the spins: acquire reads (Triton lowers an acquire atomic_add of 0 to ld.acquire)
+    assert re.search(r"(ld|atom)\.global\.sys\.acquire", ptx) and re.search(r"(ld|atom)\.global\.gpu\.acquire", ptx)
+    assert re.search(r"ld\.global\.v4\.b32", ptx), "remote tiles load 16 bytes per thread"
+
+
+def _strip_trace(src: str) -> str:
+    """The kernel module's source without any `if TRACE:` block."""
+    tree = ast.parse(src)
+
+    class Strip(ast.NodeTransformer):
+        def generic_visit(self, node):
+            super().generic_visit(node)
+            for field in ("body", "orelse"):
+                stmts = getattr(node, field, None)
+                if isinstance(stmts, list):
+                    kept = [s for s in stmts if not (isinstance(s, ast.If) and isinstance(s.test, ast.Name)
+                                                     and s.test.id == "TRACE")]
+                    if len(kept) != len(stmts):
+                        setattr(node, field, kept or ([ast.Pass()] if field == "body" else []))
+            return node
+
+    return ast.unparse(Strip().visit(tree))
+
+
+def test_trace_off_build_has_no_extra_instructions(tmp_path, monkeypatch):
+    """TRACE=False compiles to the same sm_90 SASS as the kernel with its trace code deleted."""
+    from kernels.ag_gemm.asm import compile_kernel
+
+    src = (REPO / "kernels" / "ag_gemm" / "triton.py").read_text()
+    stripped = _strip_trace(src)
+    assert "globaltimer" not in stripped.split("def _ag_gemm_kernel")[1] and "_record(" not in stripped.split(
+        "def _ag_gemm_kernel")[1]
+    mod = tmp_path / "mods"
+    mod.mkdir()
+    (mod / "ag_gemm_notrace.py").write_text(stripped)
+    monkeypatch.syspath_prepend(str(mod))
+    import importlib
+
+    notrace = importlib.import_module("ag_gemm_notrace")
+    off = compile_kernel("sm90", cache_dir=tmp_path / "c")
+    bare = compile_kernel("sm90", cache_dir=tmp_path / "c", kernel=notrace._ag_gemm_kernel)
+    on = compile_kernel("sm90", cache_dir=tmp_path / "c", trace=True)
+
+    def instructions(e):
+        out = []
+        for line in e.text("sass").splitlines():
+            m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s*(.*?);", line)
+            if m:
+                out.append(m.group(1))
+        return out
+
+    a, b = instructions(off), instructions(bare)
+    assert a and a == b, f"{len(a)} vs {len(b)} instructions"
+    assert len(instructions(on)) > len(a)
+    assert "globaltimer" in on.text("ptx") and "globaltimer" not in off.text("ptx")
+
+
+# --------------------------------------------------------------------------
+# GPU (2+ GPUs): the seed shapes against the reference, repeated calls identical
+# --------------------------------------------------------------------------
+@pytest.mark.multigpu
+def test_seed_shapes_on_two_gpus():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs a CUDA GPU (H200 or other sm_90), two of them")
+    res = dist.launch(REPO / "experiments" / "run_ag_gemm.py", 2, ["--worker", "--check-only"], timeout_s=480)
+    checks = [r for r in res.rows if r.get("kind") == "check"]
+    assert checks, "no check rows came back"
+    bad = [r for r in checks if not r["ok"]]
+    assert not bad, bad
+    assert {r["variant"] for r in checks} >= {"fused", "copy_engine", "sequential"}
+    assert all(r["repeat_identical"] for r in checks if r["variant"] != "sequential"), checks
