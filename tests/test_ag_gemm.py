@@ -23,7 +23,7 @@ from workbench import dist
 
 REPO = Path(__file__).resolve().parents[1]
 SIM = AgGemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_stages=1, num_warps=1, fetchers=2,
-                   k_per_flag=1, num_sms=5, chunk_m_tiles=1, max_spins=1 << 10)
+                   k_per_flag=1, num_sms=5, ce_chunks=2, max_spins=1 << 10)
 # (rows, cols) of each rank's shard: gather_dim=1 -> (M, K/W), gather_dim=0 -> (M/W, K)
 SHARD = {1: (19, 13), 0: (7, 37)}
 N = 21
@@ -292,3 +292,49 @@ def test_seed_shapes_on_two_gpus():
     assert not bad, bad
     assert {r["variant"] for r in checks} >= {"fused", "copy_engine", "sequential"}
     assert all(r["repeat_identical"] for r in checks if r["variant"] != "sequential"), checks
+
+
+def test_even_k_path_in_simulated_world():
+    """Shards whose K/W is a multiple of BLOCK_K take the unmasked loads."""
+    W, gd = 2, 1
+    g = torch.Generator().manual_seed(21)
+    shards = [torch.randn(9, 32, generator=g).to(torch.float16) for _ in range(W)]
+    b = torch.randn(64, N, generator=g).to(torch.float16)
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 18)
+    outs = world.run(lambda h: all_gather_matmul(shards[h.rank], b, h, gather_dim=gd, config=SIM).clone())
+    assert get_plan(shards[0], b, world.heaps[0], gather_dim=gd, config=SIM).kw["EVEN_K"]
+    _assert_close(outs, shards, b, gd, None)
+
+
+def _script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_ag_gemm", REPO / "experiments" / "run_ag_gemm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_script_summary_and_auto_table_round_trip(tmp_path):
+    """The GPU script's tables from synthetic rows: speedups, the fallback, and a table config.py accepts."""
+    import pandas as pd
+
+    s = _script()
+    rows = []
+    for M, fused_ms in ((1024, 0.5), (4096, 0.3)):  # fused loses at M=1024: the table falls back there
+        for v, ms in (("nccl_cublas", 0.4), ("sequential", 0.45), ("fused", fused_ms), ("copy_engine", 0.35 + M / 1e4),
+                      ("gemm_alone", 0.25), ("auto", 0.3)):
+            cfg = {"variant": v if v in ("fused", "copy_engine", "sequential") else "fused", "fetchers": 8}
+            rows.append(dict(kind="bench", rank=0, status="ok", world_size=2, gather_dim=0, M=M, N=3584, K=8192,
+                             timing="eager", variant=v, ms=ms, config=json.dumps(cfg), auto_variant="fused",
+                             auto_fallback=False, auto_source="placeholder rule (not fitted)"))
+    bench = pd.DataFrame(rows)
+    summ = s.summarize(bench).set_index("M")
+    assert summ.loc[4096, "fused_speedup_vs_nccl_cublas"] == pytest.approx(0.4 / 0.3)
+    assert summ.loc[4096, "fused_frac_of_gemm_alone"] == pytest.approx(0.3 / 0.25)
+    assert summ.loc[4096, "winner"] == "fused" and summ.loc[1024, "best_fused"] == "copy_engine"
+    table = s.fit_auto_table(bench)
+    path = tmp_path / "auto_table.json"
+    path.write_text(json.dumps(table))
+    entries = {e["M"]: e for e in agc.load_table(path)}
+    assert entries[4096]["config"].variant == "fused" and entries[1024]["config"].variant == "sequential"

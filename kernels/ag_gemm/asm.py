@@ -16,13 +16,13 @@ POINTERS = [k for k, v in SIGNATURE.items() if v.startswith("*")]
 
 def constexprs(config: AgGemmConfig, *, world_size: int = 2, gather_dim: int = 1, dtype=torch.bfloat16,
                trace: bool = False, clock: str = "globaltimer", bias: bool = False, phases=(True, True, True),
-               wait_ready: bool = False, fetchers: int | None = None) -> dict:
+               wait_ready: bool = False, fetchers: int | None = None, even_k: bool = True) -> dict:
     publish, fetch, compute = phases
     return dict(WORLD=world_size, GATHER_K=gather_dim == 1, M_CONTIG=config.layout == "m", BLOCK_M=config.block_m,
                 BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
                 K_PER_FLAG=config.k_per_flag, FETCHERS=config.fetchers if fetchers is None else fetchers,
                 HAS_BIAS=bias, PUBLISH=publish, FETCH=fetch, COMPUTE=compute, WAIT_READY=wait_ready,
-                SKIP_RANK=-1, ESIZE=torch.tensor([], dtype=dtype).element_size(), TRACE=trace, CLOCK=clock,
+                SKIP_RANK=-1, EVEN_K=even_k, ESIZE=torch.tensor([], dtype=dtype).element_size(), TRACE=trace, CLOCK=clock,
                 MAX_EVENTS=512)
 
 

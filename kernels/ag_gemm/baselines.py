@@ -6,8 +6,8 @@
   (concatenating the flat buffer as if it were (M, K) mixes rows of different
   ranks: the mistake in the seed's review thread).
 * ``ours_sequential``: our all-gather, then our GEMM (``variant="sequential"``).
-* ``torch_fused``: ``torch.ops.symm_mem.fused_all_gather_matmul`` (PyTorch async-TP;
-  gathers along dim 0 only, so the K convention is not offered).
+* ``torch_fused``: ``torch.ops.symm_mem.fused_all_gather_matmul`` (PyTorch async-TP),
+  both conventions (its ``gather_dim``).
 * ``gemm_alone``: cuBLAS on the already gathered A: the floor any fusion can reach.
 """
 from __future__ import annotations
@@ -44,16 +44,17 @@ def torch_fused_available() -> bool:
 
 
 class TorchFused:
-    """``torch.ops.symm_mem.fused_all_gather_matmul`` (gather along rows only)."""
+    """``torch.ops.symm_mem.fused_all_gather_matmul`` (the gathered A is not returned)."""
 
-    def __init__(self, group_name: str):
+    def __init__(self, group_name: str, gather_dim: int):
         import torch.distributed._symmetric_memory as symm_mem
 
         symm_mem.enable_symm_mem_for_group(group_name)
-        self.group_name = group_name
+        self.group_name, self.gather_dim = group_name, gather_dim
 
     def __call__(self, a_shard, b, bias=None):
-        _, (c,) = torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [b], gather_dim=0, group_name=self.group_name)
+        _, (c,) = torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [b], self.gather_dim, self.group_name,
+                                                             return_A=False)
         return c + bias if bias is not None else c
 
 

@@ -41,7 +41,7 @@ class AgGemmConfig:
     k_per_flag: int = 8       # BLOCK_K tiles per ready flag (a k-group)
     layout: str = "k"         # staging: "k" (k-contiguous) or "m" (m-contiguous)
     num_sms: int | None = None
-    chunk_m_tiles: int = 4    # copy_engine: row tiles per chunk copy (one flag write each)
+    ce_chunks: int = 4        # copy_engine: chunk copies per peer shard (each followed by its flag write)
     max_spins: int = 1 << 24  # polls before a wait gives up
     skip_rank: int = -1       # fault injection for tests: fetchers skip this rank's shard
 
@@ -77,7 +77,7 @@ def validate(c: AgGemmConfig, world_size: int) -> None:
         v = getattr(c, name)
         if not _pow2(v) or v < 16:
             raise ValueError(f"all_gather_matmul: {name} must be a power of two >= 16 (tl.dot's minimum), got {v!r}")
-    for name in ("group_m", "num_stages", "k_per_flag", "chunk_m_tiles", "max_spins"):
+    for name in ("group_m", "num_stages", "k_per_flag", "ce_chunks", "max_spins"):
         v = getattr(c, name)
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"all_gather_matmul: {name} must be a positive integer, got {v!r}")
@@ -109,7 +109,7 @@ def validate(c: AgGemmConfig, world_size: int) -> None:
 PLACEHOLDER_MIN_FLOP = 2 * 1024 * 1024 * 1024  # 2 GFLOP: ~3 us of an H200's tensor cores
 PLACEHOLDER_FETCH_FRACTION = 8
 _SIM_CONFIG = AgGemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_stages=1, num_warps=1, fetchers=2,
-                           k_per_flag=2, num_sms=5, chunk_m_tiles=1, max_spins=1 << 12)
+                           k_per_flag=2, num_sms=5, ce_chunks=2, max_spins=1 << 12)
 
 
 def load_table(path: Path | None = None) -> list[dict] | None:

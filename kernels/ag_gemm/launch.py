@@ -234,9 +234,10 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     else:
         fetchers = min(CE_PUBLISHERS, max(1, plan.MT * plan.KG))
         plan.grid = total
-        n_chunk = triton.cdiv(plan.MT, cfg.chunk_m_tiles)
-        plan.nextval = torch.zeros(cfg.chunk_m_tiles * plan.KG, dtype=torch.int32, device=dev)
-        rows = cfg.chunk_m_tiles * cfg.block_m
+        tiles_per_chunk = triton.cdiv(plan.MT, cfg.ce_chunks)  # whole row tiles: a chunk owns its flags
+        n_chunk = triton.cdiv(plan.MT, tiles_per_chunk)
+        plan.nextval = torch.zeros(tiles_per_chunk * plan.KG, dtype=torch.int32, device=dev)
+        rows = tiles_per_chunk * cfg.block_m
         for q in range(1, W):
             p = (heap.rank + q) % W
             if p == cfg.skip_rank:
@@ -244,8 +245,8 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
             src = heap.peer_view(plan.pub, p)
             for c in range(n_chunk):
                 r0, r1 = c * rows, min(S_M, (c + 1) * rows)
-                f0 = (p * plan.MT + c * cfg.chunk_m_tiles) * plan.KG
-                f1 = (p * plan.MT + min(plan.MT, (c + 1) * cfg.chunk_m_tiles)) * plan.KG
+                f0 = (p * plan.MT + c * tiles_per_chunk) * plan.KG
+                f1 = (p * plan.MT + min(plan.MT, (c + 1) * tiles_per_chunk)) * plan.KG
                 plan.chunks.append((plan.stg[p, r0:r1], src[r0:r1], plan.flags[f0:f1], f1 - f0))
         plan.side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
     clock = _clock(heap)
@@ -255,6 +256,7 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     plan.kw = dict(WORLD=W, GATHER_K=gather_dim == 1, M_CONTIG=cfg.layout == "m", BLOCK_M=cfg.block_m,
                    BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, K_PER_FLAG=cfg.k_per_flag,
                    FETCHERS=fetchers, HAS_BIAS=bias is not None, SKIP_RANK=cfg.skip_rank, ESIZE=a.element_size(),
+                   EVEN_K=S_K % cfg.block_k == 0,
                    TRACE=bool(trace), CLOCK=clock, MAX_EVENTS=max_ev, num_warps=cfg.num_warps,
                    num_stages=cfg.num_stages)
     return plan

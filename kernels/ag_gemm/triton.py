@@ -140,7 +140,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                     K_PER_FLAG: tl.constexpr, FETCHERS: tl.constexpr, HAS_BIAS: tl.constexpr,
                     PUBLISH: tl.constexpr, FETCH: tl.constexpr, COMPUTE: tl.constexpr, WAIT_READY: tl.constexpr,
-                    SKIP_RANK: tl.constexpr, ESIZE: tl.constexpr,
+                    SKIP_RANK: tl.constexpr, ESIZE: tl.constexpr, EVEN_K: tl.constexpr,
                     TRACE: tl.constexpr, CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr):
     pid = tl.program_id(0)
     MT = (S_M + BLOCK_M - 1) // BLOCK_M
@@ -207,7 +207,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
         _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr,
                  S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, pid - FETCHERS,
                  tl.num_programs(0) - FETCHERS, n_ev, sm, WORLD, GATHER_K, M_CONTIG, BLOCK_M, BLOCK_N, BLOCK_K,
-                 GROUP_M, K_PER_FLAG, HAS_BIAS, TRACE, CLOCK, MAX_EVENTS)
+                 GROUP_M, K_PER_FLAG, HAS_BIAS, EVEN_K, TRACE, CLOCK, MAX_EVENTS)
     if COMPUTE:
         # the last program of the call: next epoch, and tell peers we are done with their shards
         tl.debug_barrier()
@@ -224,8 +224,8 @@ def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, 
              S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, gid, num_gemm,
              n_ev, sm, WORLD: tl.constexpr, GATHER_K: tl.constexpr, M_CONTIG: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-             K_PER_FLAG: tl.constexpr, HAS_BIAS: tl.constexpr, TRACE: tl.constexpr, CLOCK: tl.constexpr,
-             MAX_EVENTS: tl.constexpr):
+             K_PER_FLAG: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, TRACE: tl.constexpr,
+             CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr):
     """GEMM programs: output tiles gid, gid + num_gemm, ... in GROUP_M bands."""
     if GATHER_K:
         ROW_BLOCKS: tl.constexpr = 1
@@ -278,10 +278,14 @@ def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, 
                     n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm, MAX_EVENTS)
                 for t in range(g * K_PER_FLAG, tl.minimum((g + 1) * K_PER_FLAG, KT)):
                     k = t * BLOCK_K + lane_k
-                    k_ok = k < S_K
-                    a = tl.load(a_blk + k[None, :] * stride_sk, mask=k_ok[None, :], other=0.0)
-                    b = tl.load(b_ptr + (k_base + k)[:, None].to(tl.int64) * stride_bk + cols_in[None, :] * stride_bn,
-                                mask=k_ok[:, None], other=0.0)
+                    a_ptrs = a_blk + k[None, :] * stride_sk
+                    b_ptrs = b_ptr + (k_base + k)[:, None].to(tl.int64) * stride_bk + cols_in[None, :] * stride_bn
+                    if EVEN_K:  # no shard edge inside a tile: unmasked (vector) loads
+                        a = tl.load(a_ptrs)
+                        b = tl.load(b_ptrs)
+                    else:
+                        a = tl.load(a_ptrs, mask=(k < S_K)[None, :], other=0.0)
+                        b = tl.load(b_ptrs, mask=(k < S_K)[:, None], other=0.0)
                     acc = tl.dot(a, b, acc)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols_in).to(tl.float32)[None, :]
