@@ -10,7 +10,7 @@ from workbench.dtypes import triton_type
 SIGNATURE = {"a_ptr": "*{t}", "pub_ptr": "*{t}", "stg_ptr": "*{t}", "b_ptr": "*{t}", "bias_ptr": "*{t}",
              "c_ptr": "*{t}", "heap_bases": "*i64", "sig_ptr": "*i32", "flags_ptr": "*i32", "state_ptr": "*i32",
              "status_ptr": "*i32", "trace_ptr": "*i64", "S_M": "i32", "S_K": "i32", "N": "i32", "stride_bk": "i32",
-             "stride_bn": "i32", "stride_cm": "i32", "rank": "i32", "max_spins": "i32"}
+             "stride_cm": "i32", "rank": "i32", "max_spins": "i32"}
 POINTERS = [k for k, v in SIGNATURE.items() if v.startswith("*")]
 
 
@@ -18,11 +18,12 @@ def constexprs(config: AgGemmConfig, *, world_size: int = 2, gather_dim: int = 1
                trace: bool = False, clock: str = "globaltimer", bias: bool = False, phases=(True, True, True),
                wait_ready: bool = False, fetchers: int | None = None, even_k: bool = True) -> dict:
     publish, fetch, compute = phases
-    return dict(WORLD=world_size, GATHER_K=gather_dim == 1, M_CONTIG=config.layout == "m", BLOCK_M=config.block_m,
+    # stride_bn = 1 as at run time (Triton specializes integer arguments equal to 1)
+    return dict(stride_bn=1, WORLD=world_size, GATHER_K=gather_dim == 1, M_CONTIG=config.layout == "m", BLOCK_M=config.block_m,
                 BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
                 K_PER_FLAG=config.k_per_flag, FETCHERS=config.fetchers if fetchers is None else fetchers,
                 HAS_BIAS=bias, PUBLISH=publish, FETCH=fetch, COMPUTE=compute, WAIT_READY=wait_ready,
-                SKIP_RANK=-1, EVEN_K=even_k, ESIZE=torch.tensor([], dtype=dtype).element_size(), TRACE=trace, CLOCK=clock,
+                SKIP_RANK=-1, EVEN_K=even_k, ALIGNED_M=True, ALIGNED_N=True, ESIZE=torch.tensor([], dtype=dtype).element_size(), TRACE=trace, CLOCK=clock,
                 MAX_EVENTS=512)
 
 
@@ -44,6 +45,6 @@ def compile_kernel(target: str = "sm90", *, cache_dir, config: AgGemmConfig | No
     ty = triton_type(dtype)
     sig = {k: v.format(t=ty) for k, v in SIGNATURE.items()}
     (entry,) = cross_compile(kernel or _ag_gemm_kernel, [target], signature=sig, constexprs=constexprs(config, **kw),
-                             divisible=POINTERS + ["S_K", "N", "stride_bk", "stride_cm"], num_warps=config.num_warps,
+                             divisible=POINTERS + ["S_M", "S_K", "N", "stride_bk", "stride_cm"], num_warps=config.num_warps,
                              num_stages=config.num_stages, cache_dir=cache_dir)
     return entry

@@ -256,7 +256,8 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     plan.kw = dict(WORLD=W, GATHER_K=gather_dim == 1, M_CONTIG=cfg.layout == "m", BLOCK_M=cfg.block_m,
                    BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, K_PER_FLAG=cfg.k_per_flag,
                    FETCHERS=fetchers, HAS_BIAS=bias is not None, SKIP_RANK=cfg.skip_rank, ESIZE=a.element_size(),
-                   EVEN_K=S_K % cfg.block_k == 0,
+                   EVEN_K=S_K % cfg.block_k == 0, ALIGNED_M=S_M % (16 // a.element_size()) == 0,
+                   ALIGNED_N=N % (16 // a.element_size()) == 0 and b.stride(1) == 1,
                    TRACE=bool(trace), CLOCK=clock, MAX_EVENTS=max_ev, num_warps=cfg.num_warps,
                    num_stages=cfg.num_stages)
     return plan

@@ -141,6 +141,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     K_PER_FLAG: tl.constexpr, FETCHERS: tl.constexpr, HAS_BIAS: tl.constexpr,
                     PUBLISH: tl.constexpr, FETCH: tl.constexpr, COMPUTE: tl.constexpr, WAIT_READY: tl.constexpr,
                     SKIP_RANK: tl.constexpr, ESIZE: tl.constexpr, EVEN_K: tl.constexpr,
+                    ALIGNED_M: tl.constexpr, ALIGNED_N: tl.constexpr,
                     TRACE: tl.constexpr, CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr):
     pid = tl.program_id(0)
     MT = (S_M + BLOCK_M - 1) // BLOCK_M
@@ -207,7 +208,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
         _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr,
                  S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, pid - FETCHERS,
                  tl.num_programs(0) - FETCHERS, n_ev, sm, WORLD, GATHER_K, M_CONTIG, BLOCK_M, BLOCK_N, BLOCK_K,
-                 GROUP_M, K_PER_FLAG, HAS_BIAS, EVEN_K, TRACE, CLOCK, MAX_EVENTS)
+                 GROUP_M, K_PER_FLAG, HAS_BIAS, EVEN_K, ALIGNED_M, ALIGNED_N, TRACE, CLOCK, MAX_EVENTS)
     if COMPUTE:
         # the last program of the call: next epoch, and tell peers we are done with their shards
         tl.debug_barrier()
@@ -224,7 +225,8 @@ def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, 
              S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, gid, num_gemm,
              n_ev, sm, WORLD: tl.constexpr, GATHER_K: tl.constexpr, M_CONTIG: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-             K_PER_FLAG: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, TRACE: tl.constexpr,
+             K_PER_FLAG: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED_M: tl.constexpr,
+             ALIGNED_N: tl.constexpr, TRACE: tl.constexpr,
              CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr):
     """GEMM programs: output tiles gid, gid + num_gemm, ... in GROUP_M bands."""
     if GATHER_K:
@@ -260,6 +262,13 @@ def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, 
         rows_in = tl.where(row_ok, rows, 0)
         cols = pn * BLOCK_N + tl.arange(0, BLOCK_N)
         cols_in = tl.where(cols < N, cols, 0)
+        # Clamping erased contiguity; where rows of B (and, m-contiguous, of staged A) hold
+        # whole 16-byte vectors, every vector is either all in range or all clamped (never
+        # stored), so it is safe to say so: 16-byte loads instead of 2-byte ones.
+        if ALIGNED_N:
+            cols_in = tl.max_contiguous(tl.multiple_of(cols_in, BLOCK_N), BLOCK_N)
+        if ALIGNED_M:
+            rows_in = tl.max_contiguous(tl.multiple_of(rows_in, BLOCK_M), BLOCK_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for q in range(K_BLOCKS):
             if GATHER_K:
