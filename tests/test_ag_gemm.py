@@ -295,14 +295,17 @@ def test_seed_shapes_on_two_gpus():
 
 
 def test_even_k_path_in_simulated_world():
-    """Shards whose K/W is a multiple of BLOCK_K take the unmasked loads."""
+    """Shards whose K/W is a multiple of BLOCK_K take the unmasked loads; rows of whole
+    16-byte vectors the re-hinted ones (an edge tile of B's columns and of A's rows stays)."""
     W, gd = 2, 1
     g = torch.Generator().manual_seed(21)
-    shards = [torch.randn(9, 32, generator=g).to(torch.float16) for _ in range(W)]
-    b = torch.randn(64, N, generator=g).to(torch.float16)
+    shards = [torch.randn(24, 32, generator=g).to(torch.float16) for _ in range(W)]
+    b = torch.randn(64, 40, generator=g).to(torch.float16)
     world = dist.SimulatedWorld(W, heap_bytes=1 << 18)
-    outs = world.run(lambda h: all_gather_matmul(shards[h.rank], b, h, gather_dim=gd, config=SIM).clone())
-    assert get_plan(shards[0], b, world.heaps[0], gather_dim=gd, config=SIM).kw["EVEN_K"]
+    cfg = SIM.replace(layout="m")
+    outs = world.run(lambda h: all_gather_matmul(shards[h.rank], b, h, gather_dim=gd, config=cfg).clone())
+    kw = get_plan(shards[0], b, world.heaps[0], gather_dim=gd, config=cfg).kw
+    assert kw["EVEN_K"] and kw["ALIGNED_M"] and kw["ALIGNED_N"]
     _assert_close(outs, shards, b, gd, None)
 
 

@@ -269,7 +269,8 @@ def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, 
             cols_in = tl.max_contiguous(tl.multiple_of(cols_in, BLOCK_N), BLOCK_N)
         if ALIGNED_M:
             rows_in = tl.max_contiguous(tl.multiple_of(rows_in, BLOCK_M), BLOCK_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        # tl.full, not tl.zeros: a builtin, so the kernel also runs through workbench.dist.interpreted
+        acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
         for q in range(K_BLOCKS):
             if GATHER_K:
                 block = (rank + q) % WORLD
@@ -312,5 +313,5 @@ def _next_epoch_kernel(state_ptr, out_ptr, n, BLOCK: tl.constexpr):
     copying from it on the copy stream, right after the chunk (no kernel, no SM needed)."""
     offs = tl.arange(0, BLOCK)
     for s in range(0, n, BLOCK):
-        tl.store(out_ptr + s + offs, tl.zeros([BLOCK], dtype=tl.int32) + tl.load(state_ptr) + 1,
+        tl.store(out_ptr + s + offs, tl.full([BLOCK], 1, tl.int32) + tl.load(state_ptr),
                  mask=s + offs < n)
