@@ -341,3 +341,26 @@ def test_script_summary_and_auto_table_round_trip(tmp_path):
     path.write_text(json.dumps(table))
     entries = {e["M"]: e for e in agc.load_table(path)}
     assert entries[4096]["config"].variant == "fused" and entries[1024]["config"].variant == "sequential"
+
+
+def test_sweep_protocol_on_cpu():
+    """kernels.ag_gemm.sweep in a simulated world (what `workbench sweep experiments/ag_gemm.yaml --quick`
+    runs on each gloo rank); the spec loads, quick set included."""
+    from kernels.ag_gemm import sweep as sw
+    from workbench import sweep
+
+    for spec_quick in (False, True):
+        assert sweep.load_spec(REPO / "experiments" / "ag_gemm.yaml", quick=spec_quick).module is sw
+    shape = {"M": 24, "N": 16, "K": 48, "gather_dim": 1, "world": 3}
+    inp = sw.make_inputs(shape, torch.bfloat16, "cpu", seed=3)
+    params = dict(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1, fetchers=2, num_sms=5, k_per_flag=1)
+    sw.run(inp, **params)  # makes the plans, so poison reaches their staging buffers
+    sw.poison(inp)
+    out = sw.run(inp, **params)
+    ref = sw.reference(inp)
+    assert out.shape == ref.shape == (3, 24, 16)
+    rel = float((out.float() - ref).norm() / ref.norm())
+    assert rel < sw.tolerance(torch.bfloat16), rel
+    assert sw.flops(shape) == 2 * 24 * 16 * 48 and sw.bytes_moved(shape, torch.bfloat16) > 0
+    with pytest.raises(ValueError, match="process group"):
+        sw.baselines["nccl_cublas"](inp)
