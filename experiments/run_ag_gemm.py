@@ -256,7 +256,8 @@ class Rank:
         plan = get_plan(a, b, self.heap, gather_dim=gd, config=cfg, trace=True)
         df = frame(raw, rank=self.rank, fetchers=plan.kw["FETCHERS"])
         for rec in df.to_dict("records"):
-            self.emit({"kind": "trace", **base, **rec})
+            rec["event"] = rec.pop("kind")  # publish / fetch / wait / compute ("kind" names the row type)
+            self.emit({**base, **rec, "kind": "trace"})
 
 
 def worker(args):

@@ -364,3 +364,19 @@ def test_sweep_protocol_on_cpu():
     assert sw.flops(shape) == 2 * 24 * 16 * 48 and sw.bytes_moved(shape, torch.bfloat16) > 0
     with pytest.raises(ValueError, match="process group"):
         sw.baselines["nccl_cublas"](inp)
+
+
+def test_notebook_renders_on_cpu(tmp_path):
+    """notebooks/05 under papermill without a GPU: says no GPU results are committed (unless they
+    are) and shows the CPU parts: flag-protocol assembly and a simulated-world timeline."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "workbench.cli", "report", "--no-progress",
+                          str(REPO / "notebooks" / "05_all_gather_gemm.ipynb"), "--out", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    page = (tmp_path / "05_all_gather_gemm.html").read_text()
+    assert "atom.global.sys.release" in page and "atom.global.gpu.release" in page and "buffer_wbl2" in page
+    if not (REPO / "results" / "ag_gemm" / "bench.csv").exists():
+        assert "No GPU results are committed" in page and "Simulated world of 2 ranks" in page
