@@ -234,6 +234,7 @@ class Rank:
         points = [("fetchers", dict(fetchers=f)) for f in FETCHERS]
         points += [("layout", dict(fetchers=16, layout=lay)) for lay in ("k", "m")]
         points += [("k_per_flag", dict(fetchers=16, k_per_flag=k)) for k in K_PER_FLAG]
+        points += [("staged_flag", dict(fetchers=16, staged_flag=False))]  # poll every k-group throughout
         points += [("block", dict(fetchers=16, block_n=256, num_stages=3)), ("block", dict(fetchers=16, block_k=32,
                                                                                          num_stages=4))]
         for study, kw in points:

@@ -64,8 +64,9 @@ def _assert_close(outs, shards, b, gather_dim, bias):
         torch.testing.assert_close(c.double(), ref, atol=atol, rtol=rtol, msg=lambda m: f"rank {r}: {m}")
 
 
-CASES = [  # (world, gather_dim, layout, bias, variant)
-    (2, 1, "k", True, "fused"), (2, 0, "m", False, "fused"),
+CASES = [  # (world, gather_dim, layout, bias, variant); "-poll": no "all staged" flag, every k-group polled
+    (2, 1, "k", True, "fused"), (2, 0, "m", False, "fused"), (2, 1, "m", False, "fused-poll"),
+    (3, 0, "k", False, "copy_engine-poll"),
     (3, 1, "m", False, "fused"), (3, 0, "k", True, "fused"),
     (4, 1, "k", False, "fused"), (4, 0, "m", True, "fused"),
     (2, 0, "k", True, "copy_engine"), (3, 1, "k", False, "copy_engine"),
@@ -77,7 +78,8 @@ CASES = [  # (world, gather_dim, layout, bias, variant)
                          ids=[f"w{c[0]}-dim{c[1]}-{c[2]}-{'bias' if c[3] else 'nobias'}-{c[4]}" for c in CASES])
 def test_equals_reference_in_simulated_world(W, gather_dim, layout, bias, variant):
     world = dist.SimulatedWorld(W, heap_bytes=1 << 18)
-    cfg = SIM.replace(layout=layout, variant=variant, k_per_flag=1 if W % 2 else 2)
+    variant, poll = variant.partition("-")[::2]
+    cfg = SIM.replace(layout=layout, variant=variant, k_per_flag=1 if W % 2 else 2, staged_flag=not poll)
     for call in range(2):  # a second call with fresh inputs: flags count per call (epochs)
         shards, b, bs = _problem(W, gather_dim, seed=100 * W + 10 * gather_dim + call)
         bs = bs if bias else None

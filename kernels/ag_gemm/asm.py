@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernels.ag_gemm.config import AgGemmConfig
+from kernels.ag_gemm.launch import fetch_k
 from workbench.dtypes import triton_type
 
 SIGNATURE = {"a_ptr": "*{t}", "pub_ptr": "*{t}", "stg_ptr": "*{t}", "b_ptr": "*{t}", "bias_ptr": "*{t}",
@@ -21,9 +22,9 @@ def constexprs(config: AgGemmConfig, *, world_size: int = 2, gather_dim: int = 1
     # stride_bn = 1 as at run time (Triton specializes integer arguments equal to 1)
     return dict(stride_bn=1, WORLD=world_size, GATHER_K=gather_dim == 1, M_CONTIG=config.layout == "m", BLOCK_M=config.block_m,
                 BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-                K_PER_FLAG=config.k_per_flag, FETCHERS=config.fetchers if fetchers is None else fetchers,
+                K_PER_FLAG=config.k_per_flag, FETCH_K=fetch_k(config), FETCHERS=config.fetchers if fetchers is None else fetchers,
                 HAS_BIAS=bias, PUBLISH=publish, FETCH=fetch, COMPUTE=compute, WAIT_READY=wait_ready,
-                SKIP_RANK=-1, EVEN_K=even_k, ALIGNED_M=True, ALIGNED_N=True, ESIZE=torch.tensor([], dtype=dtype).element_size(), TRACE=trace, CLOCK=clock,
+                SKIP_RANK=-1, EVEN_K=even_k, ALIGNED_M=True, ALIGNED_N=True, STAGED_FLAG=config.staged_flag, ESIZE=torch.tensor([], dtype=dtype).element_size(), TRACE=trace, CLOCK=clock,
                 MAX_EVENTS=512)
 
 

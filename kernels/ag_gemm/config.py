@@ -43,6 +43,7 @@ class AgGemmConfig:
     num_sms: int | None = None
     ce_chunks: int = 4        # copy_engine: chunk copies per peer shard (each followed by its flag write)
     max_spins: int = 1 << 24  # polls before a wait gives up
+    staged_flag: bool = True  # one more flag, "all staged": GEMM programs stop polling once it is set
     skip_rank: int = -1       # fault injection for tests: fetchers skip this rank's shard
 
     def replace(self, **kw) -> "AgGemmConfig":
@@ -94,6 +95,8 @@ def validate(c: AgGemmConfig, world_size: int) -> None:
     if c.variant == "copy_engine" and c.layout != "k":
         raise ValueError("all_gather_matmul: variant 'copy_engine' copies whole shards, which needs the "
                          "k-contiguous staging layout: use layout='k'")
+    if not isinstance(c.staged_flag, bool):
+        raise ValueError(f"all_gather_matmul: staged_flag must be True or False, got {c.staged_flag!r}")
     if not isinstance(c.skip_rank, int) or c.skip_rank >= world_size or c.skip_rank < -1:
         raise ValueError(f"all_gather_matmul: skip_rank must be -1 or a rank below {world_size}, got {c.skip_rank!r}")
 

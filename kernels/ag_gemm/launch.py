@@ -116,7 +116,8 @@ def _shared(heap) -> dict:
             "host": torch.zeros(STATUS_WORDS, dtype=torch.int32, pin_memory=cuda),
             "event": torch.cuda.Event() if cuda else None, "pending": None, "plans": {},
             "sig": heap.flags("ag_gemm.sig", 2 * heap.world_size),  # ready[W], done[W]
-            "state": heap.flags("ag_gemm.state", 4),                 # epoch, publishers, finishers, tick
+            # epoch, publishers arrived, programs finished, trace tick, fetchers finished
+            "state": heap.flags("ag_gemm.state", 8),
         }
     return s
 
@@ -226,7 +227,7 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     dev = heap.device
     plan.pub = heap.named(f"ag_gemm.pub.{S_M}x{S_K}.{a.dtype}", (S_M, S_K), a.dtype)
     plan.stg = torch.zeros((W, S_M, S_K), dtype=a.dtype, device=dev)
-    plan.flags = torch.zeros(W * plan.MT * plan.KG, dtype=torch.int32, device=dev)
+    plan.flags = torch.zeros(W * plan.MT * plan.KG + 1, dtype=torch.int32, device=dev)  # + "all staged"
     total = cfg.num_sms or (sms if not heap.simulated else 4 + cfg.fetchers)
     if cfg.variant == "fused":
         fetchers = min(cfg.fetchers, total - 1)
@@ -248,6 +249,8 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
                 f0 = (p * plan.MT + c * tiles_per_chunk) * plan.KG
                 f1 = (p * plan.MT + min(plan.MT, (c + 1) * tiles_per_chunk)) * plan.KG
                 plan.chunks.append((plan.stg[p, r0:r1], src[r0:r1], plan.flags[f0:f1], f1 - f0))
+        if cfg.skip_rank < 0 and cfg.staged_flag:  # after the last chunk: the "all staged" flag
+            plan.chunks.append((None, None, plan.flags[-1:], 1))
         plan.side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
     clock = _clock(heap)
     max_ev = MAX_EVENTS["sim" if heap.simulated else "gpu"]
@@ -255,12 +258,22 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
                   else torch.zeros(1, dtype=torch.int64, device=dev))
     plan.kw = dict(WORLD=W, GATHER_K=gather_dim == 1, M_CONTIG=cfg.layout == "m", BLOCK_M=cfg.block_m,
                    BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, K_PER_FLAG=cfg.k_per_flag,
+                   FETCH_K=fetch_k(cfg), STAGED_FLAG=bool(cfg.staged_flag),
                    FETCHERS=fetchers, HAS_BIAS=bias is not None, SKIP_RANK=cfg.skip_rank, ESIZE=a.element_size(),
                    EVEN_K=S_K % cfg.block_k == 0, ALIGNED_M=S_M % (16 // a.element_size()) == 0,
                    ALIGNED_N=N % (16 // a.element_size()) == 0 and b.stride(1) == 1,
                    TRACE=bool(trace), CLOCK=clock, MAX_EVENTS=max_ev, num_warps=cfg.num_warps,
                    num_stages=cfg.num_stages)
     return plan
+
+
+def fetch_k(cfg: AgGemmConfig, widest: int = 256) -> int:
+    """Columns a fetcher copies per step: BLOCK_K doubled while it still divides a k-group
+    and stays within `widest` (a 128 x 256 bf16 step keeps 64 KiB in flight per program)."""
+    fk = cfg.block_k
+    while fk * 2 <= widest and (cfg.k_per_flag * cfg.block_k) % (fk * 2) == 0:
+        fk *= 2
+    return fk
 
 
 def _key(a, b, bias, heap, gather_dim, config, trace):
@@ -364,7 +377,8 @@ def _copy_engine(a, b, heap, plan, bias, c, s):
     if heap.simulated:
         heap.barrier()
         for dst, src, flags, n in plan.chunks:
-            dst.copy_(src)
+            if dst is not None:
+                dst.copy_(src)
             flags.copy_(plan.nextval[:n])
         heap.launch(_ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False, FETCH=False, COMPUTE=True,
                     WAIT_READY=False, **gemm_kw)
@@ -373,7 +387,8 @@ def _copy_engine(a, b, heap, plan, bias, c, s):
     plan.side.wait_stream(cur)
     with torch.cuda.stream(plan.side):
         for dst, src, flags, n in plan.chunks:
-            dst.copy_(src, non_blocking=True)      # cudaMemcpyAsync from the peer (copy engine)
+            if dst is not None:
+                dst.copy_(src, non_blocking=True)  # cudaMemcpyAsync from the peer (copy engine)
             flags.copy_(plan.nextval[:n], non_blocking=True)  # then the chunk's flags, in stream order
     heap.launch(_ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False, FETCH=False, COMPUTE=True, WAIT_READY=False,
                 **gemm_kw)

@@ -11,7 +11,8 @@ The staging buffer holds W blocks of S_M x S_K, block p = rank p's shard,
 either k-contiguous (row-major, ``M_CONTIG=False``) or m-contiguous (each block
 transposed). Block p is split into ``MT`` row tiles of ``BLOCK_M`` and ``KG``
 k-groups of ``K_PER_FLAG * BLOCK_K`` columns; flag ``(p * MT + mt) * KG + g``
-says that piece is staged (value ``epoch + 1`` in call number ``epoch``).
+says that piece is staged (value ``epoch + 1`` in call number ``epoch``), and
+one more flag after them says everything is (GEMM programs then stop polling).
 Tiles never straddle two shards, so any S_M, S_K work (edges are masked).
 
 Programs ``0 .. FETCHERS-1`` fetch, the rest compute:
@@ -93,12 +94,16 @@ def _record(trace_ptr, n, kind, item, t0, t1, sm, MAX_EVENTS: tl.constexpr):
 
 @triton.jit
 def _wait_flag(flag_ptr, expected, max_spins, status_ptr, flag_id, SCOPE: tl.constexpr):
-    """`kernels.remote.wait`, but once any wait of this launch has given up the
-    others poll once instead of max_spins times (one lost peer must not cost
-    max_spins for every tile)."""
-    failed = tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu")
-    spins = tl.where(failed > 0, 0, max_spins)
-    wait(flag_ptr, expected, spins, status_ptr, flag_id, SCOPE)
+    """`kernels.remote.wait` behind a fast path: one acquire read and a CTA barrier
+    when the flag is already set (the common case once the gather is ahead). Once any
+    wait of this launch has given up, the others poll once instead of max_spins
+    times (one lost peer must not cost max_spins for every tile)."""
+    seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
+    if seen < expected:
+        failed = tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu")
+        spins = tl.where(failed > 0, 0, max_spins)
+        wait(flag_ptr, expected, spins, status_ptr, flag_id, SCOPE)
+    tl.debug_barrier()  # the acquire (one thread's) ordered before every thread's loads
 
 
 @triton.jit
@@ -112,16 +117,18 @@ def _stage_offsets(rows, cols, S_M, S_K, M_CONTIG: tl.constexpr):
 
 @triton.jit
 def _copy_item(src_ptr, stg_ptr, pub_ptr, flags_ptr, block, mt, g, epoch, S_M, S_K, MT, KG,
-               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, K_PER_FLAG: tl.constexpr, M_CONTIG: tl.constexpr,
-               TO_PUB: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, K_PER_FLAG: tl.constexpr, FETCH_K: tl.constexpr,
+               M_CONTIG: tl.constexpr, TO_PUB: tl.constexpr):
     """Copy piece (mt, g) of a shard (row-major at src_ptr) into staging block `block`
-    (and into pub when publishing), then set its flag: stores, CTA barrier, release."""
+    (and into pub when publishing), FETCH_K columns at a time (wider than BLOCK_K:
+    more bytes in flight over NVLink), then set its flag: stores, CTA barrier, release."""
     rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < S_M
     stg_block = stg_ptr + block.to(tl.int64) * S_M * S_K
-    for t in range(g * K_PER_FLAG, tl.minimum((g + 1) * K_PER_FLAG, (S_K + BLOCK_K - 1) // BLOCK_K)):
-        cols = t * BLOCK_K + tl.arange(0, BLOCK_K)
-        mask = row_ok[:, None] & (cols[None, :] < S_K)
+    k_end = tl.minimum((g + 1) * K_PER_FLAG * BLOCK_K, S_K)
+    for k0 in range(g * K_PER_FLAG * BLOCK_K, k_end, FETCH_K):
+        cols = k0 + tl.arange(0, FETCH_K)
+        mask = row_ok[:, None] & (cols[None, :] < k_end)
         offs = rows[:, None].to(tl.int64) * S_K + cols[None, :]
         vals = tl.load(src_ptr + offs, mask=mask)
         tl.store(stg_block + _stage_offsets(rows, cols, S_M, S_K, M_CONTIG), vals, mask=mask)
@@ -138,10 +145,10 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     rank, max_spins,
                     WORLD: tl.constexpr, GATHER_K: tl.constexpr, M_CONTIG: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                    K_PER_FLAG: tl.constexpr, FETCHERS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    K_PER_FLAG: tl.constexpr, FETCH_K: tl.constexpr, FETCHERS: tl.constexpr, HAS_BIAS: tl.constexpr,
                     PUBLISH: tl.constexpr, FETCH: tl.constexpr, COMPUTE: tl.constexpr, WAIT_READY: tl.constexpr,
                     SKIP_RANK: tl.constexpr, ESIZE: tl.constexpr, EVEN_K: tl.constexpr,
-                    ALIGNED_M: tl.constexpr, ALIGNED_N: tl.constexpr,
+                    ALIGNED_M: tl.constexpr, ALIGNED_N: tl.constexpr, STAGED_FLAG: tl.constexpr,
                     TRACE: tl.constexpr, CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr):
     pid = tl.program_id(0)
     MT = (S_M + BLOCK_M - 1) // BLOCK_M
@@ -165,7 +172,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                 if TRACE:
                     t0 = _now(tick_ptr, CLOCK)
                 _copy_item(a_ptr, stg_ptr, pub_ptr, flags_ptr, rank, item // KG, item % KG, epoch, S_M, S_K, MT,
-                           KG, BLOCK_M, BLOCK_K, K_PER_FLAG, M_CONTIG, True)
+                           KG, BLOCK_M, BLOCK_K, K_PER_FLAG, FETCH_K, M_CONTIG, True)
                 if TRACE:
                     n_ev = _record(trace_ptr, n_ev, EV_PUBLISH, rank * MT * KG + item, t0, _now(tick_ptr, CLOCK),
                                    sm, MAX_EVENTS)
@@ -200,15 +207,23 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                         if TRACE:
                             t0 = _now(tick_ptr, CLOCK)
                         _copy_item(src, stg_ptr, pub_ptr, flags_ptr, peer, item // KG, item % KG, epoch, S_M, S_K,
-                                   MT, KG, BLOCK_M, BLOCK_K, K_PER_FLAG, M_CONTIG, False)
+                                   MT, KG, BLOCK_M, BLOCK_K, K_PER_FLAG, FETCH_K, M_CONTIG, False)
                         if TRACE:
                             n_ev = _record(trace_ptr, n_ev, EV_FETCH, peer * MT * KG + item, t0,
                                            _now(tick_ptr, CLOCK), sm, MAX_EVENTS)
+            if STAGED_FLAG and SKIP_RANK < 0:
+                # the last fetcher to finish raises the "everything is staged" flag (after
+                # acquiring the others' releases): GEMM programs then stop polling per tile
+                tl.debug_barrier()
+                finished = tl.atomic_add(state_ptr + 4, 1, sem="acq_rel", scope="gpu")
+                if finished == FETCHERS - 1:
+                    tl.atomic_xchg(state_ptr + 4, 0, sem="relaxed", scope="gpu")  # counter only: no data
+                    tl.atomic_xchg(flags_ptr + WORLD * MT * KG, epoch + 1, sem="release", scope="gpu")
     elif COMPUTE:
         _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr,
                  S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, pid - FETCHERS,
                  tl.num_programs(0) - FETCHERS, n_ev, sm, WORLD, GATHER_K, M_CONTIG, BLOCK_M, BLOCK_N, BLOCK_K,
-                 GROUP_M, K_PER_FLAG, HAS_BIAS, EVEN_K, ALIGNED_M, ALIGNED_N, TRACE, CLOCK, MAX_EVENTS)
+                 GROUP_M, K_PER_FLAG, HAS_BIAS, EVEN_K, ALIGNED_M, ALIGNED_N, STAGED_FLAG, TRACE, CLOCK, MAX_EVENTS)
     if COMPUTE:
         # the last program of the call: next epoch, and tell peers we are done with their shards
         tl.debug_barrier()
@@ -226,7 +241,7 @@ def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, 
              n_ev, sm, WORLD: tl.constexpr, GATHER_K: tl.constexpr, M_CONTIG: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
              K_PER_FLAG: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED_M: tl.constexpr,
-             ALIGNED_N: tl.constexpr, TRACE: tl.constexpr,
+             ALIGNED_N: tl.constexpr, STAGED_FLAG: tl.constexpr, TRACE: tl.constexpr,
              CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr):
     """GEMM programs: output tiles gid, gid + num_gemm, ... in GROUP_M bands."""
     if GATHER_K:
@@ -271,6 +286,11 @@ def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, 
             rows_in = tl.max_contiguous(tl.multiple_of(rows_in, BLOCK_M), BLOCK_M)
         # tl.full, not tl.zeros: a builtin, so the kernel also runs through workbench.dist.interpreted
         acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+        # everything staged already (the usual case after the first wave): no per-group polls
+        staged = False
+        if STAGED_FLAG:
+            staged = tl.atomic_add(flags_ptr + WORLD * MT * KG, 0, sem="acquire", scope="gpu") >= epoch + 1
+            tl.debug_barrier()
         for q in range(K_BLOCKS):
             if GATHER_K:
                 block = (rank + q) % WORLD
@@ -283,9 +303,10 @@ def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, 
                 if TRACE:
                     t0 = _now(tick_ptr, CLOCK)
                 flag = (block * MT + mt) * KG + g
-                _wait_flag(flags_ptr + flag, epoch + 1, max_spins, status_ptr, flag, "gpu")
-                if TRACE:
-                    n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm, MAX_EVENTS)
+                if not staged:
+                    _wait_flag(flags_ptr + flag, epoch + 1, max_spins, status_ptr, flag, "gpu")
+                    if TRACE:
+                        n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm, MAX_EVENTS)
                 for t in range(g * K_PER_FLAG, tl.minimum((g + 1) * K_PER_FLAG, KT)):
                     k = t * BLOCK_K + lane_k
                     a_ptrs = a_blk + k[None, :] * stride_sk
