@@ -276,6 +276,10 @@ def test_trace_off_build_has_no_extra_instructions(tmp_path, monkeypatch):
 
     a, b = instructions(off), instructions(bare)
     assert a and a == b, f"{len(a)} vs {len(b)} instructions"
+    from workbench.asm.diff import diff_entries  # what `workbench asm diff OFF BARE --stage sass` prints
+
+    d = diff_entries(off, bare, "sass")
+    assert (d.mix["count_a"] == d.mix["count_b"]).all(), d.mix
     assert len(instructions(on)) > len(a)
     assert "globaltimer" in on.text("ptx") and "globaltimer" not in off.text("ptx")
 
