@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernels.ag_gemm.config import AgGemmConfig
-from kernels.ag_gemm.launch import fetch_k
+from kernels.ag_gemm.launch import constexprs as launch_constexprs
 from workbench.dtypes import triton_type
 
 SIGNATURE = {"a_ptr": "*{t}", "pub_ptr": "*{t}", "stg_ptr": "*{t}", "b_ptr": "*{t}", "bias_ptr": "*{t}",
@@ -18,14 +18,14 @@ POINTERS = [k for k, v in SIGNATURE.items() if v.startswith("*")]
 def constexprs(config: AgGemmConfig, *, world_size: int = 2, gather_dim: int = 1, dtype=torch.bfloat16,
                trace: bool = False, clock: str = "globaltimer", bias: bool = False, phases=(True, True, True),
                wait_ready: bool = False, fetchers: int | None = None, even_k: bool = True) -> dict:
+    """The constexprs of a single-launch (GPU) call: shapes whose rows hold whole 16-byte vectors."""
     publish, fetch, compute = phases
+    esize = torch.tensor([], dtype=dtype).element_size()
+    kw = launch_constexprs(config, world_size, gather_dim, esize, config.fetchers if fetchers is None else fetchers,
+                           has_bias=bias, trace=trace, clock=clock, max_events=512, even_k=even_k, aligned_m=True,
+                           aligned_n=True)
     # stride_bn = 1 as at run time (Triton specializes integer arguments equal to 1)
-    return dict(stride_bn=1, WORLD=world_size, GATHER_K=gather_dim == 1, M_CONTIG=config.layout == "m", BLOCK_M=config.block_m,
-                BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-                K_PER_FLAG=config.k_per_flag, FETCH_K=fetch_k(config), FETCHERS=config.fetchers if fetchers is None else fetchers,
-                HAS_BIAS=bias, PUBLISH=publish, FETCH=fetch, COMPUTE=compute, WAIT_READY=wait_ready,
-                SKIP_RANK=-1, EVEN_K=even_k, ALIGNED_M=True, ALIGNED_N=True, STAGED_FLAG=config.staged_flag, ESIZE=torch.tensor([], dtype=dtype).element_size(), TRACE=trace, CLOCK=clock,
-                MAX_EVENTS=512)
+    return dict(kw, stride_bn=1, PUBLISH=publish, FETCH=fetch, COMPUTE=compute, WAIT_READY=wait_ready)
 
 
 def compile_kernel(target: str = "sm90", *, cache_dir, config: AgGemmConfig | None = None, kernel=None,
@@ -46,6 +46,6 @@ def compile_kernel(target: str = "sm90", *, cache_dir, config: AgGemmConfig | No
     ty = triton_type(dtype)
     sig = {k: v.format(t=ty) for k, v in SIGNATURE.items()}
     (entry,) = cross_compile(kernel or _ag_gemm_kernel, [target], signature=sig, constexprs=constexprs(config, **kw),
-                             divisible=POINTERS + ["S_M", "S_K", "N", "stride_bk", "stride_cm"], num_warps=config.num_warps,
-                             num_stages=config.num_stages, cache_dir=cache_dir)
+                             divisible=POINTERS + ["S_M", "S_K", "N", "stride_bk", "stride_cm"],
+                             num_warps=config.num_warps, num_stages=config.num_stages, cache_dir=cache_dir)
     return entry

@@ -84,7 +84,8 @@ def _validate(a, b, heap, gather_dim, bias):
     if a.numel() == 0 or b.numel() == 0:
         raise ValueError(f"{who}: empty operands ({tuple(a.shape)}, {tuple(b.shape)})")
     if a.stride(1) != 1 or a.stride(0) != a.shape[1]:
-        raise ValueError(f"{who}: a_shard must be row-major contiguous (strides {a.stride()}); pass a_shard.contiguous()")
+        raise ValueError(f"{who}: a_shard must be row-major contiguous (strides {a.stride()}); "
+                         "pass a_shard.contiguous()")
     W = heap.world_size
     K = a.shape[1] * W if gather_dim == 1 else a.shape[1]
     if b.shape[0] != K:
@@ -135,8 +136,9 @@ def describe_status(values, plan: Plan | None, rank: int, world: int) -> str:
         mt, g = divmod(rest, plan.KG)
         c = plan.cfg
         r0, k0 = mt * c.block_m, g * c.k_per_flag * c.block_k
-        what = (f"tile (row tile {mt}, k-group {g}) of rank {src}'s shard never arrived: rows {r0}..."
-                f"{min(plan.S_M, r0 + c.block_m) - 1}, columns {k0}...{min(plan.S_K, k0 + c.k_per_flag * c.block_k) - 1}"
+        r1, k1 = min(plan.S_M, r0 + c.block_m) - 1, min(plan.S_K, k0 + c.k_per_flag * c.block_k) - 1
+        what = (f"tile (row tile {mt}, k-group {g}) of rank {src}'s shard never arrived: rows {r0}...{r1}, "
+                f"columns {k0}...{k1}"
                 f" of its {plan.S_M}x{plan.S_K} shard (staging flag {fid}); rank {src} never sent it, or our "
                 f"fetchers never fetched it")
     else:
@@ -256,15 +258,22 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     max_ev = MAX_EVENTS["sim" if heap.simulated else "gpu"]
     plan.trace = (torch.zeros((plan.grid, max_ev, TRACE_COLS), dtype=torch.int64, device=dev) if trace
                   else torch.zeros(1, dtype=torch.int64, device=dev))
-    plan.kw = dict(WORLD=W, GATHER_K=gather_dim == 1, M_CONTIG=cfg.layout == "m", BLOCK_M=cfg.block_m,
-                   BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, K_PER_FLAG=cfg.k_per_flag,
-                   FETCH_K=fetch_k(cfg), STAGED_FLAG=bool(cfg.staged_flag),
-                   FETCHERS=fetchers, HAS_BIAS=bias is not None, SKIP_RANK=cfg.skip_rank, ESIZE=a.element_size(),
-                   EVEN_K=S_K % cfg.block_k == 0, ALIGNED_M=S_M % (16 // a.element_size()) == 0,
-                   ALIGNED_N=N % (16 // a.element_size()) == 0 and b.stride(1) == 1,
-                   TRACE=bool(trace), CLOCK=clock, MAX_EVENTS=max_ev, num_warps=cfg.num_warps,
-                   num_stages=cfg.num_stages)
+    vec = 16 // a.element_size()
+    plan.kw = dict(constexprs(cfg, W, gather_dim, a.element_size(), fetchers, has_bias=bias is not None,
+                              trace=trace, clock=clock, max_events=max_ev, even_k=S_K % cfg.block_k == 0,
+                              aligned_m=S_M % vec == 0, aligned_n=N % vec == 0 and b.stride(1) == 1),
+                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return plan
+
+
+def constexprs(cfg: AgGemmConfig, world_size: int, gather_dim: int, esize: int, fetchers: int, *, has_bias: bool,
+               trace: bool, clock: str, max_events: int, even_k: bool, aligned_m: bool, aligned_n: bool) -> dict:
+    """The kernel's constexprs for a configuration (the phase flags are added per launch)."""
+    return dict(WORLD=world_size, GATHER_K=gather_dim == 1, M_CONTIG=cfg.layout == "m", BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, K_PER_FLAG=cfg.k_per_flag,
+                FETCH_K=fetch_k(cfg), FETCHERS=fetchers, HAS_BIAS=has_bias, SKIP_RANK=cfg.skip_rank, ESIZE=esize,
+                EVEN_K=even_k, ALIGNED_M=aligned_m, ALIGNED_N=aligned_n, STAGED_FLAG=bool(cfg.staged_flag),
+                TRACE=bool(trace), CLOCK=clock, MAX_EVENTS=max_events)
 
 
 def fetch_k(cfg: AgGemmConfig, widest: int = 256) -> int:

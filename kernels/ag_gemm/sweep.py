@@ -141,7 +141,8 @@ def tolerance(dtype: torch.dtype) -> float:
 
 def label(params: dict) -> str:
     p = {**PARAMS, **params}
-    return f"{p['variant']} f{p['fetchers']} {p['block_m']}x{p['block_n']}x{p['block_k']} kpf{p['k_per_flag']} {p['layout']}"
+    tile = f"{p['block_m']}x{p['block_n']}x{p['block_k']}"
+    return f"{p['variant']} f{p['fetchers']} {tile} kpf{p['k_per_flag']} {p['layout']}"
 
 
 def _nccl_cublas(inputs: Inputs) -> torch.Tensor:
