@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import ag_gemm
 from kernels.ag_gemm import AgGemmConfig, AgGemmTimeout, all_gather_matmul
 from kernels.ag_gemm import config as agc
 from kernels.ag_gemm.launch import get_plan

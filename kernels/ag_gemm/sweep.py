@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from kernels.ag_gemm.config import AgGemmConfig
-from kernels.ag_gemm.launch import all_gather_matmul, get_plan, recover as _recover
+from kernels.ag_gemm.launch import all_gather_matmul, recover as _recover
 from kernels.ag_gemm.metrics import flops as _flops, gathered_bytes, gemm_bytes
 from kernels.ag_gemm.reference import reference as _reference
 
@@ -114,7 +114,7 @@ def poison(inputs: Inputs) -> None:
     for o in inputs.outs:
         o.fill_(float("nan"))
     for h in inputs.heaps:
-        for key, plan in h.cache("ag_gemm").get("_shared", {}).get("plans", {}).items():
+        for plan in h.cache("ag_gemm").get("_shared", {}).get("plans", {}).values():
             if plan.stg is not None:
                 plan.stg.fill_(float("nan"))
 
@@ -166,4 +166,4 @@ def _torch_fused(inputs: Inputs) -> torch.Tensor:
 baselines = {"nccl_cublas": _nccl_cublas, "torch_fused": _torch_fused,
              "sequential": lambda inputs: run(inputs, variant="sequential")}
 __all__ = ["PARAMS", "WORLD_SIZES", "make_inputs", "run", "reference", "poison", "recover", "flops", "bytes_moved",
-           "tolerance", "label", "baselines", "get_plan"]
+           "tolerance", "label", "baselines"]
