@@ -85,6 +85,17 @@ def test_equals_reference_in_simulated_world(W, gather_dim, layout, bias, varian
         _assert_close(_run(world, shards, b, gather_dim, bs, cfg), shards, b, gather_dim, bs)
 
 
+@pytest.mark.parametrize("gather_dim", [0, 1])
+def test_single_launch_path_in_a_world_of_one(gather_dim):
+    """The GPU's single launch (publish, fetch and compute in one grid) runs in the interpreter
+    when no peer can keep a program waiting: a world of one rank."""
+    world = dist.SimulatedWorld(1, heap_bytes=1 << 18)
+    shards, b, bias = _problem(1, gather_dim, seed=31 + gather_dim)
+    for _ in range(2):
+        _assert_close(_run(world, shards, b, gather_dim, bias, SIM.replace(staged_flag=bool(gather_dim))), shards,
+                      b, gather_dim, bias)
+
+
 def test_trace_on_and_off_give_identical_c_and_events():
     W, gd = 2, 1
     world = dist.SimulatedWorld(W, heap_bytes=1 << 18)
