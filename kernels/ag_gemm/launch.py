@@ -304,6 +304,31 @@ def get_plan(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=Fa
     return plan
 
 
+def prepare(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=False) -> Plan:
+    """Make a call's plan and compile its kernels without launching them (GPU).
+
+    A first call compiles on every rank; a rank still compiling keeps its peers'
+    bounded waits spinning. Benchmarks call this on every rank, meet at a barrier,
+    then time: no wait ever has to cover a compile.
+    """
+    plan = get_plan(a_shard, b, heap, gather_dim=gather_dim, bias=bias, config=config, trace=trace)
+    if heap.simulated or plan.cfg.variant == "sequential":
+        return plan
+    c = torch.empty(plan.out_shape, dtype=a_shard.dtype, device=a_shard.device)
+    args = _args(a_shard, b, heap, plan, bias, c, _shared(heap))
+    if plan.cfg.variant == "fused":
+        _ag_gemm_kernel.warmup(*args, grid=(plan.grid,), PUBLISH=True, FETCH=True, COMPUTE=True, WAIT_READY=False,
+                               **plan.kw)
+    else:
+        pubs = plan.kw["FETCHERS"]
+        _next_epoch_kernel.warmup(_shared(heap)["state"], plan.nextval, plan.nextval.numel(), BLOCK=128, grid=(1,))
+        _ag_gemm_kernel.warmup(*args, grid=(pubs,), PUBLISH=True, FETCH=False, COMPUTE=False, WAIT_READY=True,
+                               **plan.kw)
+        _ag_gemm_kernel.warmup(*args, grid=(plan.grid,), PUBLISH=False, FETCH=False, COMPUTE=True,
+                               WAIT_READY=False, **dict(plan.kw, FETCHERS=0))
+    return plan
+
+
 # --------------------------------------------------------------------------
 # The launcher
 # --------------------------------------------------------------------------
