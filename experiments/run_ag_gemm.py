@@ -3,9 +3,13 @@ correctness first, then every variant and baseline timed eager and graph-replaye
 with random inputs, fetcher-count / staging-layout / flag-group sweeps, a trace,
 and the auto-config refit.
 
-    torchrun --nproc-per-node 2 experiments/run_ag_gemm.py --out results/ag_gemm/
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+        torchrun --nproc-per-node 2 experiments/run_ag_gemm.py --out results/ag_gemm/
     python experiments/run_ag_gemm.py --world-sizes 2 --out results/ag_gemm/     # the same via workbench.dist.launch
     torchrun --nproc-per-node 4 experiments/run_ag_gemm.py --out results/ag_gemm/w4/   # 4 and 8 GPUs likewise
+
+(This file sets the three multicast switches itself before NCCL starts, so plain
+``torchrun`` is safe too; the prefix also covers torchrun's own process.)
 
 Shapes (the seed's table): M in {1024, 4096, 16384} with N=3584, K=8192; and
 4096x4096x4096, 4096x11008x4096, 4096x14336x4096; bf16; both conventions
