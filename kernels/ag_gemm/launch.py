@@ -228,7 +228,13 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     plan.KG = triton.cdiv(triton.cdiv(S_K, cfg.block_k), cfg.k_per_flag)
     dev = heap.device
     plan.pub = heap.named(f"ag_gemm.pub.{S_M}x{S_K}.{a.dtype}", (S_M, S_K), a.dtype)
-    plan.stg = torch.zeros((W, S_M, S_K), dtype=a.dtype, device=dev)
+    # one staging buffer per shard shape, shared by the plans (calls are stream-ordered and
+    # each plan's own flags say what this call staged)
+    stg_key = ("stg", S_M, S_K, a.dtype)
+    shared = _shared(heap)
+    if stg_key not in shared:
+        shared[stg_key] = torch.zeros((W, S_M, S_K), dtype=a.dtype, device=dev)
+    plan.stg = shared[stg_key]
     plan.flags = torch.zeros(W * plan.MT * plan.KG + 1, dtype=torch.int32, device=dev)  # + "all staged"
     total = cfg.num_sms or (sms if not heap.simulated else 4 + cfg.fetchers)
     if cfg.variant == "fused":
