@@ -355,8 +355,10 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_di
     tensor of the inputs' dtype, row-major, to receive C (default: a new one).
 
     Every rank must make the same calls in the same order. Timeouts surface at the
-    next call or ``check(heap)`` (module docstring); ``a_shard`` may be reused or freed
-    once the call returns (it is copied into the heap on the device).
+    next call or ``check(heap)`` (module docstring). ``a_shard`` is read on the current
+    stream, like any torch op: overwrite or free it afterwards as usual (it is copied into
+    the heap, and peers read that copy, which the next call rewrites only once every peer
+    has said it is done with it).
     """
     s = _shared(heap)
     if s["pending"] is not None:
