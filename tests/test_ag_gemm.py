@@ -155,6 +155,21 @@ def test_plan_is_cached_per_signature():
     assert get_plan(shards[0], b, h, gather_dim=1, config=None).cfg.block_m == 16  # simulated auto-config
 
 
+def test_repeated_call_does_no_planning(monkeypatch):
+    """The second call with the same signature neither validates nor runs the auto-config."""
+    from kernels.ag_gemm import launch
+
+    world = dist.SimulatedWorld(1, heap_bytes=1 << 18)
+    h = world.heaps[0]
+    shards, b, _ = _problem(1, 0, seed=8)
+    all_gather_matmul(shards[0], b, h, gather_dim=0)
+    calls = []
+    monkeypatch.setattr(launch, "auto_config", lambda *a, **k: calls.append("auto"))
+    monkeypatch.setattr(launch, "_validate", lambda *a, **k: calls.append("validate"))
+    c = all_gather_matmul(shards[0], b, h, gather_dim=0)
+    assert calls == [] and torch.isfinite(c).all()
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(gather_dim=2), "gather_dim must be 1"),
     (dict(b=torch.randn(13, N)), r"b must be \(K, N\) with K = W"),
