@@ -1,0 +1,443 @@
+"""Fused all-gather + GEMM on a multi-GPU node, in one command per world size:
+correctness first, then every variant and baseline timed eager and graph-replayed
+with random inputs, fetcher-count / staging-layout / flag-group sweeps, a trace,
+and the auto-config refit.
+
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+        torchrun --nproc-per-node 2 experiments/run_ag_gemm.py --out results/ag_gemm/
+    python experiments/run_ag_gemm.py --world-sizes 2 --out results/ag_gemm/     # the same via workbench.dist.launch
+    torchrun --nproc-per-node 4 experiments/run_ag_gemm.py --out results/ag_gemm/w4/   # 4 and 8 GPUs likewise
+
+(This file sets the three multicast switches itself before NCCL starts, so plain
+``torchrun`` is safe too; the prefix also covers torchrun's own process.)
+
+Shapes (the seed's table): M in {1024, 4096, 16384} with N=3584, K=8192; and
+4096x4096x4096, 4096x11008x4096, 4096x14336x4096; bf16; both conventions
+(gather_dim=1: each rank holds A[:, K/W slice]; gather_dim=0: M/W rows each).
+
+Methods: ours ``fused`` (SM fetchers), ``copy_engine``, ``sequential`` (our
+all-gather + our GEMM), ``auto`` (what ``config=None`` picks: the row says which
+variant, whether it fell back to sequential, and whether its rule was measured or
+the placeholder); baselines ``nccl_cublas`` (all_gather_into_tensor + cuBLAS, the
+shards laid out as the convention says), ``torch_fused``
+(torch.ops.symm_mem.fused_all_gather_matmul), ``gemm_alone`` (cuBLAS on the
+gathered A: the floor) and ``nccl_all_gather`` (the gather alone).
+
+Every point is checked against an fp32 product of the NCCL-gathered A before it
+is timed (and called twice: ours must give identical bits). Output in --out:
+bench.csv, sweeps.csv, checks.csv, trace.csv, summary.csv (every row with
+provenance) and auto_table.json (the measured auto-config that
+kernels/ag_gemm/config.py reads from results/ag_gemm/). ``--check-only``: the
+checks alone (the multigpu test). NVLink multicast stays off in every process.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from workbench import dist  # noqa: E402  (sets NVLink multicast off before anything else)
+
+SHAPES = [(1024, 3584, 8192), (4096, 3584, 8192), (16384, 3584, 8192), (4096, 4096, 4096), (4096, 11008, 4096),
+          (4096, 14336, 4096)]
+SWEEP_SHAPE = (4096, 3584, 8192)
+FETCHERS = (4, 8, 16, 32, 64)
+K_PER_FLAG = (2, 8, 32)
+OURS = ("fused", "copy_engine", "sequential", "auto")
+MAX_SPINS = 1 << 22  # kernels are compiled (prepare) before any timed or checked call: no wait covers a compile
+
+
+# --------------------------------------------------------------------------
+# One rank
+# --------------------------------------------------------------------------
+class Rank:
+    def __init__(self, w, args):
+        import torch
+        import torch.distributed as tdist
+
+        from kernels import ag_gemm
+
+        self.w, self.args, self.torch, self.tdist, self.ag = w, args, torch, tdist, ag_gemm
+        self.rank, self.W = tdist.get_rank(), tdist.get_world_size()
+        self.rows = []
+        self.dtype = torch.bfloat16
+        self.sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        shapes = self.shapes()
+        biggest = max(M * K for M, _, K in shapes) * 2
+        self.w.stage("symmetric heap")
+        self.heap = dist.SymmetricHeap(biggest * 3 // 2 + (64 << 20))
+
+    def shapes(self):
+        return SHAPES[:2] if self.args.quick else SHAPES
+
+    def emit(self, row):
+        row = {"world_size": self.W, **row}
+        self.rows.append({"rank": self.rank, **row})
+        self.w.emit(row)
+
+    # inputs -----------------------------------------------------------------
+    def inputs(self, M, N, K, gd, seed):
+        torch = self.torch
+        dev = self.heap.device
+        S_M, S_K = (M // self.W, K) if gd == 0 else (M, K // self.W)
+        g = torch.Generator(device=dev).manual_seed(seed * 1009 + self.rank)
+        a = torch.randn(S_M, S_K, generator=g, device=dev).to(self.dtype)
+        gb = torch.Generator(device=dev).manual_seed(seed)  # the same B and bias on every rank
+        b = torch.randn(K, N, generator=gb, device=dev).to(self.dtype)
+        bias = torch.randn(N, generator=gb, device=dev).to(self.dtype)
+        return a, b, bias
+
+    def gathered(self, a, gd):
+        from kernels.ag_gemm.baselines import gathered_a
+
+        flat = self.torch.empty((self.W * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
+        self.tdist.all_gather_into_tensor(flat, a)
+        return gathered_a(flat, self.W, gd).contiguous()
+
+    # methods ----------------------------------------------------------------
+    def methods(self, a, b, gd, A_full):
+        from kernels.ag_gemm import AgGemmConfig
+        from kernels.ag_gemm import baselines as bl
+        from kernels.ag_gemm.config import auto_config
+
+        M, N, K = A_full.shape[0], b.shape[1], A_full.shape[1]
+        heap, ag = self.heap, self.ag
+        placeholder = auto_config(M, N, K, self.W, gd, self.sms)
+        fetchers = placeholder.fetchers if placeholder.variant == "fused" else max(4, self.sms // 8)
+        cfgs = {"fused": AgGemmConfig(variant="fused", fetchers=fetchers, num_sms=self.sms, max_spins=MAX_SPINS),
+                "copy_engine": AgGemmConfig(variant="copy_engine", num_sms=self.sms, max_spins=MAX_SPINS),
+                "sequential": AgGemmConfig(variant="sequential"), "auto": None}
+        out = {}
+        for name, c in cfgs.items():
+            ag.prepare(a, b, heap, gather_dim=gd, config=c)
+            out[name] = (lambda c=c: ag.all_gather_matmul(a, b, heap, gather_dim=gd, config=c), c)
+        self.tdist.barrier()  # every rank has compiled
+        nccl = bl.NcclCublas(a, self.W, gd)
+        flat = self.torch.empty((self.W * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
+        out["nccl_cublas"] = (lambda: nccl(a, b), None)
+        if bl.torch_fused_available():
+            tf = bl.TorchFused(self.tdist.group.WORLD.group_name, gd)
+            out["torch_fused"] = (lambda: tf(a, b), None)
+        out["gemm_alone"] = (lambda: bl.gemm_alone(A_full, b), None)
+        out["nccl_all_gather"] = (lambda: self.tdist.all_gather_into_tensor(flat, a), None)
+        return out
+
+    def agree_failed(self, failed: bool) -> bool:
+        """Every rank learns whether any failed (then the flags are resynchronized)."""
+        flag = self.torch.tensor([int(failed)], device=self.heap.device)
+        self.tdist.all_reduce(flag)
+        if int(flag.item()):
+            self.ag.recover(self.heap)
+            return True
+        return False
+
+    def check(self, name, fn, ref, K, base):
+        """C against the fp32 reference, and a second call with the same inputs bit-identical."""
+        torch = self.torch
+        row = {"kind": "check", "variant": name, **base}
+        try:
+            c1 = fn().clone()
+            c2 = fn().clone()
+            if name in OURS:
+                self.ag.check(self.heap)
+            from kernels.ag_gemm.reference import tolerance
+
+            atol, rtol = tolerance(self.dtype, K)
+            err = (c1.float() - ref).abs()
+            ok = bool(torch.isfinite(c1).all()) and bool((err <= atol + rtol * ref.abs()).all())
+            row.update(ok=ok, max_abs_err=float(err.max()), atol=atol, rtol=rtol,
+                       repeat_identical=bool(torch.equal(c1, c2)), error="")
+        except Exception as exc:  # noqa: BLE001 - record it, resync, go on
+            traceback.print_exc()
+            row.update(ok=False, repeat_identical=False, error=f"{type(exc).__name__}: {exc}"[:800])
+        if self.agree_failed(not row["ok"] and name in OURS) and row["ok"]:
+            row.update(ok=False, error="another rank failed this check")
+        self.emit(row)
+        return row["ok"]
+
+    def time(self, fn, mode, base, name, extra=None):
+        row = {"kind": "bench", "variant": name, "timing": mode, **base, **(extra or {})}
+        failed = False
+        try:
+            if mode == "graph":
+                t = dist.time_collective(fn, warmup=3, iters=self.args.iters // 2, graph=4)
+            else:
+                t = dist.time_collective(fn, warmup=5, iters=self.args.iters)
+            if name in OURS:
+                self.ag.check(self.heap)
+            row.update(ms=t["ms"], q25_ms=t["q25_ms"], q75_ms=t["q75_ms"], loop_ms=t["loop_ms"],
+                       slowest_rank=t["slowest_rank"], status="ok", error="")
+        except Exception as exc:  # noqa: BLE001
+            traceback.print_exc()
+            failed = True
+            row.update(status="error", error=f"{type(exc).__name__}: {exc}"[:800])
+        if self.agree_failed(failed) and not failed:
+            row.update(status="peer_error", error="another rank failed this point")
+        self.emit(row)
+
+    # studies ----------------------------------------------------------------
+    def run(self):
+        torch = self.torch
+        modes = [m for m in self.args.modes.split(",") if m]
+        for si, (M, N, K) in enumerate(self.shapes()):
+            for gd in (0, 1):
+                base = {"M": M, "N": N, "K": K, "gather_dim": gd, "dtype": "bfloat16"}
+                a, b, bias = self.inputs(M, N, K, gd, seed=si * 2 + gd)
+                A_full = self.gathered(a, gd)
+                ref = A_full.float() @ b.float()
+                methods = self.methods(a, b, gd, A_full)
+                ok = {}
+                for name, (fn, cfg) in methods.items():
+                    if name == "nccl_all_gather":
+                        ok[name] = True
+                        continue
+                    self.w.stage(f"check {name} {M}x{N}x{K} gather_dim={gd}")
+                    ok[name] = self.check(name, fn, ref, K, base)
+                if si == 1:  # bias and the m-contiguous layout, once per convention
+                    from kernels.ag_gemm import AgGemmConfig
+
+                    for label, cfg, bs in (("fused+bias", AgGemmConfig(fetchers=16, num_sms=self.sms,
+                                                                       max_spins=MAX_SPINS), bias),
+                                           ("fused_layout_m", AgGemmConfig(fetchers=16, layout="m", num_sms=self.sms,
+                                                                           max_spins=MAX_SPINS), None),
+                                           ("copy_engine+bias", AgGemmConfig(variant="copy_engine", num_sms=self.sms,
+                                                                             max_spins=MAX_SPINS), bias)):
+                        self.ag.prepare(a, b, self.heap, gather_dim=gd, bias=bs, config=cfg)
+                        self.tdist.barrier()
+                        r = ref + bs.float() if bs is not None else ref
+                        self.check(label, lambda c=cfg, bs=bs: self.ag.all_gather_matmul(
+                            a, b, self.heap, gather_dim=gd, bias=bs, config=c), r, K, base)
+                del ref
+                if self.args.check_only:
+                    self.heap.reset()
+                    continue
+                auto_plan = self.ag.launch.get_plan(a, b, self.heap, gather_dim=gd)
+                auto_info = {"auto_variant": auto_plan.cfg.variant, "auto_source": self.ag.auto_source(),
+                             "auto_fallback": auto_plan.cfg.variant == "sequential",
+                             "auto_config": json.dumps(auto_plan.cfg.__dict__)}
+                for mode in modes:
+                    for name, (fn, cfg) in methods.items():
+                        if not ok.get(name):
+                            continue
+                        self.w.stage(f"{mode} {name} {M}x{N}x{K} gather_dim={gd}")
+                        extra = dict(auto_info) if name == "auto" else {}
+                        if cfg is not None:
+                            extra["config"] = json.dumps(cfg.__dict__)
+                        self.time(fn, mode, base, name, extra)
+                if (M, N, K) == SWEEP_SHAPE and not self.args.no_sweeps:
+                    self.sweeps(a, b, gd, base)
+                if (M, N, K) == SWEEP_SHAPE and gd == 0:
+                    self.trace(a, b, gd, base)
+                del methods, A_full
+                self.heap.reset()
+                torch.cuda.empty_cache()
+
+    def sweeps(self, a, b, gd, base):
+        from kernels.ag_gemm import AgGemmConfig
+
+        points = [("fetchers", dict(fetchers=f)) for f in FETCHERS]
+        points += [("layout", dict(fetchers=16, layout=lay)) for lay in ("k", "m")]
+        points += [("k_per_flag", dict(fetchers=16, k_per_flag=k)) for k in K_PER_FLAG]
+        points += [("staged_flag", dict(fetchers=16, staged_flag=False))]  # poll every k-group throughout
+        points += [("block", dict(fetchers=16, block_n=256, num_stages=3)), ("block", dict(fetchers=16, block_k=32,
+                                                                                         num_stages=4))]
+        for study, kw in points:
+            cfg = AgGemmConfig(num_sms=self.sms, max_spins=MAX_SPINS, **kw)
+            self.w.stage(f"sweep {study} {kw}")
+            self.ag.prepare(a, b, self.heap, gather_dim=gd, config=cfg)
+            self.tdist.barrier()
+            fn = (lambda c=cfg: self.ag.all_gather_matmul(a, b, self.heap, gather_dim=gd, config=c))
+            self.time(fn, "graph", dict(base, kind="sweep"), "fused",
+                      {"study": study, "config": json.dumps(cfg.__dict__), **kw})
+
+    def trace(self, a, b, gd, base):
+        from kernels.ag_gemm import AgGemmConfig
+        from kernels.ag_gemm.launch import get_plan
+        from kernels.ag_gemm.trace import frame
+
+        self.w.stage("trace")
+        cfg = AgGemmConfig(fetchers=16, num_sms=self.sms, max_spins=MAX_SPINS)
+        self.ag.prepare(a, b, self.heap, gather_dim=gd, config=cfg, trace=True)
+        self.tdist.barrier()
+        for _ in range(3):  # warm: the last call is the one kept
+            _, raw = self.ag.all_gather_matmul(a, b, self.heap, gather_dim=gd, config=cfg, trace=True)
+        self.ag.check(self.heap)
+        plan = get_plan(a, b, self.heap, gather_dim=gd, config=cfg, trace=True)
+        df = frame(raw, rank=self.rank, fetchers=plan.kw["FETCHERS"])
+        for rec in df.to_dict("records"):
+            rec["event"] = rec.pop("kind")  # publish / fetch / wait / compute ("kind" names the row type)
+            self.emit({**base, **rec, "kind": "trace"})
+
+
+def worker(args):
+    import torch.distributed as tdist
+
+    with dist.worker() as w:
+        r = Rank(w, args)
+        try:
+            r.run()
+        finally:
+            w.stage("done")
+        if w.run_dir is None:  # plain torchrun: rank 0 writes the tables
+            everyone = [None] * tdist.get_world_size()
+            tdist.all_gather_object(everyone, r.rows)
+            if tdist.get_rank() == 0:
+                rows = [row for part in everyone for row in part]
+                finish(rows, Path(args.out), tdist.get_world_size(), args)
+
+
+# --------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------
+def summarize(bench):
+    """Per (world, gather_dim, shape, timing): each method's ms, ours vs NCCL+cuBLAS and vs GEMM alone."""
+    import pandas as pd
+
+    from kernels.ag_gemm.metrics import tflops
+
+    ok = bench[(bench["status"] == "ok") & (bench["rank"] == 0)]
+    rows = []
+    for key, g in ok.groupby(["world_size", "gather_dim", "M", "N", "K", "timing"]):
+        W, gd, M, N, K, timing = key
+        ms = g.set_index("variant")["ms"].to_dict()
+        row = {"world_size": W, "gather_dim": gd, "M": M, "N": N, "K": K, "timing": timing,
+               **{f"{v}_ms": t for v, t in ms.items()}}
+        seq = ms.get("nccl_cublas")
+        fused_family = {v: ms[v] for v in ("fused", "copy_engine") if v in ms}
+        if fused_family:
+            best = min(fused_family, key=fused_family.get)
+            row["best_fused"] = best
+            row["best_fused_ms"] = fused_family[best]
+        for v in ("fused", "copy_engine", "auto", "torch_fused", "sequential"):
+            if v in ms and seq:
+                row[f"{v}_speedup_vs_nccl_cublas"] = seq / ms[v]
+            if v in ms and "gemm_alone" in ms:
+                row[f"{v}_frac_of_gemm_alone"] = ms[v] / ms["gemm_alone"]
+            if v in ms:
+                row[f"{v}_tflops"] = tflops(M, N, K, ms[v])
+        contenders = {v: ms[v] for v in ("fused", "copy_engine", "torch_fused", "sequential", "nccl_cublas")
+                      if v in ms}
+        row["winner"] = min(contenders, key=contenders.get) if contenders else None
+        auto = g[g["variant"] == "auto"]
+        if len(auto):
+            row["auto_variant"] = auto.iloc[0].get("auto_variant")
+            row["auto_fallback"] = auto.iloc[0].get("auto_fallback")
+            row["auto_source"] = auto.iloc[0].get("auto_source")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def fit_auto_table(bench) -> dict:
+    """Per measured problem: the fastest of our variants in eager calls (as users call it);
+    sequential wherever neither fused variant beat it."""
+    entries = []
+    ok = bench[(bench["status"] == "ok") & (bench["rank"] == 0) & (bench["timing"] == "eager")]
+    for (W, gd, M, N, K), g in ok.groupby(["world_size", "gather_dim", "M", "N", "K"]):
+        ours = g[g["variant"].isin(["fused", "copy_engine", "sequential"])]
+        if not len(ours):
+            continue
+        best = ours.loc[ours["ms"].idxmin()]
+        cfg = json.loads(best["config"]) if isinstance(best.get("config"), str) else {"variant": best["variant"]}
+        cfg = {k: v for k, v in cfg.items() if k not in ("skip_rank",)}
+        entries.append({"world_size": int(W), "gather_dim": int(gd), "M": int(M), "N": int(N), "K": int(K),
+                        "config": cfg, "ms": float(best["ms"]),
+                        "fallback": best["variant"] == "sequential"})
+    return {"source": "experiments/run_ag_gemm.py (eager calls, rank 0, median)", "entries": entries}
+
+
+def finish(rows, out: Path, W: int, args) -> int:
+    import pandas as pd
+
+    from workbench import provenance
+
+    out.mkdir(parents=True, exist_ok=True)
+    prov = provenance.flat(provenance.collect(world_size=W))
+    for r in rows:
+        r.update({k: v for k, v in prov.items() if k != "world_size"})
+        r["command"] = " ".join(sys.argv)
+    df = pd.DataFrame(rows)
+    written = []
+    for kind, name in (("check", "checks.csv"), ("bench", "bench.csv"), ("sweep", "sweeps.csv"),
+                       ("trace", "trace.csv")):
+        part = df[df["kind"] == kind].dropna(axis=1, how="all") if "kind" in df else pd.DataFrame()
+        if len(part):
+            part.to_csv(out / name, index=False)
+            written.append(name)
+    pd.set_option("display.width", 250)
+    checks = df[df["kind"] == "check"] if "kind" in df else pd.DataFrame()
+    if len(checks):
+        bad = checks[~checks["ok"].astype(bool)]
+        print(f"checks: {len(checks) - len(bad)}/{len(checks)} within bf16 tolerance of the fp32 reference")
+        if len(bad):
+            print(bad[["rank", "variant", "M", "N", "K", "gather_dim", "error"]].to_string(index=False))
+    bench = df[df["kind"] == "bench"] if "kind" in df else pd.DataFrame()
+    if len(bench):
+        summary = summarize(bench)
+        for c, v in prov.items():
+            summary[c] = v
+        summary.to_csv(out / "summary.csv", index=False)
+        (out / "auto_table.json").write_text(json.dumps(fit_auto_table(bench), indent=1))
+        written += ["summary.csv", "auto_table.json"]
+        cols = ["timing", "world_size", "gather_dim", "M", "N", "K", "nccl_cublas_ms", "sequential_ms", "fused_ms",
+                "copy_engine_ms", "torch_fused_ms", "auto_ms", "gemm_alone_ms", "fused_speedup_vs_nccl_cublas",
+                "copy_engine_speedup_vs_nccl_cublas", "auto_speedup_vs_nccl_cublas", "auto_variant", "winner"]
+        print(summary[[c for c in cols if c in summary]].round(3).to_string(index=False))
+    print("wrote", ", ".join(written), "to", out)
+    return 0
+
+
+def parent(args) -> int:
+    import torch
+
+    rows = []
+    sizes = [int(s) for s in args.world_sizes.split(",") if s.strip()]
+    for W in sizes:
+        if torch.cuda.device_count() < W:
+            print(f"world size {W}: skipped, this machine has {torch.cuda.device_count()} GPU(s)", flush=True)
+            continue
+        cmd = ["--worker", "--modes", args.modes, "--iters", str(args.iters)]
+        cmd += ["--quick"] * args.quick + ["--check-only"] * args.check_only + ["--no-sweeps"] * args.no_sweeps
+        t0 = time.time()
+        try:
+            res = dist.launch(Path(__file__), W, cmd, timeout_s=args.timeout,
+                              env={"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(W)))})
+            part, err = res.rows, ""
+        except dist.LaunchError as exc:
+            part, err = exc.rows, str(exc)
+            print(err, flush=True)
+        print(f"world size {W}: {len(part)} rows in {time.time() - t0:.0f} s", flush=True)
+        for r in part:
+            r["launch_error"] = err[:500]
+        rows += part
+    if not rows:
+        print("no rows")
+        return 1
+    return finish(rows, Path(args.out), max(sizes), args)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(REPO / "results" / "ag_gemm"), help="folder for the CSVs")
+    ap.add_argument("--world-sizes", default="2", help="without torchrun: world sizes to launch (default 2)")
+    ap.add_argument("--modes", default="eager,graph", help="eager and/or graph (CUDA-graph replays)")
+    ap.add_argument("--iters", type=int, default=20, help="timed calls per point (graph: half as many replays)")
+    ap.add_argument("--quick", action="store_true", help="the first two shapes only")
+    ap.add_argument("--check-only", action="store_true", help="only the correctness checks")
+    ap.add_argument("--no-sweeps", action="store_true", help="skip the fetcher/layout/flag-group sweeps")
+    ap.add_argument("--timeout", type=float, default=570, help="seconds per world before it is killed")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker or "LOCAL_RANK" in os.environ:  # under workbench.dist.launch or plain torchrun
+        worker(args)
+        return 0
+    return parent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Configuration of the fused all-gather + GEMM and its auto-config.
+
+``AgGemmConfig`` holds every knob; ``auto_config`` picks one per problem.
+
+The auto-config's rule is, until measurements replace it, a PLACEHOLDER: it is
+not fitted to any GPU data. ``experiments/run_ag_gemm.py`` times every variant
+on a GPU node and writes ``results/ag_gemm/auto_table.json`` (one entry per
+measured (world size, gather dim, M, N, K): the fastest configuration, and
+``"sequential"`` wherever no fused variant beat our all-gather + our GEMM).
+When that file exists, ``auto_config`` uses the entry of the nearest measured
+problem; otherwise the placeholder rule below. ``auto_source()`` says which,
+and the benchmark rows carry it (``auto_source`` column), so a result can
+never pass a placeholder off as a measurement.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+VARIANTS = ("fused", "copy_engine", "sequential")
+LAYOUTS = ("k", "m")
+AUTO_TABLE_PATH = Path(__file__).resolve().parents[2] / "results" / "ag_gemm" / "auto_table.json"
+MAX_TABLE_BYTES = 1 << 20  # the table is untrusted input: bounded read
+
+
+@dataclasses.dataclass(frozen=True)
+class AgGemmConfig:
+    """Every knob. ``num_sms``: programs in all (fetchers + GEMM; default: the
+    device's SM count, 4 + fetchers in a simulated world)."""
+
+    variant: str = "fused"
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    group_m: int = 8
+    num_stages: int = 3
+    num_warps: int = 8
+    fetchers: int = 16        # fused: programs that fetch (the rest compute)
+    k_per_flag: int = 8       # BLOCK_K tiles per ready flag (a k-group)
+    layout: str = "k"         # staging: "k" (k-contiguous) or "m" (m-contiguous)
+    num_sms: int | None = None
+    ce_chunks: int = 4        # copy_engine: chunk copies per peer shard (each followed by its flag write)
+    max_spins: int = 1 << 24  # polls before a wait gives up
+    staged_flag: bool = True  # one more flag, "all staged": GEMM programs stop polling once it is set
+    skip_rank: int = -1       # fault injection for tests: fetchers skip this rank's shard
+
+    def replace(self, **kw) -> "AgGemmConfig":
+        return dataclasses.replace(self, **kw)
+
+
+def _pow2(x) -> bool:
+    return isinstance(x, int) and x >= 1 and not x & (x - 1)
+
+
+def as_config(config) -> AgGemmConfig | None:
+    if config is None or isinstance(config, AgGemmConfig):
+        return config
+    if isinstance(config, dict):
+        names = {f.name for f in dataclasses.fields(AgGemmConfig)}
+        bad = set(config) - names
+        if bad:
+            raise ValueError(f"all_gather_matmul: unknown config field(s) {sorted(bad)}; known: {sorted(names)}")
+        return AgGemmConfig(**config)
+    raise ValueError(f"all_gather_matmul: config must be an AgGemmConfig, a dict of its fields or None, "
+                     f"got {type(config).__name__}")
+
+
+def validate(c: AgGemmConfig, world_size: int) -> None:
+    """Raise ValueError naming the bad field and what to use instead."""
+    if c.variant not in VARIANTS:
+        raise ValueError(f"all_gather_matmul: variant must be one of {VARIANTS}, got {c.variant!r}")
+    if c.layout not in LAYOUTS:
+        raise ValueError(f"all_gather_matmul: layout must be 'k' (k-contiguous) or 'm' (m-contiguous), "
+                         f"got {c.layout!r}")
+    for name in ("block_m", "block_n", "block_k"):
+        v = getattr(c, name)
+        if not _pow2(v) or v < 16:
+            raise ValueError(f"all_gather_matmul: {name} must be a power of two >= 16 (tl.dot's minimum), got {v!r}")
+    for name in ("group_m", "num_stages", "k_per_flag", "ce_chunks", "max_spins"):
+        v = getattr(c, name)
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"all_gather_matmul: {name} must be a positive integer, got {v!r}")
+    if c.num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"all_gather_matmul: num_warps must be 1, 2, 4, 8 or 16, got {c.num_warps!r}")
+    if not isinstance(c.fetchers, int) or c.fetchers < 1:
+        raise ValueError(f"all_gather_matmul: fetchers must be a positive integer, got {c.fetchers!r}")
+    if c.num_sms is not None and (not isinstance(c.num_sms, int) or c.num_sms < 2):
+        raise ValueError(f"all_gather_matmul: num_sms must be an integer >= 2 (fetchers + GEMM programs), "
+                         f"got {c.num_sms!r}")
+    if c.variant == "fused" and c.num_sms is not None and c.fetchers >= c.num_sms:
+        raise ValueError(f"all_gather_matmul: fetchers ({c.fetchers}) must be fewer than num_sms ({c.num_sms}): "
+                         "GEMM programs need the rest")
+    if c.variant == "copy_engine" and c.layout != "k":
+        raise ValueError("all_gather_matmul: variant 'copy_engine' copies whole shards, which needs the "
+                         "k-contiguous staging layout: use layout='k'")
+    if not isinstance(c.staged_flag, bool):
+        raise ValueError(f"all_gather_matmul: staged_flag must be True or False, got {c.staged_flag!r}")
+    if not isinstance(c.skip_rank, int) or c.skip_rank >= world_size or c.skip_rank < -1:
+        raise ValueError(f"all_gather_matmul: skip_rank must be -1 or a rank below {world_size}, got {c.skip_rank!r}")
+
+
+# --------------------------------------------------------------------------
+# Auto-config
+# --------------------------------------------------------------------------
+# PLACEHOLDER rule (not fitted; see the module docstring). Reasoning it encodes:
+# the fused kernel hides the gather behind the GEMM only when the GEMM is long
+# enough to hide it: below PLACEHOLDER_MIN_FLOP (per rank) the sequential path
+# (one all-gather launch + one GEMM) is taken. Fetchers: enough to pull
+# (W-1) shards at NVLink speed while the GEMM runs, ~1/8 of the SMs. Tiles: 128x256
+# (more reuse per byte, as kernels.gemm's measured heuristic prefers on big problems)
+# when they still give every GEMM program at least one tile, else 128x128.
+PLACEHOLDER_MIN_FLOP = 2 * 1024 * 1024 * 1024  # 2 GFLOP: ~3 us of an H200's tensor cores
+PLACEHOLDER_FETCH_FRACTION = 8
+_SIM_CONFIG = AgGemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_stages=1, num_warps=1, fetchers=2,
+                           k_per_flag=2, num_sms=5, ce_chunks=2, max_spins=1 << 12)
+
+
+def load_table(path: Path | None = None) -> list[dict] | None:
+    """The measured table, validated (None when absent). Bad content -> ValueError naming the file."""
+    path = Path(path or AUTO_TABLE_PATH)
+    if not path.exists():
+        return None
+    with open(path, "rb") as fh:
+        raw = fh.read(MAX_TABLE_BYTES + 1)
+    if len(raw) > MAX_TABLE_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_TABLE_BYTES} bytes; not an auto-config table")
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc}); delete it or re-run experiments/run_ag_gemm.py") from None
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected {{'entries': [...]}}; re-run experiments/run_ag_gemm.py")
+    known = {f.name for f in dataclasses.fields(AgGemmConfig)}
+    out = []
+    for i, e in enumerate(entries):
+        try:
+            key = {k: int(e[k]) for k in ("world_size", "gather_dim", "M", "N", "K")}
+            cfg = {k: v for k, v in dict(e["config"]).items() if k in known}
+            config = AgGemmConfig(**cfg)
+            validate(config, key["world_size"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: entry {i} is malformed ({exc}); re-run experiments/run_ag_gemm.py") from None
+        out.append({**key, "config": config})
+    return out
+
+
+_TABLE: dict = {}
+
+
+def auto_source() -> str:
+    """'measured (results/ag_gemm/auto_table.json)' or 'placeholder rule (not fitted)'."""
+    if "t" not in _TABLE:
+        _TABLE["t"] = load_table()
+    return "placeholder rule (not fitted)" if not _TABLE["t"] else f"measured ({AUTO_TABLE_PATH.name})"
+
+
+def auto_config(M: int, N: int, K: int, world_size: int, gather_dim: int, num_sms: int,
+                simulated: bool = False) -> AgGemmConfig:
+    """The configuration for a gathered problem C (M x N) = A (M x K) @ B (K x N)."""
+    if simulated:
+        return _SIM_CONFIG
+    if "t" not in _TABLE:
+        _TABLE["t"] = load_table()
+    table = [e for e in (_TABLE["t"] or []) if e["world_size"] == world_size and e["gather_dim"] == gather_dim]
+    if table:
+        def dist(e):
+            return sum(abs(math.log2(max(1, a)) - math.log2(max(1, b))) for a, b in
+                       ((e["M"], M), (e["N"], N), (e["K"], K)))
+        return min(table, key=dist)["config"]
+    if 2 * M * N * K / world_size < PLACEHOLDER_MIN_FLOP:
+        return AgGemmConfig(variant="sequential")
+    fetchers = max(4, num_sms // PLACEHOLDER_FETCH_FRACTION)
+    wide = -(-M // 128) * -(-N // 256) >= num_sms - fetchers
+    return AgGemmConfig(variant="fused", fetchers=fetchers, num_sms=num_sms, block_n=256 if wide else 128)

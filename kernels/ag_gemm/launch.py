@@ -1,0 +1,484 @@
+"""``all_gather_matmul``: validate -> plan (cached per call signature) -> launch.
+
+Variants (``AgGemmConfig.variant``; ``config=None`` lets ``auto_config`` pick):
+
+``"fused"``        one persistent launch: ``fetchers`` programs pull the peers'
+                   shards into a local staging buffer and set a flag per
+                   (row tile, k-group); the other programs compute as flags arrive.
+``"copy_engine"``  no SM fetches: a small publish kernel, then ``cudaMemcpyAsync``
+                   chunks from every peer's shard into the staging buffer on a side
+                   stream, each followed by a stream-ordered copy that sets the
+                   chunk's flags; every SM runs the GEMM, spinning on those flags.
+``"sequential"``   our all-gather (``kernels.all_gather``), then our GEMM
+                   (``kernels.gemm.matmul``): the fallback where fusing loses.
+
+A repeated call is a dict lookup and the launches: no host synchronization and
+no heuristic work. Failures on the device (a peer that never published, a tile
+that never arrived) are written to a status word by the bounded waits and
+surface without a sync: at the start of the next call on this heap (once the
+copy of the status made after the call has landed), or at ``check(heap)``,
+which synchronizes. Under CUDA-graph capture nothing is copied: call
+``check(heap)`` after replaying. In a simulated world (CPU) the status is read
+right after each call. After a timeout every rank calls ``recover(heap)``.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from typing import Any
+
+import torch
+import triton
+
+from kernels.ag_gemm.config import AgGemmConfig, as_config, auto_config, validate
+from kernels.ag_gemm.triton import TRACE_COLS, _ag_gemm_kernel, _next_epoch_kernel
+from kernels.remote import STATUS_WORDS, WaitTimeout
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+GATHER_DIMS = (0, 1)
+MAX_PLANS = 64           # launch plans kept per heap (the cache is cleared past this)
+MAX_EVENTS = {"gpu": 512, "sim": 64}
+CE_PUBLISHERS = 16       # programs of the copy-engine variant's publish kernel
+
+
+class AgGemmTimeout(WaitTimeout):
+    """A bounded wait of all_gather_matmul gave up: names the rank and the tile."""
+
+
+@dataclasses.dataclass
+class Plan:
+    cfg: AgGemmConfig
+    gather_dim: int
+    S_M: int
+    S_K: int
+    N: int
+    out_shape: tuple
+    MT: int = 0
+    KG: int = 0
+    grid: int = 0
+    kw: dict = dataclasses.field(default_factory=dict)
+    pub: Any = None
+    stg: Any = None
+    flags: Any = None
+    trace: Any = None
+    nextval: Any = None
+    chunks: list = dataclasses.field(default_factory=list)
+    side: Any = None
+    auto: bool = False
+
+
+# --------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------
+def _validate(a, b, heap, gather_dim, bias):
+    who = "all_gather_matmul"
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        raise ValueError(f"{who}: a_shard and b must be torch tensors")
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"{who}: a_shard and b must be 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if gather_dim not in GATHER_DIMS:
+        raise ValueError(f"{who}: gather_dim must be 1 (each rank holds A[:, k-slice], gathered along K) or 0 "
+                         f"(each rank holds M/W rows, gathered along M), got {gather_dim!r}")
+    if a.dtype != b.dtype or a.dtype not in DTYPES:
+        raise ValueError(f"{who}: a_shard and b must share a dtype in {[str(d) for d in DTYPES]}, got {a.dtype} "
+                         f"and {b.dtype}")
+    if a.numel() == 0 or b.numel() == 0:
+        raise ValueError(f"{who}: empty operands ({tuple(a.shape)}, {tuple(b.shape)})")
+    if a.stride(1) != 1 or a.stride(0) != a.shape[1]:
+        raise ValueError(f"{who}: a_shard must be row-major contiguous (strides {a.stride()}); "
+                         "pass a_shard.contiguous()")
+    W = heap.world_size
+    K = a.shape[1] * W if gather_dim == 1 else a.shape[1]
+    if b.shape[0] != K:
+        conv = f"W * a_shard.shape[1] = {W} * {a.shape[1]}" if gather_dim == 1 else f"a_shard.shape[1] = {a.shape[1]}"
+        raise ValueError(f"{who}: b must be (K, N) with K = {conv} = {K} for gather_dim={gather_dim}, got "
+                         f"{tuple(b.shape)}")
+    for name, t in (("a_shard", a), ("b", b)) + ((("bias", bias),) if bias is not None else ()):
+        if t.device.type != heap.device.type or (t.device.type == "cuda" and t.device != heap.device):
+            raise ValueError(f"{who}: {name} is on {t.device} but rank {heap.rank}'s heap is on {heap.device}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != b.shape[1]:
+            raise ValueError(f"{who}: bias must be a 1-D tensor of N = {b.shape[1]} elements, got "
+                             f"{tuple(getattr(bias, 'shape', ()))}")
+        if bias.dtype not in (a.dtype, torch.float32) or bias.stride(0) != 1:
+            raise ValueError(f"{who}: bias must be contiguous {a.dtype} or float32, got {bias.dtype}")
+
+
+# --------------------------------------------------------------------------
+# Per-heap state: status word, its host copy, the plans
+# --------------------------------------------------------------------------
+def _shared(heap) -> dict:
+    cache = heap.cache("ag_gemm")
+    s = cache.get("_shared")
+    if s is None:
+        cuda = heap.device.type == "cuda"
+        status = torch.zeros(STATUS_WORDS, dtype=torch.int32, device=heap.device)
+        s = cache["_shared"] = {
+            "status": status,
+            "host": torch.zeros(STATUS_WORDS, dtype=torch.int32, pin_memory=cuda),
+            "event": torch.cuda.Event() if cuda else None, "pending": None, "plans": {},
+            "sig": heap.flags("ag_gemm.sig", 2 * heap.world_size),  # ready[W], done[W]
+            # epoch, publishers arrived, programs finished, trace tick, fetchers finished
+            "state": heap.flags("ag_gemm.state", 8),
+        }
+    return s
+
+
+def describe_status(values, plan: Plan | None, rank: int, world: int) -> str:
+    """The error text for status words [count, flag id, seen, expected]."""
+    count, fid, seen, expected = (int(v) for v in values[:STATUS_WORDS])
+    if fid < 0 and -fid <= world:
+        what = (f"rank {-fid - 1} never published its shard (ready flag from rank {-fid - 1})")
+    elif fid < 0:
+        peer = -fid - 1 - world
+        what = f"rank {peer} never finished reading our previous shard (done flag from rank {peer})"
+    elif plan is not None and plan.MT and plan.KG:
+        src, rest = divmod(fid, plan.MT * plan.KG)
+        mt, g = divmod(rest, plan.KG)
+        c = plan.cfg
+        r0, k0 = mt * c.block_m, g * c.k_per_flag * c.block_k
+        r1, k1 = min(plan.S_M, r0 + c.block_m) - 1, min(plan.S_K, k0 + c.k_per_flag * c.block_k) - 1
+        what = (f"tile (row tile {mt}, k-group {g}) of rank {src}'s shard never arrived: rows {r0}...{r1}, "
+                f"columns {k0}...{k1}"
+                f" of its {plan.S_M}x{plan.S_K} shard (staging flag {fid}); rank {src} never sent it, or our "
+                f"fetchers never fetched it")
+    else:
+        what = f"staging flag {fid} never set"
+    return (f"rank {rank}: all_gather_matmul: {count} bounded wait(s) timed out; {what} (saw {seen}, expected "
+            f">= {expected}). Every rank must make the same calls; call kernels.ag_gemm.recover(heap) on every "
+            f"rank before the next call.")
+
+
+def _raise_if_failed(values, s, heap):
+    if int(values[0]) > 0:
+        raise AgGemmTimeout(describe_status(values, s.get("last_plan"), heap.rank, heap.world_size))
+
+
+def _poll(s, heap) -> None:
+    """Raise for the previous call's timeout if its status copy has landed (no sync)."""
+    ev = s["pending"]
+    if ev is None or torch.cuda.is_current_stream_capturing() or not ev.query():
+        return
+    s["pending"] = None
+    _raise_if_failed(s["host"].tolist(), s, heap)
+
+
+def _after_call(s, heap, plan) -> None:
+    s["last_plan"] = plan
+    if heap.simulated:
+        _raise_if_failed(s["status"].tolist(), s, heap)
+    elif not torch.cuda.is_current_stream_capturing():
+        s["host"].copy_(s["status"], non_blocking=True)
+        s["event"].record()
+        s["pending"] = s["event"]
+
+
+def check(heap) -> None:
+    """Synchronize and raise `AgGemmTimeout` if any call on this heap timed out."""
+    s = _shared(heap)
+    if heap.device.type == "cuda":
+        torch.cuda.synchronize(heap.device)
+    _raise_if_failed(s["status"].tolist(), s, heap)
+
+
+def recover(heap) -> None:
+    """After a timeout, on every rank (collective): zero the flags, epoch and status."""
+    s = _shared(heap)
+    heap.resync_flags()  # ready/done flags and the epoch live in the heap's flag area
+    for plan in s["plans"].values():
+        if plan.flags is not None:
+            plan.flags.zero_()
+    s["status"].zero_()
+    s["pending"] = None
+    if heap.device.type == "cuda":
+        torch.cuda.synchronize(heap.device)
+
+
+# --------------------------------------------------------------------------
+# Plans
+# --------------------------------------------------------------------------
+def _device_sms(heap) -> int:
+    if heap.device.type == "cuda":
+        return torch.cuda.get_device_properties(heap.device).multi_processor_count
+    return 4
+
+
+def _clock(heap) -> str:
+    if heap.simulated or heap.device.type != "cuda":
+        return "counter"
+    return "memtime" if torch.version.hip else "globaltimer"
+
+
+def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
+    _validate(a, b, heap, gather_dim, bias)
+    W = heap.world_size
+    S_M, S_K = a.shape
+    N = b.shape[1]
+    M = S_M * W if gather_dim == 0 else S_M
+    K = S_K * W if gather_dim == 1 else S_K
+    cfg = as_config(config)
+    auto = cfg is None
+    sms = _device_sms(heap)
+    if auto:
+        cfg = auto_config(M, N, K, W, gather_dim, sms, heap.simulated)
+    validate(cfg, W)
+    plan = Plan(cfg, gather_dim, S_M, S_K, N, (M, N), auto=auto)
+    if cfg.variant == "sequential":
+        return plan
+    plan.MT = triton.cdiv(S_M, cfg.block_m)
+    plan.KG = triton.cdiv(triton.cdiv(S_K, cfg.block_k), cfg.k_per_flag)
+    dev = heap.device
+    plan.pub = heap.named(f"ag_gemm.pub.{S_M}x{S_K}.{a.dtype}", (S_M, S_K), a.dtype)
+    # one staging buffer per shard shape, shared by the plans (calls are stream-ordered and
+    # each plan's own flags say what this call staged)
+    stg_key = ("stg", S_M, S_K, a.dtype)
+    shared = _shared(heap)
+    if stg_key not in shared:
+        shared[stg_key] = torch.zeros((W, S_M, S_K), dtype=a.dtype, device=dev)
+    plan.stg = shared[stg_key]
+    plan.flags = torch.zeros(W * plan.MT * plan.KG + 1, dtype=torch.int32, device=dev)  # + "all staged"
+    total = cfg.num_sms or (sms if not heap.simulated else 4 + cfg.fetchers)
+    if cfg.variant == "fused":
+        fetchers = min(cfg.fetchers, total - 1)
+        plan.grid = total
+    else:
+        fetchers = min(CE_PUBLISHERS, max(1, plan.MT * plan.KG))
+        plan.grid = total
+        tiles_per_chunk = triton.cdiv(plan.MT, cfg.ce_chunks)  # whole row tiles: a chunk owns its flags
+        n_chunk = triton.cdiv(plan.MT, tiles_per_chunk)
+        plan.nextval = torch.zeros(tiles_per_chunk * plan.KG, dtype=torch.int32, device=dev)
+        rows = tiles_per_chunk * cfg.block_m
+        for q in range(1, W):
+            p = (heap.rank + q) % W
+            if p == cfg.skip_rank:
+                continue
+            src = heap.peer_view(plan.pub, p)
+            for c in range(n_chunk):
+                r0, r1 = c * rows, min(S_M, (c + 1) * rows)
+                f0 = (p * plan.MT + c * tiles_per_chunk) * plan.KG
+                f1 = (p * plan.MT + min(plan.MT, (c + 1) * tiles_per_chunk)) * plan.KG
+                plan.chunks.append((plan.stg[p, r0:r1], src[r0:r1], plan.flags[f0:f1], f1 - f0))
+        if cfg.skip_rank < 0 and cfg.staged_flag:  # after the last chunk: the "all staged" flag
+            plan.chunks.append((None, None, plan.flags[-1:], 1))
+        plan.side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+    clock = _clock(heap)
+    max_ev = MAX_EVENTS["sim" if heap.simulated else "gpu"]
+    plan.trace = (torch.zeros((plan.grid, max_ev, TRACE_COLS), dtype=torch.int64, device=dev) if trace
+                  else torch.zeros(1, dtype=torch.int64, device=dev))
+    vec = 16 // a.element_size()
+    plan.kw = dict(constexprs(cfg, W, gather_dim, a.element_size(), fetchers, has_bias=bias is not None,
+                              trace=trace, clock=clock, max_events=max_ev, even_k=S_K % cfg.block_k == 0,
+                              aligned_m=S_M % vec == 0, aligned_n=N % vec == 0 and b.stride(1) == 1),
+                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return plan
+
+
+def constexprs(cfg: AgGemmConfig, world_size: int, gather_dim: int, esize: int, fetchers: int, *, has_bias: bool,
+               trace: bool, clock: str, max_events: int, even_k: bool, aligned_m: bool, aligned_n: bool) -> dict:
+    """The kernel's constexprs for a configuration (the phase flags are added per launch)."""
+    return dict(WORLD=world_size, GATHER_K=gather_dim == 1, M_CONTIG=cfg.layout == "m", BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, K_PER_FLAG=cfg.k_per_flag,
+                FETCH_K=fetch_k(cfg), FETCHERS=fetchers, HAS_BIAS=has_bias, SKIP_RANK=cfg.skip_rank, ESIZE=esize,
+                EVEN_K=even_k, ALIGNED_M=aligned_m, ALIGNED_N=aligned_n, STAGED_FLAG=bool(cfg.staged_flag),
+                TRACE=bool(trace), CLOCK=clock, MAX_EVENTS=max_events)
+
+
+def fetch_k(cfg: AgGemmConfig, widest: int = 256) -> int:
+    """Columns a fetcher copies per step: BLOCK_K doubled while it still divides a k-group
+    and stays within `widest` (a 128 x 256 bf16 step keeps 64 KiB in flight per program)."""
+    fk = cfg.block_k
+    while fk * 2 <= widest and (cfg.k_per_flag * cfg.block_k) % (fk * 2) == 0:
+        fk *= 2
+    return fk
+
+
+def _key(a, b, bias, heap, gather_dim, config, trace):
+    cfg = config if config is None or isinstance(config, AgGemmConfig) else tuple(sorted(dict(config).items()))
+    return (tuple(a.shape), a.stride(), a.dtype, tuple(b.shape), b.stride(), b.dtype, a.device,
+            None if bias is None else (bias.shape[0], bias.dtype, bias.data_ptr() % 16),
+            a.data_ptr() % 16, b.data_ptr() % 16, gather_dim, cfg, bool(trace))
+
+
+def get_plan(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=False) -> Plan:
+    """The cached launch plan of a call (made on first use)."""
+    s = _shared(heap)
+    key = _key(a_shard, b, bias, heap, gather_dim, config, trace)
+    plan = s["plans"].get(key)
+    if plan is None:
+        if len(s["plans"]) >= MAX_PLANS:
+            s["plans"].clear()
+        plan = s["plans"][key] = _make_plan(a_shard, b, heap, gather_dim, bias, config, trace)
+    return plan
+
+
+def prepare(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=False) -> Plan:
+    """Make a call's plan and compile its kernels without launching them (GPU).
+
+    A first call compiles on every rank; a rank still compiling keeps its peers'
+    bounded waits spinning. Benchmarks call this on every rank, meet at a barrier,
+    then time: no wait ever has to cover a compile.
+    """
+    plan = get_plan(a_shard, b, heap, gather_dim=gather_dim, bias=bias, config=config, trace=trace)
+    if heap.simulated or plan.cfg.variant == "sequential":
+        return plan
+    c = torch.empty(plan.out_shape, dtype=a_shard.dtype, device=a_shard.device)
+    args = _args(a_shard, b, heap, plan, bias, c, _shared(heap))
+    if plan.cfg.variant == "fused":
+        _ag_gemm_kernel.warmup(*args, grid=(plan.grid,), PUBLISH=True, FETCH=True, COMPUTE=True, WAIT_READY=False,
+                               **plan.kw)
+    else:
+        pubs = plan.kw["FETCHERS"]
+        _next_epoch_kernel.warmup(_shared(heap)["state"], plan.nextval, plan.nextval.numel(), BLOCK=128, grid=(1,))
+        _ag_gemm_kernel.warmup(*args, grid=(pubs,), PUBLISH=True, FETCH=False, COMPUTE=False, WAIT_READY=True,
+                               **plan.kw)
+        _ag_gemm_kernel.warmup(*args, grid=(plan.grid,), PUBLISH=False, FETCH=False, COMPUTE=True,
+                               WAIT_READY=False, **dict(plan.kw, FETCHERS=0))
+    return plan
+
+
+# --------------------------------------------------------------------------
+# The launcher
+# --------------------------------------------------------------------------
+def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_dim: int = 1,
+                      bias: torch.Tensor | None = None, config: AgGemmConfig | dict | None = None,
+                      trace: bool = False, out: torch.Tensor | None = None):
+    """C = all_gather(A) @ B (+ bias) on every rank, the gather hidden behind the GEMM.
+
+    gather_dim=1 (iris' convention): each rank holds ``a_shard = A[:, r*K/W:(r+1)*K/W]``
+        of shape (M, K/W); ``b`` is (K, N); C is (M, N).
+    gather_dim=0 (sequence parallel, Megatron / PyTorch async-TP): each rank holds rows
+        ``A[r*M/W:(r+1)*M/W]`` of shape (M/W, K); C is (M, N), rank r's rows first
+        computed first.
+    ``heap``: a `workbench.dist.SymmetricHeap` (GPU) or `SimHeap` (simulated world).
+    ``bias``: optional (N,) added to every row. ``config``: `AgGemmConfig` or a dict
+    of its fields (default: ``auto_config``). ``trace=True`` returns ``(C, raw)``
+    with per-program events (see ``kernels.ag_gemm.trace.frame``). ``out``: an (M, N)
+    tensor of the inputs' dtype, row-major, to receive C (default: a new one).
+
+    Every rank must make the same calls in the same order. Timeouts surface at the
+    next call or ``check(heap)`` (module docstring). ``a_shard`` is read on the current
+    stream, like any torch op: overwrite or free it afterwards as usual (it is copied into
+    the heap, and peers read that copy, which the next call rewrites only once every peer
+    has said it is done with it).
+    """
+    s = _shared(heap)
+    if s["pending"] is not None:
+        _poll(s, heap)
+    plan = get_plan(a_shard, b, heap, gather_dim=gather_dim, bias=bias, config=config, trace=trace)
+    if out is not None and (tuple(out.shape) != plan.out_shape or out.dtype != a_shard.dtype
+                            or out.device != a_shard.device or out.stride(1) != 1):
+        raise ValueError(f"all_gather_matmul: out must be a {plan.out_shape} {a_shard.dtype} tensor on "
+                         f"{a_shard.device} with unit column stride, got {tuple(out.shape)} {out.dtype}")
+    if plan.cfg.variant == "sequential":
+        c = _sequential(a_shard, b, heap, plan, bias, out)
+        return (c, None) if trace else c
+    c = out if out is not None else torch.empty(plan.out_shape, dtype=a_shard.dtype, device=a_shard.device)
+    if trace:
+        plan.trace.zero_()
+    if plan.cfg.variant == "fused":
+        _fused(a_shard, b, heap, plan, bias, c, s)
+    else:
+        _copy_engine(a_shard, b, heap, plan, bias, c, s)
+    _after_call(s, heap, plan)
+    return (c, plan.trace) if trace else c
+
+
+def _args(a, b, heap, plan, bias, c, s):
+    return (a, plan.pub, plan.stg, b, bias if bias is not None else c, c, heap.heap_bases, s["sig"], plan.flags,
+            s["state"], s["status"], plan.trace, plan.S_M, plan.S_K, plan.N, b.stride(0), b.stride(1), c.stride(0),
+            heap.rank, plan.cfg.max_spins)
+
+
+def _fused(a, b, heap, plan, bias, c, s):
+    args = _args(a, b, heap, plan, bias, c, s)
+    if not heap.simulated or heap.world_size == 1:  # one launch (a world of one never waits on a peer)
+        heap.launch(_ag_gemm_kernel, (plan.grid,), *args, PUBLISH=True, FETCH=True, COMPUTE=True,
+                    WAIT_READY=False, **plan.kw)
+        return
+    # Simulated world: ranks take turns, so no rank may spin on a peer inside a launch
+    # while the peer waits for its turn: publish, meet, then fetch + compute.
+    heap.barrier()
+    heap.launch(_ag_gemm_kernel, (plan.kw["FETCHERS"],), *args, PUBLISH=True, FETCH=False, COMPUTE=False,
+                WAIT_READY=False, **plan.kw)
+    heap.barrier()
+    heap.launch(_ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False, FETCH=True, COMPUTE=True, WAIT_READY=False,
+                **plan.kw)
+
+
+def _copy_engine(a, b, heap, plan, bias, c, s):
+    args = _args(a, b, heap, plan, bias, c, s)
+    pub_kw = dict(plan.kw)
+    pubs = pub_kw["FETCHERS"]
+    gemm_kw = dict(plan.kw, FETCHERS=0)
+    heap.launch(_next_epoch_kernel, (1,), s["state"], plan.nextval, plan.nextval.numel(), BLOCK=128)
+    if heap.simulated:
+        heap.barrier()
+    # publish (and, on a GPU, wait in-kernel until every peer has published: the
+    # copies below read the peers' shards as soon as this kernel is done)
+    heap.launch(_ag_gemm_kernel, (pubs,), *args, PUBLISH=True, FETCH=False, COMPUTE=False,
+                WAIT_READY=not heap.simulated, **pub_kw)
+    if heap.simulated:
+        heap.barrier()
+        for dst, src, flags, n in plan.chunks:
+            if dst is not None:
+                dst.copy_(src)
+            flags.copy_(plan.nextval[:n])
+        heap.launch(_ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False, FETCH=False, COMPUTE=True,
+                    WAIT_READY=False, **gemm_kw)
+        return
+    cur = torch.cuda.current_stream(heap.device)
+    plan.side.wait_stream(cur)
+    with torch.cuda.stream(plan.side):
+        for dst, src, flags, n in plan.chunks:
+            if dst is not None:
+                dst.copy_(src, non_blocking=True)  # cudaMemcpyAsync from the peer (copy engine)
+            flags.copy_(plan.nextval[:n], non_blocking=True)  # then the chunk's flags, in stream order
+    heap.launch(_ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False, FETCH=False, COMPUTE=True, WAIT_READY=False,
+                **gemm_kw)
+    cur.wait_stream(plan.side)
+
+
+@contextlib.contextmanager
+def _language_kept():
+    """Put `triton.language` back as it was after running kernels.gemm in the interpreter.
+
+    Triton 3.6's interpreter patches `triton.language` for every jitted helper a kernel
+    calls (InterpretedFunction.__call__) and never restores it; after kernels.gemm's
+    kernel has run that way, compiling a Gluon kernel in the same process fails
+    ("block_argument has no attribute get_element_ty").
+    """
+    mods = [m for name, m in list(sys.modules.items()) if name.startswith("triton.language") and m is not None]
+    saved = [(m, dict(vars(m))) for m in mods]
+    try:
+        yield
+    finally:
+        for m, before in saved:
+            now = vars(m)
+            for k in [k for k in now if k not in before]:
+                delattr(m, k)
+            for k, v in before.items():
+                if now.get(k) is not v:
+                    setattr(m, k, v)
+
+
+def _sequential(a, b, heap, plan, bias, out=None):
+    """Our all-gather, then our GEMM (and the bias as a separate add)."""
+    from kernels.all_gather import all_gather
+    from kernels.gemm import matmul
+
+    W = heap.world_size
+    gathered = all_gather(a, heap, variant="triton" if heap.simulated else "auto", check=False)
+    if plan.gather_dim == 1:  # rank-major rows -> column blocks
+        A = gathered.view(W, plan.S_M, plan.S_K).permute(1, 0, 2).reshape(plan.S_M, W * plan.S_K)
+    else:
+        A = gathered
+    if heap.simulated:
+        with heap.world._lock, _language_kept():  # the interpreter runs one rank's kernels at a time
+            c = matmul(A, b, out=out)
+    else:
+        c = matmul(A, b, out=out)
+    if bias is not None:
+        c += bias.to(c.dtype)
+    heap.barrier()  # peers may refill `gathered` (our heap buffer) only after we read it
+    return c

@@ -1,0 +1,338 @@
+"""Fused all-gather + GEMM: fetcher programs fill a staging buffer, GEMM programs
+consume it tile by tile as ready flags arrive (one persistent launch).
+
+Layout of the data (W ranks, every rank holds a shard of S_M x S_K elements,
+row-major):
+
+* gather along K (``GATHER_K``): A = [shard_0 | shard_1 | ...] (M = S_M, K = W*S_K);
+* gather along M: A = [shard_0; shard_1; ...] (M = W*S_M, K = S_K).
+
+The staging buffer holds W blocks of S_M x S_K, block p = rank p's shard,
+either k-contiguous (row-major, ``M_CONTIG=False``) or m-contiguous (each block
+transposed). Block p is split into ``MT`` row tiles of ``BLOCK_M`` and ``KG``
+k-groups of ``K_PER_FLAG * BLOCK_K`` columns; flag ``(p * MT + mt) * KG + g``
+says that piece is staged (value ``epoch + 1`` in call number ``epoch``), and
+one more flag after them says everything is (GEMM programs then stop polling).
+Tiles never straddle two shards, so any S_M, S_K work (edges are masked).
+
+Programs ``0 .. FETCHERS-1`` fetch, the rest compute:
+
+1. publish (``PUBLISH``): wait until every peer finished reading our previous
+   shard (``done`` flags), copy the local shard once into the staging block
+   ``rank`` *and* into ``pub`` (the heap buffer peers read), set those staging
+   flags; the last publisher then tells every peer our shard is readable
+   (``ready`` flag, release at system scope).
+2. fetch (``FETCH``): blocks ``rank+1, rank+2, ...`` (staggered, so ranks do
+   not all read rank 0 first): wait for the peer's ``ready``, copy its tiles
+   from its ``pub`` over NVLink into the staging buffer, set their flags.
+3. compute (``COMPUTE``): output tiles in an L2-swizzled order (sequence
+   parallel: our own rows first); the K loop walks the blocks in the same
+   staggered order and spins (acquire, bounded) on each k-group's flag.
+4. the last program to finish bumps the epoch and tells every peer it is done
+   reading its shard.
+
+Flag protocol (``kernels.remote``): data stores -> ``tl.debug_barrier()`` ->
+one release atomic. Staging flags have producer and consumer on this GPU:
+scope "gpu"; ready/done cross GPUs: scope "sys". Every spin is bounded; a
+timeout leaves the flag id in the status words (see launch.py for decoding).
+
+In a simulated world (interpreter, ranks take turns) the publish step is a
+launch of its own followed by a barrier; on a GPU all three run in one launch.
+
+Tracing (``TRACE``, a constexpr: compiled out when off): each program writes
+``[kind, item, start, end, sm]`` events to ``trace_ptr``; the clock is
+``%globaltimer`` (ns) on NVIDIA, ``s_memtime`` on AMD, a shared counter in the
+interpreter (an order, not a time).
+"""
+import triton
+import triton.language as tl
+
+from kernels.remote import peer_delta, signal, wait
+
+# trace event kinds
+EV_PUBLISH = tl.constexpr(1)
+EV_FETCH = tl.constexpr(2)
+EV_WAIT = tl.constexpr(3)
+EV_COMPUTE = tl.constexpr(4)
+TRACE_COLS = 5  # kind, item, start, end, sm
+
+
+@triton.jit
+def _now(tick_ptr, CLOCK: tl.constexpr):
+    if CLOCK == "globaltimer":
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                      pack=1)
+    elif CLOCK == "memtime":
+        t = tl.inline_asm_elementwise("s_memtime $0\ns_waitcnt lgkmcnt(0)", "=s", [], dtype=tl.int64,
+                                      is_pure=False, pack=1)
+    else:
+        t = tl.atomic_add(tick_ptr, 1).to(tl.int64)
+    return t
+
+
+@triton.jit
+def _sm_id(CLOCK: tl.constexpr):
+    if CLOCK == "globaltimer":
+        s = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        s = tl.program_id(0)
+    return s
+
+
+@triton.jit
+def _record(trace_ptr, n, kind, item, t0, t1, sm, MAX_EVENTS: tl.constexpr):
+    """Write event `n` of this program (dropped past MAX_EVENTS)."""
+    if n < MAX_EVENTS:
+        row = trace_ptr + (tl.program_id(0).to(tl.int64) * MAX_EVENTS + n) * 5
+        tl.store(row, kind)
+        tl.store(row + 1, item)
+        tl.store(row + 2, t0)
+        tl.store(row + 3, t1)
+        tl.store(row + 4, sm.to(tl.int64))
+    return n + 1
+
+
+@triton.jit
+def _wait_flag(flag_ptr, expected, max_spins, status_ptr, flag_id, SCOPE: tl.constexpr):
+    """`kernels.remote.wait` behind a fast path: one acquire read and a CTA barrier
+    when the flag is already set (the common case once the gather is ahead). Once any
+    wait of this launch has given up, the others poll once instead of max_spins
+    times (one lost peer must not cost max_spins for every tile)."""
+    seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
+    if seen < expected:
+        failed = tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu")
+        spins = tl.where(failed > 0, 0, max_spins)
+        wait(flag_ptr, expected, spins, status_ptr, flag_id, SCOPE)
+    tl.debug_barrier()  # the acquire (one thread's) ordered before every thread's loads
+
+
+@triton.jit
+def _stage_offsets(rows, cols, S_M, S_K, M_CONTIG: tl.constexpr):
+    """Offsets of (rows, cols) inside one staging block."""
+    if M_CONTIG:
+        return cols[None, :].to(tl.int64) * S_M + rows[:, None]
+    else:
+        return rows[:, None].to(tl.int64) * S_K + cols[None, :]
+
+
+@triton.jit
+def _copy_item(src_ptr, stg_ptr, pub_ptr, flags_ptr, block, mt, g, epoch, S_M, S_K, MT, KG,
+               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, K_PER_FLAG: tl.constexpr, FETCH_K: tl.constexpr,
+               M_CONTIG: tl.constexpr, TO_PUB: tl.constexpr):
+    """Copy piece (mt, g) of a shard (row-major at src_ptr) into staging block `block`
+    (and into pub when publishing), FETCH_K columns at a time (wider than BLOCK_K:
+    more bytes in flight over NVLink), then set its flag: stores, CTA barrier, release."""
+    rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < S_M
+    stg_block = stg_ptr + block.to(tl.int64) * S_M * S_K
+    k_end = tl.minimum((g + 1) * K_PER_FLAG * BLOCK_K, S_K)
+    for k0 in range(g * K_PER_FLAG * BLOCK_K, k_end, FETCH_K):
+        cols = k0 + tl.arange(0, FETCH_K)
+        mask = row_ok[:, None] & (cols[None, :] < k_end)
+        offs = rows[:, None].to(tl.int64) * S_K + cols[None, :]
+        vals = tl.load(src_ptr + offs, mask=mask)
+        tl.store(stg_block + _stage_offsets(rows, cols, S_M, S_K, M_CONTIG), vals, mask=mask)
+        if TO_PUB:
+            tl.store(pub_ptr + offs, vals, mask=mask)
+    tl.debug_barrier()  # every thread's stores precede the flag
+    tl.atomic_xchg(flags_ptr + (block * MT + mt) * KG + g, epoch + 1, sem="release", scope="gpu")
+
+
+@triton.jit(do_not_specialize=["rank", "max_spins"])
+def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
+                    heap_bases, sig_ptr, flags_ptr, state_ptr, status_ptr, trace_ptr,
+                    S_M, S_K, N, stride_bk, stride_bn, stride_cm,
+                    rank, max_spins,
+                    WORLD: tl.constexpr, GATHER_K: tl.constexpr, M_CONTIG: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                    K_PER_FLAG: tl.constexpr, FETCH_K: tl.constexpr, FETCHERS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    PUBLISH: tl.constexpr, FETCH: tl.constexpr, COMPUTE: tl.constexpr, WAIT_READY: tl.constexpr,
+                    SKIP_RANK: tl.constexpr, ESIZE: tl.constexpr, EVEN_K: tl.constexpr,
+                    ALIGNED_M: tl.constexpr, ALIGNED_N: tl.constexpr, STAGED_FLAG: tl.constexpr,
+                    TRACE: tl.constexpr, CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr):
+    pid = tl.program_id(0)
+    MT = (S_M + BLOCK_M - 1) // BLOCK_M
+    KT = (S_K + BLOCK_K - 1) // BLOCK_K
+    KG = (KT + K_PER_FLAG - 1) // K_PER_FLAG
+    epoch = tl.load(state_ptr)  # calls completed; bumped by the last program of the previous call
+    ready_ptr = sig_ptr          # ready[p]: rank p published its shard (counts calls)
+    done_ptr = sig_ptr + WORLD   # done[p]: rank p finished reading our shard (counts calls)
+    tick_ptr = state_ptr + 3
+    n_ev = 0
+    sm = 0
+    if TRACE:
+        sm = _sm_id(CLOCK)
+    if pid < FETCHERS:
+        if PUBLISH:
+            # peers must be done with our previous shard before pub is overwritten
+            for i in tl.static_range(1, WORLD):
+                peer = (rank + i) % WORLD
+                _wait_flag(done_ptr + peer, epoch, max_spins, status_ptr, -1 - WORLD - peer, "sys")
+            for item in range(pid, MT * KG, FETCHERS):
+                if TRACE:
+                    t0 = _now(tick_ptr, CLOCK)
+                _copy_item(a_ptr, stg_ptr, pub_ptr, flags_ptr, rank, item // KG, item % KG, epoch, S_M, S_K, MT,
+                           KG, BLOCK_M, BLOCK_K, K_PER_FLAG, FETCH_K, M_CONTIG, True)
+                if TRACE:
+                    n_ev = _record(trace_ptr, n_ev, EV_PUBLISH, rank * MT * KG + item, t0, _now(tick_ptr, CLOCK),
+                                   sm, MAX_EVENTS)
+            # the last publisher (in arrival order) tells every peer that pub is complete
+            tl.debug_barrier()
+            arrived = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
+            if arrived == FETCHERS - 1:
+                tl.store(state_ptr + 1, 0)
+                for i in tl.static_range(1, WORLD):
+                    signal(ready_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", "sys")
+            if WAIT_READY:  # copy-engine variant: the copies start after this kernel, once all published
+                if pid == 0:
+                    for i in tl.static_range(1, WORLD):
+                        peer = (rank + i) % WORLD
+                        _wait_flag(ready_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - peer, "sys")
+        if FETCH:
+            if TRACE:
+                if not PUBLISH:  # simulated world: the publish launch wrote this program's first events
+                    n_ev = (MT * KG - pid + FETCHERS - 1) // FETCHERS
+            for i in tl.static_range(1, WORLD):
+                peer = (rank + i) % WORLD
+                if peer != SKIP_RANK:  # SKIP_RANK: fault injection for tests (-1: none)
+                    if TRACE:
+                        t0 = _now(tick_ptr, CLOCK)
+                    _wait_flag(ready_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - peer, "sys")
+                    if TRACE:
+                        n_ev = _record(trace_ptr, n_ev, EV_WAIT, -1 - peer, t0, _now(tick_ptr, CLOCK), sm,
+                                       MAX_EVENTS)
+                    # the peer's pub, addressed through our own pub pointer (same heap offset)
+                    src = pub_ptr + peer_delta(rank, peer, heap_bases, ESIZE, 16 // ESIZE)
+                    for item in range(pid, MT * KG, FETCHERS):
+                        if TRACE:
+                            t0 = _now(tick_ptr, CLOCK)
+                        _copy_item(src, stg_ptr, pub_ptr, flags_ptr, peer, item // KG, item % KG, epoch, S_M, S_K,
+                                   MT, KG, BLOCK_M, BLOCK_K, K_PER_FLAG, FETCH_K, M_CONTIG, False)
+                        if TRACE:
+                            n_ev = _record(trace_ptr, n_ev, EV_FETCH, peer * MT * KG + item, t0,
+                                           _now(tick_ptr, CLOCK), sm, MAX_EVENTS)
+            if STAGED_FLAG and SKIP_RANK < 0:
+                # the last fetcher to finish raises the "everything is staged" flag (after
+                # acquiring the others' releases): GEMM programs then stop polling per tile
+                tl.debug_barrier()
+                finished = tl.atomic_add(state_ptr + 4, 1, sem="acq_rel", scope="gpu")
+                if finished == FETCHERS - 1:
+                    tl.atomic_xchg(state_ptr + 4, 0, sem="relaxed", scope="gpu")  # counter only: no data
+                    tl.atomic_xchg(flags_ptr + WORLD * MT * KG, epoch + 1, sem="release", scope="gpu")
+    elif COMPUTE:
+        _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr,
+                 S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, pid - FETCHERS,
+                 tl.num_programs(0) - FETCHERS, n_ev, sm, WORLD, GATHER_K, M_CONTIG, BLOCK_M, BLOCK_N, BLOCK_K,
+                 GROUP_M, K_PER_FLAG, HAS_BIAS, EVEN_K, ALIGNED_M, ALIGNED_N, STAGED_FLAG, TRACE, CLOCK, MAX_EVENTS)
+    if COMPUTE:
+        # the last program of the call: next epoch, and tell peers we are done with their shards
+        tl.debug_barrier()
+        arrived = tl.atomic_add(state_ptr + 2, 1, sem="acq_rel", scope="gpu")
+        if arrived == tl.num_programs(0) - 1:
+            tl.store(state_ptr + 2, 0)
+            tl.store(state_ptr, epoch + 1)
+            for i in tl.static_range(1, WORLD):
+                signal(done_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", "sys")
+
+
+@triton.jit
+def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr,
+             S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, gid, num_gemm,
+             n_ev, sm, WORLD: tl.constexpr, GATHER_K: tl.constexpr, M_CONTIG: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+             K_PER_FLAG: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED_M: tl.constexpr,
+             ALIGNED_N: tl.constexpr, STAGED_FLAG: tl.constexpr, TRACE: tl.constexpr,
+             CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr):
+    """GEMM programs: output tiles gid, gid + num_gemm, ... in GROUP_M bands."""
+    if GATHER_K:
+        ROW_BLOCKS: tl.constexpr = 1
+        K_BLOCKS: tl.constexpr = WORLD
+    else:
+        ROW_BLOCKS: tl.constexpr = WORLD
+        K_BLOCKS: tl.constexpr = 1
+    num_m = ROW_BLOCKS * MT
+    num_n = (N + BLOCK_N - 1) // BLOCK_N
+    lane_k = tl.arange(0, BLOCK_K)
+    if M_CONTIG:
+        stride_sm = 1
+        stride_sk = S_M
+    else:
+        stride_sm = S_K
+        stride_sk = 1
+    for tile in range(gid, num_m * num_n, num_gemm):
+        if TRACE:
+            t_tile = _now(tick_ptr, CLOCK)
+        # L2 swizzle over (logical row tile, column tile)
+        band = tile // (GROUP_M * num_n)
+        first_m = band * GROUP_M
+        rows_in_band = tl.minimum(num_m - first_m, GROUP_M)
+        inside = tile - band * (GROUP_M * num_n)
+        lm = first_m + inside % rows_in_band
+        pn = inside // rows_in_band
+        # sequence parallel: our own rows first, then rank+1's, ... (they arrive in that order)
+        row_block = ((lm // MT) + rank) % ROW_BLOCKS
+        mt = lm % MT
+        rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < S_M
+        rows_in = tl.where(row_ok, rows, 0)
+        cols = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols_in = tl.where(cols < N, cols, 0)
+        # Clamping erased contiguity; where rows of B (and, m-contiguous, of staged A) hold
+        # whole 16-byte vectors, every vector is either all in range or all clamped (never
+        # stored), so it is safe to say so: 16-byte loads instead of 2-byte ones.
+        if ALIGNED_N:
+            cols_in = tl.max_contiguous(tl.multiple_of(cols_in, BLOCK_N), BLOCK_N)
+        if ALIGNED_M:
+            rows_in = tl.max_contiguous(tl.multiple_of(rows_in, BLOCK_M), BLOCK_M)
+        # tl.full, not tl.zeros: a builtin, so the kernel also runs through workbench.dist.interpreted
+        acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+        # everything staged already (the usual case after the first wave): no per-group polls
+        staged = False
+        if STAGED_FLAG:
+            staged = tl.atomic_add(flags_ptr + WORLD * MT * KG, 0, sem="acquire", scope="gpu") >= epoch + 1
+            tl.debug_barrier()
+        for q in range(K_BLOCKS):
+            if GATHER_K:
+                block = (rank + q) % WORLD
+                k_base = block * S_K  # rows of B for this shard
+            else:
+                block = row_block
+                k_base = 0
+            a_blk = stg_ptr + block.to(tl.int64) * S_M * S_K + rows_in[:, None] * stride_sm
+            for g in range(KG):
+                if TRACE:
+                    t0 = _now(tick_ptr, CLOCK)
+                flag = (block * MT + mt) * KG + g
+                if not staged:
+                    _wait_flag(flags_ptr + flag, epoch + 1, max_spins, status_ptr, flag, "gpu")
+                    if TRACE:
+                        n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm, MAX_EVENTS)
+                for t in range(g * K_PER_FLAG, tl.minimum((g + 1) * K_PER_FLAG, KT)):
+                    k = t * BLOCK_K + lane_k
+                    a_ptrs = a_blk + k[None, :] * stride_sk
+                    b_ptrs = b_ptr + (k_base + k)[:, None].to(tl.int64) * stride_bk + cols_in[None, :] * stride_bn
+                    if EVEN_K:  # no shard edge inside a tile: unmasked (vector) loads
+                        a = tl.load(a_ptrs)
+                        b = tl.load(b_ptrs)
+                    else:
+                        a = tl.load(a_ptrs, mask=(k < S_K)[None, :], other=0.0)
+                        b = tl.load(b_ptrs, mask=(k < S_K)[:, None], other=0.0)
+                    acc = tl.dot(a, b, acc)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols_in).to(tl.float32)[None, :]
+        c_rows = (row_block * S_M + rows).to(tl.int64)
+        tl.store(c_ptr + c_rows[:, None] * stride_cm + cols[None, :], acc.to(c_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & (cols[None, :] < N))
+        if TRACE:
+            n_ev = _record(trace_ptr, n_ev, EV_COMPUTE, lm * num_n + pn, t_tile, _now(tick_ptr, CLOCK), sm,
+                           MAX_EVENTS)
+
+
+@triton.jit
+def _next_epoch_kernel(state_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Fill out[:n] with epoch + 1: the copy-engine variant sets a staged chunk's flags by
+    copying from it on the copy stream, right after the chunk (no kernel, no SM needed)."""
+    offs = tl.arange(0, BLOCK)
+    for s in range(0, n, BLOCK):
+        tl.store(out_ptr + s + offs, tl.full([BLOCK], 1, tl.int32) + tl.load(state_ptr),
+                 mask=s + offs < n)
