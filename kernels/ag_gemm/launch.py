@@ -9,7 +9,7 @@ Variants (``AgGemmConfig.variant``; ``config=None`` lets ``auto_config`` pick):
                    chunks from every peer's shard into the staging buffer on a side
                    stream, each followed by a stream-ordered copy that sets the
                    chunk's flags; every SM runs the GEMM, spinning on those flags.
-``"sequential"``   our all-gather (``kernels.all_gather``), then our GEMM
+``"sequential"``   our all-gather (``kernels.comm.all_gather``), then our GEMM
                    (``kernels.gemm.matmul``): the fallback where fusing loses.
 
 A repeated call is a dict lookup and the launches: no host synchronization and
@@ -23,9 +23,7 @@ right after each call. After a timeout every rank calls ``recover(heap)``.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import sys
 from typing import Any
 
 import torch
@@ -33,7 +31,7 @@ import triton
 
 from kernels.ag_gemm.config import AgGemmConfig, as_config, auto_config, validate
 from kernels.ag_gemm.triton import TRACE_COLS, _ag_gemm_kernel, _next_epoch_kernel
-from kernels.remote import STATUS_WORDS, WaitTimeout
+from kernels.comm.remote import STATUS_WORDS, WaitTimeout
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GATHER_DIMS = (0, 1)
@@ -439,32 +437,9 @@ def _copy_engine(a, b, heap, plan, bias, c, s):
     cur.wait_stream(plan.side)
 
 
-@contextlib.contextmanager
-def _language_kept():
-    """Put `triton.language` back as it was after running kernels.gemm in the interpreter.
-
-    Triton 3.6's interpreter patches `triton.language` for every jitted helper a kernel
-    calls (InterpretedFunction.__call__) and never restores it; after kernels.gemm's
-    kernel has run that way, compiling a Gluon kernel in the same process fails
-    ("block_argument has no attribute get_element_ty").
-    """
-    mods = [m for name, m in list(sys.modules.items()) if name.startswith("triton.language") and m is not None]
-    saved = [(m, dict(vars(m))) for m in mods]
-    try:
-        yield
-    finally:
-        for m, before in saved:
-            now = vars(m)
-            for k in [k for k in now if k not in before]:
-                delattr(m, k)
-            for k, v in before.items():
-                if now.get(k) is not v:
-                    setattr(m, k, v)
-
-
 def _sequential(a, b, heap, plan, bias, out=None):
     """Our all-gather, then our GEMM (and the bias as a separate add)."""
-    from kernels.all_gather import all_gather
+    from kernels.comm import all_gather
     from kernels.gemm import matmul
 
     W = heap.world_size
@@ -474,7 +449,7 @@ def _sequential(a, b, heap, plan, bias, out=None):
     else:
         A = gathered
     if heap.simulated:
-        with heap.world._lock, _language_kept():  # the interpreter runs one rank's kernels at a time
+        with heap.world._lock:  # the interpreter runs one rank's kernels at a time
             c = matmul(A, b, out=out)
     else:
         c = matmul(A, b, out=out)

@@ -31,7 +31,7 @@ Programs ``0 .. FETCHERS-1`` fetch, the rest compute:
 4. the last program to finish bumps the epoch and tells every peer it is done
    reading its shard.
 
-Flag protocol (``kernels.remote``): data stores -> ``tl.debug_barrier()`` ->
+Flag protocol (``kernels.comm.remote``): data stores -> ``tl.debug_barrier()`` ->
 one release atomic. Staging flags have producer and consumer on this GPU:
 scope "gpu"; ready/done cross GPUs: scope "sys". Every spin is bounded; a
 timeout leaves the flag id in the status words (see launch.py for decoding).
@@ -47,7 +47,7 @@ interpreter (an order, not a time).
 import triton
 import triton.language as tl
 
-from kernels.remote import peer_delta, signal, wait
+from kernels.comm.remote import peer_delta, signal, wait
 
 # trace event kinds
 EV_PUBLISH = tl.constexpr(1)
@@ -94,7 +94,7 @@ def _record(trace_ptr, n, kind, item, t0, t1, sm, MAX_EVENTS: tl.constexpr):
 
 @triton.jit
 def _wait_flag(flag_ptr, expected, max_spins, status_ptr, flag_id, SCOPE: tl.constexpr):
-    """`kernels.remote.wait` behind a fast path: one acquire read and a CTA barrier
+    """`kernels.comm.remote.wait` behind a fast path: one acquire read and a CTA barrier
     when the flag is already set (the common case once the gather is ahead). Once any
     wait of this launch has given up, the others poll once instead of max_spins
     times (one lost peer must not cost max_spins for every tile)."""
