@@ -171,7 +171,7 @@ def _build_plan(a, a_scale, w, w_scale, routing, out, accumulate, config) -> _Pl
     constexprs = dict(TOP_K=routing.top_k, A_FP4=a_scale is not None, ATOMIC=not det, NT=config.NT,
                       EARLY_LOADS=config.EARLY_LOADS, PREFETCH_EPILOGUE=config.PREFETCH_EPILOGUE,
                       SWAP_AB=config.swap_ab, EVEN_N=H % config.BLOCK_N == 0,
-                      FP32_MATH=interpreter.active(), BM=config.BLOCK_M,
+                      FP32_MATH=interpreter.active(), K=K, BM=config.BLOCK_M,
                       BN=config.BLOCK_N, BK=config.BLOCK_K, num_warps=config.num_warps,
                       num_stages=config.num_stages)
     reduce_grid = reduce_constexprs = None
@@ -218,7 +218,7 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, rout
     _moe_mxfp4_down_kernel[plan.grid](
         a, a if a_scale is None else a_scale, w, w_scale, target,
         routing.sorted_ids, routing.sorted_weights, routing.expert_ids, routing.num_rows,
-        routing.num_pairs, plan.H, 2 * w.shape[2],
+        routing.num_pairs, plan.H,
         a.stride(0), 0 if a_scale is None else a_scale.stride(0), w.stride(0), w.stride(1),
         w_scale.stride(0), w_scale.stride(1), target.stride(0),
         **plan.constexprs)
@@ -253,3 +253,34 @@ def dequantize_weights_bf16(w: torch.Tensor, w_scale: torch.Tensor, out: torch.T
     _dequant_kernel[(triton.cdiv(R, br), C // bc)](w, w_scale, out, R, C, FP32_MATH=interpreter.active(),
                                                      BR=br, BC=bc, num_warps=4)
     return out
+
+
+def compile_for_target(config: MoeMxfp4Config | None = None, *, a_fp4: bool = False, target: str = "sm90",
+                       top_k: int = 9, H: int = 7168, K: int = 512, cache_dir) -> list:
+    """Cross-compile the down-projection kernel for `target` (no GPU needed) into `cache_dir`;
+    returns workbench.asm entries (``.text('sass')``, ``.mix()``, ``.resources()``).
+
+    Pointers, H, K and the row strides are marked 16-divisible, as they are at KIMI-K2.5's
+    shapes (H = 7168, I = 512), so the loads vectorize as they do there.
+    """
+    from workbench.asm.compile import cross_compile
+
+    cfg = config or MoeMxfp4Config()
+    sig = {"a_ptr": "*u8" if a_fp4 else "*bf16", "a_scale_ptr": "*u8" if a_fp4 else "*bf16",
+           "w_ptr": "*u8", "w_scale_ptr": "*u8", "out_ptr": "*bf16",
+           "sorted_ids_ptr": "*i32", "sorted_weights_ptr": "*fp32", "expert_ids_ptr": "*i32",
+           "num_rows_ptr": "*i32", "num_pairs": "i32", "H": "i32",
+           "stride_am": "i32", "stride_asm": "i32", "stride_we": "i32", "stride_wn": "i32",
+           "stride_wse": "i32", "stride_wsn": "i32", "stride_om": "i32"}
+    divisible = ["a_ptr", "a_scale_ptr", "w_ptr", "w_scale_ptr", "out_ptr", "sorted_ids_ptr",
+                 "sorted_weights_ptr", "expert_ids_ptr", "H", "stride_am", "stride_we", "stride_wn",
+                 "stride_wse", "stride_wsn", "stride_om"]
+    if a_fp4:
+        divisible.append("stride_asm")
+    constexprs = dict(TOP_K=top_k, A_FP4=a_fp4, ATOMIC=not cfg.DETERMINISTIC, NT=cfg.NT,
+                      EARLY_LOADS=cfg.EARLY_LOADS, PREFETCH_EPILOGUE=cfg.PREFETCH_EPILOGUE, SWAP_AB=cfg.swap_ab,
+                      EVEN_N=H % cfg.BLOCK_N == 0, FP32_MATH=False, K=K, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N,
+                      BK=cfg.BLOCK_K)
+    return cross_compile(_moe_mxfp4_down_kernel, target, signature=sig, constexprs=constexprs,
+                         divisible=divisible, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                         cache_dir=cache_dir)

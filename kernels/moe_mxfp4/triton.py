@@ -152,11 +152,12 @@ def _mma(acc, a, a_s, w, w_s, A_FP4: tl.constexpr, SWAP_AB: tl.constexpr, FP32_M
 def _moe_mxfp4_down_kernel(
     a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr,
     sorted_ids_ptr, sorted_weights_ptr, expert_ids_ptr, num_rows_ptr,
-    num_pairs, H, K,
+    num_pairs, H,
     stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_om,
     TOP_K: tl.constexpr, A_FP4: tl.constexpr, ATOMIC: tl.constexpr, NT: tl.constexpr,
     EARLY_LOADS: tl.constexpr, PREFETCH_EPILOGUE: tl.constexpr, SWAP_AB: tl.constexpr,
-    EVEN_N: tl.constexpr, FP32_MATH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    EVEN_N: tl.constexpr, FP32_MATH: tl.constexpr, K: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
     """One BM x BN tile of the down-projection; out is [M, H] (ATOMIC) or the
     per-pair workspace [pairs, H]. K % BK == 0 (checked by the launcher)."""
@@ -190,13 +191,16 @@ def _moe_mxfp4_down_kernel(
         acc = tl.zeros((BN, BM), dtype=tl.float32)
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(BK, K, BK):
-        a1, as1 = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK)
-        w1, ws1 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
-                          NT, EVEN_N, BK)
-        acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, FP32_MATH, BM, BN, BK)
-        a0, as0, w0, ws0 = a1, as1, w1, ws1
+    # K is a constexpr: the K steps are unrolled (4 at I = 512), so each step's loads,
+    # expansion and dot are straight-line code the scheduler can overlap, and the expanded
+    # weights go from registers straight into wgmma (a loop-carried tile was staged
+    # through shared memory instead).
     acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, FP32_MATH, BM, BN, BK)
+    for k0 in tl.static_range(BK, K, BK):
+        a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK)
+        w, w_s = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
+                         NT, EVEN_N, BK)
+        acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, FP32_MATH, BM, BN, BK)
     if SWAP_AB:
         acc = tl.trans(acc)
 
