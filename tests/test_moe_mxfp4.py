@@ -198,9 +198,13 @@ def _problem(M, *, E_=E, H_=H, I_=I, top_k=TOP_K, a_fp4=False, seed=0, device=DE
                 ids=ids.to(device), wts=wts.to(device))
 
 
-def _check(out, p, *, slack=1.0):
+def _reference(p):
     rows = reference_rows(p["a"], p["w"], p["w_scale"], p["ids"], p["wts"], a_scale=p["a_scale"])
-    ref, mag = rows.sum(1), rows.abs().sum(1)
+    return rows.sum(1), rows.abs().sum(1)
+
+
+def _check(out, p, *, slack=1.0, ref=None):
+    ref, mag = ref if ref is not None else _reference(p)
     top_k = p["ids"].shape[1]
     bound = slack * (top_k + 1) * 2.0 ** -8 * mag + 1e-6
     err = (out.float() - ref).abs()
@@ -303,6 +307,15 @@ def test_launcher_validates_and_caches():
     assert mx_launch.plan_cache_info()["plans"] <= before + 1
 
 
+def test_baseline_dequant_grouped_gemm_matches_reference():
+    from kernels.moe_mxfp4 import baselines
+
+    p = _problem(5, seed=9)
+    rows = baselines.sorted_rows(p["ids"], E)
+    assert rows.counts.tolist() == torch.bincount(p["ids"].reshape(-1).long().cpu(), minlength=E).tolist()
+    _check(baselines.dequant_grouped_gemm(p["a"], p["w"], p["w_scale"], rows, p["wts"]), p, slack=2.0)
+
+
 def test_metrics():
     assert metrics.flops(4, 9, 7168, 512) == 2 * 36 * 7168 * 512
     # 36 experts' weights (packed + scales), bf16 activations, bf16 output
@@ -388,6 +401,7 @@ def _kimi_problem(M, a_fp4=False):
 @pytest.mark.parametrize("a_fp4", [False, True], ids=["w4a16", "a4w4"])
 def test_gpu_kimi_matches_reference(M, a_fp4):
     p = _kimi_problem(M, a_fp4)
+    ref = _reference(p)
     for bm in (16, 32) if M <= 256 else (128,):
         for det in (False, True):
             cfg = default_config(M, 9, 385, 512, deterministic=det).replace(BLOCK_M=bm)
@@ -396,7 +410,7 @@ def test_gpu_kimi_matches_reference(M, a_fp4):
             _run(p, cfg)
             _poison_workspaces()
             out = torch.full((M, 7168), float("nan"), dtype=torch.bfloat16, device="cuda")
-            _check(_run(p, cfg, out=out), p)
+            _check(_run(p, cfg, out=out), p, ref=ref)
 
 
 @pytest.mark.gpu
