@@ -34,8 +34,9 @@ tests/test_moe_mxfp4.py checks these): the main loop has HGMMA.64x16x16.F32.BF16
 with the weights from registers, weight loads are LDG.E.EF.128 with NT
 (``evict_first``) and LDG.E.128 without, the expansion is LOP3/PRMT plus
 HMUL2.BF16_V2, and the atomic epilogue is REDG.E.ADD.BF16x8.RN.STRONG.GPU:
-a fire-and-forget 128-bit reduction of eight bf16 per instruction (PTX
-red.global.add.noftz.v4.bf16x2), not a CAS loop.
+a fire-and-forget 128-bit reduction of eight bf16 per instruction (Triton emits
+PTX atom.global.gpu.relaxed.add.noftz.v8.bf16 with the old values unused, which
+ptxas turns into the REDG reduction), not a compare-and-swap loop.
 
 Latency switches (seed 004's two changes, measurable on and off):
 
