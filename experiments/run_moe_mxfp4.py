@@ -107,6 +107,8 @@ def variants(M: int) -> dict[str, tuple[MoeMxfp4Config, bool]]:
     for bm in (16, 32):
         for nt in (True, False):
             v[f"BM{bm}{' NT' if nt else ''}"] = (MoeMxfp4Config(BLOCK_M=bm, NT=nt), False)
+    if M <= 256:
+        v["BM16 NT BN64"] = (MoeMxfp4Config(BLOCK_M=16, BLOCK_N=64, NT=True), False)
     if M <= 32:
         v["BM16 NT early-off"] = (MoeMxfp4Config(NT=True, EARLY_LOADS=False), False)
         v["BM16 NT prefetch-off"] = (MoeMxfp4Config(NT=True, PREFETCH_EPILOGUE=False), False)
@@ -281,7 +283,8 @@ def summary(df: pd.DataFrame) -> str:
         t["speedup vs dequant+gg"] = g["dequant+grouped_gemm"] / g["default"]
     if "bf16 grouped_gemm (gemm only)" in g:
         t["vs bf16 gemm only"] = g["bf16 grouped_gemm (gemm only)"] / g["default"]
-    variant_cols = [c for c in ("BM16 NT", "BM16", "BM32 NT", "BM32", "BM64", "BM128", "BM128 BN256") if c in g]
+    variant_cols = [c for c in ("BM16 NT", "BM16", "BM32 NT", "BM32", "BM16 NT BN64", "BM64", "BM128", "BM128 BN256")
+                    if c in g]
     t["fastest variant"] = g[variant_cols].apply(lambda r: r.dropna().idxmin() if r.notna().any() else "", axis=1)
     return ("latency in us (CUDA-graph replay, L2 flushed), KIMI-K2.5 down-projection, w4a16 unless named\n\n"
             + t.to_string(float_format=lambda v: f"{v:.3g}"))

@@ -16,6 +16,7 @@ and the interpreter's fp32 dot differ from the reference's by far less).
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
@@ -324,6 +325,11 @@ def test_metrics():
 
 
 def test_default_config_follows_rows_per_expert():
+    from kernels.moe_mxfp4.config import config_for_block_m
+
+    assert config_for_block_m(32, 512).BLOCK_M == 32 and config_for_block_m(128, 512).num_warps == 8
+    with pytest.raises(ValueError, match="BLOCK_M must be one of"):
+        config_for_block_m(8, 512)
     assert default_config(4, 9, 385, 512).BLOCK_M == 16
     assert default_config(256, 9, 385, 512).BLOCK_M == 16
     assert default_config(16384, 9, 385, 512).BLOCK_M == 128
@@ -384,9 +390,20 @@ def test_sm90_atomic_epilogue_is_bf16x8_reduction(sm90):
 KIMI = dict(E_=385, H_=7168, I_=512, top_k=9)
 
 
+@functools.lru_cache(maxsize=1)
+def _kimi_weights():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.empty(385, 7168, 256, dtype=torch.uint8, device="cuda")
+    w_scale = torch.empty(385, 7168, 16, dtype=torch.uint8, device="cuda")
+    for e0 in range(0, 385, 64):       # bounded temporaries
+        n = min(64, 385 - e0)
+        w[e0:e0 + n], w_scale[e0:e0 + n] = quantize_mxfp4(torch.randn(n, 7168, 512, device="cuda", generator=g) * 0.02)
+    return w, w_scale
+
+
 def _kimi_problem(M, a_fp4=False):
     g = torch.Generator(device="cuda").manual_seed(M)
-    w, w_scale = quantize_mxfp4(torch.randn(385, 7168, 512, device="cuda", generator=g) * 0.02)
+    w, w_scale = _kimi_weights()
     a = torch.randn(M * 9, 512, device="cuda", generator=g).bfloat16()
     ids = torch.rand(M, 385, device="cuda", generator=g).topk(9, dim=1).indices.to(torch.int32)
     wts = torch.softmax(torch.randn(M, 9, device="cuda", generator=g), -1)

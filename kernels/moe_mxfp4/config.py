@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-__all__ = ["MoeMxfp4Config", "default_config", "INTERPRET_CONFIG"]
+__all__ = ["MoeMxfp4Config", "config_for_block_m", "default_config", "INTERPRET_CONFIG"]
 
 _BLOCK_M = (16, 32, 64, 128)
 
@@ -83,18 +83,28 @@ def default_config(M: int, top_k: int, num_experts: int, K: int, *, interpreter:
     blocks of an expert reread its weights from L2). experiments/run_moe_mxfp4.py
     times the alternatives; results/moe_mxfp4/ has the measurements.
     """
+    if interpreter:
+        return INTERPRET_CONFIG.replace(BLOCK_K=64 if K % 64 == 0 else 32, DETERMINISTIC=deterministic)
+    per_expert = M * top_k / max(num_experts, 1)
+    bm = 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64 if per_expert <= 160 else 128
+    return config_for_block_m(bm, K, deterministic=deterministic)
+
+
+def config_for_block_m(block_m: int, K: int, *, deterministic: bool = False) -> MoeMxfp4Config:
+    """The heuristic's config for a given row tile (what the launcher runs for a routing padded to
+    block_m when no config is passed)."""
     bk = 128
     while K % bk and bk > 32:
         bk //= 2
-    if interpreter:
-        return INTERPRET_CONFIG.replace(BLOCK_K=min(bk, 64) if K % 64 == 0 else 32, DETERMINISTIC=deterministic)
-    per_expert = M * top_k / max(num_experts, 1)
-    if per_expert <= 16:
-        cfg = MoeMxfp4Config(BLOCK_M=16, NT=True)
-    elif per_expert <= 48:
-        cfg = MoeMxfp4Config(BLOCK_M=32, NT=True)
-    elif per_expert <= 160:
-        cfg = MoeMxfp4Config(BLOCK_M=64, NT=False)
-    else:
-        cfg = MoeMxfp4Config(BLOCK_M=128, BLOCK_N=128, num_warps=8, NT=False)
+    cfg = _BY_BLOCK_M.get(block_m)
+    if cfg is None:
+        raise ValueError(f"moe_mxfp4: BLOCK_M must be one of {_BLOCK_M}, got {block_m!r}")
     return cfg.replace(BLOCK_K=bk, DETERMINISTIC=deterministic)
+
+
+_BY_BLOCK_M = {
+    16: MoeMxfp4Config(BLOCK_M=16, NT=True),
+    32: MoeMxfp4Config(BLOCK_M=32, NT=True),
+    64: MoeMxfp4Config(BLOCK_M=64, NT=False),
+    128: MoeMxfp4Config(BLOCK_M=128, BLOCK_N=128, num_warps=8, NT=False),
+}

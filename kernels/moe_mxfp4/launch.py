@@ -25,7 +25,7 @@ import triton
 
 from kernels import interpreter
 
-from .config import MoeMxfp4Config, default_config
+from .config import MoeMxfp4Config, config_for_block_m, default_config
 from .routing import Routing
 from .triton import _dequant_kernel, _moe_mxfp4_down_kernel, _reduce_topk_kernel
 
@@ -155,8 +155,10 @@ def _validate(a, a_scale, w, w_scale, routing, out, accumulate) -> tuple[int, in
 def _build_plan(a, a_scale, w, w_scale, routing, out, accumulate, config) -> _Plan:
     M, H, K, E = _validate(a, a_scale, w, w_scale, routing, out, accumulate)
     if config is None:
-        config = default_config(M, routing.top_k, E, K, interpreter=interpreter.active()).replace(
-            BLOCK_M=routing.block_m)
+        if interpreter.active():
+            config = default_config(M, routing.top_k, E, K, interpreter=True).replace(BLOCK_M=routing.block_m)
+        else:
+            config = config_for_block_m(routing.block_m, K)
     if not isinstance(config, MoeMxfp4Config):
         _fail(f"config must be a MoeMxfp4Config, got {type(config).__name__}")
     config.validate(K)
