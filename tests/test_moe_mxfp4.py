@@ -302,6 +302,9 @@ def test_launcher_validates_and_caches():
         moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg.replace(BLOCK_K=128))
     with pytest.raises(ValueError, match="accumulate=True needs an out"):
         moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg, accumulate=True)
+    p0 = _problem(0)
+    r0 = prepare_routing(p0["ids"], p0["wts"], E, cfg.BLOCK_M)
+    assert moe_mxfp4_down(p0["a"], p0["w"], p0["w_scale"], r0, config=cfg).shape == (0, H)
     before = mx_launch.plan_cache_info()["plans"]
     moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg)
     moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg)

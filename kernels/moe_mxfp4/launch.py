@@ -216,6 +216,8 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, rout
             (plan.M, plan.H), dtype=torch.bfloat16, device=a.device)
     elif plan.workspace is None and not accumulate:
         out.zero_()
+    if plan.M == 0:
+        return out
     target = out if plan.workspace is None else plan.workspace
     _moe_mxfp4_down_kernel[plan.grid](
         a, a if a_scale is None else a_scale, w, w_scale, target,
