@@ -63,9 +63,10 @@ TWO_POW_126 = 8.507059173023462e37   # 2**126: undoes the 2**-126 of the bit-pla
 
 
 @triton.jit
-def _e2m1_to_bf16(packed, scale, R: tl.constexpr, C: tl.constexpr, FP32_MATH: tl.constexpr):
+def _e2m1_halves(packed, scale, R: tl.constexpr, C: tl.constexpr, FP32_MATH: tl.constexpr):
     """packed uint8 [R, C] (two E2M1 per byte, low nibble first) and e8m0 scales uint8
-    [R, C // 16] -> bf16 [R, 2C], exact (NaN where the scale is 0xFF).
+    [R, C // 16] -> (even, odd): bf16 [R, C] each, the low and the high nibbles, exact
+    (NaN where the scale is 0xFF).
 
     FP32_MATH builds fp32 patterns instead of bf16 ones and multiplies in fp32 (same
     values: both are exact); Triton's interpreter has no bf16 arithmetic, so it runs this.
@@ -88,6 +89,13 @@ def _e2m1_to_bf16(packed, scale, R: tl.constexpr, C: tl.constexpr, FP32_MATH: tl
         f = tl.reshape(tl.broadcast_to(sbits[:, :, None], (R, C // 16, 16)), (R, C)).to(tl.bfloat16, bitcast=True)
         lo = lo.to(tl.bfloat16, bitcast=True) * 8.507059173023462e37 * f
         hi = hi.to(tl.bfloat16, bitcast=True) * 8.507059173023462e37 * f
+    return lo, hi
+
+
+@triton.jit
+def _e2m1_to_bf16(packed, scale, R: tl.constexpr, C: tl.constexpr, FP32_MATH: tl.constexpr):
+    """As _e2m1_halves, interleaved back into K order: bf16 [R, 2C]."""
+    lo, hi = _e2m1_halves(packed, scale, R, C, FP32_MATH)
     return tl.reshape(tl.join(lo, hi), (R, 2 * C))
 
 
@@ -137,15 +145,21 @@ def _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_ws
 @triton.jit
 def _mma(acc, a, a_s, w, w_s, A_FP4: tl.constexpr, SWAP_AB: tl.constexpr, FP32_MATH: tl.constexpr,
          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    wb = _e2m1_to_bf16(w, w_s, BN, BK // 2, FP32_MATH)
+    """acc += one K step. The sum over K does not care about order, so the step is two dots
+    over its even and its odd K indices: the weights' low and high nibbles expand into two
+    tiles that need no interleaving, and bf16 activations split into their even and odd
+    columns (a register-only split of adjacent pairs)."""
+    w_even, w_odd = _e2m1_halves(w, w_s, BN, BK // 2, FP32_MATH)
     if A_FP4:
-        ab = _e2m1_to_bf16(a, a_s, BM, BK // 2, FP32_MATH)
+        a_even, a_odd = _e2m1_halves(a, a_s, BM, BK // 2, FP32_MATH)
     else:
-        ab = a
+        a_even, a_odd = tl.split(tl.reshape(a, (BM, BK // 2, 2)))
     if SWAP_AB:
-        acc = tl.dot(wb, tl.trans(ab), acc)       # [BN, BM]
+        acc = tl.dot(w_even, tl.trans(a_even), acc)       # [BN, BM]
+        acc = tl.dot(w_odd, tl.trans(a_odd), acc)
     else:
-        acc = tl.dot(ab, tl.trans(wb), acc)       # [BM, BN]
+        acc = tl.dot(a_even, tl.trans(w_even), acc)       # [BM, BN]
+        acc = tl.dot(a_odd, tl.trans(w_odd), acc)
     return acc
 
 
