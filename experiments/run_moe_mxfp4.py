@@ -20,12 +20,14 @@ counts M in {4, 8, 16, 32, 64, 128, 256, 16384}. For each M this script
    ``checks.csv``, ``info.json`` and ``summary.md``, and prints a short table.
 
 Variants (w4a16 unless named a4w4): BM16/BM32 x NT on/off (both latency switches on,
-atomic epilogue); BM16 NT with each latency switch off (``early``/``prefetch``), at
-M <= 32; the heuristic's config (``default``), its deterministic mode (``det``) and the
-a4w4 form of both; BM64/BM128 at M = 16384. Baselines: ``dequant+grouped_gemm`` and
-``dequant+grouped_mm`` (dequantize all experts to bf16, gather rows, grouped GEMM,
-weighted sum), ``bf16 grouped_gemm`` (bf16 weights, same pipeline) and its GEMM alone
-(``bf16 grouped_gemm (gemm only)``).
+atomic epilogue); at M <= 256 BM16 NT with 64-wide column tiles (``BN64``) and with the
+expansion in Triton integer ops instead of inline PTX (``bits``); at M <= 32 BM16 NT with
+each latency switch off (``early-off``/``prefetch-off``/``both-off``); the heuristic's
+config (``default``), its deterministic mode (``det``) and the a4w4 form of both;
+BM64/BM128 at M = 16384. Baselines: ``dequant+grouped_gemm`` and ``dequant+grouped_mm``
+(dequantize all experts to bf16, gather rows, grouped GEMM, weighted sum), ``bf16
+grouped_gemm`` (bf16 weights, same pipeline) and the GEMMs alone on pre-gathered rows
+(``bf16 grouped_gemm (gemm only)``, ``bf16 grouped_mm (gemm only)``).
 
 Usage on a GPU node (about 5 minutes on an H200):
     python3 experiments/run_moe_mxfp4.py --out results/moe_mxfp4
@@ -109,6 +111,7 @@ def variants(M: int) -> dict[str, tuple[MoeMxfp4Config, bool]]:
             v[f"BM{bm}{' NT' if nt else ''}"] = (MoeMxfp4Config(BLOCK_M=bm, NT=nt), False)
     if M <= 256:
         v["BM16 NT BN64"] = (MoeMxfp4Config(BLOCK_M=16, BLOCK_N=64, NT=True), False)
+        v["BM16 NT bits"] = (MoeMxfp4Config(BLOCK_M=16, NT=True, EXPAND="bits"), False)
     if M <= 32:
         v["BM16 NT early-off"] = (MoeMxfp4Config(NT=True, EARLY_LOADS=False), False)
         v["BM16 NT prefetch-off"] = (MoeMxfp4Config(NT=True, PREFETCH_EPILOGUE=False), False)

@@ -355,9 +355,13 @@ def sm90(tmp_path_factory):
     cache = tmp_path_factory.mktemp("moe_mxfp4_sm90")
     cfgs = {"bm16_nt_atomic": (MoeMxfp4Config(), False),
             "bm32_det": (MoeMxfp4Config(BLOCK_M=32, NT=False, DETERMINISTIC=True), False),
-            "bm16_a4w4": (MoeMxfp4Config(), True)}
-    return {name: _ops(mx_launch.compile_for_target(cfg, a_fp4=fp4, cache_dir=cache)[0])
-            for name, (cfg, fp4) in cfgs.items()}
+            "bm16_a4w4": (MoeMxfp4Config(), True),
+            "bm16_bits": (MoeMxfp4Config(EXPAND="bits"), False)}
+    entries = {name: mx_launch.compile_for_target(cfg, a_fp4=fp4, cache_dir=cache)[0]
+               for name, (cfg, fp4) in cfgs.items()}
+    ops = {name: _ops(e) for name, e in entries.items()}
+    ops["ptx"] = entries["bm16_nt_atomic"].text("ptx")
+    return ops
 
 
 def _count(ops: Counter, prefix: str) -> int:
@@ -366,9 +370,17 @@ def _count(ops: Counter, prefix: str) -> int:
 
 def test_sm90_main_loop_uses_wgmma_with_expansion_in_registers(sm90):
     for name, ops in sm90.items():
+        if name == "ptx":
+            continue
         assert _count(ops, "HGMMA.64x16x16.F32.BF16" if "bm16" in name else "HGMMA.64x32x16.F32.BF16") >= 32, name
         assert _count(ops, "HMMA") == 0, name                     # no mma.sync fallback
         assert _count(ops, "HMUL2.BF16_V2") >= 4 * 128, name      # bf16x2 expansion, 4 K steps
+
+
+def test_sm90_inline_ptx_expansion_is_used_and_cheaper(sm90):
+    assert "prmt.b32 t0" in sm90["ptx"] and "0x01C001C0" in sm90["ptx"]
+    total = lambda ops: sum(ops.values())
+    assert total(sm90["bm16_nt_atomic"]) < 0.9 * total(sm90["bm16_bits"])
 
 
 def test_sm90_weight_loads_are_128_bit(sm90):
@@ -460,7 +472,23 @@ def test_gpu_deterministic_bit_identical_and_graph_capturable():
 
 
 @pytest.mark.gpu
-def test_gpu_expansion_exact_at_kimi_size():
+@pytest.mark.parametrize("expand", ["ptx", "bits"])
+def test_gpu_expansion_exact_at_kimi_size(expand):
     p = _kimi_problem(4)
-    got = dequantize_weights_bf16(p["w"][:8], p["w_scale"][:8])
+    got = dequantize_weights_bf16(p["w"][:8], p["w_scale"][:8], expand=expand)
     assert torch.equal(got, dequantize_mxfp4(p["w"][:8], p["w_scale"][:8], torch.bfloat16))
+    # every byte and scale value, NaN scale and the subnormal scale 0 included
+    packed = torch.arange(256, dtype=torch.uint8, device="cuda").repeat(256, 1)
+    scales = torch.arange(256, dtype=torch.uint8, device="cuda").unsqueeze(1).repeat(1, 16)
+    got = dequantize_weights_bf16(packed, scales, expand=expand)
+    ref = dequantize_mxfp4(packed, scales, torch.bfloat16)
+    assert torch.equal(got.isnan(), ref.isnan())
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(ref))
+
+
+@pytest.mark.gpu
+def test_gpu_bits_expansion_matches_reference():
+    p = _kimi_problem(32)
+    cfg = MoeMxfp4Config(EXPAND="bits")
+    out = torch.full((32, 7168), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _check(_run(p, cfg, out=out), p)

@@ -18,6 +18,8 @@ class MoeMxfp4Config:
     two latency-hiding changes. SWAP_AB: compute the transposed tile so that wgmma's
     64-row side is the weights (None: when BLOCK_M < 64). DETERMINISTIC: per-pair
     workspace rows reduced in slot order instead of atomics (same bits every run).
+    EXPAND: how E2M1 codes become bf16, "ptx" (inline PTX, two values per 32-bit op) or
+    "bits" (Triton integer ops); both exact, the interpreter always uses its own fp32 path.
     """
 
     BLOCK_M: int = 16
@@ -30,6 +32,7 @@ class MoeMxfp4Config:
     PREFETCH_EPILOGUE: bool = True
     SWAP_AB: bool | None = None
     DETERMINISTIC: bool = False
+    EXPAND: str = "ptx"
 
     @property
     def swap_ab(self) -> bool:
@@ -43,7 +46,7 @@ class MoeMxfp4Config:
                                           ("_prefetch", self.PREFETCH_EPILOGUE)) if on)
         mode = "det" if self.DETERMINISTIC else "atomic"
         return (f"bm{self.BLOCK_M}_bn{self.BLOCK_N}_bk{self.BLOCK_K}_w{self.num_warps}_s{self.num_stages}"
-                f"{flags}{'_swap' if self.swap_ab else ''}_{mode}")
+                f"{flags}{'_swap' if self.swap_ab else ''}_{mode}{'' if self.EXPAND == 'ptx' else '_' + self.EXPAND}")
 
     def replace(self, **kw) -> "MoeMxfp4Config":
         return replace(self, **kw)
@@ -63,6 +66,8 @@ class MoeMxfp4Config:
                              f"{self.BLOCK_K}; pick a BLOCK_K that divides it")
         if self.num_warps not in (1, 2, 4, 8):
             raise ValueError(f"moe_mxfp4: num_warps must be 1, 2, 4 or 8, got {self.num_warps}")
+        if self.EXPAND not in ("ptx", "bits"):
+            raise ValueError(f"moe_mxfp4: EXPAND must be 'ptx' or 'bits', got {self.EXPAND!r}")
         if self.num_stages < 1:
             raise ValueError(f"moe_mxfp4: num_stages must be >= 1, got {self.num_stages}")
 

@@ -173,7 +173,7 @@ def _build_plan(a, a_scale, w, w_scale, routing, out, accumulate, config) -> _Pl
     constexprs = dict(TOP_K=routing.top_k, A_FP4=a_scale is not None, ATOMIC=not det, NT=config.NT,
                       EARLY_LOADS=config.EARLY_LOADS, PREFETCH_EPILOGUE=config.PREFETCH_EPILOGUE,
                       SWAP_AB=config.swap_ab, EVEN_N=H % config.BLOCK_N == 0,
-                      FP32_MATH=interpreter.active(), K=K, BM=config.BLOCK_M,
+                      EXPAND="fp32" if interpreter.active() else config.EXPAND, K=K, BM=config.BLOCK_M,
                       BN=config.BLOCK_N, BK=config.BLOCK_K, num_warps=config.num_warps,
                       num_stages=config.num_stages)
     reduce_grid = reduce_constexprs = None
@@ -237,7 +237,8 @@ def plan_cache_info() -> dict:
     return {"plans": len(_PLANS), "max": _MAX_PLANS}
 
 
-def dequantize_weights_bf16(w: torch.Tensor, w_scale: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def dequantize_weights_bf16(w: torch.Tensor, w_scale: torch.Tensor, out: torch.Tensor | None = None, *,
+                            expand: str = "ptx") -> torch.Tensor:
     """MXFP4 [..., I / 2] + scales [..., I / 32] -> bf16 [..., I] on the GPU, with the kernel's expansion
     (what a user without the fused kernel runs before a bf16 grouped GEMM)."""
     if w.dtype != torch.uint8 or w_scale.dtype != torch.uint8 or not w.is_contiguous() or \
@@ -254,7 +255,8 @@ def dequantize_weights_bf16(w: torch.Tensor, w_scale: torch.Tensor, out: torch.T
         return out
     bc = 64 if C % 64 == 0 else 32 if C % 32 == 0 else 16
     br = 16 if interpreter.active() else 64
-    _dequant_kernel[(triton.cdiv(R, br), C // bc)](w, w_scale, out, R, C, FP32_MATH=interpreter.active(),
+    _dequant_kernel[(triton.cdiv(R, br), C // bc)](w, w_scale, out, R, C,
+                                                     EXPAND="fp32" if interpreter.active() else expand,
                                                      BR=br, BC=bc, num_warps=4)
     return out
 
@@ -283,7 +285,7 @@ def compile_for_target(config: MoeMxfp4Config | None = None, *, a_fp4: bool = Fa
         divisible.append("stride_asm")
     constexprs = dict(TOP_K=top_k, A_FP4=a_fp4, ATOMIC=not cfg.DETERMINISTIC, NT=cfg.NT,
                       EARLY_LOADS=cfg.EARLY_LOADS, PREFETCH_EPILOGUE=cfg.PREFETCH_EPILOGUE, SWAP_AB=cfg.swap_ab,
-                      EVEN_N=H % cfg.BLOCK_N == 0, FP32_MATH=False, K=K, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N,
+                      EVEN_N=H % cfg.BLOCK_N == 0, EXPAND=cfg.EXPAND, K=K, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N,
                       BK=cfg.BLOCK_K)
     return cross_compile(_moe_mxfp4_down_kernel, target, signature=sig, constexprs=constexprs,
                          divisible=divisible, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
