@@ -32,6 +32,7 @@ grouped_gemm`` (bf16 weights, same pipeline) and the GEMMs alone on pre-gathered
 Usage on a GPU node (about 5 minutes on an H200):
     python3 experiments/run_moe_mxfp4.py --out results/moe_mxfp4
     python3 experiments/run_moe_mxfp4.py --out /tmp/x --quick      # M in {4, 32}, a smoke run
+    TRITON_INTERPRET=1 python3 experiments/run_moe_mxfp4.py --out /tmp/x --small --rep-ms 1   # no GPU
 """
 from __future__ import annotations
 
@@ -58,6 +59,10 @@ from workbench import provenance as wb_provenance  # noqa: E402
 
 E, H, I, TOP_K = 385, 7168, 512, 9
 M_LIST = (4, 8, 16, 32, 64, 128, 256, 16384)
+DEV = "cuda"
+# --small: a CPU smoke run of this script's own logic (TRITON_INTERPRET=1, no GPU), at the
+# CPU tests' sizes; its timings are host-timer numbers and mean nothing.
+SMALL = dict(E=6, H=96, I=64, TOP_K=3, M_LIST=(1, 5, 33))
 SEED = 1234
 
 
@@ -67,17 +72,17 @@ def log(msg: str) -> None:
 
 def quantized_weights(g: torch.Generator):
     """Random [E, H, I] weights (std 0.02) quantized expert chunk by chunk (bounded temporaries)."""
-    w = torch.empty(E, H, I // 2, dtype=torch.uint8, device="cuda")
-    ws = torch.empty(E, H, I // 32, dtype=torch.uint8, device="cuda")
+    w = torch.empty(E, H, I // 2, dtype=torch.uint8, device=DEV)
+    ws = torch.empty(E, H, I // 32, dtype=torch.uint8, device=DEV)
     for e0 in range(0, E, 64):
         e1 = min(E, e0 + 64)
-        w[e0:e1], ws[e0:e1] = quantize_mxfp4(torch.randn(e1 - e0, H, I, device="cuda", generator=g) * 0.02)
+        w[e0:e1], ws[e0:e1] = quantize_mxfp4(torch.randn(e1 - e0, H, I, device=DEV, generator=g) * 0.02)
     return w, ws
 
 
 def route(M: int, g: torch.Generator):
-    ids = torch.rand(M, E, device="cuda", generator=g).topk(TOP_K, dim=1).indices.to(torch.int32)
-    wts = torch.softmax(torch.randn(M, TOP_K, device="cuda", generator=g), -1)
+    ids = torch.rand(M, E, device=DEV, generator=g).topk(TOP_K, dim=1).indices.to(torch.int32)
+    wts = torch.softmax(torch.randn(M, TOP_K, device=DEV, generator=g), -1)
     return ids, wts
 
 
@@ -85,7 +90,7 @@ def reference(a_f32: torch.Tensor, w_bf16: torch.Tensor, ids: torch.Tensor, wts:
     """(sum over slots, sum of magnitudes) in fp32; w_bf16 is exact (the expansion loses nothing)."""
     M = ids.shape[0]
     flat = ids.reshape(-1).long()
-    y = torch.zeros(M * TOP_K, H, device="cuda")
+    y = torch.zeros(M * TOP_K, H, device=DEV)
     for e in torch.unique(flat).tolist():
         sel = (flat == e).nonzero().squeeze(1)
         y[sel] = a_f32[sel] @ w_bf16[e].float().T
@@ -124,10 +129,12 @@ def variants(M: int) -> dict[str, tuple[MoeMxfp4Config, bool]]:
     v["default det"] = (d.replace(DETERMINISTIC=True), False)
     v["a4w4 default"] = (d, True)
     v["a4w4 det"] = (d.replace(DETERMINISTIC=True), True)
+    if DEV == "cpu":        # --small in the interpreter: tiles that fit H = 96, I = 64
+        v = {n: (c.replace(BLOCK_N=32, BLOCK_K=min(c.BLOCK_K, I), num_warps=1), fp4) for n, (c, fp4) in v.items()}
     return v
 
 
-def time_both(fns: dict, *, rep_ms: float, log_prefix: str) -> dict[str, dict[str, bench.Timing]]:
+def time_both(fns: dict, *, rep_ms: float, log_prefix: str, min_reps: int = 15) -> dict[str, dict[str, bench.Timing]]:
     """{name: {'graph': Timing, 'eager': Timing}}; a callable that fails is left out (and logged)."""
     res: dict[str, dict[str, bench.Timing]] = {n: {} for n in fns}
     for name, fn in fns.items():
@@ -135,7 +142,7 @@ def time_both(fns: dict, *, rep_ms: float, log_prefix: str) -> dict[str, dict[st
             res[name]["graph"] = bench.measure(fn, cuda_graph=True, flush_l2=True, warmup_ms=10, rep_ms=rep_ms)
         except Exception as exc:  # a baseline that cannot be captured still gets its eager time
             log(f"{log_prefix} {name}: graph timing failed ({type(exc).__name__}: {str(exc)[:120]})")
-    for name, t in bench.interleave(fns, warmup_ms=20, rep_ms=rep_ms, min_reps=15, max_reps=200).items():
+    for name, t in bench.interleave(fns, warmup_ms=20, rep_ms=rep_ms, min_reps=min_reps, max_reps=200).items():
         res[name]["eager"] = t
     return res
 
@@ -145,10 +152,20 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="directory for rows.csv, checks.csv, info.json, summary.md")
     ap.add_argument("--quick", action="store_true", help="M in {4, 32} only (a smoke run)")
     ap.add_argument("--rep-ms", type=float, default=60.0, help="timed milliseconds per callable and method")
+    ap.add_argument("--small", action="store_true",
+                    help="tiny shapes; without a GPU a smoke run of the script in Triton's interpreter")
     args = ap.parse_args(argv)
+    global E, H, I, TOP_K, M_LIST, DEV
+    if args.small:
+        E, H, I, TOP_K, M_LIST = (SMALL[k] for k in ("E", "H", "I", "TOP_K", "M_LIST"))
     if not torch.cuda.is_available():
-        print("run_moe_mxfp4.py needs a CUDA GPU (H200 or other sm_90)", file=sys.stderr)
-        return 2
+        from kernels.interpreter import active
+
+        if not (args.small and active()):
+            print("run_moe_mxfp4.py needs a CUDA GPU (H200 or other sm_90); without one only "
+                  "`TRITON_INTERPRET=1 ... --small` runs (a smoke test)", file=sys.stderr)
+            return 2
+        DEV = "cpu"
     t_start = time.time()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -157,33 +174,33 @@ def main(argv=None) -> int:
     prov["prov_command"] = command
 
     # HBM bound: measured copy bandwidth (read + write counted).
-    n = (1 << 30) // 4
-    src = torch.randn(n, device="cuda")
+    n = (1 << 30) // 4 if DEV == "cuda" else 1 << 20
+    src = torch.randn(n, device=DEV)
     dst = torch.empty_like(src)
     t_copy = bench.measure(lambda: dst.copy_(src), warmup_ms=30, rep_ms=200, flush_l2=False)
     copy_gbps = t_copy.gbps(2 * n * 4)
     del src, dst
     log(f"device {prov['prov_device_name']}  copy bandwidth {copy_gbps:.0f} GB/s")
 
-    g = torch.Generator(device="cuda").manual_seed(SEED)
+    g = torch.Generator(device=DEV).manual_seed(SEED)
     w, w_scale = quantized_weights(g)
     w_bf16 = dequantize_weights_bf16(w, w_scale)                     # exact: the bf16-weight baseline's weights
     w_buf = torch.empty_like(w_bf16)                                  # the dequantize baselines write here
     log(f"weights quantized ({time.time() - t_start:.0f} s)")
 
     rows, checks = [], []
-    m_list = (4, 32) if args.quick else M_LIST
+    m_list = M_LIST[:1] + M_LIST[3:4] if args.quick else M_LIST
     for M in m_list:
         t_m = time.time()
         ids, wts = route(M, g)
-        a = (torch.randn(M * TOP_K, I, device="cuda", generator=g)).bfloat16()
+        a = (torch.randn(M * TOP_K, I, device=DEV, generator=g)).bfloat16()
         a4, a4_s = quantize_mxfp4(a.float())
         srt = bl.sorted_rows(ids, E)
         active = int((srt.counts > 0).sum())
         ref, mag = reference(a.float(), w_bf16, ids, wts)
         ref4, mag4 = reference(dequantize_mxfp4(a4, a4_s), w_bf16, ids, wts)
         routings = {bm: prepare_routing(ids, wts, E, bm) for bm in (16, 32, 64, 128)}
-        out = torch.empty(M, H, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(M, H, dtype=torch.bfloat16, device=DEV)
 
         fns, meta = {}, {}
         for name, (cfg, fp4) in variants(M).items():
@@ -238,7 +255,7 @@ def main(argv=None) -> int:
             fns[f"routing prep BM{bm}"] = fn
             meta[f"routing prep BM{bm}"] = dict(kind="routing", config="", form="")
 
-        timings = time_both(fns, rep_ms=args.rep_ms, log_prefix=f"M={M}")
+        timings = time_both(fns, rep_ms=args.rep_ms, log_prefix=f"M={M}", min_reps=15 if DEV == "cuda" else 1)
         fl = metrics.flops(M, TOP_K, H, I)
         for name, by_method in timings.items():
             m = meta[name]
