@@ -346,21 +346,47 @@ def test_default_config_follows_rows_per_expert():
 _OP = re.compile(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]+)")
 
 
-def _ops(entry) -> Counter:
-    return Counter(m.group(1) for m in map(_OP.search, entry.text("sass").splitlines()) if m)
+_SM90_CONFIGS = {
+    "bm16_nt_atomic": ({}, False),
+    "bm32_det": (dict(BLOCK_M=32, NT=False, DETERMINISTIC=True), False),
+    "bm16_a4w4": ({}, True),
+    "bm16_bits": (dict(EXPAND="bits"), False),
+    "bm16_early_off": (dict(EARLY_LOADS=False), False),
+    "bm16_prefetch_off": (dict(PREFETCH_EPILOGUE=False), False),
+}
+
+# One child process (the interpreter off) compiles every config: one import instead of six.
+_SM90_CHILD = r"""
+import json, sys
+from kernels.moe_mxfp4 import MoeMxfp4Config
+from kernels.moe_mxfp4.launch import compile_for_target
+configs, cache = json.loads(sys.argv[1]), sys.argv[2]
+out = {}
+for name, (kw, a_fp4) in configs.items():
+    e = compile_for_target(MoeMxfp4Config(**kw), a_fp4=a_fp4, cache_dir=cache)[0]
+    out[name] = {"sass": e.text("sass"), "ptx": e.text("ptx")}
+print(json.dumps(out))
+"""
 
 
 @pytest.fixture(scope="module")
 def sm90(tmp_path_factory):
+    import json
+    import os
+    import subprocess
+    import sys
+
     cache = tmp_path_factory.mktemp("moe_mxfp4_sm90")
-    cfgs = {"bm16_nt_atomic": (MoeMxfp4Config(), False),
-            "bm32_det": (MoeMxfp4Config(BLOCK_M=32, NT=False, DETERMINISTIC=True), False),
-            "bm16_a4w4": (MoeMxfp4Config(), True),
-            "bm16_bits": (MoeMxfp4Config(EXPAND="bits"), False)}
-    entries = {name: mx_launch.compile_for_target(cfg, a_fp4=fp4, cache_dir=cache)[0]
-               for name, (cfg, fp4) in cfgs.items()}
-    ops = {name: _ops(e) for name, e in entries.items()}
-    ops["ptx"] = entries["bm16_nt_atomic"].text("ptx")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-c", _SM90_CHILD, json.dumps(_SM90_CONFIGS), str(cache)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    texts = json.loads(proc.stdout)
+    ops = {name: Counter(m.group(1) for m in map(_OP.search, t["sass"].splitlines()) if m)
+           for name, t in texts.items()}
+    ops["ptx"] = texts["bm16_nt_atomic"]["ptx"]
+    for name in ("bm16_nt_atomic", "bm16_early_off", "bm16_prefetch_off"):
+        ops[name + "_seq"] = [m.group(1) for m in map(_OP.search, texts[name]["sass"].splitlines()) if m]
     return ops
 
 
@@ -370,7 +396,7 @@ def _count(ops: Counter, prefix: str) -> int:
 
 def test_sm90_main_loop_uses_wgmma_with_expansion_in_registers(sm90):
     for name, ops in sm90.items():
-        if name == "ptx":
+        if name == "ptx" or name.endswith("_seq"):
             continue
         assert _count(ops, "HGMMA.64x16x16.F32.BF16" if "bm16" in name else "HGMMA.64x32x16.F32.BF16") >= 32, name
         assert _count(ops, "HMMA") == 0, name                     # no mma.sync fallback
@@ -381,6 +407,21 @@ def test_sm90_inline_ptx_expansion_is_used_and_cheaper(sm90):
     assert "prmt.b32 t0" in sm90["ptx"] and "0x01C001C0" in sm90["ptx"]
     total = lambda ops: sum(ops.values())
     assert total(sm90["bm16_nt_atomic"]) < 0.9 * total(sm90["bm16_bits"])
+
+
+def test_sm90_latency_switches_move_the_loads(sm90):
+    """EARLY_LOADS: the first K step's 128-bit weight loads are issued before the early exit
+    (EXIT); off, nothing but the row count is loaded before it. PREFETCH_EPILOGUE: the
+    routing weights (the block's 16 fp32, two LDG.E.64) are loaded before the first wgmma;
+    off, after it (in the epilogue)."""
+    def before(seq, what, marker):
+        stop = next(i for i, op in enumerate(seq) if op.startswith(marker))
+        return sum(1 for op in seq[:stop] if op == what)
+
+    assert before(sm90["bm16_nt_atomic_seq"], "LDG.E.EF.128", "EXIT") >= 4
+    assert before(sm90["bm16_early_off_seq"], "LDG.E.EF.128", "EXIT") == 0
+    assert before(sm90["bm16_nt_atomic_seq"], "LDG.E.64", "HGMMA") == 2
+    assert before(sm90["bm16_prefetch_off_seq"], "LDG.E.64", "HGMMA") == 0
 
 
 def test_sm90_weight_loads_are_128_bit(sm90):
