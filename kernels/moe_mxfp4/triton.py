@@ -56,6 +56,18 @@ Latency switches (seed 004's two changes, measurable on and off):
 * ``PREFETCH_EPILOGUE``: the routing weights are loaded at kernel entry, so
   the epilogue does not wait for them; off, they are loaded after the main loop.
 
+Both survive compilation (tests check the sm_90 SASS): with EARLY_LOADS the
+four LDG.E.EF.128 of the first weight step (and the ids, expert id, scales
+and activations) come before the first EXIT, without it only the row count
+does; with PREFETCH_EPILOGUE the routing weights' LDG.E.64 come before the
+first HGMMA, without it after.
+
+Cost model (BM16 x BN128, 4 warps, w4a16, I = 512): about 3,100 SASS
+instructions per thread for 4 K steps, i.e. ~6 per expanded weight (the
+expansion, the scale broadcast and the shared-memory pass to wgmma's register
+layout), against 0.56 bytes of HBM traffic per weight; at small M the issue
+rate, not HBM, may set the latency. experiments/run_moe_mxfp4.py measures it.
+
 The K steps are unrolled (I is a constexpr; 4 steps at I = 512), loads stay
 plain 128-bit LDGs into registers (Triton's cp.async pipeliner, num_stages > 1,
 narrowed the packed-weight copies to 4 bytes and read the scales back byte by
