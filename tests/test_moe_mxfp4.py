@@ -300,6 +300,8 @@ def test_launcher_validates_and_caches():
         moe_mxfp4_down(p["a"], p["w"], p["w_scale"][:, :, :1], r, config=cfg)
     with pytest.raises(ValueError, match="multiple of BLOCK_K"):
         moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg.replace(BLOCK_K=128))
+    with pytest.raises(ValueError, match="routing must come from prepare_routing"):
+        moe_mxfp4_down(p["a"], p["w"], p["w_scale"], (1, 2), config=cfg)
     with pytest.raises(ValueError, match="accumulate=True needs an out"):
         moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg, accumulate=True)
     p0 = _problem(0)

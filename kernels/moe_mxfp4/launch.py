@@ -90,7 +90,7 @@ def _patch_interpreter() -> None:
 def _sig(t: torch.Tensor | None):
     if t is None:
         return None
-    return (tuple(t.shape), tuple(t.stride()), t.dtype, t.data_ptr() % 16)
+    return (tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.data_ptr() % 16)
 
 
 def _fail(msg: str):
@@ -198,9 +198,13 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, rout
     ``accumulate=True``). Without a config, ``default_config``'s choice with the
     routing's BLOCK_M runs. No host synchronization.
     """
-    key = (_sig(a), _sig(a_scale), _sig(w), _sig(w_scale), _sig(out), a.device,
-           routing.num_pairs, routing.top_k, routing.num_experts, routing.block_m, routing.max_blocks,
-           routing.sorted_ids.data_ptr() % 16, bool(accumulate), config)
+    try:
+        key = (_sig(a), _sig(a_scale), _sig(w), _sig(w_scale), _sig(out), _sig(routing.sorted_ids),
+               routing.num_pairs, routing.top_k, routing.num_experts, routing.block_m, routing.max_blocks,
+               bool(accumulate), config)
+    except AttributeError:       # not tensors / not a Routing: let validation say what is wrong
+        _validate(a, a_scale, w, w_scale, routing, out, accumulate)
+        raise
     plan = _PLANS.get(key)
     if plan is None:
         if interpreter.active():
