@@ -1,0 +1,115 @@
+"""Launch configuration of the MXFP4 down-projection: dataclass, validation, heuristic."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+__all__ = ["MoeMxfp4Config", "config_for_block_m", "default_config", "INTERPRET_CONFIG"]
+
+_BLOCK_M = (16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class MoeMxfp4Config:
+    """One launch configuration.
+
+    BLOCK_M: token rows per tile (the routing must be padded to it); BLOCK_N: output
+    columns (hidden) per tile; BLOCK_K: reduction step (intermediate), a multiple of 32.
+    NT: evict-first hint on the weight loads. EARLY_LOADS / PREFETCH_EPILOGUE: seed 004's
+    two latency-hiding changes. SWAP_AB: compute the transposed tile so that wgmma's
+    64-row side is the weights (None: when BLOCK_M < 64). DETERMINISTIC: per-pair
+    workspace rows reduced in slot order instead of atomics (same bits every run).
+    EXPAND: how E2M1 codes become bf16, "ptx" (inline PTX, two values per 32-bit op) or
+    "bits" (Triton integer ops); both exact, the interpreter always uses its own fp32 path.
+    """
+
+    BLOCK_M: int = 16
+    BLOCK_N: int = 128
+    BLOCK_K: int = 128
+    num_warps: int = 4
+    num_stages: int = 1
+    NT: bool = True
+    EARLY_LOADS: bool = True
+    PREFETCH_EPILOGUE: bool = True
+    SWAP_AB: bool | None = None
+    DETERMINISTIC: bool = False
+    EXPAND: str = "ptx"
+
+    @property
+    def swap_ab(self) -> bool:
+        return self.BLOCK_M < 64 if self.SWAP_AB is None else bool(self.SWAP_AB)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def label(self) -> str:
+        flags = "".join(f for f, on in (("_nt", self.NT), ("_early", self.EARLY_LOADS),
+                                          ("_prefetch", self.PREFETCH_EPILOGUE)) if on)
+        mode = "det" if self.DETERMINISTIC else "atomic"
+        return (f"bm{self.BLOCK_M}_bn{self.BLOCK_N}_bk{self.BLOCK_K}_w{self.num_warps}_s{self.num_stages}"
+                f"{flags}{'_swap' if self.swap_ab else ''}_{mode}{'' if self.EXPAND == 'ptx' else '_' + self.EXPAND}")
+
+    def replace(self, **kw) -> "MoeMxfp4Config":
+        return replace(self, **kw)
+
+    def validate(self, K: int) -> None:
+        """Raise ValueError when this config cannot run a reduction of length K."""
+        if self.BLOCK_M not in _BLOCK_M:
+            raise ValueError(f"moe_mxfp4: BLOCK_M must be one of {_BLOCK_M}, got {self.BLOCK_M}")
+        for name in ("BLOCK_N", "BLOCK_K"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"moe_mxfp4: {name} must be a power of two >= 16, got {v}")
+        if self.BLOCK_K < 32:
+            raise ValueError(f"moe_mxfp4: BLOCK_K must be >= 32 (one scale block), got {self.BLOCK_K}")
+        if K % self.BLOCK_K:
+            raise ValueError(f"moe_mxfp4: the intermediate size I={K} must be a multiple of BLOCK_K="
+                             f"{self.BLOCK_K}; pick a BLOCK_K that divides it")
+        if self.num_warps not in (1, 2, 4, 8):
+            raise ValueError(f"moe_mxfp4: num_warps must be 1, 2, 4 or 8, got {self.num_warps}")
+        if self.EXPAND not in ("ptx", "bits"):
+            raise ValueError(f"moe_mxfp4: EXPAND must be 'ptx' or 'bits', got {self.EXPAND!r}")
+        if self.num_stages < 1:
+            raise ValueError(f"moe_mxfp4: num_stages must be >= 1, got {self.num_stages}")
+
+
+# Tiny tiles for Triton's interpreter (correctness only).
+INTERPRET_CONFIG = MoeMxfp4Config(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, num_warps=1)
+
+
+def default_config(M: int, top_k: int, num_experts: int, K: int, *, interpreter: bool = False,
+                   deterministic: bool = False) -> MoeMxfp4Config:
+    """The heuristic, from host-side sizes only.
+
+    The row tile follows the mean rows per expert, M * top_k / E (KIMI-K2.5: 0.09 at
+    M = 4, 6 at M = 256, 383 at M = 16384): BM16 while an expert gets about one tile
+    of rows (padding waste stays below a tile, and each weight tile is read once, so
+    NT keeps it from evicting the activations), BM32 up to three tiles, then 64 and
+    128 rows, where each expanded weight tile serves more rows and NT is off (the row
+    blocks of an expert reread its weights from L2). experiments/run_moe_mxfp4.py
+    times the alternatives; results/moe_mxfp4/ has the measurements.
+    """
+    if interpreter:
+        return INTERPRET_CONFIG.replace(BLOCK_K=64 if K % 64 == 0 else 32, DETERMINISTIC=deterministic)
+    per_expert = M * top_k / max(num_experts, 1)
+    bm = 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64 if per_expert <= 160 else 128
+    return config_for_block_m(bm, K, deterministic=deterministic)
+
+
+def config_for_block_m(block_m: int, K: int, *, deterministic: bool = False) -> MoeMxfp4Config:
+    """The heuristic's config for a given row tile (what the launcher runs for a routing padded to
+    block_m when no config is passed)."""
+    bk = 128
+    while K % bk and bk > 32:
+        bk //= 2
+    cfg = _BY_BLOCK_M.get(block_m)
+    if cfg is None:
+        raise ValueError(f"moe_mxfp4: BLOCK_M must be one of {_BLOCK_M}, got {block_m!r}")
+    return cfg.replace(BLOCK_K=bk, DETERMINISTIC=deterministic)
+
+
+_BY_BLOCK_M = {
+    16: MoeMxfp4Config(BLOCK_M=16, NT=True),
+    32: MoeMxfp4Config(BLOCK_M=32, NT=True),
+    64: MoeMxfp4Config(BLOCK_M=64, NT=False),
+    128: MoeMxfp4Config(BLOCK_M=128, BLOCK_N=128, num_warps=8, NT=False),
+}

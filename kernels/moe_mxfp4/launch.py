@@ -1,0 +1,296 @@
+"""The public launcher: validate -> plan (cached per call signature) -> launch.
+
+    from kernels.moe_mxfp4 import default_config, moe_mxfp4_down, prepare_routing
+    cfg = default_config(M, top_k, E, I)
+    routing = prepare_routing(topk_ids, topk_weights, E, cfg.BLOCK_M)   # no host sync
+    out = moe_mxfp4_down(a, w, w_scale, routing, config=cfg)           # [M, H] bf16
+
+Everything that depends only on the call's signature (shapes, strides, dtypes,
+device, 16-byte alignment of every pointer, the config, the mode) is checked
+and decided once and kept in a plan: config, grid, constexprs and, for the
+deterministic mode, the per-pair workspace. A repeated call is a dict lookup,
+a memset of the output (atomic mode, unless ``accumulate``) and one or two
+kernel launches; nothing is read back from the GPU. The plan's workspace is
+reused by every call with that signature: calls that overlap on different
+streams need separate plans (pass ``config`` objects that differ), or the
+atomic mode.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from kernels.common import interpreter
+
+from .config import MoeMxfp4Config, config_for_block_m, default_config
+from .routing import Routing
+from .triton import _dequant_kernel, _moe_mxfp4_down_kernel, _reduce_topk_kernel
+
+__all__ = ["dequantize_weights_bf16", "moe_mxfp4_down", "plan_cache_info"]
+
+_MAX_PLANS = 256
+_PLANS: "OrderedDict[tuple, _Plan]" = OrderedDict()
+
+
+@dataclass
+class _Plan:
+    config: MoeMxfp4Config
+    grid: tuple
+    constexprs: dict
+    M: int
+    H: int
+    workspace: torch.Tensor | None
+    reduce_grid: tuple | None
+    reduce_constexprs: dict | None
+
+
+_BF16_ATOMICS_PATCHED = False
+
+
+def _patch_interpreter() -> None:
+    """Triton's interpreter fixes (kernels.common.interpreter) plus bf16 atomic adds, which Triton
+    3.6's interpreter lacks ("Unsupported data type"). The interpreter runs one program at a
+    time, so a read-add-round-write per element is exact emulation (round to nearest even,
+    as the GPU's red.add.bf16 does)."""
+    global _BF16_ATOMICS_PATCHED
+    interpreter.patch()
+    if _BF16_ATOMICS_PATCHED:
+        return
+    import ctypes
+
+    import numpy as np
+    import triton.language as tl
+    from triton._C.libtriton import ir
+    from triton.runtime import interpreter as interp
+
+    original = interp.InterpreterBuilder.create_atomic_rmw
+
+    def create_atomic_rmw(self, rmwOp, ptr, val, mask, sem, scope):
+        if val.dtype.scalar != tl.bfloat16 or rmwOp != ir.ATOMIC_OP.FADD:
+            return original(self, rmwOp, ptr, val, mask, sem, scope)
+        addrs = np.broadcast_to(ptr.data, val.data.shape).reshape(-1)
+        bits = val.data.reshape(-1)
+        on = np.broadcast_to(mask.data, val.data.shape).reshape(-1)
+        old = np.zeros_like(bits)
+        for i in np.flatnonzero(on):
+            cell = ctypes.c_uint16.from_address(int(addrs[i]))
+            old[i] = cell.value
+            total = (np.array([old[i]], np.uint32) << 16).view(np.float32) + \
+                (np.array([bits[i]], np.uint32) << 16).view(np.float32)
+            cell.value = int(torch.from_numpy(total).to(torch.bfloat16).view(torch.int16).item()) & 0xFFFF
+        return interp.TensorHandle(old.reshape(val.data.shape), tl.bfloat16)
+
+    interp.InterpreterBuilder.create_atomic_rmw = create_atomic_rmw
+    _BF16_ATOMICS_PATCHED = True
+
+
+def _sig(t: torch.Tensor | None):
+    if t is None:
+        return None
+    return (tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.data_ptr() % 16)
+
+
+def _fail(msg: str):
+    raise ValueError(f"moe_mxfp4_down: {msg}")
+
+
+def _validate(a, a_scale, w, w_scale, routing, out, accumulate) -> tuple[int, int, int, int]:
+    if not isinstance(routing, Routing):
+        _fail(f"routing must come from prepare_routing(), got {type(routing).__name__}")
+    for name, t in (("a", a), ("w", w), ("w_scale", w_scale)):
+        if not isinstance(t, torch.Tensor):
+            _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if w.dim() != 3 or w.dtype != torch.uint8:
+        _fail(f"w must be packed MXFP4, uint8 [E, H, I / 2], got {w.dtype} {tuple(w.shape)}")
+    E, H, K2 = w.shape
+    K = 2 * K2
+    if K % 32:
+        _fail(f"the intermediate size I={K} must be a multiple of 32 (one scale per 32 values)")
+    if w_scale.dtype != torch.uint8 or tuple(w_scale.shape) != (E, H, K // 32):
+        _fail(f"w_scale must be uint8 [E, H, I / 32] = {(E, H, K // 32)}, got {w_scale.dtype} {tuple(w_scale.shape)}")
+    if routing.num_experts != E:
+        _fail(f"routing was prepared for {routing.num_experts} experts but w has E={E}")
+    n = routing.num_pairs
+    if a_scale is None:
+        if a.dtype != torch.bfloat16 or tuple(a.shape) != (n, K):
+            _fail(f"a must be bf16 [M * top_k, I] = {(n, K)} (w4a16), or packed uint8 [M * top_k, I / 2] "
+                  f"with a_scale (a4w4); got {a.dtype} {tuple(a.shape)}")
+    else:
+        if a.dtype != torch.uint8 or tuple(a.shape) != (n, K // 2):
+            _fail(f"with a_scale, a must be packed MXFP4 uint8 [M * top_k, I / 2] = {(n, K // 2)}, "
+                  f"got {a.dtype} {tuple(a.shape)}")
+        if not isinstance(a_scale, torch.Tensor) or a_scale.dtype != torch.uint8 or \
+                tuple(a_scale.shape) != (n, K // 32):
+            _fail(f"a_scale must be uint8 [M * top_k, I / 32] = {(n, K // 32)}, got "
+                  f"{getattr(a_scale, 'dtype', None)} {tuple(getattr(a_scale, 'shape', ()))}")
+    for name, t in (("a", a), ("a_scale", a_scale), ("w", w), ("w_scale", w_scale)):
+        if t is not None and t.dim() and t.stride(-1) != 1:
+            _fail(f"{name} must have unit stride along I (got strides {tuple(t.stride())}); call .contiguous()")
+    if w.stride(1) < K2 or w_scale.stride(1) < K // 32:
+        _fail("w and w_scale rows must not overlap; call .contiguous()")
+    devs = {t.device for t in (a, w, w_scale, routing.sorted_ids, routing.expert_ids) if t is not None}
+    if a_scale is not None:
+        devs.add(a_scale.device)
+    if len(devs) != 1:
+        _fail(f"all tensors (and the routing) must be on one device, got {sorted(map(str, devs))}")
+    dev = a.device
+    if dev.type == "cpu" and not interpreter.active():
+        _fail("CPU tensors run only in Triton's interpreter (TRITON_INTERPRET=1 before importing triton); "
+              "use kernels.moe_mxfp4.reference() otherwise")
+    if dev.type not in ("cpu", "cuda"):
+        _fail(f"unsupported device {dev}")
+    M = n // routing.top_k
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16 or tuple(out.shape) != (M, H) \
+                or out.device != dev or out.stride(-1) != 1:
+            _fail(f"out must be a bf16 [M, H] = {(M, H)} tensor on {dev} with unit inner stride")
+    elif accumulate:
+        _fail("accumulate=True needs an out tensor to add to")
+    return M, H, K, E
+
+
+def _build_plan(a, a_scale, w, w_scale, routing, out, accumulate, config) -> _Plan:
+    M, H, K, E = _validate(a, a_scale, w, w_scale, routing, out, accumulate)
+    if config is None:
+        if interpreter.active():
+            config = default_config(M, routing.top_k, E, K, interpreter=True).replace(BLOCK_M=routing.block_m)
+        else:
+            config = config_for_block_m(routing.block_m, K)
+    if not isinstance(config, MoeMxfp4Config):
+        _fail(f"config must be a MoeMxfp4Config, got {type(config).__name__}")
+    config.validate(K)
+    if config.BLOCK_M != routing.block_m:
+        _fail(f"config.BLOCK_M={config.BLOCK_M} but the routing was padded to {routing.block_m} rows; "
+              f"call prepare_routing(..., block_m={config.BLOCK_M})")
+    det = config.DETERMINISTIC
+    workspace = None
+    if det:
+        workspace = torch.empty((routing.num_pairs, H), dtype=torch.bfloat16, device=a.device)
+    grid = (routing.max_blocks, triton.cdiv(H, config.BLOCK_N))
+    constexprs = dict(TOP_K=routing.top_k, A_FP4=a_scale is not None, ATOMIC=not det, NT=config.NT,
+                      EARLY_LOADS=config.EARLY_LOADS, PREFETCH_EPILOGUE=config.PREFETCH_EPILOGUE,
+                      SWAP_AB=config.swap_ab, EVEN_N=H % config.BLOCK_N == 0,
+                      EXPAND="fp32" if interpreter.active() else config.EXPAND, K=K, BM=config.BLOCK_M,
+                      BN=config.BLOCK_N, BK=config.BLOCK_K, num_warps=config.num_warps,
+                      num_stages=config.num_stages)
+    reduce_grid = reduce_constexprs = None
+    if det:
+        bh = min(1024, triton.next_power_of_2(H))
+        bt = 4 if interpreter.active() else 1
+        reduce_grid = (triton.cdiv(M, bt), triton.cdiv(H, bh))
+        reduce_constexprs = dict(TOP_K=routing.top_k, ACCUMULATE=accumulate, BT=bt, BH=bh, num_warps=4)
+    return _Plan(config, grid, constexprs, M, H, workspace, reduce_grid, reduce_constexprs)
+
+
+def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, routing: Routing, *,
+                   a_scale: torch.Tensor | None = None, config: MoeMxfp4Config | None = None,
+                   out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+    """MoE down-projection with MXFP4 weights: out[t] = sum_k w_tk * a[t*top_k+k] @ W[e_tk].T.
+
+    a: bf16 [M * top_k, I] (w4a16), or packed MXFP4 uint8 [M * top_k, I / 2] with
+    a_scale uint8 [M * top_k, I / 32] (a4w4); row t * top_k + k is token t's k-th slot.
+    w / w_scale: MXFP4 weights uint8 [E, H, I / 2] / [E, H, I / 32] (``quantize_mxfp4``
+    of a [E, H, I] tensor). routing: ``prepare_routing(topk_ids, topk_weights, E, BM)``
+    with BM = config.BLOCK_M. Returns out bf16 [M, H] (written, or added to with
+    ``accumulate=True``). Without a config, ``default_config``'s choice with the
+    routing's BLOCK_M runs. No host synchronization.
+    """
+    try:
+        key = (_sig(a), _sig(a_scale), _sig(w), _sig(w_scale), _sig(out), _sig(routing.sorted_ids),
+               routing.num_pairs, routing.top_k, routing.num_experts, routing.block_m, routing.max_blocks,
+               bool(accumulate), config)
+    except AttributeError:       # not tensors / not a Routing: let validation say what is wrong
+        _validate(a, a_scale, w, w_scale, routing, out, accumulate)
+        raise
+    plan = _PLANS.get(key)
+    if plan is None:
+        if interpreter.active():
+            _patch_interpreter()
+        plan = _build_plan(a, a_scale, w, w_scale, routing, out, accumulate, config)
+        _PLANS[key] = plan
+        if len(_PLANS) > _MAX_PLANS:
+            _PLANS.popitem(last=False)
+    else:
+        _PLANS.move_to_end(key)
+    if out is None:
+        out = (torch.zeros if plan.workspace is None else torch.empty)(
+            (plan.M, plan.H), dtype=torch.bfloat16, device=a.device)
+    elif plan.workspace is None and not accumulate:
+        out.zero_()
+    if plan.M == 0:
+        return out
+    target = out if plan.workspace is None else plan.workspace
+    _moe_mxfp4_down_kernel[plan.grid](
+        a, a if a_scale is None else a_scale, w, w_scale, target,
+        routing.sorted_ids, routing.sorted_weights, routing.expert_ids, routing.num_rows,
+        routing.num_pairs, plan.H,
+        a.stride(0), 0 if a_scale is None else a_scale.stride(0), w.stride(0), w.stride(1),
+        w_scale.stride(0), w_scale.stride(1), target.stride(0),
+        **plan.constexprs)
+    if plan.workspace is not None:
+        _reduce_topk_kernel[plan.reduce_grid](plan.workspace, out, plan.M, plan.H, plan.workspace.stride(0),
+                                              out.stride(0), **plan.reduce_constexprs)
+    return out
+
+
+def plan_cache_info() -> dict:
+    """How many plans are cached, and the bound."""
+    return {"plans": len(_PLANS), "max": _MAX_PLANS}
+
+
+def dequantize_weights_bf16(w: torch.Tensor, w_scale: torch.Tensor, out: torch.Tensor | None = None, *,
+                            expand: str = "ptx") -> torch.Tensor:
+    """MXFP4 [..., I / 2] + scales [..., I / 32] -> bf16 [..., I] on the GPU, with the kernel's expansion
+    (what a user without the fused kernel runs before a bf16 grouped GEMM)."""
+    if w.dtype != torch.uint8 or w_scale.dtype != torch.uint8 or not w.is_contiguous() or \
+            not w_scale.is_contiguous() or w_scale.shape[:-1] != w.shape[:-1] or w_scale.shape[-1] * 16 != w.shape[-1]:
+        raise ValueError(f"dequantize_weights_bf16: need contiguous uint8 packed [..., C] and scales [..., C / 16], "
+                         f"got {w.dtype} {tuple(w.shape)} and {w_scale.dtype} {tuple(w_scale.shape)}")
+    if interpreter.active():
+        interpreter.patch()
+    C = w.shape[-1]
+    R = w.numel() // C if C else 0
+    if out is None:
+        out = torch.empty((*w.shape[:-1], 2 * C), dtype=torch.bfloat16, device=w.device)
+    if R == 0:
+        return out
+    bc = 64 if C % 64 == 0 else 32 if C % 32 == 0 else 16
+    br = 16 if interpreter.active() else 64
+    _dequant_kernel[(triton.cdiv(R, br), C // bc)](w, w_scale, out, R, C,
+                                                     EXPAND="fp32" if interpreter.active() else expand,
+                                                     BR=br, BC=bc, num_warps=4)
+    return out
+
+
+def compile_for_target(config: MoeMxfp4Config | None = None, *, a_fp4: bool = False, target: str = "sm90",
+                       top_k: int = 9, H: int = 7168, K: int = 512, cache_dir) -> list:
+    """Cross-compile the down-projection kernel for `target` (no GPU needed) into `cache_dir`;
+    returns workbench.asm entries (``.text('sass')``, ``.mix()``, ``.resources()``).
+
+    Pointers, H, K and the row strides are marked 16-divisible, as they are at KIMI-K2.5's
+    shapes (H = 7168, I = 512), so the loads vectorize as they do there.
+    """
+    from workbench.asm.compile import cross_compile
+
+    cfg = config or MoeMxfp4Config()
+    sig = {"a_ptr": "*u8" if a_fp4 else "*bf16", "a_scale_ptr": "*u8" if a_fp4 else "*bf16",
+           "w_ptr": "*u8", "w_scale_ptr": "*u8", "out_ptr": "*bf16",
+           "sorted_ids_ptr": "*i32", "sorted_weights_ptr": "*fp32", "expert_ids_ptr": "*i32",
+           "num_rows_ptr": "*i32", "num_pairs": "i32", "H": "i32",
+           "stride_am": "i32", "stride_asm": "i32", "stride_we": "i32", "stride_wn": "i32",
+           "stride_wse": "i32", "stride_wsn": "i32", "stride_om": "i32"}
+    divisible = ["a_ptr", "a_scale_ptr", "w_ptr", "w_scale_ptr", "out_ptr", "sorted_ids_ptr",
+                 "sorted_weights_ptr", "expert_ids_ptr", "H", "stride_am", "stride_we", "stride_wn",
+                 "stride_wse", "stride_wsn", "stride_om"]
+    if a_fp4:
+        divisible.append("stride_asm")
+    constexprs = dict(TOP_K=top_k, A_FP4=a_fp4, ATOMIC=not cfg.DETERMINISTIC, NT=cfg.NT,
+                      EARLY_LOADS=cfg.EARLY_LOADS, PREFETCH_EPILOGUE=cfg.PREFETCH_EPILOGUE, SWAP_AB=cfg.swap_ab,
+                      EVEN_N=H % cfg.BLOCK_N == 0, EXPAND=cfg.EXPAND, K=K, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N,
+                      BK=cfg.BLOCK_K)
+    return cross_compile(_moe_mxfp4_down_kernel, target, signature=sig, constexprs=constexprs,
+                         divisible=divisible, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                         cache_dir=cache_dir)

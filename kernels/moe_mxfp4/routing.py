@@ -1,0 +1,138 @@
+"""Routing preparation for the down-projection, with no host synchronization.
+
+From the router's ``topk_ids`` / ``topk_weights`` ([M, top_k]) to the layout the
+kernel reads: the M * top_k (token, slot) pairs sorted by expert, each expert's
+run padded to a multiple of the row tile BM, so that every BM-row block belongs
+to one expert. A pair is named by its flat index ``p = token * top_k + slot``
+(the row of the activations it multiplies); padding rows hold ``M * top_k``.
+
+Every output has a size known on the host from (M, top_k, E, BM) alone, an
+upper bound on the padded length, so nothing is read back (no ``.item()``,
+no ``.cpu()``) and the whole preparation can be captured in a CUDA graph:
+
+* ``sorted_ids`` int32 [max_rows]: pair indices, expert by expert, ascending
+  within an expert (a stable sort, so the order is the same run to run);
+* ``sorted_weights`` fp32 [max_rows]: each pair's routing weight, 0 on padding;
+* ``expert_ids`` int32 [max_rows // BM]: the expert of each row block, -1 for
+  blocks past the end;
+* ``num_rows`` int32 [1]: the padded rows actually used (the kernel's early exit);
+* ``counts`` int32 [E]: pairs per expert (the baselines' group sizes).
+
+max_rows = M * top_k + min(E, M * top_k) * (BM - 1), rounded up to BM: each
+expert that has pairs wastes at most BM - 1 rows.
+
+Expert ids must lie in [0, E); like any torch indexing, this is not checked on
+the device (that would need a sync): ``prepare_routing(..., check=True)`` reads
+them back and raises a ValueError, for debugging.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Routing", "max_rows", "prepare_routing", "reference_routing"]
+
+
+@dataclass(frozen=True)
+class Routing:
+    sorted_ids: torch.Tensor
+    sorted_weights: torch.Tensor
+    expert_ids: torch.Tensor
+    num_rows: torch.Tensor
+    counts: torch.Tensor
+    num_pairs: int           # M * top_k
+    top_k: int
+    num_experts: int
+    block_m: int
+
+    @property
+    def max_blocks(self) -> int:
+        return self.expert_ids.shape[0]
+
+
+def max_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Upper bound on the padded rows (a multiple of block_m)."""
+    bound = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
+    return max(block_m, -(-bound // block_m) * block_m)
+
+
+def _validate(topk_ids, topk_weights, num_experts, block_m):
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2:
+        raise ValueError(f"prepare_routing: topk_ids must be a 2-D [M, top_k] tensor, got "
+                         f"{getattr(topk_ids, 'shape', type(topk_ids).__name__)}")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"prepare_routing: topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if not isinstance(topk_weights, torch.Tensor) or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"prepare_routing: topk_weights must be a tensor shaped like topk_ids "
+                         f"{tuple(topk_ids.shape)}, got {getattr(topk_weights, 'shape', None)}")
+    if not topk_weights.is_floating_point():
+        raise ValueError(f"prepare_routing: topk_weights must be floating point, got {topk_weights.dtype}")
+    if topk_weights.device != topk_ids.device:
+        raise ValueError("prepare_routing: topk_ids and topk_weights must be on one device")
+    if not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"prepare_routing: num_experts must be a positive int, got {num_experts!r}")
+    if block_m not in (16, 32, 64, 128):
+        raise ValueError(f"prepare_routing: block_m must be 16, 32, 64 or 128, got {block_m!r}")
+
+
+def prepare_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, block_m: int, *,
+                    check: bool = False) -> Routing:
+    """Sort the (token, slot) pairs by expert and pad each expert to block_m rows (torch ops, no sync)."""
+    _validate(topk_ids, topk_weights, num_experts, block_m)
+    dev = topk_ids.device
+    M, top_k = topk_ids.shape
+    n = M * top_k
+    E, BM = num_experts, block_m
+    rows = max_rows(n, E, BM)
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    if check and n and (int(flat.min()) < 0 or int(flat.max()) >= E):
+        raise ValueError(f"prepare_routing: topk_ids must lie in [0, {E}), got "
+                         f"[{int(flat.min())}, {int(flat.max())}]")
+    # scatter_add, not bincount: bincount's output size depends on the data (a sync on CUDA).
+    counts = torch.zeros(E, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + BM - 1) // BM * BM
+    padded_end = torch.cumsum(padded, 0)
+    padded_start = padded_end - padded
+    order = torch.sort(flat, stable=True).indices                     # pairs, expert by expert
+    sorted_experts = flat[order]
+    first_of_expert = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(n, device=dev) - first_of_expert[sorted_experts]
+    dest = padded_start[sorted_experts] + rank
+    sorted_ids = torch.full((rows,), n, dtype=torch.int32, device=dev)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    sorted_weights = torch.zeros(rows, dtype=torch.float32, device=dev)
+    sorted_weights.scatter_(0, dest, topk_weights.reshape(-1).to(torch.float32)[order])
+    block_starts = torch.arange(0, rows, BM, device=dev)
+    expert_ids = torch.searchsorted(padded_end, block_starts, right=True)
+    expert_ids = torch.where(expert_ids < E, expert_ids, -1).to(torch.int32)
+    num_rows = padded_end[-1:].to(torch.int32)
+    return Routing(sorted_ids, sorted_weights, expert_ids, num_rows, counts.to(torch.int32), n, top_k, E, BM)
+
+
+def reference_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+                      block_m: int) -> Routing:
+    """The same layout built with Python loops on the host (for tests)."""
+    _validate(topk_ids, topk_weights, num_experts, block_m)
+    M, top_k = topk_ids.shape
+    n = M * top_k
+    E, BM = num_experts, block_m
+    rows = max_rows(n, E, BM)
+    ids = topk_ids.reshape(-1).tolist()
+    wts = topk_weights.reshape(-1).to(torch.float32).tolist()
+    sorted_ids, sorted_w, experts = [], [], []
+    counts = [0] * E
+    for e in range(E):
+        pairs = [p for p in range(n) if ids[p] == e]
+        counts[e] = len(pairs)
+        pad = -len(pairs) % BM
+        sorted_ids += pairs + [n] * pad
+        sorted_w += [wts[p] for p in pairs] + [0.0] * pad
+        experts += [e] * ((len(pairs) + pad) // BM)
+    used = len(sorted_ids)
+    sorted_ids += [n] * (rows - used)
+    sorted_w += [0.0] * (rows - used)
+    experts += [-1] * (rows // BM - len(experts))
+    t = lambda v, dt: torch.tensor(v, dtype=dt)
+    return Routing(t(sorted_ids, torch.int32), t(sorted_w, torch.float32), t(experts, torch.int32),
+                   t([used], torch.int32), t(counts, torch.int32), n, top_k, E, BM)

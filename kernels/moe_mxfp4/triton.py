@@ -1,0 +1,328 @@
+"""Triton kernels of the MXFP4 MoE down-projection ("gemm2").
+
+    out[t, :] (+)= sum over slots k of  w_tk * (a[t * top_k + k, :] @ W[e_tk].T)
+
+``a`` holds one row per (token, slot) pair: bf16 [pairs, I] (w4a16) or MXFP4
+(packed uint8 [pairs, I / 2] + e8m0 scales [pairs, I / 32]: a4w4). ``W`` is
+MXFP4 [E, H, I / 2] with scales [E, H, I / 32], packed along I (the reduction).
+Rows arrive sorted by expert and padded to the row tile BM (``routing.py``);
+program (m, n) computes row block m (one expert) x columns [n*BN, (n+1)*BN).
+
+Expansion (Hopper has no FP4 tensor cores). Each byte holds two E2M1 codes
+``s e1 e0 m``. Placing ``e1 e0 m`` at bits 8..6 of a bf16 and the sign at bit
+15 gives a bf16 whose value is the E2M1 value times 2**-126 (for e = 0 too:
+the pattern is then a bf16 subnormal), so one multiply by 2**126 and one by the
+block scale 2**(s - 127) (itself built from bits; byte 0 is the subnormal
+2**-127, byte 255 NaN) give the exact value. Both multiplies are packed bf16x2
+(HMUL2.BF16_V2 in SASS) and exact: every E2M1 value has two significant bits.
+The patterns are built by a few lines of inline PTX (``EXPAND="ptx"``: prmt
+spreads two bytes into the halves of a 32-bit register, then shifts and masks
+place both halves' bits at once; 19% fewer instructions in the kernel than
+Triton's own integer ops, ``EXPAND="bits"``, which handle one 16-bit value per op).
+
+``tl.dot_scaled(w, w_scale, "e2m1", a.T, None, "bf16")`` also compiles for
+sm_90 with Triton 3.6 (it upcasts to bf16 and uses wgmma with the weights in
+registers too), but the same tile took 4,008 SASS instructions against 3,120
+here (cross-compiled 2026-11-24), and the interpreter cannot run it.
+
+A K step is two dots: the sum over K does not care about order, so the low
+nibbles (even K) and the high nibbles (odd K) of the weights are two tiles that
+need no interleaving, against the even and odd columns of the activations.
+
+Orientation. wgmma's M is 64 rows per warpgroup; a 16- or 32-row token tile
+would fall back to mma.sync (HMMA). With ``SWAP_AB`` the kernel computes the
+transposed tile, acc[BN, BM] = W_tile @ A_tile.T: the expanded weights are the
+register-held A operand of wgmma (HGMMA.64xBMx16) and the token rows the N side
+(8..256 allowed). Reaching that register layout costs a shared-memory pass of
+the packed bytes (STS, then LDS.U16 per byte pair): one reason the expansion,
+not HBM, may bound the small-M latency on Hopper.
+
+Epilogue. Each row is scaled by its routing weight (fp32), rounded to bf16 and
+either added to ``out[token]`` with atomics (``ATOMIC``; a token's top_k rows
+race, so the order of the additions, and the low bits, vary run to run) or
+stored to a workspace row per pair, which ``_reduce_topk_kernel`` sums in slot
+order (identical bits every run).
+
+Cross-compiled for sm_90 (Triton 3.6, BM16 x BN128 x BK128, 4 warps, 1 stage;
+tests/test_moe_mxfp4.py checks these): the main loop has HGMMA.64x16x16.F32.BF16
+with the weights from registers, weight loads are LDG.E.EF.128 with NT
+(``evict_first``) and LDG.E.128 without, the expansion is LOP3/PRMT plus
+HMUL2.BF16_V2, and the atomic epilogue is REDG.E.ADD.BF16x8.RN.STRONG.GPU:
+a fire-and-forget 128-bit reduction of eight bf16 per instruction (Triton emits
+PTX atom.global.gpu.relaxed.add.noftz.v8.bf16 with the old values unused, which
+ptxas turns into the REDG reduction), not a compare-and-swap loop.
+
+Latency switches (seed 004's two changes, measurable on and off):
+
+* ``EARLY_LOADS``: the block's sorted ids, expert id and the first K step of
+  A and W are loaded before the early-exit test on ``num_rows``, so their
+  latency overlaps the load of ``num_rows`` and the test (the expert id is
+  clamped to 0 for blocks past the end, which then load and exit).
+* ``PREFETCH_EPILOGUE``: the routing weights are loaded at kernel entry, so
+  the epilogue does not wait for them; off, they are loaded after the main loop.
+
+Both survive compilation (tests check the sm_90 SASS): with EARLY_LOADS the
+four LDG.E.EF.128 of the first weight step (and the ids, expert id, scales
+and activations) come before the first EXIT, without it only the row count
+does; with PREFETCH_EPILOGUE the routing weights' LDG.E.64 come before the
+first HGMMA, without it after.
+
+Cost model (BM16 x BN128, 4 warps, w4a16, I = 512): about 3,100 SASS
+instructions per thread for 4 K steps, i.e. ~6 per expanded weight (the
+expansion, the scale broadcast and the shared-memory pass to wgmma's register
+layout), against 0.56 bytes of HBM traffic per weight; at small M the issue
+rate, not HBM, may set the latency. experiments/run_moe_mxfp4.py measures it.
+
+The K steps are unrolled (I is a constexpr; 4 steps at I = 512), loads stay
+plain 128-bit LDGs into registers (Triton's cp.async pipeliner, num_stages > 1,
+narrowed the packed-weight copies to 4 bytes and read the scales back byte by
+byte), and a loop-carried, rotated version staged the expanded weights through
+shared memory instead of keeping them in registers.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["TWO_POW_126"]
+
+TWO_POW_126 = 8.507059173023462e37   # 2**126: undoes the 2**-126 of the bit-placed E2M1 pattern
+
+# Four packed bytes ($4) -> the bf16 patterns of their low nibbles ($0: bytes 0, 1; $1: bytes 2, 3)
+# and of their high nibbles ($2, $3), with 32-bit integer ops that handle two bf16 at a time:
+# prmt spreads bytes (b0, b1) into the two 16-bit halves, then each half's nibble bits
+# e1 e0 m go to bits 8..6 and its sign to bit 15.
+_E2M1_PATTERNS_PTX = tl.constexpr("""
+{
+.reg .b32 t0, t1, u, v;
+prmt.b32 t0, $4, 0, 0x4140;
+prmt.b32 t1, $4, 0, 0x4342;
+shl.b32 u, t0, 6;
+shl.b32 v, t0, 12;
+and.b32 u, u, 0x01C001C0;
+and.b32 v, v, 0x80008000;
+or.b32 $0, u, v;
+shl.b32 u, t1, 6;
+shl.b32 v, t1, 12;
+and.b32 u, u, 0x01C001C0;
+and.b32 v, v, 0x80008000;
+or.b32 $1, u, v;
+shl.b32 u, t0, 2;
+shl.b32 v, t0, 8;
+and.b32 u, u, 0x01C001C0;
+and.b32 v, v, 0x80008000;
+or.b32 $2, u, v;
+shl.b32 u, t1, 2;
+shl.b32 v, t1, 8;
+and.b32 u, u, 0x01C001C0;
+and.b32 v, v, 0x80008000;
+or.b32 $3, u, v;
+}
+""")
+
+
+@triton.jit
+def _e2m1_halves(packed, scale, R: tl.constexpr, C: tl.constexpr, EXPAND: tl.constexpr):
+    """packed uint8 [R, C] (two E2M1 per byte, low nibble first) and e8m0 scales uint8
+    [R, C // 16] -> (even, odd): bf16 [R, C] each, the low and the high nibbles, exact
+    (NaN where the scale is 0xFF).
+
+    EXPAND picks how the bf16 patterns are built: "ptx" (inline PTX, two values per 32-bit
+    op, the default on GPUs), "bits" (Triton int16 ops; the compiler handles one value per
+    op), "fp32" (fp32 patterns and fp32 multiplies, same values: Triton's interpreter has
+    neither inline assembly nor bf16 arithmetic, so it runs this).
+    """
+    if EXPAND == "fp32":
+        p = packed.to(tl.int32)
+        lo = ((p & 0x7) << 22) | ((p & 0x8) << 28)
+        hi = ((p & 0x70) << 18) | ((p & 0x80) << 24)
+        s = scale.to(tl.int32)
+        sbits = tl.where(s == 0, 0x400000, tl.where(s == 255, 0x7FC00000, s << 23))
+        f = tl.reshape(tl.broadcast_to(sbits[:, :, None], (R, C // 16, 16)), (R, C)).to(tl.float32, bitcast=True)
+        lo = (lo.to(tl.float32, bitcast=True) * 8.507059173023462e37 * f).to(tl.bfloat16)
+        hi = (hi.to(tl.float32, bitcast=True) * 8.507059173023462e37 * f).to(tl.bfloat16)
+    else:
+        if EXPAND == "ptx":
+            lo, hi = tl.inline_asm_elementwise(
+                asm=_E2M1_PATTERNS_PTX, constraints="=r,=r,=r,=r,r", args=[packed],
+                dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        else:
+            p = packed.to(tl.int16)
+            lo = (((p & 0x7) << 6) | ((p & 0x8) << 12)).to(tl.bfloat16, bitcast=True)
+            hi = (((p & 0x70) << 2) | ((p & 0x80) << 8)).to(tl.bfloat16, bitcast=True)
+        s = scale.to(tl.int16)
+        sbits = tl.where(s == 0, 0x40, tl.where(s == 255, 0x7FC0, s << 7)).to(tl.int16)
+        f = tl.reshape(tl.broadcast_to(sbits[:, :, None], (R, C // 16, 16)), (R, C)).to(tl.bfloat16, bitcast=True)
+        lo = lo * 8.507059173023462e37 * f
+        hi = hi * 8.507059173023462e37 * f
+    return lo, hi
+
+
+@triton.jit
+def _e2m1_to_bf16(packed, scale, R: tl.constexpr, C: tl.constexpr, EXPAND: tl.constexpr):
+    """As _e2m1_halves, interleaved back into K order: bf16 [R, 2C]."""
+    lo, hi = _e2m1_halves(packed, scale, R, C, EXPAND)
+    return tl.reshape(tl.join(lo, hi), (R, 2 * C))
+
+
+@triton.jit
+def _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm,
+            A_FP4: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    """Step k0 of the gathered activation rows: bf16 [BM, BK], or packed [BM, BK/2] + scales."""
+    if A_FP4:
+        rkp = k0 // 2 + tl.arange(0, BK // 2)
+        rks = k0 // 32 + tl.arange(0, BK // 32)
+        a = tl.load(a_ptr + rows[:, None] * stride_am + rkp[None, :], mask=ok[:, None], other=0)
+        a_s = tl.load(a_scale_ptr + rows[:, None] * stride_asm + rks[None, :], mask=ok[:, None], other=127)
+    else:
+        rk = k0 + tl.arange(0, BK)
+        a = tl.load(a_ptr + rows[:, None] * stride_am + rk[None, :], mask=ok[:, None], other=0.0)
+        a_s = a
+    return a, a_s
+
+
+@triton.jit
+def _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
+            NT: tl.constexpr, EVEN_N: tl.constexpr, BK: tl.constexpr):
+    """Step k0 of expert e's packed weights [BN, BK/2] and scales [BN, BK/32]."""
+    rkp = k0 // 2 + tl.arange(0, BK // 2)
+    rks = k0 // 32 + tl.arange(0, BK // 32)
+    w_ptrs = w_ptr + e * stride_we + rn[:, None] * stride_wn + rkp[None, :]
+    s_ptrs = w_scale_ptr + e * stride_wse + rn[:, None] * stride_wsn + rks[None, :]
+    # NT: the weights are read once per token block; evict_first keeps them from pushing
+    # the activations and the output rows out of L2.
+    if EVEN_N:
+        if NT:
+            w = tl.load(w_ptrs, eviction_policy="evict_first")
+            w_s = tl.load(s_ptrs, eviction_policy="evict_first")
+        else:
+            w = tl.load(w_ptrs)
+            w_s = tl.load(s_ptrs)
+    else:
+        if NT:
+            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0, eviction_policy="evict_first")
+            w_s = tl.load(s_ptrs, mask=n_ok[:, None], other=127, eviction_policy="evict_first")
+        else:
+            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0)
+            w_s = tl.load(s_ptrs, mask=n_ok[:, None], other=127)
+    return w, w_s
+
+
+@triton.jit
+def _mma(acc, a, a_s, w, w_s, A_FP4: tl.constexpr, SWAP_AB: tl.constexpr, EXPAND: tl.constexpr,
+         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """acc += one K step. The sum over K does not care about order, so the step is two dots
+    over its even and its odd K indices: the weights' low and high nibbles expand into two
+    tiles that need no interleaving, and bf16 activations split into their even and odd
+    columns (a register-only split of adjacent pairs)."""
+    w_even, w_odd = _e2m1_halves(w, w_s, BN, BK // 2, EXPAND)
+    if A_FP4:
+        a_even, a_odd = _e2m1_halves(a, a_s, BM, BK // 2, EXPAND)
+    else:
+        a_even, a_odd = tl.split(tl.reshape(a, (BM, BK // 2, 2)))
+    if SWAP_AB:
+        acc = tl.dot(w_even, tl.trans(a_even), acc)       # [BN, BM]
+        acc = tl.dot(w_odd, tl.trans(a_odd), acc)
+    else:
+        acc = tl.dot(a_even, tl.trans(w_even), acc)       # [BM, BN]
+        acc = tl.dot(a_odd, tl.trans(w_odd), acc)
+    return acc
+
+
+@triton.jit
+def _moe_mxfp4_down_kernel(
+    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr,
+    sorted_ids_ptr, sorted_weights_ptr, expert_ids_ptr, num_rows_ptr,
+    num_pairs, H,
+    stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_om,
+    TOP_K: tl.constexpr, A_FP4: tl.constexpr, ATOMIC: tl.constexpr, NT: tl.constexpr,
+    EARLY_LOADS: tl.constexpr, PREFETCH_EPILOGUE: tl.constexpr, SWAP_AB: tl.constexpr,
+    EVEN_N: tl.constexpr, EXPAND: tl.constexpr, K: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    """One BM x BN tile of the down-projection; out is [M, H] (ATOMIC) or the
+    per-pair workspace [pairs, H]. K % BK == 0 (checked by the launcher)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < H
+    if EARLY_LOADS:
+        ids = tl.load(sorted_ids_ptr + rm)
+        ok = ids < num_pairs
+        rows = ids.to(tl.int64)
+        e = tl.maximum(tl.load(expert_ids_ptr + pid_m), 0).to(tl.int64)
+        a0, as0 = _load_a(a_ptr, a_scale_ptr, rows, ok, 0, stride_am, stride_asm, A_FP4, BM, BK)
+        w0, ws0 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, 0, stride_we, stride_wn, stride_wse, stride_wsn,
+                          NT, EVEN_N, BK)
+    if PREFETCH_EPILOGUE:
+        wts = tl.load(sorted_weights_ptr + rm)
+    if pid_m * BM >= tl.load(num_rows_ptr):
+        return
+    if not EARLY_LOADS:
+        ids = tl.load(sorted_ids_ptr + rm)
+        ok = ids < num_pairs
+        rows = ids.to(tl.int64)
+        e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        a0, as0 = _load_a(a_ptr, a_scale_ptr, rows, ok, 0, stride_am, stride_asm, A_FP4, BM, BK)
+        w0, ws0 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, 0, stride_we, stride_wn, stride_wse, stride_wsn,
+                          NT, EVEN_N, BK)
+
+    if SWAP_AB:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    # K is a constexpr: the K steps are unrolled (4 at I = 512), so each step's loads,
+    # expansion and dot are straight-line code the scheduler can overlap, and the expanded
+    # weights go from registers straight into wgmma (a loop-carried tile was staged
+    # through shared memory instead).
+    acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK)
+    for k0 in tl.static_range(BK, K, BK):
+        a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK)
+        w, w_s = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
+                         NT, EVEN_N, BK)
+        acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK)
+    if SWAP_AB:
+        acc = tl.trans(acc)
+
+    if not PREFETCH_EPILOGUE:
+        wts = tl.load(sorted_weights_ptr + rm)
+    val = (acc * wts[:, None]).to(out_ptr.dtype.element_ty)
+    mask = ok[:, None] & n_ok[None, :]
+    if ATOMIC:
+        tok = (ids // TOP_K).to(tl.int64)
+        tl.atomic_add(out_ptr + tok[:, None] * stride_om + rn[None, :], val, mask=mask, sem="relaxed")
+    else:
+        tl.store(out_ptr + rows[:, None] * stride_om + rn[None, :], val, mask=mask)
+
+
+@triton.jit
+def _reduce_topk_kernel(ws_ptr, out_ptr, M, H, stride_wsm, stride_om,
+                        TOP_K: tl.constexpr, ACCUMULATE: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+    """out[t] (+)= sum_k ws[t * TOP_K + k], in slot order, in fp32: the deterministic mode's reduction."""
+    rt = tl.program_id(0) * BT + tl.arange(0, BT)
+    rh = tl.program_id(1) * BH + tl.arange(0, BH)
+    mask = (rt < M)[:, None] & (rh < H)[None, :]
+    rows = rt.to(tl.int64) * TOP_K
+    acc = tl.zeros((BT, BH), dtype=tl.float32)
+    o_ptrs = out_ptr + rt.to(tl.int64)[:, None] * stride_om + rh[None, :]
+    if ACCUMULATE:
+        acc += tl.load(o_ptrs, mask=mask, other=0.0).to(tl.float32)
+    for k in tl.static_range(TOP_K):
+        acc += tl.load(ws_ptr + (rows + k)[:, None] * stride_wsm + rh[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dequant_kernel(w_ptr, w_scale_ptr, out_ptr, R, C, EXPAND: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """MXFP4 rows (packed [R, C], scales [R, C / 16]) -> bf16 [R, 2C], with the main kernel's expansion."""
+    rr = tl.program_id(0) * BR + tl.arange(0, BR)
+    rc = tl.program_id(1) * BC + tl.arange(0, BC)
+    rs = tl.program_id(1) * (BC // 16) + tl.arange(0, BC // 16)
+    r_ok = (rr < R)[:, None]
+    rows = rr.to(tl.int64)[:, None]
+    w = tl.load(w_ptr + rows * C + rc[None, :], mask=r_ok, other=0)
+    s = tl.load(w_scale_ptr + rows * (C // 16) + rs[None, :], mask=r_ok, other=127)
+    v = _e2m1_to_bf16(w, s, BR, BC, EXPAND)
+    ro = tl.program_id(1) * 2 * BC + tl.arange(0, 2 * BC)
+    tl.store(out_ptr + rows * (2 * C) + ro[None, :], v, mask=r_ok)

@@ -1,0 +1,537 @@
+"""MXFP4 MoE down-projection (kernels.moe_mxfp4): quantizer, routing preparation, kernel, assembly.
+
+CPU: the kernel runs in Triton's interpreter at 6 experts, H = 96, I = 64, top-3
+(expert 2 gets no tokens); the assembly checks cross-compile the kernel for sm_90.
+GPU (`gpu`): the same checks at KIMI-K2.5's shapes (385 experts, H = 7168, I = 512, top-9).
+
+Tolerance of the kernel against the fp32 reference. Weights (and a4w4 activations)
+are exact in bf16 after expansion and the products accumulate in fp32, so the error
+comes from bf16 roundings in the epilogue: each weighted row is rounded to bf16
+(relative 2**-9), and the top_k rows of a token are summed either by bf16 atomics
+(one rounding per addition, relative 2**-9 of the partial sum) or in fp32 with one
+final rounding (deterministic). Per element, with S = sum_k |w_k y_k| (the reference
+sum of magnitudes), |out - ref| <= (top_k + 1) * 2**-9 * S covers both modes;
+the check uses 2**-8 * (top_k + 1) * S + 1e-6 (twice that: fp32 accumulation order
+and the interpreter's fp32 dot differ from the reference's by far less).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections import Counter
+
+import pytest
+import torch
+
+from kernels.moe_mxfp4 import (MoeMxfp4Config, default_config, dequantize_mxfp4, dequantize_weights_bf16,
+                               moe_mxfp4_down, prepare_routing, quantize_mxfp4, reference_rows)
+from kernels.moe_mxfp4 import launch as mx_launch
+from kernels.moe_mxfp4 import metrics
+from kernels.moe_mxfp4.quant import E2M1_VALUES
+from kernels.moe_mxfp4.routing import max_rows, reference_routing
+
+ON_GPU = torch.cuda.is_available()
+DEV = "cuda" if ON_GPU else "cpu"
+
+# ---------------------------------------------------------------------------
+# quantizer
+# ---------------------------------------------------------------------------
+
+
+def _block(values, fill=0.0):
+    return torch.tensor(list(values) + [fill] * (32 - len(values)), dtype=torch.float32)
+
+
+def test_quant_hand_examples_ties_and_saturation():
+    # amax 7.9 -> floor(log2) = 2 -> X = 0 (scale byte 127): values are their own E2M1 inputs.
+    x = _block([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.9, -0.1, -3.0, 0.5, 6.0])
+    packed, scales = quantize_mxfp4(x)
+    assert scales.tolist() == [127]
+    got = dequantize_mxfp4(packed, scales)[:12].tolist()
+    # ties to even: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4; 7.9 saturates to 6
+    assert got == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, -0.0, -3.0, 0.5, 6.0]
+    assert math.copysign(1.0, got[8]) == -1.0          # -0.1 -> -0 (sign kept: code 0x8)
+    # codes: 0.25 -> 0x0 (low nibble), 0.75 -> 0x2 (high): first byte 0x20; -3.0 is code 0xD
+    assert packed[0].item() == 0x20
+    assert (packed[4].item() & 0xF) == 0x8 and (packed[4].item() >> 4) == 0xD
+
+
+def test_quant_scale_choice_and_zero_block():
+    # amax 1000 -> floor(log2 1000) = 9 -> X = 7 -> byte 134; over 128: 7.8 -> 6 (saturates),
+    # 0.78 -> 1, -0.31 -> -0.5; times 128: 768, 128, -64
+    packed, scales = quantize_mxfp4(_block([1000.0, 100.0, -40.0]))
+    assert scales.tolist() == [134]
+    assert dequantize_mxfp4(packed, scales)[:3].tolist() == [768.0, 128.0, -64.0]
+    # a block of zeros: scale byte 0 (X clamped to -127), all codes 0
+    packed, scales = quantize_mxfp4(torch.zeros(64))
+    assert scales.tolist() == [0, 0] and packed.eq(0).all()
+    assert dequantize_mxfp4(packed, scales).eq(0).all()
+
+
+def test_quant_subnormal_range_blocks():
+    tiny = 2.0 ** -126                                 # smallest fp32 normal
+    # floor(log2) = -126 -> X = -128 -> clamped to -127 (byte 0): values / 2**-127 = 2, 1, 0.5
+    x = _block([tiny, tiny / 2, -tiny / 4, tiny / 16])
+    packed, scales = quantize_mxfp4(x)
+    assert scales.tolist() == [0]
+    d = dequantize_mxfp4(packed, scales)
+    assert d[:4].tolist() == [tiny, tiny / 2, -tiny / 4, 0.0]     # tiny/16 = 0.125 * 2**-127 -> 0
+    # fp32 subnormals: amax 2**-140 -> X = -127 still; 2**-140 / 2**-127 = 2**-13 rounds to 0
+    packed, scales = quantize_mxfp4(_block([2.0 ** -140]))
+    assert scales.tolist() == [0] and dequantize_mxfp4(packed, scales).eq(0).all()
+
+
+def test_quant_nan_inf_blocks_decode_as_nan():
+    x = torch.randn(3, 32)
+    x[0, 5] = float("nan")
+    x[1, 0] = float("inf")
+    packed, scales = quantize_mxfp4(x)
+    assert scales[:2, 0].tolist() == [255, 255] and scales[2, 0].item() != 255
+    d = dequantize_mxfp4(packed, scales)
+    assert d[:2].isnan().all() and d[2].isfinite().all()
+    # a NaN scale decodes as NaN whatever the codes
+    assert dequantize_mxfp4(torch.full((1, 16), 0x22, dtype=torch.uint8),
+                            torch.tensor([[255]], dtype=torch.uint8)).isnan().all()
+
+
+def _rne_codes(y: torch.Tensor) -> torch.Tensor:
+    """Brute force: nearest E2M1 magnitude, ties to the even code, saturating at 6."""
+    grid = torch.tensor(E2M1_VALUES)
+    a = y.abs().clamp(max=6.0).unsqueeze(-1)
+    dist = (a - grid).abs()
+    best = dist.min(-1, keepdim=True).values
+    cand = dist == best
+    # among tied codes prefer the even one
+    even = cand & (torch.arange(8) % 2 == 0)
+    code = torch.where(even.any(-1), even.float().argmax(-1), cand.float().argmax(-1))
+    return code | (torch.signbit(y).long() << 3)
+
+
+def test_quant_matches_brute_force_rne():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 128, generator=g) * torch.logspace(-3, 3, 64).unsqueeze(1)
+    x[3, :32] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.5] * 4) * 2.0   # ties at X = 2 ... scaled
+    packed, scales = quantize_mxfp4(x)
+    X = scales.to(torch.int32) - 127
+    y = torch.ldexp(x.reshape(64, 4, 32), -X.unsqueeze(-1).float()).reshape(64, 128)
+    codes = torch.stack((packed & 0xF, packed >> 4), -1).reshape(64, 128).long()
+    assert torch.equal(codes, _rne_codes(y))
+
+
+def test_quant_round_trip_is_exact():
+    g = torch.Generator().manual_seed(2)
+    codes = torch.randint(0, 16, (8, 64), generator=g)
+    codes[:, ::32] = torch.tensor([7, 15, 6, 14])[torch.randint(0, 4, (8, 2), generator=g)]  # max |value| 4 or 6
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    scales = torch.randint(2, 250, (8, 2), generator=g, dtype=torch.uint8)
+    x = dequantize_mxfp4(packed, scales)
+    p2, s2 = quantize_mxfp4(x)
+    assert torch.equal(s2, scales)
+    assert torch.equal(dequantize_mxfp4(p2, s2), x)      # -0 and +0 both decode to zero
+    assert torch.equal(quantize_mxfp4(x.bfloat16())[0], p2)
+
+
+def test_quant_rejects_bad_input():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_mxfp4(torch.randn(4, 48))
+    with pytest.raises(ValueError, match="floating-point"):
+        quantize_mxfp4(torch.ones(4, 32, dtype=torch.int32))
+    with pytest.raises(ValueError, match="scales must be"):
+        dequantize_mxfp4(torch.zeros(4, 16, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.uint8))
+
+
+# ---------------------------------------------------------------------------
+# routing preparation
+# ---------------------------------------------------------------------------
+
+E, H, I, TOP_K = 6, 96, 64, 3
+EMPTY_EXPERT = 2
+
+
+def _topk(M, E_=E, top_k=TOP_K, empty=EMPTY_EXPERT, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    experts = [e for e in range(E_) if e != empty]
+    if M == 0:
+        return torch.zeros(0, top_k, dtype=torch.int32, device=device), torch.zeros(0, top_k, device=device)
+    ids = torch.stack([torch.tensor(experts)[torch.randperm(len(experts), generator=g)[:top_k]]
+                       for _ in range(M)])
+    weights = torch.rand(M, top_k, generator=g) + 0.1
+    return ids.to(torch.int32).to(device), weights.to(device)
+
+
+@pytest.mark.parametrize("M,block_m", [(1, 16), (5, 16), (33, 16), (33, 32), (0, 16)])
+def test_routing_matches_host_reference(M, block_m):
+    ids, wts = _topk(M)
+    got = prepare_routing(ids, wts, E, block_m)
+    ref = reference_routing(ids, wts, E, block_m)
+    for f in ("sorted_ids", "sorted_weights", "expert_ids", "num_rows", "counts"):
+        assert torch.equal(getattr(got, f).cpu(), getattr(ref, f)), f
+    assert got.sorted_ids.shape[0] == max_rows(M * TOP_K, E, block_m)
+    assert got.counts[EMPTY_EXPERT] == 0 and EMPTY_EXPERT not in got.expert_ids.tolist()
+
+
+def test_routing_rejects_bad_input():
+    ids, wts = _topk(4)
+    with pytest.raises(ValueError, match="block_m"):
+        prepare_routing(ids, wts, E, 24)
+    with pytest.raises(ValueError, match="shaped like"):
+        prepare_routing(ids, wts[:, :2], E, 16)
+    with pytest.raises(ValueError, match=r"lie in \[0, 6\)"):
+        prepare_routing(ids + 6, wts, E, 16, check=True)
+
+
+# ---------------------------------------------------------------------------
+# the kernel (interpreter on CPU)
+# ---------------------------------------------------------------------------
+
+
+def _problem(M, *, E_=E, H_=H, I_=I, top_k=TOP_K, a_fp4=False, seed=0, device=DEV, empty=EMPTY_EXPERT):
+    g = torch.Generator().manual_seed(100 + seed)
+    w, w_scale = quantize_mxfp4(torch.randn(E_, H_, I_, generator=g) * 0.05)
+    a = torch.randn(M * top_k, I_, generator=g).bfloat16()
+    ids, wts = _topk(M, E_, top_k, empty, seed)
+    a_scale = None
+    if a_fp4:
+        a, a_scale = quantize_mxfp4(a.float())
+        a_scale = a_scale.to(device)
+    return dict(a=a.to(device), a_scale=a_scale, w=w.to(device), w_scale=w_scale.to(device),
+                ids=ids.to(device), wts=wts.to(device))
+
+
+def _reference(p):
+    rows = reference_rows(p["a"], p["w"], p["w_scale"], p["ids"], p["wts"], a_scale=p["a_scale"])
+    return rows.sum(1), rows.abs().sum(1)
+
+
+def _check(out, p, *, slack=1.0, ref=None):
+    ref, mag = ref if ref is not None else _reference(p)
+    top_k = p["ids"].shape[1]
+    bound = slack * (top_k + 1) * 2.0 ** -8 * mag + 1e-6
+    err = (out.float() - ref).abs()
+    assert out.isfinite().all(), "unwritten (poisoned) or non-finite outputs"
+    assert (err <= bound).all(), f"max error {err.max().item():.3g}, worst ratio {(err / bound).max().item():.3g}"
+    assert ref.abs().max() > 0
+
+
+def _run(p, cfg, **kw):
+    r = prepare_routing(p["ids"], p["wts"], p["w"].shape[0], cfg.BLOCK_M)
+    return moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, a_scale=p["a_scale"], config=cfg, **kw)
+
+
+def _poison_workspaces():
+    for plan in mx_launch._PLANS.values():
+        if plan.workspace is not None:
+            plan.workspace.fill_(float("nan"))
+
+
+@pytest.mark.parametrize("M", [1, 5, 33])
+@pytest.mark.parametrize("a_fp4", [False, True], ids=["w4a16", "a4w4"])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "det"])
+def test_kernel_matches_reference(M, a_fp4, deterministic):
+    p = _problem(M, a_fp4=a_fp4, seed=M)
+    cfg = default_config(M, TOP_K, E, I, interpreter=not ON_GPU, deterministic=deterministic)
+    _run(p, cfg)                                     # builds the plan (and its workspace)
+    _poison_workspaces()
+    out = torch.full((M, H), float("nan"), dtype=torch.bfloat16, device=DEV)
+    _check(_run(p, cfg, out=out), p)
+
+
+@pytest.mark.parametrize("cfg", [
+    MoeMxfp4Config(BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, num_warps=1, NT=False, EARLY_LOADS=False,
+                   PREFETCH_EPILOGUE=False),                                   # H = 96: a ragged column tile
+    MoeMxfp4Config(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=1, SWAP_AB=False),
+], ids=lambda c: c.label())
+def test_kernel_switches_and_tiles(cfg):
+    p = _problem(5, seed=7)
+    out = torch.full((5, H), float("nan"), dtype=torch.bfloat16, device=DEV)
+    _check(_run(p, cfg, out=out), p)
+
+
+def test_kernel_accumulates_into_out():
+    p = _problem(5, seed=3)
+    cfg = default_config(5, TOP_K, E, I, interpreter=not ON_GPU)
+    base = torch.randn(5, H, generator=torch.Generator().manual_seed(4)).bfloat16().to(DEV)
+    out = _run(p, cfg, out=base.clone(), accumulate=True)
+    rows = reference_rows(p["a"], p["w"], p["w_scale"], p["ids"], p["wts"])
+    ref = rows.sum(1) + base.float()
+    bound = (TOP_K + 2) * 2.0 ** -8 * (rows.abs().sum(1) + base.float().abs()) + 1e-6
+    assert ((out.float() - ref).abs() <= bound).all()
+
+
+def test_deterministic_mode_is_bit_identical():
+    p = _problem(33, seed=5)
+    cfg = default_config(33, TOP_K, E, I, interpreter=not ON_GPU, deterministic=True)
+    first = _run(p, cfg).clone()
+    _poison_workspaces()
+    assert torch.equal(_run(p, cfg), first)
+
+
+def test_expansion_is_exact():
+    """The kernel's E2M1 -> bf16 expansion (through the dequantize kernel that shares it) equals
+    the torch dequantizer bit for bit, scale bytes 0 (subnormal), 1, 254 and 255 (NaN) included."""
+    g = torch.Generator().manual_seed(6)
+    packed = torch.randint(0, 256, (40, 32), generator=g, dtype=torch.uint8)
+    scales = torch.randint(100, 140, (40, 2), generator=g, dtype=torch.uint8)
+    scales[0, 0], scales[1, 0], scales[2, 1], scales[3, 0] = 0, 1, 254, 255
+    got = dequantize_weights_bf16(packed.to(DEV), scales.to(DEV)).float().cpu()
+    ref = dequantize_mxfp4(packed, scales, torch.bfloat16).float()
+    assert torch.equal(got.isnan(), ref.isnan())
+    got, ref = torch.nan_to_num(got), torch.nan_to_num(ref)
+    if not ON_GPU:
+        # The interpreter's fp32 -> bf16 conversion rounds bf16 subnormals (scale byte 0: values
+        # below 2**-126) wrongly (1.5 * 2**-127 -> 2**-127, 2**-128 -> 0); the GPU's cvt does not.
+        # Everywhere else the bits must match in the interpreter too.
+        sub = (got != ref) & (ref.abs() < 2.0 ** -126) & (got.abs() < 2.0 ** -126)
+        got = torch.where(sub, ref, got)
+        assert sub.sum() < 64
+    assert torch.equal(got, ref)
+
+
+def test_launcher_validates_and_caches():
+    p = _problem(5)
+    cfg = default_config(5, TOP_K, E, I, interpreter=not ON_GPU)
+    r = prepare_routing(p["ids"], p["wts"], E, cfg.BLOCK_M)
+    with pytest.raises(ValueError, match="BLOCK_M=32 but the routing was padded to 16"):
+        moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg.replace(BLOCK_M=32))
+    with pytest.raises(ValueError, match="a must be bf16"):
+        moe_mxfp4_down(p["a"].float(), p["w"], p["w_scale"], r, config=cfg)
+    with pytest.raises(ValueError, match="w_scale must be uint8"):
+        moe_mxfp4_down(p["a"], p["w"], p["w_scale"][:, :, :1], r, config=cfg)
+    with pytest.raises(ValueError, match="multiple of BLOCK_K"):
+        moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg.replace(BLOCK_K=128))
+    with pytest.raises(ValueError, match="routing must come from prepare_routing"):
+        moe_mxfp4_down(p["a"], p["w"], p["w_scale"], (1, 2), config=cfg)
+    with pytest.raises(ValueError, match="accumulate=True needs an out"):
+        moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg, accumulate=True)
+    p0 = _problem(0)
+    r0 = prepare_routing(p0["ids"], p0["wts"], E, cfg.BLOCK_M)
+    assert moe_mxfp4_down(p0["a"], p0["w"], p0["w_scale"], r0, config=cfg).shape == (0, H)
+    before = mx_launch.plan_cache_info()["plans"]
+    moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg)
+    moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg)
+    assert mx_launch.plan_cache_info()["plans"] <= before + 1
+
+
+def test_baseline_dequant_grouped_gemm_matches_reference():
+    from kernels.moe_mxfp4 import baselines
+
+    p = _problem(5, seed=9)
+    rows = baselines.sorted_rows(p["ids"], E)
+    assert rows.counts.tolist() == torch.bincount(p["ids"].reshape(-1).long().cpu(), minlength=E).tolist()
+    _check(baselines.dequant_grouped_gemm(p["a"], p["w"], p["w_scale"], rows, p["wts"]), p, slack=2.0)
+
+
+def test_metrics():
+    assert metrics.flops(4, 9, 7168, 512) == 2 * 36 * 7168 * 512
+    # 36 experts' weights (packed + scales), bf16 activations, bf16 output
+    assert metrics.hbm_bytes(4, 9, 7168, 512, 36) == 36 * 7168 * (256 + 16) + 36 * 512 * 2 + 4 * 7168 * 2
+    assert metrics.hbm_bytes(4, 9, 7168, 512, 36, a_fp4=True) == 36 * 7168 * 272 + 36 * 272 + 4 * 7168 * 2
+
+
+def test_default_config_follows_rows_per_expert():
+    from kernels.moe_mxfp4.config import config_for_block_m
+
+    assert config_for_block_m(32, 512).BLOCK_M == 32 and config_for_block_m(128, 512).num_warps == 8
+    with pytest.raises(ValueError, match="BLOCK_M must be one of"):
+        config_for_block_m(8, 512)
+    assert default_config(4, 9, 385, 512).BLOCK_M == 16
+    assert default_config(256, 9, 385, 512).BLOCK_M == 16
+    assert default_config(16384, 9, 385, 512).BLOCK_M == 128
+    assert default_config(16384, 9, 385, 512, deterministic=True).DETERMINISTIC
+
+
+# ---------------------------------------------------------------------------
+# assembly: the kernel cross-compiled for sm_90
+# ---------------------------------------------------------------------------
+
+_OP = re.compile(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]+)")
+
+
+_SM90_CONFIGS = {
+    "bm16_nt_atomic": ({}, False),
+    "bm32_det": (dict(BLOCK_M=32, NT=False, DETERMINISTIC=True), False),
+    "bm16_a4w4": ({}, True),
+    "bm16_bits": (dict(EXPAND="bits"), False),
+    "bm16_early_off": (dict(EARLY_LOADS=False), False),
+    "bm16_prefetch_off": (dict(PREFETCH_EPILOGUE=False), False),
+}
+
+# One child process (the interpreter off) compiles every config: one import instead of six.
+_SM90_CHILD = r"""
+import json, sys
+from kernels.moe_mxfp4 import MoeMxfp4Config
+from kernels.moe_mxfp4.launch import compile_for_target
+configs, cache = json.loads(sys.argv[1]), sys.argv[2]
+out = {}
+for name, (kw, a_fp4) in configs.items():
+    e = compile_for_target(MoeMxfp4Config(**kw), a_fp4=a_fp4, cache_dir=cache)[0]
+    out[name] = {"sass": e.text("sass"), "ptx": e.text("ptx")}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def sm90(tmp_path_factory):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path_factory.mktemp("moe_mxfp4_sm90")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-c", _SM90_CHILD, json.dumps(_SM90_CONFIGS), str(cache)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    texts = json.loads(proc.stdout)
+    ops = {name: Counter(m.group(1) for m in map(_OP.search, t["sass"].splitlines()) if m)
+           for name, t in texts.items()}
+    ops["ptx"] = texts["bm16_nt_atomic"]["ptx"]
+    for name in ("bm16_nt_atomic", "bm16_early_off", "bm16_prefetch_off"):
+        ops[name + "_seq"] = [m.group(1) for m in map(_OP.search, texts[name]["sass"].splitlines()) if m]
+    return ops
+
+
+def _count(ops: Counter, prefix: str) -> int:
+    return sum(v for k, v in ops.items() if k.startswith(prefix))
+
+
+def test_sm90_main_loop_uses_wgmma_with_expansion_in_registers(sm90):
+    for name, ops in sm90.items():
+        if name == "ptx" or name.endswith("_seq"):
+            continue
+        assert _count(ops, "HGMMA.64x16x16.F32.BF16" if "bm16" in name else "HGMMA.64x32x16.F32.BF16") >= 32, name
+        assert _count(ops, "HMMA") == 0, name                     # no mma.sync fallback
+        assert _count(ops, "HMUL2.BF16_V2") >= 4 * 128, name      # bf16x2 expansion, 4 K steps
+
+
+def test_sm90_inline_ptx_expansion_is_used_and_cheaper(sm90):
+    assert "prmt.b32 t0" in sm90["ptx"] and "0x01C001C0" in sm90["ptx"]
+    total = lambda ops: sum(ops.values())
+    assert total(sm90["bm16_nt_atomic"]) < 0.9 * total(sm90["bm16_bits"])
+
+
+def test_sm90_latency_switches_move_the_loads(sm90):
+    """EARLY_LOADS: the first K step's 128-bit weight loads are issued before the early exit
+    (EXIT); off, nothing but the row count is loaded before it. PREFETCH_EPILOGUE: the
+    routing weights (the block's 16 fp32, two LDG.E.64) are loaded before the first wgmma;
+    off, after it (in the epilogue)."""
+    def before(seq, what, marker):
+        stop = next(i for i, op in enumerate(seq) if op.startswith(marker))
+        return sum(1 for op in seq[:stop] if op == what)
+
+    assert before(sm90["bm16_nt_atomic_seq"], "LDG.E.EF.128", "EXIT") >= 4
+    assert before(sm90["bm16_early_off_seq"], "LDG.E.EF.128", "EXIT") == 0
+    assert before(sm90["bm16_nt_atomic_seq"], "LDG.E.64", "HGMMA") == 2
+    assert before(sm90["bm16_prefetch_off_seq"], "LDG.E.64", "HGMMA") == 0
+
+
+def test_sm90_weight_loads_are_128_bit(sm90):
+    # NT: evict-first 128-bit loads of the packed weights, 4 per K step x 4 steps
+    assert _count(sm90["bm16_nt_atomic"], "LDG.E.EF.128") >= 16
+    assert _count(sm90["bm32_det"], "LDG.E.EF") == 0
+    assert _count(sm90["bm32_det"], "LDG.E.128") >= 16
+
+
+def test_sm90_atomic_epilogue_is_bf16x8_reduction(sm90):
+    atomic = sm90["bm16_nt_atomic"]
+    assert _count(atomic, "REDG.E.ADD.BF16x8.RN") >= 2            # 128-bit: eight bf16 per instruction
+    assert _count(atomic, "ATOMG") == 0 and _count(atomic, "ATOMS.CAS") == 0
+    det = sm90["bm32_det"]
+    assert _count(det, "REDG") == 0 and _count(det, "STG.E.128") >= 1
+
+
+# ---------------------------------------------------------------------------
+# GPU: KIMI-K2.5 shapes
+# ---------------------------------------------------------------------------
+
+KIMI = dict(E_=385, H_=7168, I_=512, top_k=9)
+
+
+@functools.lru_cache(maxsize=1)
+def _kimi_weights():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.empty(385, 7168, 256, dtype=torch.uint8, device="cuda")
+    w_scale = torch.empty(385, 7168, 16, dtype=torch.uint8, device="cuda")
+    for e0 in range(0, 385, 64):       # bounded temporaries
+        n = min(64, 385 - e0)
+        w[e0:e0 + n], w_scale[e0:e0 + n] = quantize_mxfp4(torch.randn(n, 7168, 512, device="cuda", generator=g) * 0.02)
+    return w, w_scale
+
+
+def _kimi_problem(M, a_fp4=False):
+    g = torch.Generator(device="cuda").manual_seed(M)
+    w, w_scale = _kimi_weights()
+    a = torch.randn(M * 9, 512, device="cuda", generator=g).bfloat16()
+    ids = torch.rand(M, 385, device="cuda", generator=g).topk(9, dim=1).indices.to(torch.int32)
+    wts = torch.softmax(torch.randn(M, 9, device="cuda", generator=g), -1)
+    a_scale = None
+    if a_fp4:
+        a, a_scale = quantize_mxfp4(a.float())
+    return dict(a=a, a_scale=a_scale, w=w, w_scale=w_scale, ids=ids, wts=wts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [4, 32, 256, 16384])
+@pytest.mark.parametrize("a_fp4", [False, True], ids=["w4a16", "a4w4"])
+def test_gpu_kimi_matches_reference(M, a_fp4):
+    p = _kimi_problem(M, a_fp4)
+    ref = _reference(p)
+    for bm in (16, 32) if M <= 256 else (128,):
+        for det in (False, True):
+            cfg = default_config(M, 9, 385, 512, deterministic=det).replace(BLOCK_M=bm)
+            if bm < 64:
+                cfg = cfg.replace(num_warps=4, BLOCK_N=128)
+            _run(p, cfg)
+            _poison_workspaces()
+            out = torch.full((M, 7168), float("nan"), dtype=torch.bfloat16, device="cuda")
+            _check(_run(p, cfg, out=out), p, ref=ref)
+
+
+@pytest.mark.gpu
+def test_gpu_deterministic_bit_identical_and_graph_capturable():
+    p = _kimi_problem(128)
+    cfg = default_config(128, 9, 385, 512, deterministic=True)
+    r = prepare_routing(p["ids"], p["wts"], 385, cfg.BLOCK_M)
+    first = moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg).clone()
+    for _ in range(3):
+        assert torch.equal(moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg), first)
+    # routing preparation and launch, captured together: no host synchronization anywhere
+    out = torch.empty(128, 7168, dtype=torch.bfloat16, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        moe_mxfp4_down(p["a"], p["w"], p["w_scale"], prepare_routing(p["ids"], p["wts"], 385, cfg.BLOCK_M),
+                       config=cfg, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rg = prepare_routing(p["ids"], p["wts"], 385, cfg.BLOCK_M)
+        moe_mxfp4_down(p["a"], p["w"], p["w_scale"], rg, config=cfg, out=out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("expand", ["ptx", "bits"])
+def test_gpu_expansion_exact_at_kimi_size(expand):
+    p = _kimi_problem(4)
+    got = dequantize_weights_bf16(p["w"][:8], p["w_scale"][:8], expand=expand)
+    assert torch.equal(got, dequantize_mxfp4(p["w"][:8], p["w_scale"][:8], torch.bfloat16))
+    # every byte and scale value, NaN scale and the subnormal scale 0 included
+    packed = torch.arange(256, dtype=torch.uint8, device="cuda").repeat(256, 1)
+    scales = torch.arange(256, dtype=torch.uint8, device="cuda").unsqueeze(1).repeat(1, 16)
+    got = dequantize_weights_bf16(packed, scales, expand=expand)
+    ref = dequantize_mxfp4(packed, scales, torch.bfloat16)
+    assert torch.equal(got.isnan(), ref.isnan())
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(ref))
+
+
+@pytest.mark.gpu
+def test_gpu_bits_expansion_matches_reference():
+    p = _kimi_problem(32)
+    cfg = MoeMxfp4Config(EXPAND="bits")
+    out = torch.full((32, 7168), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _check(_run(p, cfg, out=out), p)
