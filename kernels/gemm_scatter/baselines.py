@@ -9,6 +9,8 @@ the gathered tensor is permuted: ``(W, M, n) -> (M, W, n) -> (M, W * n)``
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -40,7 +42,9 @@ def gemm_then_all_gather(a: torch.Tensor, b_local: torch.Tensor, heap, *, gemm: 
     elif gemm == "triton":
         from kernels.gemm import matmul
 
-        c_local = matmul(a, b_local)
+        # a simulated world's ranks are threads of one interpreter: they take turns
+        with heap.world._lock if heap.simulated else contextlib.nullcontext():
+            c_local = matmul(a, b_local)
     else:
         raise ValueError(f"gemm_then_all_gather: gemm must be 'cublas' or 'triton', got {gemm!r}")
     W = heap.world_size
