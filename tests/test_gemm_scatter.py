@@ -270,3 +270,53 @@ def test_matches_cublas_nccl_on_two_gpus(tmp_path):
     checks = pd.read_csv(tmp_path / "checks_w2.csv")
     assert len(checks) and checks["ok"].astype(bool).all(), checks[~checks["ok"].astype(bool)].to_string()
     assert {"fused", "cublas+nccl", "triton+all_gather"} <= set(checks["variant"])
+
+
+# --------------------------------------------------------------------------
+# The GPU script's plan and tables (no GPU needed)
+# --------------------------------------------------------------------------
+def _script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_gemm_scatter", REPO / "experiments" / "run_gemm_scatter.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+def test_spec_has_every_study_and_1000_scatter_points(world_size):
+    r = _script()
+    plan = r.load_plan(world_size=world_size)
+    studies = {p["study"] for p in plan["points"]}
+    assert studies == {"m_sweep", "shapes", "weak", "hints", "overlap", "scatter", "tiles", "group", "deep"}
+    assert sum(p["study"] == "scatter" for p in plan["points"]) >= 1000
+    assert sorted({p["M"] for p in plan["points"] if p["study"] == "m_sweep"}) == [2 ** i for i in range(11)]
+    seed = {(p["N"], p["K"]) for p in plan["points"] if p["study"] == "shapes"}
+    assert seed == {(4096, 4096), (4096, 14336), (8192, 4096), (8192, 28672)}
+    assert {p["N"] for p in plan["points"] if p["study"] == "weak"} == {world_size * 2048, world_size * 4096}
+    assert {p["hints"] for p in plan["points"] if p["study"] == "hints"} == {True, False}
+    assert {p["config"]["from_registers"] for p in plan["points"] if p["study"] == "overlap"} == {True, False}
+    assert set(plan["modes"]) == {"eager", "graph"}
+    for p in plan["points"]:
+        if p["config"]:
+            gscfg.as_config(p["config"])  # every field is a ScatterConfig field
+
+
+def test_script_summary_ratios():
+    import pandas as pd
+
+    r = _script()
+    rows = []
+    for timing in ("eager", "graph"):
+        for v, ms in (("cublas+nccl", 2.0), ("triton+all_gather", 1.6), ("cublas_alone", 0.9), ("triton_alone", 1.0)):
+            rows.append(dict(study="baseline", variant=v, ms=ms, status="ok", world_size=2, M=256, N=4096, K=4096,
+                             timing=timing))
+        rows.append(dict(study="shapes", variant="fused", ms=1.0, status="ok", world_size=2, M=256, N=4096, K=4096,
+                         timing=timing, config="a"))
+        rows.append(dict(study="scatter", variant="fused", ms=0.95, status="ok", world_size=2, M=256, N=4096,
+                         K=4096, timing=timing, config="b"))
+    s = r.summarize(pd.DataFrame(rows)).set_index("timing")
+    assert s.loc["graph", "speedup_vs_cublas_nccl"] == pytest.approx(2.0)
+    assert s.loc["graph", "vs_gemm_alone"] == pytest.approx(1.0 / 0.9)
+    assert s.loc["eager", "best_config"] == "b" and s.loc["eager", "best_fused_ms"] == pytest.approx(0.95)
