@@ -208,16 +208,18 @@ def test_gemm_then_our_all_gather_baseline(gemm):
 # The tile rule and the roofline counts
 # --------------------------------------------------------------------------
 def test_tile_rule_follows_tiles_per_sm():
+    K = 14336
     # decode sizes: 128x256 tiles would leave most of 132 SMs idle; smaller ones fill them
-    assert gs.pick_tile(1, 2048, 132) != (128, 256)
-    assert gscfg.tiles_of(64, 2048, *gs.pick_tile(64, 2048, 132)) > gscfg.tiles_of(64, 2048, 128, 256)
+    small = gs.pick_tile(1, 2048, K, 132)
+    assert gscfg.tiles_of(1, 2048, *small) > gscfg.tiles_of(1, 2048, 128, 256)
     # many rounds of tiles: the biggest tile (the best reuse) wins
-    assert gs.pick_tile(16384, 8192, 132) == (128, 256)
+    assert gs.pick_tile(16384, 8192, K, 132) == (128, 256)
     for M in (1, 64, 256, 1024, 8192):
-        cfg = gs.heuristic(M, 2048, 14336, torch.bfloat16, 132)
+        cfg = gs.heuristic(M, 2048, K, torch.bfloat16, 132)
         gscfg.validate(cfg)
-        est = gscfg.tile_estimate(M, 2048, (cfg.block_m, cfg.block_n), 132)
-        assert est == min(gscfg.tile_estimate(M, 2048, t, 132) for t in gscfg.CANDIDATES)
+        est = gscfg.tile_estimate(M, 2048, K, (cfg.block_m, cfg.block_n), 132)
+        assert est == min(gscfg.tile_estimate(M, 2048, K, t, 132) for t in gscfg.CANDIDATES)
+    assert gs.heuristic(64, 2048, K, torch.float32).block_k == 32  # fp32: half the K-step
 
 
 def test_metrics_and_bottleneck():

@@ -3,22 +3,28 @@ validation, and the tile rule (``heuristic``) as a function of tiles per SM.
 
 The tile rule. The kernel is persistent: ``num_sms`` programs each take every
 ``num_sms``-th tile, so its time is about ``rounds = ceil(tiles / SMs)``
-rounds of one tile each, and a tile of ``BM x BN`` costs about
-``BM * BN * K / rate(tile)`` on one SM plus its scatter (``W`` stores of the
-tile). Bigger tiles reuse each loaded byte more (a higher per-SM rate) but
-make fewer tiles: when a problem has fewer tiles than SMs, the big tile leaves
-SMs idle, and the smaller tile that fills them wins even at a lower rate. The
-seed found exactly this on MI300X (``total_tiles < num_sms`` -> 64x64 tiles,
-else 128x64). ``heuristic`` scores every tile of ``CANDIDATES`` by::
+rounds of one tile each. Bigger tiles reuse each loaded byte more (a higher
+per-SM rate) but make fewer tiles: when a problem has fewer tiles than SMs
+the big tile leaves SMs idle, and a smaller tile that fills them wins even at
+a lower rate. The seed found exactly this on MI300X (``total_tiles <
+num_sms`` -> 64x64 tiles, else 128x64). ``heuristic`` scores every tile of
+``TILES`` by::
 
-    estimate = ceil(tiles / SMs) * BM * BN / RELATIVE_RATE[tile]
+    rounds * max(2 * BM * BN * K / rate + fixed,           # the MMA work of one tile
+                 (min(BM, M) * K + K * BN) * esize / per_sm_bw)   # its A rows and B columns
 
-and takes the cheapest (ties: the bigger tile). ``RELATIVE_RATE`` is the per-SM
-throughput of each tile on Hopper's wgmma relative to 128x256 (from the GEMM
-family's H200 tiling sweep, ``results/gemm_tiling/``: 64-row tiles use one
-warpgroup's 64-row wgmma, half the issue width of a 128-row tile). Notebook 06
-plots the rule against tiles-per-SM and its regret against the best measured
-tile when GPU results are committed.
+and takes the cheapest (ties: the smaller tile, which wastes less MMA work on
+rows past M). ``rate`` and ``fixed`` are the GEMM family's least-squares fit
+to its H200 tiling sweep (``kernels.gemm.config._CANDIDATES``,
+``results/gemm_tiling/``), with the
+warps and stages that sweep found best per tile; ``per_sm_bw`` is each SM's
+share of the measured HBM copy bandwidth (``results/ceilings/``): a problem
+with few tiles cannot stream B at full bandwidth, which is what makes small M
+favour more, smaller tiles. 64x64 was not in that sweep: its rate is assumed
+at 3/4 of 64x128's (one warpgroup issuing half-width wgmma); notebook 06 shows
+the rule's regret against the best measured tile. The scatter's stores are
+posted writes that drain while the next tile's mainloop runs, so they are
+left out of the per-tile cost (the NVLink bound is in ``metrics.bounds_us``).
 """
 from __future__ import annotations
 
@@ -28,15 +34,18 @@ from typing import Any, Mapping
 
 import torch
 
+from kernels.gemm.config import _CANDIDATES as _GEMM_FIT
 from workbench.asm.resources import smem_per_block
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SMEM_LIMIT_SM90 = smem_per_block(90)
 DEFAULT_MAX_SPINS = 1 << 26   # polls before a wait gives up (bounded: a silent peer is reported, never hangs)
 
-# (BLOCK_M, BLOCK_N) -> per-SM throughput relative to 128x256 (see the module docstring)
-RELATIVE_RATE = {(128, 256): 1.0, (128, 128): 0.85, (64, 128): 0.55, (64, 64): 0.35}
-CANDIDATES = tuple(RELATIVE_RATE)
+# (BLOCK_M, BLOCK_N) -> (BLOCK_K, warps, stages, per-SM TFLOP/s, fixed us per tile); see the module docstring
+TILES = {(bm, bn): (bk, w, st, rate, fixed) for (bm, bn, bk, w, st), (rate, fixed) in _GEMM_FIT.items()}
+TILES[(64, 64)] = (64, 4, 4, 0.75 * TILES[(64, 128)][3], TILES[(64, 128)][4])
+CANDIDATES = tuple(TILES)
+HBM_GBPS, DEVICE_SMS = 4277.0, 132  # H200: measured copy bandwidth (results/ceilings/nvidia-h200.json), SMs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,24 +123,31 @@ def tiles_of(M: int, n_local: int, block_m: int, block_n: int) -> int:
     return math.ceil(M / block_m) * math.ceil(n_local / block_n)
 
 
-def tile_estimate(M: int, n_local: int, tile: tuple[int, int], num_sms: int) -> float:
-    """The rule's cost of one tile shape (arbitrary units: rounds x tile work / rate)."""
+def tile_estimate(M: int, n_local: int, K: int, tile: tuple[int, int], num_sms: int, esize: int = 2) -> float:
+    """The rule's time estimate (us) for one tile shape: rounds x the slower of the
+    tile's MMA work and its loads at one SM's share of HBM bandwidth."""
     bm, bn = tile
-    return math.ceil(tiles_of(M, n_local, bm, bn) / num_sms) * bm * bn / RELATIVE_RATE[tile]
+    rate, fixed = TILES[tile][3], TILES[tile][4]
+    mma_us = 2.0 * bm * bn * K / (rate * 1e6) + fixed
+    load_us = (min(bm, M) * K + K * bn) * esize / (HBM_GBPS / DEVICE_SMS * 1e3)
+    return math.ceil(tiles_of(M, n_local, bm, bn) / num_sms) * max(mma_us, load_us)
 
 
-def pick_tile(M: int, n_local: int, num_sms: int) -> tuple[int, int]:
-    """The rule's (BLOCK_M, BLOCK_N) for an (M, n_local) output on ``num_sms`` SMs."""
-    return min(CANDIDATES, key=lambda t: (tile_estimate(M, n_local, t, num_sms), -t[0] * t[1]))
+def pick_tile(M: int, n_local: int, K: int, num_sms: int = DEVICE_SMS, esize: int = 2) -> tuple[int, int]:
+    """The rule's (BLOCK_M, BLOCK_N) for an (M, n_local) output with reduction K on ``num_sms`` SMs."""
+    return min(CANDIDATES, key=lambda t: (tile_estimate(M, n_local, K, t, num_sms, esize), t[0] * t[1]))
 
 
-def heuristic(M: int, n_local: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132) -> ScatterConfig:
-    """The config ``gemm_all_scatter`` runs when none is given."""
-    bm, bn = pick_tile(M, n_local, num_sms)
+def heuristic(M: int, n_local: int, K: int, dtype: torch.dtype = torch.bfloat16,
+              num_sms: int = DEVICE_SMS) -> ScatterConfig:
+    """The config ``gemm_all_scatter`` runs when none is given: the rule's tile with
+    the BLOCK_K, warps and stages the GEMM sweep found best for it (fewer stages
+    if they would not fit in shared memory)."""
     esize = torch.empty((), dtype=dtype).element_size()
-    bk = 64 if esize <= 2 else 32
-    warps = 8 if bm * bn >= 128 * 128 else 4
-    cfg = ScatterConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=4)
+    bm, bn = pick_tile(M, n_local, K, num_sms, esize)
+    bk, warps, stages = TILES[(bm, bn)][:3]
+    cfg = ScatterConfig(block_m=bm, block_n=bn, block_k=bk if esize <= 2 else bk // 2, num_warps=warps,
+                        num_stages=stages)
     while cfg.num_stages > 2 and smem_bytes(cfg, esize) > SMEM_LIMIT_SM90:
         cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
