@@ -22,9 +22,11 @@ call or at ``check_gemm_all_scatter(heap)``, without a host sync per call.
 The seed's two overlap optimizations are switches of ``ScatterConfig``:
 ``from_registers`` (scatter from the accumulator, vs store C locally and copy
 it to the peers, the seed's first version) and ``num_stages`` (the pipeline
-depth). A Hopper TMA-store epilogue cannot write a peer's memory through a
-local descriptor, so the scatter stays with plain vector stores; A and B come
-through TMA descriptors on sm_90 (``tma_loads``).
+depth). A and B come through TMA descriptors on sm_90 (``tma_loads``). A
+Hopper TMA-store epilogue is not built: it would need a descriptor per peer's
+C (built on the host from the peer mappings) and a staging buffer in shared
+memory taken from the pipeline; the stores from registers are what the seed
+measured, and what the hints study is about.
 
 Parts: ``triton`` (the kernel), ``config`` (``ScatterConfig``, the tile rule),
 ``launch`` (``gemm_all_scatter``, plans cached per call signature),
