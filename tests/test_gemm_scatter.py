@@ -238,15 +238,28 @@ def test_metrics_and_bottleneck():
 # --------------------------------------------------------------------------
 # Assembly (no GPU): the scatter's stores with and without the hint
 # --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def isa_entries(tmp_path_factory):
+    """{(target, hints): Entry}: both targets in one compilation run per hint setting."""
+    cache = tmp_path_factory.mktemp("gemm_scatter_isa")
+    out = {}
+    for hints in (False, True):
+        for target, e in zip(ISA_TARGETS, gslaunch.compile_kernel(hints, target=ISA_TARGETS, cache_dir=cache)):
+            out[(target, hints)] = e
+    return out
+
+
+ISA_TARGETS = ["sm90", "gfx942"]
+
+
 @pytest.mark.parametrize("target,isa,wide,narrow", [("sm90", "sass", "STG.E.128", "STG.E.U16"),
                                                     ("sm90", "ptx", "st.global.v4.b32", "st.global.b16"),
                                                     ("gfx942", "amdgcn", "global_store_dwordx4",
                                                      "global_store_short")])
-def test_hints_give_128_bit_scatter_stores(tmp_path, target, isa, wide, narrow):
+def test_hints_give_128_bit_scatter_stores(isa_entries, target, isa, wide, narrow):
     from kernels.comm.isa_hints import store_table
 
-    tables = {h: store_table(gslaunch.compile_kernel(h, target=target, cache_dir=tmp_path), isa)
-              for h in (False, True)}
+    tables = {h: store_table(isa_entries[(target, h)], isa) for h in (False, True)}
     # the 32-bit store is the flag total (one per program), the rest is the scatter of fp16 tiles
     scatter = {h: t[t.width_bits != 32] for h, t in tables.items()}
     assert set(scatter[True].mnemonic) == {wide}, tables[True]

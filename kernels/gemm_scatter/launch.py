@@ -192,11 +192,12 @@ def check_gemm_all_scatter(heap) -> None:
 # --------------------------------------------------------------------------
 # Assembly: the kernel cross-compiled without a GPU
 # --------------------------------------------------------------------------
-def compile_kernel(hints: bool, *, target: str = "sm90", dtype: torch.dtype = torch.float16, world_size: int = 2,
+def compile_kernel(hints: bool, *, target="sm90", dtype: torch.dtype = torch.float16, world_size: int = 2,
                    config: ScatterConfig | Mapping[str, Any] | None = None, tma_loads: bool = False, cache_dir):
     """Cross-compile the kernel ``gemm_all_scatter`` launches, with the hint on or
     off, for ``target`` ("sm90", "gfx942", ...) into ``cache_dir``; returns the
-    ``workbench.asm.cache.Entry`` (diff two with ``workbench.asm.diff``).
+    ``workbench.asm.cache.Entry`` (diff two with ``workbench.asm.diff``), or a
+    list of them when ``target`` is a list (one compilation run for all).
 
     Shapes are run-time values; the compiler is told what the launcher's plan
     knows for aligned shapes (pointers, N / W and K multiples of 16).
@@ -206,8 +207,9 @@ def compile_kernel(hints: bool, *, target: str = "sm90", dtype: torch.dtype = to
 
     cfg = as_config(config) or ScatterConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=2)
     validate(cfg, torch.empty((), dtype=dtype).element_size())
-    if tma_loads and not target.startswith("sm"):
-        raise ValueError(f"compile_kernel: tma_loads=True needs an NVIDIA sm_90+ target, got {target!r}")
+    targets = [target] if isinstance(target, str) else list(target)
+    if tma_loads and not all(t.startswith("sm") for t in targets):
+        raise ValueError(f"compile_kernel: tma_loads=True needs NVIDIA sm_90+ targets, got {target!r}")
     ty = triton_type(dtype)
     sig = {"a_ptr": f"*{ty}", "b_ptr": f"*{ty}", "c_ptr": f"*{ty}", "heap_bases": "*i64", "flags_ptr": "*i32",
            "status_ptr": "*i32", "total_ptr": "*i32", "M": "i32", "N_LOCAL": "i32", "K": "i32",
@@ -224,7 +226,7 @@ def compile_kernel(hints: bool, *, target: str = "sm90", dtype: torch.dtype = to
         constexprs.update(a_desc=None, b_desc=None)
     divisible = ["a_ptr", "b_ptr", "c_ptr", "heap_bases", "flags_ptr", "status_ptr", "total_ptr", "N_LOCAL", "K",
                  "stride_am", "stride_bk", "stride_cm"]
-    (entry,) = cross_compile(_gemm_scatter_kernel, [target], signature=sig, constexprs=constexprs,
-                             divisible=divisible, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                             cache_dir=cache_dir)
-    return entry
+    entries = cross_compile(_gemm_scatter_kernel, targets, signature=sig, constexprs=constexprs,
+                            divisible=divisible, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                            cache_dir=cache_dir)
+    return entries[0] if isinstance(target, str) else entries
