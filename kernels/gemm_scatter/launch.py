@@ -162,8 +162,7 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
     once with ``check=True`` (which synchronizes).
     """
     watch = _watch(heap)
-    if not (watch.cuda and torch.cuda.is_current_stream_capturing()):  # no event queries inside a capture
-        watch.poll()  # an earlier call's timeout, if the device has reported one by now
+    watch.poll()  # an earlier call's timeout, if the device has reported one by now
     p = plan_for(a, b_local, heap, config, hints=hints, out=out, scope=scope)
     if p.meta["TMA_LOADS"]:
         cfg = p.config
