@@ -335,3 +335,32 @@ def test_script_summary_ratios():
     assert s.loc["graph", "speedup_vs_cublas_nccl"] == pytest.approx(2.0)
     assert s.loc["graph", "vs_gemm_alone"] == pytest.approx(1.0 / 0.9)
     assert s.loc["eager", "best_config"] == "b" and s.loc["eager", "best_fused_ms"] == pytest.approx(0.95)
+
+
+def test_sweep_protocol_on_cpu():
+    from kernels.gemm_scatter import sweep as gssweep
+
+    shape = {"M": 5, "N": 48, "K": 32, "world": 3}
+    inp = gssweep.make_inputs(shape, torch.float16, "cpu", seed=5)
+    gssweep.poison(inp)
+    params = dict(block_m=16, block_n=16, block_k=16, num_warps=2, num_stages=2)
+    out = gssweep.run(inp, **params)
+    ref = gssweep.reference(inp)
+    assert out.shape == ref.shape == (3, 5, 48) and not torch.isnan(out).any()
+    assert float((out.float() - ref).norm() / ref.norm()) < gssweep.tolerance(torch.float16)
+    gssweep.poison(inp)
+    assert torch.isnan(inp.heaps[1]._named[next(k for k in inp.heaps[1]._named if k.startswith("gemm_scatter"))]).all()
+    base = gssweep.baselines["triton+all_gather"](inp)
+    assert float((base.float() - ref).norm() / ref.norm()) < gssweep.tolerance(torch.float16)
+    assert gssweep.flops(shape) == 2 * 5 * 48 * 32
+    assert gssweep.bytes_moved(shape, torch.float16) == (5 * 32 + 32 * 16 + 5 * 48) * 2
+    assert set(gssweep.PARAMS) >= {"block_m", "num_stages", "from_registers", "hints"}
+    assert gssweep.label(dict(params, hints=False)).endswith("nohint")
+
+
+def test_workbench_sweep_spec_loads():
+    from workbench import sweep
+
+    pts = sweep.expand(sweep.load_spec(REPO / "experiments" / "gemm_scatter_sweep.yaml", quick=True))
+    assert pts and {p.world_size for p in pts} == {2}
+    assert {dict(p.params)["hints"] for p in pts if p.baseline is None} == {True, False}
