@@ -406,7 +406,7 @@ def main(argv=None):
     ap.add_argument("--studies", default="", help="comma-separated studies to run (default: all)")
     ap.add_argument("--check-only", action="store_true", help="only the correctness checks")
     ap.add_argument("--skip-checks", action="store_true", help="no correctness checks (timing only)")
-    ap.add_argument("--budget-s", type=float, default=540, help="stop starting points after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=480, help="stop starting points after this many seconds")
     ap.add_argument("--heap-mib", type=int, default=512, help="symmetric heap per GPU (MiB)")
     args = ap.parse_args(argv)
     if "RANK" not in os.environ:

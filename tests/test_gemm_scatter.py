@@ -364,3 +364,12 @@ def test_workbench_sweep_spec_loads():
     pts = sweep.expand(sweep.load_spec(REPO / "experiments" / "gemm_scatter_sweep.yaml", quick=True))
     assert pts and {p.world_size for p in pts} == {2}
     assert {dict(p.params)["hints"] for p in pts if p.baseline is None} == {True, False}
+
+
+def test_tma_descriptors_reused_for_the_same_memory():
+    world = dist.SimulatedWorld(2, heap_bytes=1 << 14)
+    a, bs = _operands(2, 8, 16, 16, torch.float16, seed=2)
+    p = gslaunch.plan_for(a, bs[0], world.heaps[0], SMALL)
+    d1 = p.descriptor("a", a, [16, 16])
+    assert p.descriptor("a", a, [16, 16]) is d1
+    assert p.descriptor("a", a.clone(), [16, 16]) is not d1  # other memory: a new descriptor

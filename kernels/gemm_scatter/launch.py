@@ -39,6 +39,15 @@ class _ScatterPlan:
     args: tuple  # run-time scalars after the tensors
     meta: dict  # constexprs and launch options
     hints: bool  # the 16-byte hint is in force (asked for and true for these shapes)
+    # TMA descriptors of the last A and B seen, by data pointer. A descriptor holds its
+    # tensor, so a pointer that matches is still that memory (same signature: same view).
+    descs: dict = dataclasses.field(default_factory=dict)
+
+    def descriptor(self, which: str, t: torch.Tensor, block) -> Any:
+        hit = self.descs.get(which)
+        if hit is None or hit[0] != t.data_ptr():
+            hit = self.descs[which] = (t.data_ptr(), TensorDescriptor.from_tensor(t, block))
+        return hit[1]
 
 
 def _check(a, b_local, heap) -> None:
@@ -166,8 +175,8 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
     p = plan_for(a, b_local, heap, config, hints=hints, out=out, scope=scope)
     if p.meta["TMA_LOADS"]:
         cfg = p.config
-        a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
-        b_desc = TensorDescriptor.from_tensor(b_local, [cfg.block_k, cfg.block_n])
+        a_desc = p.descriptor("a", a, [cfg.block_m, cfg.block_k])
+        b_desc = p.descriptor("b", b_local, [cfg.block_k, cfg.block_n])
     else:
         a_desc = b_desc = None
     status = heap.status()
