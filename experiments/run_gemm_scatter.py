@@ -100,7 +100,8 @@ def load_plan(path: Path = SPEC, world_size: int = 2, quick: bool = False, studi
                 points.append({"study": study["study"], "M": M, "N": N, "K": K, "config": cfg, "hints": hints,
                                "baselines": bool(study.get("baselines"))})
     return {"points": points, "dtype": spec.get("dtype", "bfloat16"), "seed": spec.get("seed", 0),
-            "modes": spec.get("modes", ["eager", "graph"]), "baselines": spec.get("baselines", list(BASELINES))}
+            "modes": spec.get("modes", ["eager", "graph"]), "baselines": spec.get("baselines", list(BASELINES)),
+            "check_shapes": [tuple(s) for s in spec.get("check_shapes", CHECK_SHAPES)]}
 
 
 # --------------------------------------------------------------------------
@@ -117,21 +118,29 @@ def operands(M, N, K, W, rank, dtype, seed, device):
 
 
 class Runner:
-    def __init__(self, args):
+    """One rank's share of the run. ``heap``: a symmetric heap to use instead of
+    making one (a simulated world's heap lets the tests drive every code path on a
+    CPU, with a one-rank gloo group already initialized)."""
+
+    def __init__(self, args, heap=None):
         import torch
         import torch.distributed as tdist
 
         from kernels.comm import sweep as commsweep
 
         self.torch, self.tdist, self.args = torch, tdist, args
-        tdist.init_process_group("nccl")
+        if not tdist.is_initialized():
+            tdist.init_process_group("nccl")
         self.rank, self.W = tdist.get_rank(), tdist.get_world_size()
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", self.rank)))
-        self.device = torch.device("cuda", torch.cuda.current_device())
-        self.plan = load_plan(Path(args.spec), self.W, args.quick,
-                              [s for s in args.studies.split(",") if s] if args.studies else None)
+        spec = load_plan(Path(args.spec), self.W, args.quick,
+                         [s for s in args.studies.split(",") if s] if args.studies else None)
+        self.plan = spec
         self.dtype = getattr(torch, self.plan["dtype"])
-        self.heap = commsweep.process_heap(args.heap_mib << 20)
+        if heap is None:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", self.rank)))
+            heap = commsweep.process_heap(args.heap_mib << 20)
+        self.heap, self.device = heap, heap.device
+        self.cuda = self.device.type == "cuda"
         self.t0 = time.time()
         self.rows, self.skipped = [], 0
 
@@ -170,7 +179,7 @@ class Runner:
         variants = [("fused", None, True), ("fused", None, False), ("fused", {"from_registers": False}, True),
                     ("fused", {"tma_loads": False, "block_m": 64, "block_n": 64, "num_warps": 4}, True),
                     ("cublas+nccl", None, True), ("triton+all_gather", None, True)]
-        for M, N, K in CHECK_SHAPES:
+        for M, N, K in self.plan["check_shapes"]:
             if N % self.W:
                 continue
             a, bs = operands(M, N, K, self.W, self.rank, self.dtype, 99, self.device)
@@ -267,7 +276,8 @@ class Runner:
         key = (M, N, K)
         if self._inputs_key != key:
             self._inputs = None
-            self.torch.cuda.empty_cache()
+            if self.cuda:
+                self.torch.cuda.empty_cache()
             self._inputs = operands(M, N, K, self.W, self.rank, self.dtype, self.plan["seed"], self.device)
             self._inputs_key = key
         return self._inputs
@@ -277,13 +287,13 @@ class Runner:
         checks = [] if self.args.skip_checks else self.checks()
         if self.args.check_only:
             return checks
-        # clocks up before the first timed point
-        a = torch.randn(4096, 4096, device=self.device, dtype=self.dtype)
-        t = time.time()
-        while time.time() - t < 1.0:
-            a @ a
-        torch.cuda.synchronize()
-        del a
+        if self.cuda:  # clocks up before the first timed point
+            a = torch.randn(4096, 4096, device=self.device, dtype=self.dtype)
+            t = time.time()
+            while time.time() - t < 1.0:
+                a @ a
+            torch.cuda.synchronize()
+            del a
         points = self.plan["points"]
         done_baselines = set()
         last_shape = None
@@ -421,7 +431,8 @@ def main(argv=None):
         times, written = write_tables(r.rows, checks, Path(args.out), r.W, prov, r.skipped)
         report(times, checks, r.W, r.skipped)
         print("wrote", ", ".join(written), "to", args.out)
-    r.torch.cuda.synchronize()
+    if r.cuda:
+        r.torch.cuda.synchronize()
     r.tdist.barrier()
     failed = bool(checks) and not all(c["ok"] for c in checks)
     r.tdist.destroy_process_group()
