@@ -93,10 +93,9 @@ def _plan(a, b_local, heap, config, hints, out, scope) -> _ScatterPlan:
     else:
         heap.offset_of(out)  # raises unless out lives in the heap (peers address it by offset)
     on_gpu = a.device.type == "cuda"
-    sms = _sm_count(a.device.index if a.device.index is not None else torch.cuda.current_device()) \
-        if on_gpu else SIM_SMS
-    hopper = on_gpu and _capability(a.device.index if a.device.index is not None else
-                                    torch.cuda.current_device())[0] >= 9
+    index = (a.device.index if a.device.index is not None else torch.cuda.current_device()) if on_gpu else None
+    sms = _sm_count(index) if on_gpu else SIM_SMS
+    hopper = on_gpu and _capability(index)[0] >= 9
     cfg = as_config(config) or heuristic(M, n_local, K, a.dtype, sms)
     validate(cfg, esize)
     aligned = TensorDescriptor is not None and _tma_ok(a) and _tma_ok(b_local)
