@@ -225,10 +225,9 @@ class Runner:
         return dist.time_collective(fn, warmup=5, iters=iters)
 
     def measure(self, study, M, N, K, variant, config=None, hints=True):
-        from kernels.gemm_scatter.config import as_config, heuristic
+        from kernels.gemm_scatter.config import as_config
         from kernels.gemm_scatter.launch import plan_for
 
-        torch = self.torch
         rows = []
         a, bs = self.inputs(M, N, K)
         base = {"kind": "time", "study": study, "variant": variant, "M": M, "N": N, "K": K, "n_local": N // self.W,
