@@ -256,9 +256,16 @@ class StatusWatch:
         self._armed = True
 
     def poll(self) -> None:
-        """Raise for a timeout the device already reported; never waits."""
-        if self._armed and (not self.cuda or self._event.query()):
-            check_status(self._host, self.rank, self.what, self.names)
+        """Raise for a timeout the device already reported; never waits. Skipped
+        while a CUDA graph is being captured (an event query would break the capture)."""
+        if not self._armed:
+            return
+        if self.cuda:
+            import torch
+
+            if torch.cuda.is_current_stream_capturing() or not self._event.query():
+                return
+        check_status(self._host, self.rank, self.what, self.names)
 
     def check(self) -> None:
         """Wait for the last armed copy and raise for a timeout (synchronizes)."""

@@ -1,0 +1,442 @@
+"""Fused GEMM + all-scatter on a GPU node: correctness first, then every study of
+experiments/gemm_scatter.yaml, eager and CUDA-graph replayed, in one command
+per world size (one process per GPU, NVLink multicast off):
+
+    torchrun --nproc-per-node 2 experiments/run_gemm_scatter.py --out results/gemm_scatter/
+    torchrun --nproc-per-node 1 experiments/run_gemm_scatter.py --out results/gemm_scatter/
+    torchrun --nproc-per-node 4 experiments/run_gemm_scatter.py --out results/gemm_scatter/   # 4 and 8 GPUs
+    torchrun --nproc-per-node 8 experiments/run_gemm_scatter.py --out results/gemm_scatter/
+
+Writes, for world size W, under --out: ``checks_wW.csv`` (every variant and
+baseline against an fp32 torch product on odd and seed shapes, on every rank),
+``times_wW.csv`` (one row per timed point: study, shape, variant, config,
+timing mode, median and quartiles of the slowest rank, TFLOP/s),
+``summary_wW.csv`` (per shape and mode: the fused kernel against cuBLAS + NCCL
+and against the GEMM alone) and ``info_wW.csv``; every row carries provenance
+(git sha, versions, device, world size, knobs, the command). A point whose
+kernel fails is recorded with its error and the world resynchronizes; when the
+time budget (--budget-s) runs out, the remaining points are listed as skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+# NVLink multicast off before anything can initialize NCCL or symmetric memory.
+os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+SPEC = REPO / "experiments" / "gemm_scatter.yaml"
+MAX_SPINS = 1 << 26
+BASELINES = ("cublas+nccl", "triton+all_gather", "cublas_alone", "triton_alone")
+# (M, N, K): odd sizes (M=1, M not a multiple of any tile, N / W not a multiple of BLOCK_N
+# at W=2 and 4), then two seed shapes
+CHECK_SHAPES = [(1, 4096, 14336), (77, 1000, 264), (200, 3072, 520), (256, 4096, 4096), (1024, 8192, 4096)]
+
+
+# --------------------------------------------------------------------------
+# The spec, expanded to points (no GPU needed: tests count them)
+# --------------------------------------------------------------------------
+def _shapes(shape_set: dict, world_size: int) -> list[tuple[int, int, int]]:
+    out = []
+    for M in shape_set["M"]:
+        if "NK" in shape_set:
+            out += [(M, N, K) for N, K in shape_set["NK"]]
+        else:
+            out += [(M, world_size * n, K) for n, K in shape_set["n_local_K"]]
+    return out
+
+
+def _configs(study: dict) -> list[dict | None]:
+    if "configs" in study:
+        return list(study["configs"])
+    grid = study.get("grid") or {}
+    keys = list(grid)
+    out = []
+    for values in itertools.product(*(grid[k] for k in keys)):
+        cfg = dict(study.get("fixed") or {})
+        for k, v in zip(keys, values):
+            if k == "block_mn":
+                cfg["block_m"], cfg["block_n"] = v
+            else:
+                cfg[k] = v
+        limit = study.get("skip_if_acc_regs_over")
+        if limit and cfg["block_m"] * cfg["block_n"] / (32 * cfg["num_warps"]) > limit:
+            continue
+        out.append(cfg)
+    return out
+
+
+def load_plan(path: Path = SPEC, world_size: int = 2, quick: bool = False, studies=None) -> dict:
+    """The spec as a list of points (study, M, N, K, config dict or None, hints) and its settings."""
+    import yaml
+
+    spec = yaml.safe_load(Path(path).read_text())
+    sets = dict(spec["shape_sets"])
+    if quick:
+        sets.update((spec.get("quick") or {}).get("shape_sets") or {})
+    points = []
+    for study in spec["studies"]:
+        if studies and study["study"] not in studies:
+            continue
+        for M, N, K in _shapes(sets[study["shapes"]], world_size):
+            if N % world_size:
+                continue
+            for cfg in _configs(study):
+                hints = True
+                if cfg is not None and "hints" in cfg:
+                    cfg = dict(cfg)
+                    hints = cfg.pop("hints")
+                points.append({"study": study["study"], "M": M, "N": N, "K": K, "config": cfg, "hints": hints,
+                               "baselines": bool(study.get("baselines"))})
+    return {"points": points, "dtype": spec.get("dtype", "bfloat16"), "seed": spec.get("seed", 0),
+            "modes": spec.get("modes", ["eager", "graph"]), "baselines": spec.get("baselines", list(BASELINES)),
+            "check_shapes": [tuple(s) for s in spec.get("check_shapes", CHECK_SHAPES)]}
+
+
+# --------------------------------------------------------------------------
+# One rank
+# --------------------------------------------------------------------------
+def operands(M, N, K, W, rank, dtype, seed, device):
+    """A (same on every rank) and every rank's block of B, from seeds alone, scaled so C ~ N(0, 1)."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + M * 7 + N * 13 + K)
+    a = torch.randn((M, K), generator=g, device=device).to(dtype)
+    bs = [(torch.randn((K, N // W), generator=g, device=device) / math.sqrt(K)).to(dtype) for _ in range(W)]
+    return a, bs
+
+
+class Runner:
+    """One rank's share of the run. ``heap``: a symmetric heap to use instead of
+    making one (a simulated world's heap lets the tests drive every code path on a
+    CPU, with a one-rank gloo group already initialized)."""
+
+    def __init__(self, args, heap=None):
+        import torch
+        import torch.distributed as tdist
+
+        from kernels.comm import sweep as commsweep
+
+        self.torch, self.tdist, self.args = torch, tdist, args
+        if not tdist.is_initialized():
+            tdist.init_process_group("nccl")
+        self.rank, self.W = tdist.get_rank(), tdist.get_world_size()
+        spec = load_plan(Path(args.spec), self.W, args.quick,
+                         [s for s in args.studies.split(",") if s] if args.studies else None)
+        self.plan = spec
+        self.dtype = getattr(torch, self.plan["dtype"])
+        if heap is None:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", self.rank)))
+            heap = commsweep.process_heap(args.heap_mib << 20)
+        self.heap, self.device = heap, heap.device
+        self.cuda = self.device.type == "cuda"
+        self.t0 = time.time()
+        self.rows, self.skipped = [], 0
+
+    # ---- variants -------------------------------------------------------
+    def fn(self, variant, a, b, config=None, hints=True):
+        from kernels.gemm_scatter import gemm_all_scatter, gemm_alone, gemm_then_all_gather
+
+        heap = self.heap
+        if variant == "fused":
+            return lambda: gemm_all_scatter(a, b, heap, config=config, hints=hints, max_spins=MAX_SPINS)
+        if variant == "cublas+nccl":
+            return lambda: gemm_then_all_gather(a, b, heap, gemm="cublas", gather="nccl")
+        if variant == "triton+all_gather":
+            return lambda: gemm_then_all_gather(a, b, heap, gemm="triton", gather="triton")
+        if variant in ("cublas_alone", "triton_alone"):
+            return lambda: gemm_alone(a, b, gemm=variant.split("_")[0])
+        raise ValueError(f"unknown variant {variant!r}")
+
+    def agree(self, failed: int) -> bool:
+        """Whether any rank failed (every rank learns the same answer)."""
+        t = self.torch.tensor([failed], device=self.device)
+        self.tdist.all_reduce(t)
+        return bool(t.item())
+
+    def over_budget(self) -> bool:
+        t = self.torch.tensor([float(time.time() - self.t0 > self.args.budget_s)], device=self.device)
+        self.tdist.all_reduce(t, op=self.tdist.ReduceOp.MAX)
+        return bool(t.item())
+
+    # ---- correctness ----------------------------------------------------
+    def checks(self):
+        from kernels.gemm_scatter import reference
+
+        torch = self.torch
+        rows = []
+        variants = [("fused", None, True), ("fused", None, False), ("fused", {"from_registers": False}, True),
+                    ("fused", {"tma_loads": False, "block_m": 64, "block_n": 64, "num_warps": 4}, True),
+                    ("cublas+nccl", None, True), ("triton+all_gather", None, True)]
+        for M, N, K in self.plan["check_shapes"]:
+            if N % self.W:
+                continue
+            a, bs = operands(M, N, K, self.W, self.rank, self.dtype, 99, self.device)
+            ref = reference(a, bs)
+            for variant, cfg, hints in variants:
+                row = {"kind": "check", "variant": variant, "config": json.dumps(cfg), "hints": hints, "M": M,
+                       "N": N, "K": K, "rank": self.rank}
+                try:
+                    from kernels.gemm_scatter import out_buffer
+
+                    if variant == "fused":
+                        out_buffer(self.heap, M, N, self.dtype).view(torch.uint8).fill_(0xFF)  # NaN poison
+                    self.heap.barrier()
+                    got = self.fn(variant, a, bs[self.rank], cfg, hints)().float().clone()
+                    from kernels.gemm_scatter.launch import check_gemm_all_scatter
+
+                    check_gemm_all_scatter(self.heap)
+                    self.heap.barrier()  # nobody refills C while a peer still reads it
+                    err = (got - ref).abs()
+                    tol = 3e-2 + 2e-2 * ref.abs()
+                    bad = int((~(err <= tol)).sum())  # NaN counts as bad
+                    row.update(ok=bad == 0, bad_elements=bad, max_abs_err=float(err.nan_to_num(1e30).max()),
+                               error="")
+                except Exception as exc:  # noqa: BLE001 - recorded; the world resyncs
+                    row.update(ok=False, bad_elements=-1, error=f"{type(exc).__name__}: {exc}"[:500])
+                    traceback.print_exc()
+                if self.agree(int(not row["ok"] and row["bad_elements"] == -1)):
+                    self.heap.resync_flags()
+                rows.append(row)
+            self.heap.reset()
+        allrows = [None] * self.W
+        self.tdist.all_gather_object(allrows, rows)
+        return [r for part in allrows for r in part]
+
+    # ---- timing ---------------------------------------------------------
+    def time_point(self, fn, mode, flop):
+        from workbench import dist
+
+        per = max(1, min(20, int(2e12 / max(flop, 1))))  # calls per graph: ~2 TFLOP per replay at most
+        iters = max(5, min(30, int(4e13 / max(flop, 1))))
+        if mode == "graph":
+            return dist.time_collective(fn, warmup=3, iters=max(5, iters // per), graph=per)
+        return dist.time_collective(fn, warmup=5, iters=iters)
+
+    def measure(self, study, M, N, K, variant, config=None, hints=True):
+        from kernels.gemm_scatter.config import as_config
+        from kernels.gemm_scatter.launch import plan_for
+
+        rows = []
+        a, bs = self.inputs(M, N, K)
+        base = {"kind": "time", "study": study, "variant": variant, "M": M, "N": N, "K": K, "n_local": N // self.W,
+                "world_size": self.W, "dtype": self.plan["dtype"], "hints": hints if variant == "fused" else None}
+        if variant == "fused":
+            try:
+                p = plan_for(a, bs[self.rank], self.heap, config, hints=hints)
+                cfg = p.config
+                base.update(config=cfg.label(), config_given=json.dumps(config), grid=p.grid,
+                            tma_loads=p.meta["TMA_LOADS"], hints_in_force=p.hints,
+                            tiles=math.ceil(M / cfg.block_m) * math.ceil((N // self.W) / cfg.block_n),
+                            **{k: v for k, v in cfg.as_params().items() if k != "tma_loads"})
+            except ValueError as exc:  # a config the launcher refuses (e.g. too much shared memory)
+                cfg = as_config(config)
+                return [dict(base, timing=m, status="invalid", error=str(exc)[:300],
+                             config=cfg.label() if cfg else "") for m in self.plan["modes"]]
+        flop = 2 * M * N * K
+        for mode in self.plan["modes"]:
+            row = dict(base, timing=mode)
+            failed = 0
+            try:
+                t = self.time_point(self.fn(variant, a, bs[self.rank], config, hints), mode, flop / self.W)
+                if variant == "fused":
+                    from kernels.gemm_scatter.launch import check_gemm_all_scatter
+
+                    check_gemm_all_scatter(self.heap)
+                row.update(ms=t["ms"], q25_ms=t["q25_ms"], q75_ms=t["q75_ms"], loop_ms=t["loop_ms"],
+                           slowest_rank=t["slowest_rank"], iters=t["iters"], graph_calls=t["graph"],
+                           tflops=flop / (t["ms"] * 1e9), tflops_per_gpu=flop / self.W / (t["ms"] * 1e9),
+                           status="ok", error="")
+            except Exception as exc:  # noqa: BLE001 - recorded; the world resyncs and goes on
+                failed = 1
+                row.update(status="error", error=f"{type(exc).__name__}: {exc}"[:800])
+                traceback.print_exc()
+            if self.agree(failed):
+                self.heap.resync_flags()
+                if row["status"] == "ok":
+                    row.update(status="peer_error", error="another rank failed this point")
+            rows.append(row)
+        return rows
+
+    _inputs_key = None
+
+    def inputs(self, M, N, K):
+        key = (M, N, K)
+        if self._inputs_key != key:
+            self._inputs = None
+            if self.cuda:
+                self.torch.cuda.empty_cache()
+            self._inputs = operands(M, N, K, self.W, self.rank, self.dtype, self.plan["seed"], self.device)
+            self._inputs_key = key
+        return self._inputs
+
+    def run(self):
+        torch = self.torch
+        checks = [] if self.args.skip_checks else self.checks()
+        if self.args.check_only:
+            return checks
+        if self.cuda:  # clocks up before the first timed point
+            a = torch.randn(4096, 4096, device=self.device, dtype=self.dtype)
+            t = time.time()
+            while time.time() - t < 1.0:
+                a @ a
+            torch.cuda.synchronize()
+            del a
+        points = self.plan["points"]
+        done_baselines = set()
+        last_shape = None
+        for i, p in enumerate(points):
+            if self.over_budget():
+                self.skipped = len(points) - i
+                break
+            shape = (p["M"], p["N"], p["K"])
+            if shape != last_shape:
+                self.heap.reset()  # C and gather buffers of the last shape
+                last_shape = shape
+            if p["baselines"] and shape not in done_baselines:
+                for b in self.plan["baselines"]:
+                    self.rows += self.measure("baseline", *shape, b)
+                done_baselines.add(shape)
+            self.rows += self.measure(p["study"], *shape, "fused", p["config"], p["hints"])
+            if self.rank == 0 and i % 50 == 0:
+                print(f"[{time.time() - self.t0:6.0f} s] point {i}/{len(points)} {p['study']} {shape}", flush=True)
+        return checks
+
+
+# --------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------
+def summarize(times):
+    """Per (world size, shape, timing): the default fused call against cuBLAS + NCCL,
+    our GEMM + our all-gather and the GEMM alone; the best fused config too."""
+    import pandas as pd
+
+    ok = times[(times["status"] == "ok")]
+    if ok.empty:
+        return pd.DataFrame()
+    rows = []
+    base = ok[ok["study"] == "baseline"]
+    for (W, M, N, K, timing), g in base.groupby(["world_size", "M", "N", "K", "timing"]):
+        fused = ok[(ok["variant"] == "fused") & (ok["M"] == M) & (ok["N"] == N) & (ok["K"] == K)
+                   & (ok["timing"] == timing) & (ok["world_size"] == W)]
+        default = fused[fused["study"].isin(["m_sweep", "shapes", "weak"])]
+        if default.empty:
+            continue
+        ms = {v: g[g["variant"] == v]["ms"].min() for v in BASELINES}
+        d = default["ms"].min()
+        best = fused.loc[fused["ms"].idxmin()]
+        rows.append({"world_size": W, "M": M, "N": N, "K": K, "timing": timing, "fused_ms": d,
+                     "fused_config": default.iloc[0].get("config"), "best_fused_ms": best["ms"],
+                     "best_config": best.get("config"), **{f"{v}_ms": ms[v] for v in BASELINES},
+                     "speedup_vs_cublas_nccl": ms["cublas+nccl"] / d,
+                     "speedup_vs_triton_all_gather": ms["triton+all_gather"] / d,
+                     "vs_gemm_alone": d / min(ms["cublas_alone"], ms["triton_alone"]),
+                     "fused_tflops": 2 * M * N * K / (d * 1e9)})
+    return pd.DataFrame(rows)
+
+
+def write_tables(rows, checks, out: Path, W: int, prov: dict, skipped: int):
+    import pandas as pd
+
+    out.mkdir(parents=True, exist_ok=True)
+    extra = {**prov, "command": " ".join(["torchrun", f"--nproc-per-node {W}"] + sys.argv)}
+    times = pd.DataFrame(rows)
+    for df in (times,):
+        for k, v in extra.items():
+            df[k] = v if not isinstance(v, (list, dict)) else json.dumps(v)
+    written = []
+    if len(checks):
+        c = pd.DataFrame(checks)
+        for k, v in extra.items():
+            c[k] = v if not isinstance(v, (list, dict)) else json.dumps(v)
+        c.to_csv(out / f"checks_w{W}.csv", index=False)
+        written.append(f"checks_w{W}.csv")
+    if len(times):
+        times.to_csv(out / f"times_w{W}.csv", index=False)
+        written.append(f"times_w{W}.csv")
+        summary = summarize(times)
+        if len(summary):
+            summary.to_csv(out / f"summary_w{W}.csv", index=False)
+            written.append(f"summary_w{W}.csv")
+    info = pd.DataFrame([{**extra, "skipped_points": skipped, "rows": len(times)}])
+    info.to_csv(out / f"info_w{W}.csv", index=False)
+    written.append(f"info_w{W}.csv")
+    return times, written
+
+
+def report(times, checks, W, skipped):
+    import pandas as pd
+
+    pd.set_option("display.width", 220)
+    if len(checks):
+        c = pd.DataFrame(checks)
+        bad = c[~c["ok"].astype(bool)]
+        print(f"checks: {len(c) - len(bad)}/{len(c)} within bf16 tolerance of the fp32 product (all ranks)")
+        if len(bad):
+            print(bad[["rank", "variant", "config", "hints", "M", "N", "K", "bad_elements", "error"]].to_string(
+                index=False))
+    if times is None or times.empty:
+        return
+    ok = times[times["status"] == "ok"]
+    fused = ok[ok["variant"] == "fused"]
+    print(f"world size {W}: {len(times)} rows, {len(fused)} fused points "
+          f"({len(fused[fused['study'] == 'scatter'])} in the scatter study), {skipped} points skipped (budget), "
+          f"{int((times['status'] == 'error').sum())} errors")
+    s = summarize(times)
+    if len(s):
+        cols = ["timing", "M", "N", "K", "fused_ms", "cublas+nccl_ms", "cublas_alone_ms", "speedup_vs_cublas_nccl",
+                "vs_gemm_alone", "fused_tflops"]
+        print(s[cols].round(4).to_string(index=False))
+    h = ok[ok["study"] == "hints"]
+    if len(h):
+        piv = h.pivot_table(index=["timing", "block_m", "block_n"], columns="hints", values="ms", aggfunc="median")
+        if {True, False} <= set(piv.columns):
+            piv["gain"] = piv[False] / piv[True]
+            print("hints (median ms over the seed shapes):")
+            print(piv.round(4).to_string())
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(REPO / "results" / "gemm_scatter"), help="folder for the CSVs")
+    ap.add_argument("--spec", default=str(SPEC), help="experiment spec (default experiments/gemm_scatter.yaml)")
+    ap.add_argument("--quick", action="store_true", help="the spec's quick shape sets (a smoke run)")
+    ap.add_argument("--studies", default="", help="comma-separated studies to run (default: all)")
+    ap.add_argument("--check-only", action="store_true", help="only the correctness checks")
+    ap.add_argument("--skip-checks", action="store_true", help="no correctness checks (timing only)")
+    ap.add_argument("--budget-s", type=float, default=480, help="stop starting points after this many seconds")
+    ap.add_argument("--heap-mib", type=int, default=512, help="symmetric heap per GPU (MiB)")
+    args = ap.parse_args(argv)
+    if "RANK" not in os.environ:
+        ap.error("run under torchrun, e.g. torchrun --nproc-per-node 2 experiments/run_gemm_scatter.py --out DIR")
+    from workbench import provenance
+
+    r = Runner(args)
+    checks = r.run()
+    if r.rank == 0:
+        # every rank holds the same timings (the slowest rank's, from time_collective): rank 0 writes
+        prov = provenance.flat(provenance.collect(world_size=r.W))
+        times, written = write_tables(r.rows, checks, Path(args.out), r.W, prov, r.skipped)
+        report(times, checks, r.W, r.skipped)
+        print("wrote", ", ".join(written), "to", args.out)
+    if r.cuda:
+        r.torch.cuda.synchronize()
+    r.tdist.barrier()
+    failed = bool(checks) and not all(c["ok"] for c in checks)
+    r.tdist.destroy_process_group()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Configuration of the fused GEMM + all-scatter: ``ScatterConfig``, its
+validation, and the tile rule (``heuristic``) as a function of tiles per SM.
+
+The tile rule. The kernel is persistent: ``num_sms`` programs each take every
+``num_sms``-th tile, so its time is about ``rounds = ceil(tiles / SMs)``
+rounds of one tile each. Bigger tiles reuse each loaded byte more (a higher
+per-SM rate) but make fewer tiles: when a problem has fewer tiles than SMs
+the big tile leaves SMs idle, and a smaller tile that fills them wins even at
+a lower rate. The seed found exactly this on MI300X (``total_tiles <
+num_sms`` -> 64x64 tiles, else 128x64). ``heuristic`` scores every tile of
+``TILES`` by::
+
+    rounds * max(2 * BM * BN * K / rate + fixed,           # the MMA work of one tile
+                 (min(BM, M) * K + K * BN) * esize / per_sm_bw)   # its A rows and B columns
+
+and takes the cheapest (ties: the smaller tile, which wastes less MMA work on
+rows past M). ``rate`` and ``fixed`` are the GEMM family's least-squares fit
+to its H200 tiling sweep (``kernels.gemm.config._CANDIDATES``,
+``results/gemm_tiling/``), with the
+warps and stages that sweep found best per tile; ``per_sm_bw`` is each SM's
+share of the measured HBM copy bandwidth (``results/ceilings/``): a problem
+with few tiles cannot stream B at full bandwidth, which is what makes small M
+favour more, smaller tiles. 64x64 was not in that sweep: its rate is assumed
+at 3/4 of 64x128's (one warpgroup issuing half-width wgmma); notebook 06 shows
+the rule's regret against the best measured tile. The scatter's stores are
+posted writes that drain while the next tile's mainloop runs, so they are
+left out of the per-tile cost (the NVLink bound is in ``metrics.bounds_us``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import torch
+
+from kernels.gemm.config import _CANDIDATES as _GEMM_FIT
+from workbench.asm.resources import smem_per_block
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+SMEM_LIMIT_SM90 = smem_per_block(90)
+DEFAULT_MAX_SPINS = 1 << 26   # polls before a wait gives up (bounded: a silent peer is reported, never hangs)
+
+# (BLOCK_M, BLOCK_N) -> (BLOCK_K, warps, stages, per-SM TFLOP/s, fixed us per tile); see the module docstring
+TILES = {(bm, bn): (bk, w, st, rate, fixed) for (bm, bn, bk, w, st), (rate, fixed) in _GEMM_FIT.items()}
+TILES[(64, 64)] = (64, 4, 4, 0.75 * TILES[(64, 128)][3], TILES[(64, 128)][4])
+CANDIDATES = tuple(TILES)
+HBM_GBPS, DEVICE_SMS = 4277.0, 132  # H200: measured copy bandwidth (results/ceilings/nvidia-h200.json), SMs
+
+
+@dataclasses.dataclass(frozen=True)
+class ScatterConfig:
+    """Every knob of ``gemm_all_scatter``. ``None`` means "decide from the device"."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 4  # the pipeline depth (the seed's second overlap optimization: 2 -> 3 on MI300X)
+    num_sms: int | None = None  # programs launched; None = every SM (never more than tiles)
+    from_registers: bool = True  # scatter from the accumulator (True) or store C locally, then copy (False)
+    tma_loads: bool | None = None  # Hopper: A and B through TMA descriptors (None: when the device allows)
+    flatten: bool = False  # fuse the tile and K loops (pipeline across tiles)
+
+    def label(self) -> str:
+        s = f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} g{self.group_m}"
+        if self.num_sms is not None:
+            s += f" sm{self.num_sms}"
+        if not self.from_registers:
+            s += " copy"
+        if self.tma_loads is False:
+            s += " ptr"
+        if self.flatten:
+            s += " flat"
+        return s
+
+    def as_params(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+PARAMS = ScatterConfig().as_params()  # the names a sweep grid or a dict config may use
+
+
+def as_config(config: ScatterConfig | Mapping[str, Any] | None) -> ScatterConfig | None:
+    if config is None or isinstance(config, ScatterConfig):
+        return config
+    if isinstance(config, Mapping):
+        unknown = sorted(set(config) - set(PARAMS))
+        if unknown:
+            raise ValueError(f"gemm_all_scatter: unknown config field(s) {unknown}; known: {sorted(PARAMS)}")
+        return ScatterConfig(**config)
+    raise ValueError(f"gemm_all_scatter: config must be a ScatterConfig or a dict of its fields, got "
+                     f"{type(config).__name__}")
+
+
+def smem_bytes(c: ScatterConfig, elem_bytes: int = 2) -> int:
+    """Shared memory the pipeline asks for: A and B stages (C leaves from registers)."""
+    return (c.block_m * c.block_k + c.block_k * c.block_n) * elem_bytes * c.num_stages
+
+
+def validate(c: ScatterConfig, elem_bytes: int = 2) -> None:
+    for name in ("block_m", "block_n", "block_k"):
+        v = getattr(c, name)
+        if not isinstance(v, int) or v < 16 or v & (v - 1):
+            raise ValueError(f"gemm_all_scatter: {name}={v!r} must be a power of two >= 16")
+    if c.num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"gemm_all_scatter: num_warps={c.num_warps!r} must be 1, 2, 4, 8 or 16")
+    if not isinstance(c.num_stages, int) or c.num_stages < 1:
+        raise ValueError(f"gemm_all_scatter: num_stages={c.num_stages!r} must be an int >= 1")
+    if not isinstance(c.group_m, int) or c.group_m < 1:
+        raise ValueError(f"gemm_all_scatter: group_m={c.group_m!r} must be an int >= 1")
+    if c.num_sms is not None and (not isinstance(c.num_sms, int) or isinstance(c.num_sms, bool) or c.num_sms < 1):
+        raise ValueError(f"gemm_all_scatter: num_sms={c.num_sms!r} must be None or an int >= 1")
+    need = smem_bytes(c, elem_bytes)
+    if need > SMEM_LIMIT_SM90:
+        raise ValueError(f"gemm_all_scatter: {c.label()} needs {need} bytes of shared memory for its "
+                         f"{c.num_stages} pipeline stages, more than the {SMEM_LIMIT_SM90} an sm_90 block may "
+                         f"use; lower num_stages or block_k")
+
+
+def tiles_of(M: int, n_local: int, block_m: int, block_n: int) -> int:
+    return math.ceil(M / block_m) * math.ceil(n_local / block_n)
+
+
+def tile_estimate(M: int, n_local: int, K: int, tile: tuple[int, int], num_sms: int, esize: int = 2) -> float:
+    """The rule's time estimate (us) for one tile shape: rounds x the slower of the
+    tile's MMA work and its loads at one SM's share of HBM bandwidth."""
+    bm, bn = tile
+    rate, fixed = TILES[tile][3], TILES[tile][4]
+    mma_us = 2.0 * bm * bn * K / (rate * 1e6) + fixed
+    load_us = (min(bm, M) * K + K * bn) * esize / (HBM_GBPS / DEVICE_SMS * 1e3)
+    return math.ceil(tiles_of(M, n_local, bm, bn) / num_sms) * max(mma_us, load_us)
+
+
+def pick_tile(M: int, n_local: int, K: int, num_sms: int = DEVICE_SMS, esize: int = 2) -> tuple[int, int]:
+    """The rule's (BLOCK_M, BLOCK_N) for an (M, n_local) output with reduction K on ``num_sms`` SMs."""
+    return min(CANDIDATES, key=lambda t: (tile_estimate(M, n_local, K, t, num_sms, esize), t[0] * t[1]))
+
+
+def heuristic(M: int, n_local: int, K: int, dtype: torch.dtype = torch.bfloat16,
+              num_sms: int = DEVICE_SMS) -> ScatterConfig:
+    """The config ``gemm_all_scatter`` runs when none is given: the rule's tile with
+    the BLOCK_K, warps and stages the GEMM sweep found best for it (fewer stages
+    if they would not fit in shared memory)."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    bm, bn = pick_tile(M, n_local, K, num_sms, esize)
+    bk, warps, stages = TILES[(bm, bn)][:3]
+    cfg = ScatterConfig(block_m=bm, block_n=bn, block_k=bk if esize <= 2 else bk // 2, num_warps=warps,
+                        num_stages=stages)
+    while cfg.num_stages > 2 and smem_bytes(cfg, esize) > SMEM_LIMIT_SM90:
+        cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+    return cfg

@@ -1,0 +1,240 @@
+"""The public launcher of the fused GEMM + all-scatter: ``gemm_all_scatter``.
+
+validate -> plan (cached per call signature and heap) -> launch. The plan
+holds the config, the grid, the constants, C's heap buffer and the flags; a
+repeated call is a dictionary lookup, the TMA descriptors (their base pointers
+change from call to call), one launch and an asynchronous copy of the status
+word (``StatusWatch``). Nothing synchronizes the host in the default path.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import torch
+import triton
+
+from kernels.comm.remote import StatusWatch, wait_all_kernel
+from kernels.gemm.launch import PlanCache, TensorDescriptor, _capability, _sm_count, _tma_ok, config_key, \
+    tensor_signature
+from kernels.gemm_scatter.config import DEFAULT_MAX_SPINS, DTYPES, ScatterConfig, as_config, heuristic, validate
+from kernels.gemm_scatter.triton import _gemm_scatter_kernel
+from workbench.dtypes import triton_type
+
+__all__ = ["gemm_all_scatter", "check_gemm_all_scatter", "out_buffer", "plan_for", "compile_kernel"]
+
+PLAN_CACHE_SIZE = 256  # plans kept per heap
+SIM_SMS = 4  # programs in a simulated world (interpreter)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ScatterPlan:
+    """Everything ``gemm_all_scatter`` decides for one call signature."""
+
+    config: ScatterConfig
+    grid: int
+    out: torch.Tensor
+    flags: torch.Tensor
+    total: torch.Tensor
+    args: tuple  # run-time scalars after the tensors
+    meta: dict  # constexprs and launch options
+    hints: bool  # the 16-byte hint is in force (asked for and true for these shapes)
+    # TMA descriptors of the last A and B seen, by data pointer. A descriptor holds its
+    # tensor, so a pointer that matches is still that memory (same signature: same view).
+    descs: dict = dataclasses.field(default_factory=dict)
+
+    def descriptor(self, which: str, t: torch.Tensor, block) -> Any:
+        hit = self.descs.get(which)
+        if hit is None or hit[0] != t.data_ptr():
+            hit = self.descs[which] = (t.data_ptr(), TensorDescriptor.from_tensor(t, block))
+        return hit[1]
+
+
+def _check(a, b_local, heap) -> None:
+    if not isinstance(a, torch.Tensor) or not isinstance(b_local, torch.Tensor):
+        raise ValueError("gemm_all_scatter: a and b_local must be torch tensors")
+    if a.dim() != 2 or b_local.dim() != 2:
+        raise ValueError(f"gemm_all_scatter: need a (M, K) and b_local (K, N / world_size), got "
+                         f"a{tuple(a.shape)} and b_local{tuple(b_local.shape)}")
+    if a.shape[1] != b_local.shape[0]:
+        raise ValueError(f"gemm_all_scatter: inner dimensions differ: a is {tuple(a.shape)}, b_local is "
+                         f"{tuple(b_local.shape)} (need a (M, K) and b_local (K, N / world_size))")
+    if min(a.shape[0], a.shape[1], b_local.shape[1]) < 1:
+        raise ValueError(f"gemm_all_scatter: empty operand: a{tuple(a.shape)}, b_local{tuple(b_local.shape)}")
+    if a.dtype != b_local.dtype or a.dtype not in DTYPES:
+        raise ValueError(f"gemm_all_scatter: a and b_local must share a dtype among "
+                         f"{', '.join(str(d).replace('torch.', '') for d in DTYPES)}; got {a.dtype} and "
+                         f"{b_local.dtype}")
+    for name, t in (("a", a), ("b_local", b_local)):
+        if t.device.type != heap.device.type or (t.device.type == "cuda" and t.device != heap.device):
+            raise ValueError(f"gemm_all_scatter: {name} is on {t.device} but the heap of rank {heap.rank} is on "
+                             f"{heap.device}; put the operands on the heap's device")
+
+
+def out_buffer(heap, M: int, N: int, dtype: torch.dtype) -> torch.Tensor:
+    """The heap buffer ``gemm_all_scatter`` fills when no ``out`` is given (one per shape and dtype)."""
+    return heap.named(f"gemm_scatter.out.{(M, N)}.{dtype}", (M, N), dtype)
+
+
+def _plan(a, b_local, heap, config, hints, out, scope) -> _ScatterPlan:
+    _check(a, b_local, heap)
+    if scope not in ("sys", "gpu"):
+        raise ValueError(f"gemm_all_scatter: scope must be 'sys' (peers on other GPUs) or 'gpu', got {scope!r}")
+    W = heap.world_size
+    M, K = a.shape
+    n_local = b_local.shape[1]
+    N = W * n_local
+    esize = a.element_size()
+    if out is None:
+        out = out_buffer(heap, M, N, a.dtype)
+    elif tuple(out.shape) != (M, N) or out.dtype != a.dtype or not out.is_contiguous():
+        raise ValueError(f"gemm_all_scatter: out must be a contiguous ({M}, {N}) {a.dtype} heap tensor "
+                         f"(N = world_size * b_local.shape[1]), got {tuple(out.shape)} {out.dtype}")
+    else:
+        heap.offset_of(out)  # raises unless out lives in the heap (peers address it by offset)
+    on_gpu = a.device.type == "cuda"
+    index = (a.device.index if a.device.index is not None else torch.cuda.current_device()) if on_gpu else None
+    sms = _sm_count(index) if on_gpu else SIM_SMS
+    hopper = on_gpu and _capability(index)[0] >= 9
+    cfg = as_config(config) or heuristic(M, n_local, K, a.dtype, sms)
+    validate(cfg, esize)
+    aligned = TensorDescriptor is not None and _tma_ok(a) and _tma_ok(b_local)
+    if cfg.tma_loads and not (hopper and aligned):
+        raise ValueError("gemm_all_scatter: tma_loads=True needs an sm_90+ GPU and a, b_local with unit column "
+                         "stride and 16-byte aligned rows and base (K and N / world_size multiples of 8 for "
+                         "16-bit types); use tma_loads=None")
+    tma = bool(hopper and aligned) if cfg.tma_loads is None else cfg.tma_loads
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(n_local, cfg.block_n)
+    grid = max(1, min(cfg.num_sms or sms, tiles))
+    # The hint says every row of the scattered tile starts 16-byte aligned: true when C's
+    # base, its row length and every rank's column offset (multiples of n_local) are.
+    hints_ok = bool(hints) and out.data_ptr() % 16 == 0 and (N * esize) % 16 == 0 and (n_local * esize) % 16 == 0
+    meta = dict(WORLD=W, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, TMA_LOADS=tma,
+                FROM_REGISTERS=cfg.from_registers, HINTS=hints_ok, WAIT=not heap.simulated, FLATTEN=cfg.flatten,
+                SCOPE=scope, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    args = (M, n_local, K, a.stride(0), a.stride(1), b_local.stride(0), b_local.stride(1), out.stride(0))
+    return _ScatterPlan(cfg, grid, out, heap.flags("gemm_scatter", W), heap.flags("gemm_scatter.total", 1),
+                        args, meta, hints_ok)
+
+
+def _plans(heap) -> PlanCache:
+    cache = heap.cache("gemm_scatter")
+    plans = cache.get("plans")
+    if plans is None:
+        plans = cache["plans"] = PlanCache(PLAN_CACHE_SIZE)
+    return plans
+
+
+def plan_for(a, b_local, heap, config=None, *, hints=True, out=None, scope="sys") -> _ScatterPlan:
+    """The plan ``gemm_all_scatter`` runs for this call (made once per call signature)."""
+    try:
+        key = (tensor_signature(a), tensor_signature(b_local), config_key(config), bool(hints), scope,
+               None if out is None else (out.data_ptr(), tensor_signature(out)))
+    except AttributeError:  # not tensors: let the checks say what is wrong
+        _check(a, b_local, heap)
+        raise
+    plans = _plans(heap)
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans.put(key, _plan(a, b_local, heap, config, hints, out, scope))
+    return plan
+
+
+def _watch(heap) -> StatusWatch:
+    cache = heap.cache("gemm_scatter")
+    w = cache.get("status_watch")
+    if w is None:
+        w = cache["status_watch"] = StatusWatch(heap.status(), heap.rank, "gemm_scatter flags",
+                                                names=lambda i: f"tiles from rank {i}")
+    return w
+
+
+def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
+                     config: ScatterConfig | Mapping[str, Any] | None = None, hints: bool = True,
+                     out: torch.Tensor | None = None, check: bool = False, max_spins: int = DEFAULT_MAX_SPINS,
+                     scope: str = "sys") -> torch.Tensor:
+    """``C = A @ [B_0 | B_1 | ... | B_{W-1}]`` on every rank, each rank computing its column block.
+
+    a: (M, K), the same on every rank; b_local: (K, N / W), this rank's
+    columns of B; both bf16, fp16 or fp32, on the heap's device. Returns C
+    (M, N), N = W * b_local.shape[1], a heap tensor (``out`` if given, else a
+    heap buffer reused per shape: copy it, or ``heap.barrier()`` after reading,
+    before the next call fills it again). Every rank must make the same calls.
+
+    ``config``: a ``ScatterConfig`` or a dict of its fields (None: ``heuristic``).
+    ``hints``: state the 16-byte alignment of the translated pointers, so the
+    scatter stores are 128 bits wide (used when the shapes make it true).
+    A peer that never signals makes the bounded device-side wait give up and
+    record it; that surfaces as ``kernels.comm.remote.WaitTimeout`` naming the
+    rank at this rank's next call, at ``check_gemm_all_scatter(heap)``, or at
+    once with ``check=True`` (which synchronizes).
+    """
+    watch = _watch(heap)
+    watch.poll()  # an earlier call's timeout, if the device has reported one by now
+    p = plan_for(a, b_local, heap, config, hints=hints, out=out, scope=scope)
+    if p.meta["TMA_LOADS"]:
+        cfg = p.config
+        a_desc = p.descriptor("a", a, [cfg.block_m, cfg.block_k])
+        b_desc = p.descriptor("b", b_local, [cfg.block_k, cfg.block_n])
+    else:
+        a_desc = b_desc = None
+    status = heap.status()
+    heap.launch(_gemm_scatter_kernel, (p.grid,), a, b_local, a_desc, b_desc, p.out, heap.heap_bases, p.flags,
+                status, p.total, *p.args, heap.rank, max_spins, p.grid, p.config.group_m, **p.meta)
+    if heap.simulated:  # ranks take turns in the interpreter: wait in a launch of its own
+        heap.barrier()
+        heap.launch(wait_all_kernel, (1,), p.flags, p.total, p.grid, max_spins, status, WORLD=heap.world_size,
+                    SCOPE=scope)
+    watch.arm()
+    if check:
+        watch.check()
+    return p.out
+
+
+def check_gemm_all_scatter(heap) -> None:
+    """Raise ``WaitTimeout`` (naming this rank and the silent peer) if an earlier
+    ``gemm_all_scatter`` on this heap timed out. Synchronizes with the device."""
+    _watch(heap).check()
+
+
+# --------------------------------------------------------------------------
+# Assembly: the kernel cross-compiled without a GPU
+# --------------------------------------------------------------------------
+def compile_kernel(hints: bool, *, target="sm90", dtype: torch.dtype = torch.float16, world_size: int = 2,
+                   config: ScatterConfig | Mapping[str, Any] | None = None, tma_loads: bool = False, cache_dir):
+    """Cross-compile the kernel ``gemm_all_scatter`` launches, with the hint on or
+    off, for ``target`` ("sm90", "gfx942", ...) into ``cache_dir``; returns the
+    ``workbench.asm.cache.Entry`` (diff two with ``workbench.asm.diff``), or a
+    list of them when ``target`` is a list (one compilation run for all).
+
+    Shapes are run-time values; the compiler is told what the launcher's plan
+    knows for aligned shapes (pointers, N / W and K multiples of 16).
+    ``tma_loads=True`` (sm_90 only) builds the Hopper path with descriptor loads.
+    """
+    from workbench.asm.compile import cross_compile
+
+    cfg = as_config(config) or ScatterConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=2)
+    validate(cfg, torch.empty((), dtype=dtype).element_size())
+    targets = [target] if isinstance(target, str) else list(target)
+    if tma_loads and not all(t.startswith("sm") for t in targets):
+        raise ValueError(f"compile_kernel: tma_loads=True needs NVIDIA sm_90+ targets, got {target!r}")
+    ty = triton_type(dtype)
+    sig = {"a_ptr": f"*{ty}", "b_ptr": f"*{ty}", "c_ptr": f"*{ty}", "heap_bases": "*i64", "flags_ptr": "*i32",
+           "status_ptr": "*i32", "total_ptr": "*i32", "M": "i32", "N_LOCAL": "i32", "K": "i32",
+           "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32", "stride_cm": "i32",
+           "rank": "i32", "max_spins": "i32", "num_sms": "i32", "group_m": "i32"}
+    constexprs = {"WORLD": world_size, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                  "TMA_LOADS": tma_loads, "FROM_REGISTERS": cfg.from_registers, "HINTS": bool(hints),
+                  "WAIT": True, "FLATTEN": cfg.flatten, "SCOPE": "sys", "stride_ak": 1, "stride_bn": 1}
+    del sig["stride_ak"], sig["stride_bn"]
+    if tma_loads:
+        sig["a_desc"] = f"tensordesc<{ty}[{cfg.block_m}, {cfg.block_k}]>"
+        sig["b_desc"] = f"tensordesc<{ty}[{cfg.block_k}, {cfg.block_n}]>"
+    else:
+        constexprs.update(a_desc=None, b_desc=None)
+    divisible = ["a_ptr", "b_ptr", "c_ptr", "heap_bases", "flags_ptr", "status_ptr", "total_ptr", "N_LOCAL", "K",
+                 "stride_am", "stride_bk", "stride_cm"]
+    entries = cross_compile(_gemm_scatter_kernel, targets, signature=sig, constexprs=constexprs,
+                            divisible=divisible, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                            cache_dir=cache_dir)
+    return entries[0] if isinstance(target, str) else entries

@@ -1,0 +1,108 @@
+"""Triton kernel of the fused GEMM + all-scatter (see ``kernels.gemm_scatter``).
+
+One persistent program per SM walks the output tiles of ``A @ B_local`` (the
+tile schedule of ``kernels.gemm``) and stores each finished tile into every
+rank's C at this rank's column block, then signals completion by flags.
+"""
+import triton
+import triton.language as tl
+
+from kernels.common import interpreter
+from kernels.comm.remote import signal, wait_all
+from kernels.gemm.triton import _tile_coords
+
+if interpreter.active():
+    interpreter.patch()
+
+# Integers that vary between calls of one configuration stay unspecialized (no
+# recompiles): the rank, the wait bound, the grid, the swizzle, and M (the
+# seed's M sweep runs 1..1024 through one compiled kernel).
+_RUNTIME_INTS = ["M", "rank", "max_spins", "num_sms", "group_m"]
+
+
+@triton.jit
+def _peer_tile_ptrs(ptrs, rank, peer, heap_bases, HINTS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``ptrs`` (a tile of addresses in this rank's heap) on ``peer``: the heap
+    offset moved onto the peer's base (iris' ``translate``).
+
+    The integer round trip erases what the compiler knew about the addresses;
+    with HINTS the tile's rows are re-stated as runs of BLOCK_N contiguous
+    elements starting 16-byte aligned (the seed's ``hint=(1, BLOCK_N)``), on the
+    op that makes the pointer (a hint on a helper's result would be dropped
+    with the call). The launcher sets HINTS only when that is true: C's row
+    length and column offsets are multiples of 16 bytes.
+    """
+    here = tl.load(heap_bases + rank).to(tl.uint64)
+    there = tl.load(heap_bases + peer).to(tl.uint64)
+    out = (ptrs.to(tl.uint64, bitcast=True) - here + there).to(ptrs.dtype, bitcast=True)
+    if HINTS:
+        out = tl.max_contiguous(tl.multiple_of(out, (1, 16)), (1, BLOCK_N))
+    return out
+
+
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
+def _gemm_scatter_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, heap_bases, flags_ptr, status_ptr, total_ptr,
+                         M, N_LOCAL, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                         rank, max_spins, num_sms, group_m,
+                         WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, TMA_LOADS: tl.constexpr, FROM_REGISTERS: tl.constexpr,
+                         HINTS: tl.constexpr, WAIT: tl.constexpr, FLATTEN: tl.constexpr, SCOPE: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+    num_pid_n = (N_LOCAL + BLOCK_N - 1) // BLOCK_N
+    num_tiles = num_pid_m * num_pid_n
+    k_steps = (K + BLOCK_K - 1) // BLOCK_K
+    lane_k = tl.arange(0, BLOCK_K)
+    col0 = rank * N_LOCAL  # this rank's column block in every rank's C
+    for tile_id in tl.range(pid, num_tiles, num_sms, flatten=FLATTEN):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, group_m)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        rows = off_m + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if TMA_LOADS:
+            # Hopper: the copy engine zero-fills reads past the edges.
+            for kk in range(k_steps):
+                a = a_desc.load([off_m, kk * BLOCK_K])
+                b = b_desc.load([kk * BLOCK_K, off_n])
+                acc = tl.dot(a, b, acc)
+        else:
+            # Rows/columns past the edge read row/column 0 (always valid) and are
+            # never stored, so the loads need a mask on K only.
+            rows_in = tl.where(rows < M, rows, 0)
+            cols_in = tl.where(cols < N_LOCAL, cols, 0)
+            a_ptrs = a_ptr + rows_in[:, None] * stride_am + lane_k[None, :] * stride_ak
+            b_ptrs = b_ptr + lane_k[:, None] * stride_bk + cols_in[None, :] * stride_bn
+            for kk in range(k_steps):
+                k_left = K - kk * BLOCK_K
+                a = tl.load(a_ptrs, mask=lane_k[None, :] < k_left, other=0.0)
+                b = tl.load(b_ptrs, mask=lane_k[:, None] < k_left, other=0.0)
+                acc = tl.dot(a, b, acc)
+                a_ptrs += BLOCK_K * stride_ak
+                b_ptrs += BLOCK_K * stride_bk
+        tile = acc.to(c_ptr.dtype.element_ty)
+        mask = (rows[:, None] < M) & (cols[None, :] < N_LOCAL)
+        dst = c_ptr + rows[:, None].to(tl.int64) * stride_cm + (col0 + cols)[None, :]
+        if not FROM_REGISTERS:
+            # The seed's first version (iris ctx.put): C lands in local memory first,
+            # then every peer gets a copy read back from it.
+            tl.store(dst, tile, mask=mask)
+            tl.debug_barrier()  # every thread's part of the tile is written before anyone reads it back
+            tile = tl.load(dst, mask=mask)
+        # Straight from the accumulator (or the read-back) into every rank's C,
+        # starting with the next rank so that ranks do not all write rank 0 first.
+        for i in tl.static_range(WORLD):
+            peer = (rank + i) % WORLD
+            if FROM_REGISTERS or i > 0:
+                tl.store(_peer_tile_ptrs(dst, rank, peer, heap_bases, HINTS, BLOCK_N), tile, mask=mask)
+    # Completion: this program's stores, a CTA barrier, then a release add of 1
+    # to slot `rank` of every rank's flag array (kernels.comm.remote.signal).
+    for i in tl.static_range(WORLD):
+        signal(flags_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", SCOPE)
+    if WAIT:
+        # One program per rank waits (bounded, acquire) until every rank's whole
+        # grid has signalled: C is complete here when the kernel ends. The running
+        # total lives on the device, so CUDA-graph replays stay right.
+        if pid == 0:
+            wait_all(flags_ptr, total_ptr, num_sms, max_spins, status_ptr, WORLD, SCOPE)
