@@ -107,9 +107,14 @@ def config_for_block_m(block_m: int, K: int, *, deterministic: bool = False) -> 
     return cfg.replace(BLOCK_K=bk, DETERMINISTIC=deterministic)
 
 
+# Column tiles from the first H200 run (results/moe_mxfp4/rows.csv, KIMI-K2.5 shapes): at every
+# M from 4 to 256 the BM16 tile ran 6-12% faster 64 columns wide than 128 (twice the CTAs over the
+# 7168 output columns: more weight bytes in flight), except M = 16 and 32, where it was within 1-3.5%
+# of the best; at M = 16384 BM128 with 256-wide tiles ran 18% faster than 128-wide (0.90x the
+# bf16-weight grouped GEMM instead of 0.74x). BM32/BM64 were not the fastest anywhere.
 _BY_BLOCK_M = {
-    16: MoeMxfp4Config(BLOCK_M=16, NT=True),
+    16: MoeMxfp4Config(BLOCK_M=16, BLOCK_N=64, NT=True),
     32: MoeMxfp4Config(BLOCK_M=32, NT=True),
     64: MoeMxfp4Config(BLOCK_M=64, NT=False),
-    128: MoeMxfp4Config(BLOCK_M=128, BLOCK_N=128, num_warps=8, NT=False),
+    128: MoeMxfp4Config(BLOCK_M=128, BLOCK_N=256, num_warps=8, NT=False),
 }
