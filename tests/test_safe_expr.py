@@ -6,7 +6,7 @@ import pytest
 
 from workbench import safe_expr, safe_yaml
 from workbench.safe_expr import ExprError, check, evaluate, names_of
-from workbench.sweep import SpecError, parse_spec
+from workbench.spec import SpecError, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "experiments").glob("*.yaml"))
