@@ -42,6 +42,12 @@ class GemmConfig:
     # with this tile, stages, group and SM count; num_warps and the other
     # Triton-kernel knobs do not apply (4 warps per consumer warpgroup there).
     gluon: str | None = None
+    # An int runs the split-K kernel (``_gemm_splitk_kernel``: one program per tile
+    # and K piece, not persistent) with this many K pieces (1: no split); None: the
+    # persistent kernel. swap_ab (split-K kernel only): compute C^T = B^T A^T, the
+    # short M side as the MMA's narrow N.
+    split_k: int | None = None
+    swap_ab: bool = False
 
     def label(self) -> str:
         if self.gluon:
@@ -61,6 +67,10 @@ class GemmConfig:
             s += " ptr"
         if self.stream_k:
             s += " sk"
+        if self.split_k is not None:
+            s += f" k{self.split_k}"
+        if self.swap_ab:
+            s += " swap"
         return s
 
     def as_params(self) -> dict:
@@ -96,6 +106,8 @@ def smem_bytes(config: GemmConfig, elem_bytes: int = 2, tma: bool = True) -> int
     if c.gluon:   # the Gluon kernel's ring, C buffers, barriers and partition state
         return ws_smem_bytes(c.ws_config(), elem_bytes)
     stages = (c.block_m * c.block_k + c.block_k * c.block_n) * elem_bytes * c.num_stages
+    if c.split_k is not None:  # plain stores; swap_ab transposes the fp32 tile through shared memory
+        return stages + (c.block_m * c.block_n * 4 if c.swap_ab else 0)
     epilogue = c.block_m * c.block_n * elem_bytes // c.epilogue_split if tma and c.tma_store else 0
     return stages + epilogue
 
@@ -125,6 +137,17 @@ def validate_config(c: GemmConfig) -> None:
             raise ValueError("gemm: gluon configs run kernels.gemm.gluon (TMA, its own warp specialisation, no "
                              "stream-K): leave stream_k, warp_specialize and tma at their defaults")
         validate_ws(c.ws_config())
+    if c.split_k is not None:
+        if not isinstance(c.split_k, int) or isinstance(c.split_k, bool) or c.split_k < 1:
+            raise ValueError(f"gemm: split_k={c.split_k!r} must be None (the persistent kernel) or an int >= 1")
+        if c.stream_k or c.gluon or c.warp_specialize:
+            raise ValueError("gemm: split_k runs its own kernel (kernels.gemm.triton._gemm_splitk_kernel): "
+                             "leave stream_k, gluon and warp_specialize at their defaults")
+    if c.swap_ab and c.split_k is None:
+        raise ValueError("gemm: swap_ab=True belongs to the split-K kernel; set split_k (1 = no split) too")
+    if c.swap_ab and c.block_n < 64:
+        raise ValueError(f"gemm: swap_ab=True makes block_n the MMA's M side, which needs block_n >= 64, "
+                         f"got {c.block_n}")
     if c.warp_specialize and (c.tma_store or c.flatten):
         raise ValueError("gemm: warp_specialize=True needs tma_store=False and flatten=False (Triton 3.6's "
                          "Hopper warp specialisation rejects descriptor stores and flattened loops)")
@@ -298,7 +321,25 @@ def stream_k_plan(tiles: int, programs: int, k_steps: int) -> StreamKPlan:
     return StreamKPlan(tiles - tail, sk_programs, per, extra)
 
 
-_SK_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+# --------------------------------------------------------------------------
+# Split-K
+# --------------------------------------------------------------------------
+SPLIT_MIN_STEPS = 4  # K-steps per piece at least: a piece costs a pipeline fill and a partial written
+
+
+def split_for(tiles: int, k_steps: int, num_sms: int, waves: float = 1.0, max_split: int = 32) -> int:
+    """K pieces per tile so that ``tiles * split`` programs fill about ``waves``
+    rounds of the SMs, each piece at least SPLIT_MIN_STEPS K-steps long."""
+    want = math.ceil(waves * num_sms / max(tiles, 1))
+    return max(1, min(want, max_split, k_steps // SPLIT_MIN_STEPS))
+
+
+def split_pieces(k_steps: int, split: int) -> tuple[int, int]:
+    """(pieces, steps per piece) for a requested split: no piece is left empty."""
+    per = -(-k_steps // max(1, min(split, k_steps)))
+    return -(-k_steps // per), per
 
 
 

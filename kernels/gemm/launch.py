@@ -22,10 +22,10 @@ from kernels.common import cuda_context, interpreter
 from kernels.gemm import gluon
 from kernels.gemm.config import (
     DTYPES, MAXNREG, WS_DTYPES, GemmConfig, StreamKPlan, WsConfig, _as_config, _refuse_ws_on_gpu, heuristic,
-    num_warps, stream_k_plan, validate_config, validate_ws,
+    num_warps, split_pieces, stream_k_plan, validate_config, validate_ws,
 )
 from kernels.gemm.metrics import _mnk
-from kernels.gemm.triton import _gemm_ptr_kernel, _gemm_tma_kernel
+from kernels.gemm.triton import _gemm_ptr_kernel, _gemm_splitk_kernel, _gemm_tma_kernel
 from workbench.dtypes import triton_type
 
 try:  # triton >= 3.4
@@ -35,21 +35,30 @@ except ImportError:  # pragma: no cover
 
 _FALLBACK = "use kernels.gemm.matmul instead"
 _SK_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_RETIRED: list = []  # outgrown workspaces: a captured CUDA graph may still use them
 
 
-def _stream_k_workspace(device: torch.device, programs: int, tile_elems: int, sk_tiles: int):
-    """fp32 partial slots (2 per program) and per-tile arrival counters, zeroed once
-    and reused: the kernel resets every counter it completes. One pair per device
-    and stream, so calls on two streams never share counters."""
+def workspace(device: torch.device, elems: int, counters: int):
+    """fp32 partial slots and arrival counters (stream-K and split-K), zeroed once
+    and reused: the kernels reset every counter they complete. One pair per device
+    and stream, so calls on two streams never share counters; an outgrown pair is
+    kept alive (a CUDA graph captured with it still points there). Call it ahead
+    of a graph capture with the largest sizes, so the capture allocates nothing."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     ws, cnt = _SK_WORKSPACE.get(key, (None, None))
-    if ws is None or ws.numel() < programs * 2 * tile_elems or cnt.numel() < sk_tiles:
-        ws = torch.empty(max(programs * 2 * tile_elems, ws.numel() if ws is not None else 0),
-                         dtype=torch.float32, device=device)
-        cnt = torch.zeros(max(sk_tiles, cnt.numel() if cnt is not None else 0), dtype=torch.int32, device=device)
+    if ws is None or ws.numel() < elems or cnt.numel() < counters:
+        if ws is not None:
+            _RETIRED.append((ws, cnt))
+        ws = torch.empty(max(elems, ws.numel() if ws is not None else 0), dtype=torch.float32, device=device)
+        cnt = torch.zeros(max(counters, cnt.numel() if cnt is not None else 0), dtype=torch.int32, device=device)
         _SK_WORKSPACE[key] = (ws, cnt)
     return ws, cnt
+
+
+def _stream_k_workspace(device: torch.device, programs: int, tile_elems: int, sk_tiles: int):
+    """fp32 partial slots (2 per program) and per-tile arrival counters."""
+    return workspace(device, programs * 2 * tile_elems, sk_tiles)
 
 
 
@@ -169,7 +178,7 @@ def config_key(config) -> Any:
 class _GemmPlan:
     """Everything ``matmul`` decides for one call signature."""
 
-    kind: str  # "empty" (nothing to compute), "zero" (K == 0), "tma", "ptr" or "gluon"
+    kind: str  # "empty" (nothing to compute), "zero" (K == 0), "tma", "ptr", "splitk" or "gluon"
     M: int
     N: int
     K: int
@@ -177,7 +186,7 @@ class _GemmPlan:
     grid: tuple = (1,)
     args: tuple = ()  # run-time scalars after the tensors
     meta: dict = dataclasses.field(default_factory=dict)  # constexprs and launch options
-    sk_tiles: int = 0  # stream-K tiles (workspace counters); 0: no stream-K
+    sk_tiles: int = 0  # tiles with arrival counters (stream-K tail, split-K); 0: none
 
 
 _PLANS = PlanCache()
@@ -213,6 +222,9 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config) ->
         return _ws_plan(M, N, K, cfg.ws_config(), sms)
     if cfg.warp_specialize and on_gpu:
         _refuse_ws_on_gpu()
+    if cfg.split_k is not None:
+        return _splitk_plan(M, N, K, cfg, tma_ok=hopper and aligned if cfg.tma is None else cfg.tma,
+                            aligned=aligned, on_gpu=on_gpu)
     if cfg.tma is None:
         use_tma = hopper and aligned
     elif cfg.tma:
@@ -245,6 +257,18 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config) ->
                 STREAM_K=sk.sk_programs > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (M, N, K, programs, cfg.group_m, sk.dp_tiles, sk.sk_programs, sk.sk_iters_per, sk.sk_extra)
     return _GemmPlan("tma", M, N, K, cfg, (programs,), args, meta, tiles - sk.dp_tiles if sk.sk_programs else 0)
+
+
+def _splitk_plan(M: int, N: int, K: int, cfg: GemmConfig, tma_ok: bool, aligned: bool, on_gpu: bool) -> _GemmPlan:
+    if tma_ok and not aligned:
+        raise ValueError("gemm: tma=True needs unit stride in the last dimension and 16-byte aligned "
+                         "rows and base pointers (K and N multiples of 8 for 16-bit types)")
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    pieces, per = split_pieces(triton.cdiv(K, cfg.block_k), cfg.split_k)
+    meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_TMA=bool(tma_ok),
+                SWAP_AB=cfg.swap_ab, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return _GemmPlan("splitk", M, N, K, cfg, (tiles, pieces), (pieces, per), meta,
+                     tiles if pieces > 1 else 0)
 
 
 def plan_for(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | None = None) -> _GemmPlan:
@@ -288,6 +312,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
         c_desc = (TensorDescriptor.from_tensor(out, [cfg.block_m, cfg.block_n // cfg.epilogue_split])
                   if cfg.tma_store else None)
         _gemm_tma_kernel[p.grid](a_desc, b_desc, c_desc, out, out.stride(0), *p.args, ws, cnt, **p.meta)
+    elif p.kind == "splitk":
+        _launch_splitk(p, a, b, out)
     elif p.kind == "ptr":
         _gemm_ptr_kernel[p.grid](a, b, out, p.M, p.N, p.K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                                  out.stride(0), out.stride(1), *p.args, **p.meta)
@@ -296,6 +322,21 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
     elif p.kind == "zero":
         out.zero_()
     return out
+
+
+def _launch_splitk(p: _GemmPlan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    cfg = p.config
+    if p.sk_tiles:
+        ws, cnt = workspace(out.device, p.sk_tiles * p.grid[1] * cfg.block_m * cfg.block_n, p.sk_tiles)
+    else:
+        ws, cnt = out, out  # never touched
+    if p.meta["USE_TMA"]:
+        a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
+        b_desc = TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n])
+    else:
+        a_desc = b_desc = None
+    _gemm_splitk_kernel[p.grid](a_desc, b_desc, a, b, out, ws, cnt, p.M, p.N, p.K, a.stride(0), a.stride(1),
+                                b.stride(0), b.stride(1), out.stride(0), out.stride(1), *p.args, **p.meta)
 
 
 # --------------------------------------------------------------------------
@@ -444,6 +485,8 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
     validate_config(cfg)
     if cfg.gluon:
         return compile_args_ws(cfg.ws_config(), dtype, _mnk(shape) if shape else None)
+    if cfg.split_k is not None:
+        return _compile_args_splitk(cfg, dtype)
     t = triton_type(dtype)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     sig = {"a_desc": f"tensordesc<{t}[{bm}, {bk}]>", "b_desc": f"tensordesc<{t}[{bk}, {bn}]>",
@@ -462,3 +505,18 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
     return {"fn": _gemm_tma_kernel, "signature": sig, "constexprs": constexprs, "divisible": divisible,
             "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
+
+
+def _compile_args_splitk(cfg: GemmConfig, dtype: torch.dtype) -> dict:
+    """The split-K kernel on the TMA path (row-major operands, C stride a multiple of 16)."""
+    t = triton_type(dtype)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    sig = {"a_desc": f"tensordesc<{t}[{bm}, {bk}]>", "b_desc": f"tensordesc<{t}[{bk}, {bn}]>",
+           "a_ptr": f"*{t}", "b_ptr": f"*{t}", "c_ptr": f"*{t}", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+           "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32",
+           "split_k": "i32", "steps_per_split": "i32"}
+    constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "USE_TMA": True, "SWAP_AB": cfg.swap_ab,
+                  "stride_ak": 1, "stride_bn": 1, "stride_cn": 1}
+    return {"fn": _gemm_splitk_kernel, "signature": sig, "constexprs": constexprs,
+            "divisible": ["a_ptr", "b_ptr", "c_ptr", "ws_ptr", "stride_am", "stride_bk", "stride_cm"],
+            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
