@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SMALL = dict(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
 TINY = dict(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1)
+SPLIT = dict(block_m=16, block_n=64, block_k=32, num_warps=4, num_stages=2, split_k=1)
 # (name, M, N, K, dtype, config)
 CASES = [
     ("6x42x123-fp16-tiny", 6, 42, 123, "float16", TINY),
@@ -50,6 +51,20 @@ CASES = [
     ("64x64x512-fp32-tma-sk8", 64, 64, 512, "float32", dict(SMALL, tma=True, stream_k=True, num_sms=8)),
     ("130x264x256-bf16-tma-sk7-again", 130, 264, 256, "bfloat16",
      dict(SMALL, tma=True, stream_k=True, num_sms=7, group_m=2)),
+    # Split-K kernel (pieces of K meeting in the fp32 workspace), swapped (C^T = B^T A^T) or
+    # not, pointer loads (unaligned rows) and TMA; the cases share the arrival counters too.
+    ("1x7x64-fp16-swap", 1, 7, 64, "float16", dict(SPLIT, swap_ab=True, split_k=2)),
+    ("1x7x64-fp32-narrow", 1, 7, 64, "float32", dict(SPLIT, block_n=32, split_k=2)),
+    ("1x7x64-bf16-swap-k1", 1, 7, 64, "bfloat16", dict(SPLIT, swap_ab=True)),
+    ("3x4097x96-bf16-swap", 3, 4097, 96, "bfloat16", dict(SPLIT, block_n=256, swap_ab=True, split_k=3)),
+    ("3x4097x96-fp32-narrow", 3, 4097, 96, "float32", dict(SPLIT, block_n=256, split_k=2)),
+    ("130x257x96-fp16-split", 130, 257, 96, "float16", dict(SPLIT, block_m=32, block_n=64, split_k=3)),
+    ("130x257x96-fp32-swap", 130, 257, 96, "float32", dict(SPLIT, block_m=32, swap_ab=True, split_k=2)),
+    ("17x33x8200-bf16-swap", 17, 33, 8200, "bfloat16", dict(SPLIT, block_k=128, swap_ab=True, split_k=16)),
+    ("17x33x8200-fp16-narrow", 17, 33, 8200, "float16", dict(SPLIT, block_k=128, split_k=7)),
+    ("17x40x8200-fp32-swap-tma", 17, 40, 8200, "float32", dict(SPLIT, block_k=128, swap_ab=True, split_k=9,
+                                                               tma=True)),
+    ("17x40x8200-bf16-split-tma", 17, 40, 8200, "bfloat16", dict(SPLIT, block_k=128, split_k=5, tma=True)),
 ]
 
 _SCRIPT = textwrap.dedent("""
@@ -277,6 +292,24 @@ GPU_CASES = [
                                            tma_store=False, stream_k=True)),
     (1000, 3000, 2000, torch.float16, dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3,
                                            epilogue_split=2, stream_k=True)),
+    # split-K kernel: odd shapes (pointer loads), aligned ones (TMA), swapped or not
+    (1, 7, 64, torch.float16, dict(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=4, split_k=1,
+                                   swap_ab=True)),
+    (3, 4097, 96, torch.bfloat16, dict(block_m=16, block_n=64, block_k=32, num_warps=4, num_stages=3, split_k=3,
+                                       swap_ab=True)),
+    (130, 257, 96, torch.float32, dict(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3, split_k=3)),
+    (17, 33, 8200, torch.bfloat16, dict(block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=4,
+                                        split_k=16, swap_ab=True)),
+    (16, 4096, 4096, torch.bfloat16, dict(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=4,
+                                          split_k=5, swap_ab=True)),
+    (64, 4096, 14336, torch.float16, dict(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4,
+                                          split_k=4, swap_ab=True)),
+    (8, 5120, 2880, torch.float32, dict(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=2,
+                                        split_k=3, swap_ab=True)),
+    (32, 6144, 4096, torch.bfloat16, dict(block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=4,
+                                          split_k=4)),
+    (256, 4096, 4096, torch.bfloat16, dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4,
+                                           split_k=4)),
 ]
 
 
@@ -474,3 +507,56 @@ def test_wrong_out_is_refused_before_anything_is_written():
     with pytest.raises(ValueError, match="out must be"):
         gemm.matmul(a, b, TINY, out=out)
     assert (out == 7.0).all()
+
+
+# ------------------------------------------------------------- the shape zoo
+def _zoo():
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from run_gemm_zoo import load_shapes
+
+    return load_shapes()
+
+
+def test_zoo_is_what_the_generator_writes():
+    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "make_gemm_shapes.py"), "--check"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    zoo = _zoo()
+    bf16 = [s for s in zoo if s["dtype"] == "bfloat16"]
+    assert len(bf16) >= 80
+    assert sum(s["source"].startswith("irregular") for s in bf16) >= 40
+    assert {s["dtype"] for s in zoo} == {"bfloat16", "float16", "float32"}
+    halves = {s["split"] for s in bf16}
+    assert halves == {"fit", "held_out"}
+
+
+def test_heuristic_gives_a_valid_config_for_every_zoo_shape():
+    """No GPU needed: every zoo shape (aligned or not) gets a config that validates,
+    fits sm_90's shared memory and keeps the accumulator within the registers."""
+    for s in _zoo():
+        dtype = getattr(torch, s["dtype"])
+        es = dtype.itemsize
+        aligned = (s["K"] * es) % 16 == 0 and (s["N"] * es) % 16 == 0
+        cfg = gemm.heuristic(s["M"], s["N"], s["K"], dtype, 132, gluon=aligned, tma=aligned)
+        gconfig.validate_config(cfg)
+        assert gconfig.smem_bytes(cfg, es) <= gconfig.SMEM_LIMIT_SM90, (s, cfg)
+        warps = 8 if cfg.gluon == "coop" else 4 if cfg.gluon else cfg.num_warps
+        assert cfg.block_m * cfg.block_n // (32 * warps) <= 128, (s, cfg)
+        if not aligned:
+            assert not cfg.gluon and not cfg.stream_k and cfg.tma is not True, (s, cfg)
+
+
+@pytest.mark.gpu
+def test_gpu_heuristic_on_the_zoo():
+    """matmul with no config on every zoo shape up to 1e11 FLOP, outputs poisoned."""
+    for s in _zoo():
+        if 2 * s["M"] * s["N"] * s["K"] > 1e11:
+            continue
+        dtype = getattr(torch, s["dtype"])
+        inp = gsweep.make_inputs(s, dtype, "cuda", seed=7)
+        gsweep.poison(inp)
+        gemm.matmul(inp.a, inp.b, out=inp.out)
+        ref = gemm.reference(inp)
+        assert torch.isfinite(inp.out).all(), s
+        err = ((inp.out.float() - ref).norm() / ref.norm()).item()
+        assert err <= gsweep.tolerance(dtype), (s, err)

@@ -484,3 +484,65 @@ def validate_ws(config: WsConfig | Mapping[str, Any] | None, cls: type | None = 
                          f"{SMEM_LIMIT_SM90} per block; use fewer stages or a smaller tile")
     return c
 
+
+
+# --------------------------------------------------------------------------
+# The candidates the zoo sweep measures and the heuristic chooses among
+# --------------------------------------------------------------------------
+SMALL_M = 64  # M up to this: memory-bound on B; the split-K family's narrow tiles
+MID_M = 4096  # M up to this (and fewer tiles than two rounds): split-K of 64/128-row tiles too
+
+
+def _short_side(M: int) -> int:
+    """A tile side covering M rows: 16, 32 or 64."""
+    return 16 if M <= 16 else 32 if M <= 32 else 64
+
+
+def candidates(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
+               tma: bool = True, gluon: bool = True) -> dict[str, GemmConfig]:
+    """Named configurations worth trying on this problem (the zoo sweep times them
+    all; ``heuristic`` estimates each one's time and takes the cheapest). ``tma``:
+    the operands can travel through TMA descriptors (sm_90, 16-byte aligned rows);
+    ``gluon``: the Gluon kernels may run (sm_90, 16-bit, aligned)."""
+    elem = element_size(dtype)
+    st = dict(tma_store=False, group_m=8)
+    out: dict[str, GemmConfig] = {
+        "t128x256": GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4 if tma else 3, **st),
+        "t128x128": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=6 if tma else 4, **st),
+        "t64x128": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=6 if tma else 4, **st),
+        "t128x64": GemmConfig(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=4, **st),
+    }
+    if M > SMALL_M:  # two CTAs per SM: the tail of one overlaps the other's mainloop
+        out["t128x128x2"] = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3,
+                                       num_sms=2 * num_sms, **st)
+    tiles256 = math.ceil(M / 128) * math.ceil(N / 256)
+    if tma and tiles256 > num_sms and tiles256 % num_sms:
+        out["t128x256sk"] = _STREAM_K_CONFIG
+    if gluon and tma and dtype in (torch.bfloat16, torch.float16) and M > SMALL_M:
+        out["gl_pp"] = _GLUON_PINGPONG
+        out["gl_coop"] = _GLUON_COOP
+    k_steps = math.ceil(K / 128)
+    if M <= SMALL_M:
+        bm = _short_side(M)
+        t128 = math.ceil(N / 128)
+        t64 = math.ceil(N / 64)
+        sk = dict(num_warps=4, block_k=128, split_k=1, tma_store=False)
+        out["swap"] = GemmConfig(block_m=bm, block_n=128, num_stages=4, swap_ab=True,
+                                 **dict(sk, split_k=split_for(t128, k_steps, num_sms, 1.0)))
+        out["swap_w2"] = GemmConfig(block_m=bm, block_n=128, num_stages=4, swap_ab=True,
+                                    **dict(sk, split_k=split_for(t128, k_steps, num_sms, 2.0)))
+        out["swap_n64"] = GemmConfig(block_m=bm, block_n=64, num_stages=5, swap_ab=True,
+                                     **dict(sk, split_k=split_for(t64, k_steps, num_sms, 1.0)))
+        out["narrow"] = GemmConfig(block_m=bm, block_n=128, num_stages=4,
+                                   **dict(sk, split_k=split_for(t128, k_steps, num_sms, 1.0)))
+    if M <= MID_M:
+        k64 = math.ceil(K / 64)
+        t = math.ceil(M / 64) * math.ceil(N / 128)
+        if t < 2 * num_sms:
+            out["splitk64"] = GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=5, tma_store=False,
+                                         split_k=split_for(t, k64, num_sms, 1.0))
+        t = math.ceil(M / 128) * math.ceil(N / 128)
+        if t < 2 * num_sms and M > SMALL_M:
+            out["splitk128"] = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, tma_store=False,
+                                          split_k=split_for(t, k64, num_sms, 1.0))
+    return {name: _fit_smem(c, elem) for name, c in out.items()}
