@@ -101,10 +101,12 @@ def run_shapes(shapes: list[dict], phase: str, args, prov, out_csv: Path, best: 
         inp = gsweep.make_inputs(s, dt, args.device, seed=1000 + i)
         ref = gemm.reference(inp)
         a, b, c = inp.a, inp.b, inp.out
-        aligned = on_gpu and glaunch._tma_ok(a) and glaunch._tma_ok(b) and glaunch._tma_ok(c)
+        aligned = on_gpu and glaunch._tma_ok(a) and glaunch._tma_ok(b)
+        c_aligned = on_gpu and glaunch._tma_ok(c)
         configs = {}
         if phase == "sweep":
-            configs = gconfig.candidates(M, N, K, dt, sms, tma=aligned, gluon=aligned)
+            configs = gconfig.candidates(M, N, K, dt, sms, aligned=aligned, gluon=aligned and c_aligned,
+                                         c_aligned=c_aligned)
         else:
             configs["heuristic"] = None
             hit = (best or {}).get((M, N, K, s["dtype"]))

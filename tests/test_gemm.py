@@ -65,6 +65,13 @@ CASES = [
     ("17x40x8200-fp32-swap-tma", 17, 40, 8200, "float32", dict(SPLIT, block_k=128, swap_ab=True, split_k=9,
                                                                tma=True)),
     ("17x40x8200-bf16-split-tma", 17, 40, 8200, "bfloat16", dict(SPLIT, block_k=128, split_k=5, tma=True)),
+    # pad=True: unaligned A (K odd) and/or B (N odd) copied into aligned buffers, then TMA
+    ("17x33x8200-bf16-swap-pad", 17, 33, 8200, "bfloat16", dict(SPLIT, block_k=128, swap_ab=True, split_k=8,
+                                                               tma=True, pad=True)),
+    ("130x257x96-fp16-pad", 130, 257, 96, "float16", dict(SMALL, tma=True, tma_store=False, pad=True)),
+    ("3x4097x95-fp32-pad", 3, 4097, 95, "float32", dict(SPLIT, block_n=256, split_k=2, tma=True, pad=True)),
+    ("70x64x123-bf16-pad-sk", 70, 64, 123, "bfloat16",
+     dict(SMALL, tma=True, tma_store=False, stream_k=True, num_sms=3, pad=True)),
 ]
 
 _SCRIPT = textwrap.dedent("""
@@ -383,30 +390,33 @@ def test_stream_k_plan_skips_whole_rounds_and_short_k():
     assert gconfig.stream_k_plan(133, 132, 1).sk_programs == 0   # one K-step: nothing to split
 
 
-def test_heuristic_uses_stream_k_only_after_many_whole_rounds():
-    def h(M, N, K):
-        return gemm.heuristic(M, N, K, num_sms=132, gluon=False)
-
-    assert h(8192, 8192, 8192).stream_k        # 15 rounds + 68 tiles
-    assert not h(4096, 4096, 4096).stream_k    # 3 rounds: measured slower
-    assert not h(512, 4096, 7168).stream_k     # fewer tiles than SMs
-
-
-@pytest.mark.parametrize("M,N,K,expect", [
-    (4096, 4096, 4096, "coop"), (4096, 14336, 4096, "coop"),
-    (8192, 8192, 8192, None), (16384, 3584, 8192, None),  # Triton's stream-K tail, K >= 8192
-    (8192, 28672, 8192, "pingpong"),                      # 128x128 tiles fill the last round (99.6%)
-    (2048, 7168, 2048, "pingpong"),                       # Triton picks 128x128 there: same tile, ping-pong
-    (1024, 4096, 14336, None), (512, 4096, 7168, None),   # a round of tiles or less: the Triton kernel
-    (64, 64, 64, None)])
-def test_heuristic_picks_gluon_for_several_rounds_of_tiles(M, N, K, expect):
-    cfg = gemm.heuristic(M, N, K, num_sms=132)
-    assert cfg.gluon == expect
-    assert cfg.stream_k == ((M, N, K) in ((8192, 8192, 8192), (16384, 3584, 8192)))
-    assert gemm.heuristic(M, N, K, torch.float16, num_sms=132).gluon == expect
-    assert gemm.heuristic(M, N, K, torch.float32, num_sms=132).gluon is None     # Gluon kernel: 16-bit only
-    assert gemm.heuristic(M, N, K, num_sms=132, gluon=False).gluon is None
+@pytest.mark.parametrize("M,N,K", [(8192, 8192, 8192), (4096, 14336, 4096), (2048, 7168, 2048),
+                                   (512, 4096, 7168), (16, 4096, 4096), (1, 57344, 8192), (909, 4152, 2912),
+                                   (8147, 32, 514), (64, 64, 64)])
+def test_heuristic_is_the_cost_models_argmin(M, N, K):
+    """The rule is a cost model over candidates: what it returns is the candidate
+    with the least modelled time, for 16-bit and fp32, with and without Gluon."""
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for gl in (True, False):
+            cfg = gemm.heuristic(M, N, K, dtype, num_sms=132, gluon=gl)
+            cands = gconfig.candidates(M, N, K, dtype, 132, gluon=gl)
+            est = {n: gconfig.estimate_us(c, M, N, K, dtype, 132, gconfig.COST[n])
+                   for n, c in cands.items() if n in gconfig.COST}
+            assert cfg == cands[min(est, key=est.get)]
+            assert cfg.gluon is None or (gl and dtype != torch.float32)
     assert gemm.heuristic(M, N, K, num_sms=132, hopper=False).gluon is None
+
+
+def test_heuristic_small_m_takes_the_split_k_kernel():
+    for M, N, K in [(1, 4096, 4096), (16, 14336, 4096), (8, 8192, 28672)]:
+        cfg = gemm.heuristic(M, N, K, num_sms=132)
+        assert cfg.split_k is not None and cfg.block_m <= 64, cfg.label()
+
+
+def test_heuristic_pads_unaligned_operands():
+    cfg = gemm.heuristic(2313, 1024, 113, num_sms=132, gluon=False, tma=False)
+    assert cfg.pad and cfg.tma is not False and not cfg.gluon
+    assert gconfig.pad_bytes(2313, 1024, 113, torch.bfloat16) == 2313 * 113 * 2   # A only: N is aligned
 
 
 def test_gluon_config_validation_and_cpu_refusal():

@@ -48,6 +48,10 @@ class GemmConfig:
     # short M side as the MMA's narrow N.
     split_k: int | None = None
     swap_ab: bool = False
+    # Copy an operand whose rows TMA cannot address (row stride not a multiple of 16
+    # bytes, e.g. K or N odd in bf16; or not unit-stride) into a fresh aligned buffer
+    # first, so the TMA kernels run on it instead of the pointer kernel.
+    pad: bool = False
 
     def label(self) -> str:
         if self.gluon:
@@ -71,6 +75,8 @@ class GemmConfig:
             s += f" k{self.split_k}"
         if self.swap_ab:
             s += " swap"
+        if self.pad:
+            s += " pad"
         return s
 
     def as_params(self) -> dict:
@@ -165,32 +171,14 @@ def _refuse_ws_on_gpu() -> None:
 
 
 # --------------------------------------------------------------------------
-# Heuristic
+# Heuristic: a cost model over the candidates (see ``heuristic``)
 # --------------------------------------------------------------------------
-# (block_m, block_n, block_k, num_warps, num_stages) -> (per-SM rate in
-# TFLOP/s, fixed cost per tile in microseconds), fitted by least squares to
-# the H200 sweep (results/gemm_tiling/rows.parquet, 2026-11-21): for each tile,
-# time = rounds * (2*BM*BN*K / rate + fixed) over the shapes it ran on (35
-# shapes; 128x128 with 6 stages: the 8 goal shapes of the stages study; 64x128
-# with 6 stages: its 4-stage fit scaled by the 6/4-stage speed-up seen there).
-# All store C with plain stores (tma_store=False); what the sweep showed:
-# * 128x256x64, 8 warps: the best large-shape tile (two warpgroups, each
-#   64x256 through wgmma m64n256k16); 4 stages >= 3; plain stores ~= TMA stores.
-# * 128x128x64, 4 warps: 6 stages beat 4 by 5-14% on every goal shape
-#   (512x4096x7168: 700 vs 613 TFLOP/s); it wins when 128x256 tiles would
-#   leave SMs idle in the last round (M=512 or small N*M).
-# * 64x128 / 128x64: for small problems (more tiles to spread); 64x128 also
-#   likes deep pipelines (5-6 stages: ~+25% over 4).
-# * GROUP_M 8 is as good as any other value within the noise; 256x128 tiles and
-#   fewer programs than SMs never won.
-_CANDIDATES: dict[tuple[int, int, int, int, int], tuple[float, float]] = {
-    (128, 256, 64, 8, 4): (5.54, 2.0),
-    (128, 128, 64, 4, 6): (5.20, 0.6),
-    (64, 128, 64, 4, 6): (4.40, 0.5),
-    (128, 64, 64, 4, 4): (3.42, 0.8),
-}
-
-
+# Earlier rule (before the shape zoo): per-tile rates fitted to the 35 shapes of
+# results/gemm_tiling/ and a hand-made hand-over to the Gluon kernels; it ran
+# 1.01-1.05x cuBLAS on its own 8 goal shapes and 0.58-0.96x on shapes it had not
+# seen (16x4096x4096, 4000x3000x2000, 3072^3). The findings behind the fixed
+# configurations kept below: 128x256x64 with 8 warps is the best large-shape
+# tile; 128x128x64 wants a 6-deep pipeline; GROUP_M 8 is as good as any.
 # Stream-K tail (`stream_k_plan`) for big problems: the goal-shape table of
 # results/gemm_tiling/variants.csv (H200, 2026-11-21, cuBLAS in the same run)
 # measured it +1.5-2% on 8192^3 (15 whole rounds of 128x256 tiles + 68 of 132
@@ -219,8 +207,6 @@ SK_MIN_ROUNDS = 12
 # applies with a long K (8192^3: 1.030 vs coop 1.019; the split tiles' partial
 # sums are paid back over K, while a hidden epilogue is worth less the longer
 # the mainloop); else cooperative 128x256 tiles (4096^3, 4096x14336x4096).
-GLUON_PP_MIN_FILL = 0.99
-GLUON_SK_MIN_K = 8192
 _GLUON_PINGPONG = GemmConfig(block_m=128, block_n=128, block_k=64, num_stages=5, group_m=8, num_warps=4,
                              gluon="pingpong")
 _GLUON_COOP = GemmConfig(block_m=128, block_n=256, block_k=32, num_stages=6, group_m=8, num_warps=8,
@@ -229,42 +215,109 @@ _STREAM_K_CONFIG = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8,
                               tma_store=True, epilogue_split=2, stream_k=True)
 
 
-def _estimate_us(M: int, N: int, K: int, num_sms: int, tile, rate: float, fixed_us: float) -> float:
-    bm, bn = tile[0], tile[1]
+# What the model charges for work outside the tiles, from measured ceilings of an
+# H200 (results/gemm_zoo/ceilings_run1.json: device-to-device copy, read + write):
+HBM_GBPS = 4275.0
+PAD_LAUNCH_US = 2.0  # one more kernel (the copy into an aligned buffer) in the stream
+
+# Per candidate of ``candidates``: (TFLOP/s per program, GB/s per program, us per
+# tile, us per launch), fitted by experiments/fit_gemm_heuristic.py to the fit half
+# of the shape zoo (results/gemm_zoo/sweep.csv, CUDA-graph times); see
+# ``estimate_us`` for the model. A candidate without constants is never chosen.
+COST: dict[str, tuple[float, float, float, float]] = {
+    "gl_coop": (6.84, 78.8, 8.41, 0.266),
+    "gl_pp": (6.42, 95.6, 2.97, 5.46),
+    "narrow": (1.19, 30, 0.423, 6.25),
+    "splitk128": (4.41, 71.5, 0, 21.6),
+    "splitk64": (2.22, 53.5, 0, 10),
+    "swap": (1.35, 30, 1.56, 4.98),
+    "swap_n64": (1.35, 40, 5.49, 2.22),
+    "t128x128": (6.42, 95.6, 3.94, 4),
+    "t128x128x2": (3.66, 59, 8.56, 0),
+    "t128x256": (6.84, 86.8, 8.56, 0),
+    "t128x256sk": (5.32, 64.9, 0.221, 24.3),
+    "t128x64": (3.03, 71.5, 0, 7.46),
+    "t64x128": (4.15, 95.6, 1.17, 6.62),
+}
+
+
+def _resident(cfg: GemmConfig, elem: int) -> int:
+    """Programs of the split-K kernel one SM holds at once (shared memory decides)."""
+    return max(1, min(4, SMEM_PER_SM // (smem_bytes(cfg, elem) + 1024)))
+
+
+SMEM_PER_SM = 233472  # bytes of shared memory per SM on sm_90 (228 KiB)
+
+
+def work_units(cfg: GemmConfig, M: int, N: int, K: int, dtype: torch.dtype, num_sms: int) -> dict:
+    """The quantities the cost model counts for one config: rounds of programs
+    over the SMs, and one program's FLOP and bytes loaded per round."""
+    elem = element_size(dtype)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     tiles = math.ceil(M / bm) * math.ceil(N / bn)
-    rounds = math.ceil(tiles / num_sms)
-    per_tile_us = 2.0 * bm * bn * max(K, 1) / (rate * 1e12) * 1e6 + fixed_us
-    return rounds * per_tile_us
+    k_steps = math.ceil(K / bk)
+    pieces, per = split_pieces(k_steps, cfg.split_k) if cfg.split_k is not None else (1, k_steps)
+    if cfg.split_k is not None:
+        slots = num_sms * _resident(cfg, elem)
+    else:
+        slots = cfg.num_sms or num_sms
+    programs = tiles * pieces
+    rounds = programs / slots if cfg.stream_k else math.ceil(programs / slots)
+    k_len = min(K, per * bk)
+    return {"rounds": rounds, "flop": 2.0 * bm * bn * k_len, "bytes": (bm + bn) * k_len * elem,
+            "partials": 2.0 * 4 * bm * bn * programs if pieces > 1 else 0.0, "programs": programs}
+
+
+def estimate_us(cfg: GemmConfig, M: int, N: int, K: int, dtype: torch.dtype, num_sms: int,
+                const: tuple[float, float, float, float], pad_bytes: float = 0.0) -> float:
+    """Modelled time of ``cfg`` on an M x N x K product::
+
+        rounds * (max(flop / rate, bytes / bandwidth) + per_tile) + per_launch
+          + (split-K partials + padding copies) / HBM bandwidth
+
+    ``rounds`` counts wave quantisation (a last, partial round costs a whole one;
+    stream-K's tail is spread, so there it is fractional); flop and bytes are one
+    program's share of a round (its tile, over its K range); tf32 (fp32 inputs)
+    runs at half the 16-bit rate."""
+    rate, bw, per_tile, per_launch = const
+    if dtype == torch.float32:
+        rate = rate / 2
+    w = work_units(cfg, M, N, K, dtype, num_sms)
+    tile_us = max(w["flop"] / (rate * 1e6), w["bytes"] / (bw * 1e3)) + per_tile
+    extra = (w["partials"] + 2.0 * pad_bytes) / (HBM_GBPS * 1e3) + (PAD_LAUNCH_US if pad_bytes else 0.0)
+    return w["rounds"] * tile_us + per_launch + extra
+
+
+def pad_bytes(M: int, N: int, K: int, dtype: torch.dtype) -> float:
+    """Bytes the padding copies read (and write again): A when its rows (K) are
+    not 16-byte multiples, B when N's are not."""
+    es = element_size(dtype)
+    return (M * K * es if (K * es) % 16 else 0) + (K * N * es if (N * es) % 16 else 0)
 
 
 def heuristic(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
-              hopper: bool = True, gluon: bool = True) -> GemmConfig:
-    """The config this module runs when none is given (see the module docstring).
-    ``gluon=False`` keeps to the Triton kernel (e.g. for operands TMA cannot take)."""
+              hopper: bool = True, gluon: bool = True, tma: bool = True, c_aligned: bool = True) -> GemmConfig:
+    """The config ``matmul`` runs when none is given: of ``candidates``, the one
+    ``estimate_us`` (constants ``COST``, fitted on the fit half of the shape zoo)
+    says is fastest. ``tma=False``: some operand's rows are not 16-byte aligned
+    (the candidates then copy it into an aligned buffer first, and the model
+    charges the copy); ``gluon=False`` keeps to the Triton kernels;
+    ``c_aligned=False``: C's rows are not aligned (no TMA stores)."""
     if not hopper:
         # Pointer path (interpreter, pre-Hopper): modest tiles.
         return GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3, group_m=8)
-    elem = element_size(dtype)
+    extra = 0.0 if tma else pad_bytes(M, N, K, dtype)
     best, best_t = None, float("inf")
-    for key, (rate, fixed) in _CANDIDATES.items():
-        bm, bn, bk, w, s = key
-        t = _estimate_us(M, N, K, num_sms, key, rate, fixed)
+    for name, cfg in candidates(M, N, K, dtype, num_sms, aligned=tma, gluon=gluon, c_aligned=c_aligned).items():
+        const = COST.get(name)
+        if const is None:
+            continue
+        t = estimate_us(cfg, M, N, K, dtype, num_sms, const, extra)
         if t < best_t:
-            best, best_t = GemmConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s,
-                                      tma_store=False, group_m=8), t
-    tiles = math.ceil(M / best.block_m) * math.ceil(N / best.block_n)
-    stream_k = best.block_n == 256 and tiles % num_sms and tiles // num_sms >= SK_MIN_ROUNDS
-    big_tiles = math.ceil(M / 128) * math.ceil(N / 256)
-    if gluon and dtype in (torch.bfloat16, torch.float16) and big_tiles > num_sms and best.block_m == 128:
-        pp_tiles = math.ceil(M / 128) * math.ceil(N / 128)
-        pp_fill = pp_tiles / (math.ceil(pp_tiles / num_sms) * num_sms)   # last round's share of SMs busy
-        if best.block_n == 128 or pp_fill >= GLUON_PP_MIN_FILL:
-            return _GLUON_PINGPONG
-        if best.block_n == 256 and not (stream_k and K >= GLUON_SK_MIN_K):
-            return _GLUON_COOP
-    if stream_k:
-        best = _STREAM_K_CONFIG
-    return _fit_smem(best, elem)
+            best, best_t = cfg, t
+    if best is None:  # no fitted constants (never in a release): the large-tile default
+        best = candidates(M, N, K, dtype, num_sms, aligned=tma, gluon=False, c_aligned=c_aligned)["t128x256"]
+    return best
 
 
 def _fit_smem(cfg: GemmConfig, elem_bytes: int, limit: int = SMEM_LIMIT_SM90) -> GemmConfig:
@@ -326,14 +379,22 @@ def stream_k_plan(tiles: int, programs: int, k_steps: int) -> StreamKPlan:
 # --------------------------------------------------------------------------
 # Split-K
 # --------------------------------------------------------------------------
-SPLIT_MIN_STEPS = 4  # K-steps per piece at least: a piece costs a pipeline fill and a partial written
+SPLIT_MIN_STEPS = 2  # K-steps per piece at least: a piece costs a pipeline fill and a partial written
+SPLIT_PENALTY = 0.5  # K-steps a piece's partial (written, read back) costs, in the choice below
 
 
-def split_for(tiles: int, k_steps: int, num_sms: int, waves: float = 1.0, max_split: int = 32) -> int:
-    """K pieces per tile so that ``tiles * split`` programs fill about ``waves``
-    rounds of the SMs, each piece at least SPLIT_MIN_STEPS K-steps long."""
-    want = math.ceil(waves * num_sms / max(tiles, 1))
-    return max(1, min(want, max_split, k_steps // SPLIT_MIN_STEPS))
+def split_for(tiles: int, k_steps: int, num_sms: int, max_split: int = 32) -> int:
+    """K pieces per tile: the split whose programs finish soonest, counting the
+    rounds they take (``ceil(tiles * split / SMs)``, wave quantisation) times the
+    K-steps of one piece, plus SPLIT_PENALTY per piece beyond the first; each
+    piece at least SPLIT_MIN_STEPS K-steps long."""
+    best, best_cost = 1, float("inf")
+    for split in range(1, max(1, min(max_split, k_steps // SPLIT_MIN_STEPS)) + 1):
+        pieces, per = split_pieces(k_steps, split)
+        cost = math.ceil(tiles * pieces / num_sms) * per + SPLIT_PENALTY * (pieces > 1) * pieces
+        if cost < best_cost:
+            best, best_cost = pieces, cost
+    return best
 
 
 def split_pieces(k_steps: int, split: int) -> tuple[int, int]:
@@ -499,26 +560,29 @@ def _short_side(M: int) -> int:
 
 
 def candidates(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
-               tma: bool = True, gluon: bool = True) -> dict[str, GemmConfig]:
+               aligned: bool = True, gluon: bool = True, c_aligned: bool = True) -> dict[str, GemmConfig]:
     """Named configurations worth trying on this problem (the zoo sweep times them
-    all; ``heuristic`` estimates each one's time and takes the cheapest). ``tma``:
-    the operands can travel through TMA descriptors (sm_90, 16-byte aligned rows);
-    ``gluon``: the Gluon kernels may run (sm_90, 16-bit, aligned)."""
+    all; ``heuristic`` estimates each one's time and takes the cheapest), for an
+    sm_90 GPU. ``aligned``: A's and B's rows are 16-byte aligned (TMA takes them
+    as they are; else every candidate pads them, and "ptr", the pointer kernel,
+    is added for comparison); ``gluon``: the Gluon kernels may run (sm_90, 16-bit,
+    aligned); ``c_aligned``: C's rows are aligned too (TMA stores)."""
     elem = element_size(dtype)
     st = dict(tma_store=False, group_m=8)
     out: dict[str, GemmConfig] = {
-        "t128x256": GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4 if tma else 3, **st),
-        "t128x128": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=6 if tma else 4, **st),
-        "t64x128": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=6 if tma else 4, **st),
+        "t128x256": GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, **st),
+        "t128x128": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=6, **st),
+        "t64x128": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=6, **st),
         "t128x64": GemmConfig(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=4, **st),
     }
     if M > SMALL_M:  # two CTAs per SM: the tail of one overlaps the other's mainloop
         out["t128x128x2"] = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3,
                                        num_sms=2 * num_sms, **st)
     tiles256 = math.ceil(M / 128) * math.ceil(N / 256)
-    if tma and tiles256 > num_sms and tiles256 % num_sms:
-        out["t128x256sk"] = _STREAM_K_CONFIG
-    if gluon and tma and dtype in (torch.bfloat16, torch.float16) and M > SMALL_M:
+    if tiles256 > num_sms and tiles256 % num_sms:
+        out["t128x256sk"] = _STREAM_K_CONFIG if c_aligned else dataclasses.replace(
+            _STREAM_K_CONFIG, tma_store=False, epilogue_split=1)
+    if gluon and aligned and c_aligned and dtype in (torch.bfloat16, torch.float16) and M > SMALL_M:
         out["gl_pp"] = _GLUON_PINGPONG
         out["gl_coop"] = _GLUON_COOP
     k_steps = math.ceil(K / 128)
@@ -526,23 +590,33 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_
         bm = _short_side(M)
         t128 = math.ceil(N / 128)
         t64 = math.ceil(N / 64)
-        sk = dict(num_warps=4, block_k=128, split_k=1, tma_store=False)
+        sk = dict(num_warps=4, block_k=128, tma_store=False)
         out["swap"] = GemmConfig(block_m=bm, block_n=128, num_stages=4, swap_ab=True,
-                                 **dict(sk, split_k=split_for(t128, k_steps, num_sms, 1.0)))
-        out["swap_w2"] = GemmConfig(block_m=bm, block_n=128, num_stages=4, swap_ab=True,
-                                    **dict(sk, split_k=split_for(t128, k_steps, num_sms, 2.0)))
+                                 split_k=split_for(t128, k_steps, num_sms), **sk)
+        out["swap_k64"] = GemmConfig(block_m=bm, block_n=128, num_stages=6, swap_ab=True,
+                                     split_k=split_for(t128, math.ceil(K / 64), num_sms),
+                                     **dict(sk, block_k=64))
         out["swap_n64"] = GemmConfig(block_m=bm, block_n=64, num_stages=5, swap_ab=True,
-                                     **dict(sk, split_k=split_for(t64, k_steps, num_sms, 1.0)))
+                                     split_k=split_for(t64, k_steps, num_sms), **sk)
         out["narrow"] = GemmConfig(block_m=bm, block_n=128, num_stages=4,
-                                   **dict(sk, split_k=split_for(t128, k_steps, num_sms, 1.0)))
+                                   split_k=split_for(t128, k_steps, num_sms), **sk)
+    if N <= SMALL_M:  # tall and skinny: a narrow tile on the N side, split-K for the SMs
+        bn = _short_side(N)
+        t = math.ceil(M / 128)
+        out["tall"] = GemmConfig(block_m=128, block_n=bn, block_k=128, num_warps=4, num_stages=4,
+                                 tma_store=False, split_k=split_for(t, k_steps, num_sms))
     if M <= MID_M:
         k64 = math.ceil(K / 64)
         t = math.ceil(M / 64) * math.ceil(N / 128)
         if t < 2 * num_sms:
-            out["splitk64"] = GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=5, tma_store=False,
-                                         split_k=split_for(t, k64, num_sms, 1.0))
+            out["splitk64"] = GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=5,
+                                         tma_store=False, split_k=split_for(t, k64, num_sms))
         t = math.ceil(M / 128) * math.ceil(N / 128)
         if t < 2 * num_sms and M > SMALL_M:
-            out["splitk128"] = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, tma_store=False,
-                                          split_k=split_for(t, k64, num_sms, 1.0))
+            out["splitk128"] = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4,
+                                          tma_store=False, split_k=split_for(t, k64, num_sms))
+    if not aligned:
+        out = {name: dataclasses.replace(c, pad=True) for name, c in out.items()}
+        out["ptr"] = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3, group_m=8,
+                                tma=False)
     return {name: _fit_smem(c, elem) for name, c in out.items()}

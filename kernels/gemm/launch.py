@@ -187,6 +187,8 @@ class _GemmPlan:
     args: tuple = ()  # run-time scalars after the tensors
     meta: dict = dataclasses.field(default_factory=dict)  # constexprs and launch options
     sk_tiles: int = 0  # tiles with arrival counters (stream-K tail, split-K); 0: none
+    pad_a: int = 0  # > 0: copy A into a buffer of this many columns first (TMA needs aligned rows)
+    pad_b: int = 0  # the same for B
 
 
 _PLANS = PlanCache()
@@ -207,12 +209,15 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config) ->
     hopper = on_gpu and _capability(dev_index)[0] >= 9
     sm90 = on_gpu and _capability(dev_index)[0] == 9
     sms = _sm_count(dev_index) if on_gpu else 4
-    # A fresh C is contiguous and aligned; a given one is judged by its own signature.
-    c_ok = out is None or _tma_ok(out)
-    aligned = TensorDescriptor is not None and _tma_ok(a) and _tma_ok(b) and c_ok
+    # A fresh C is contiguous: its rows are aligned when N's are; a given one is judged by itself.
+    a_ok, b_ok = _tma_ok(a), _tma_ok(b)
+    c_ok = _tma_ok(out) if out is not None else (N * a.element_size()) % 16 == 0
+    have_desc = TensorDescriptor is not None
+    aligned = have_desc and a_ok and b_ok and c_ok
     cfg = _as_config(config)
     if cfg is None:
-        cfg = heuristic(M, N, K, a.dtype, sms, hopper=hopper, gluon=aligned and sm90)
+        cfg = heuristic(M, N, K, a.dtype, sms, hopper=hopper, gluon=aligned and sm90, tma=aligned,
+                        c_aligned=c_ok)
     validate_config(cfg)
     if cfg.gluon:
         if not (sm90 and aligned and a.dtype in WS_DTYPES):
@@ -222,20 +227,26 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config) ->
         return _ws_plan(M, N, K, cfg.ws_config(), sms)
     if cfg.warp_specialize and on_gpu:
         _refuse_ws_on_gpu()
-    if cfg.split_k is not None:
-        return _splitk_plan(M, N, K, cfg, tma_ok=hopper and aligned if cfg.tma is None else cfg.tma,
-                            aligned=aligned, on_gpu=on_gpu)
-    if cfg.tma is None:
-        use_tma = hopper and aligned
-    elif cfg.tma:
-        if not aligned:
+    tma_wanted = hopper if cfg.tma is None else cfg.tma
+    if cfg.tma and on_gpu and not hopper:
+        raise ValueError("gemm: tma=True needs an sm_90+ GPU (Hopper)")
+    # cfg.pad: operands TMA cannot address are copied into aligned buffers at each call.
+    pads = {}
+    if cfg.pad and tma_wanted and have_desc:
+        pads = dict(pad_a=0 if a_ok else _aligned_cols(K, a), pad_b=0 if b_ok else _aligned_cols(N, b))
+    ops_ok = have_desc and (a_ok or bool(pads.get("pad_a"))) and (b_ok or bool(pads.get("pad_b")))
+    if cfg.split_k is not None:  # C leaves through plain stores
+        if cfg.tma and not ops_ok:
             raise ValueError("gemm: tma=True needs unit stride in the last dimension and 16-byte aligned "
-                             "rows and base pointers (K and N multiples of 8 for 16-bit types)")
-        if on_gpu and not hopper:
-            raise ValueError("gemm: tma=True needs an sm_90+ GPU (Hopper)")
-        use_tma = True
-    else:
-        use_tma = False
+                             "rows and base pointers (K and N multiples of 8 for 16-bit types), or pad=True")
+        return _splitk_plan(M, N, K, cfg, bool(tma_wanted and ops_ok), pads)
+    tma_ok = ops_ok and (c_ok or not cfg.tma_store)
+    if cfg.tma and not tma_ok:
+        raise ValueError("gemm: tma=True needs unit stride in the last dimension and 16-byte aligned "
+                         "rows and base pointers (K and N multiples of 8 for 16-bit types)")
+    use_tma = bool(tma_wanted and tma_ok)
+    if not use_tma:
+        pads = {}
 
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     if cfg.stream_k and not use_tma and config is None:  # the heuristic's choice, on unaligned operands
@@ -256,19 +267,30 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config) ->
                 EPILOGUE_SPLIT=cfg.epilogue_split, FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize,
                 STREAM_K=sk.sk_programs > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (M, N, K, programs, cfg.group_m, sk.dp_tiles, sk.sk_programs, sk.sk_iters_per, sk.sk_extra)
-    return _GemmPlan("tma", M, N, K, cfg, (programs,), args, meta, tiles - sk.dp_tiles if sk.sk_programs else 0)
+    return _GemmPlan("tma", M, N, K, cfg, (programs,), args, meta, tiles - sk.dp_tiles if sk.sk_programs else 0,
+                     **pads)
 
 
-def _splitk_plan(M: int, N: int, K: int, cfg: GemmConfig, tma_ok: bool, aligned: bool, on_gpu: bool) -> _GemmPlan:
-    if tma_ok and not aligned:
-        raise ValueError("gemm: tma=True needs unit stride in the last dimension and 16-byte aligned "
-                         "rows and base pointers (K and N multiples of 8 for 16-bit types)")
+def _aligned_cols(cols: int, t: torch.Tensor) -> int:
+    """Columns of a buffer whose rows start 16-byte aligned and hold ``cols`` elements."""
+    per16 = 16 // t.element_size()
+    return -(-cols // per16) * per16
+
+
+def _padded(t: torch.Tensor, cols: int) -> torch.Tensor:
+    """``t`` copied into the first columns of a fresh (rows, cols) buffer: same
+    shape, row stride ``cols`` (16-byte aligned), so TMA can address it."""
+    view = torch.empty((t.shape[0], cols), dtype=t.dtype, device=t.device)[:, :t.shape[1]]
+    return view.copy_(t)
+
+
+def _splitk_plan(M: int, N: int, K: int, cfg: GemmConfig, tma_ok: bool, pads: dict) -> _GemmPlan:
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     pieces, per = split_pieces(triton.cdiv(K, cfg.block_k), cfg.split_k)
     meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_TMA=bool(tma_ok),
                 SWAP_AB=cfg.swap_ab, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return _GemmPlan("splitk", M, N, K, cfg, (tiles, pieces), (pieces, per), meta,
-                     tiles if pieces > 1 else 0)
+                     tiles if pieces > 1 else 0, **(pads if tma_ok else {}))
 
 
 def plan_for(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | None = None) -> _GemmPlan:
@@ -301,6 +323,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
     p = plan_for(a, b, config, out)
     if out is None:
         out = torch.empty((p.M, p.N), dtype=a.dtype, device=a.device)
+    if p.pad_a:
+        a = _padded(a, p.pad_a)
+    if p.pad_b:
+        b = _padded(b, p.pad_b)
     if p.kind == "tma":
         cfg = p.config
         if p.sk_tiles:
