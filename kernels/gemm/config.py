@@ -221,23 +221,17 @@ HBM_GBPS = 4275.0
 PAD_LAUNCH_US = 2.0  # one more kernel (the copy into an aligned buffer) in the stream
 
 # Per candidate of ``candidates``: (TFLOP/s per program, GB/s per program, us per
-# tile, us per launch), fitted by experiments/fit_gemm_heuristic.py to the fit half
+# tile, us per launch, GB/s of the whole kernel streaming its operands), fitted by experiments/fit_gemm_heuristic.py to the fit half
 # of the shape zoo (results/gemm_zoo/sweep.csv, CUDA-graph times); see
-# ``estimate_us`` for the model. A candidate without constants is never chosen.
-COST: dict[str, tuple[float, float, float, float]] = {
-    "gl_coop": (6.84, 78.8, 8.41, 0.266),
-    "gl_pp": (6.42, 95.6, 2.97, 5.46),
-    "narrow": (1.19, 30, 0.423, 6.25),
-    "splitk128": (4.41, 71.5, 0, 21.6),
-    "splitk64": (2.22, 53.5, 0, 10),
-    "swap": (1.35, 30, 1.56, 4.98),
-    "swap_n64": (1.35, 40, 5.49, 2.22),
-    "t128x128": (6.42, 95.6, 3.94, 4),
-    "t128x128x2": (3.66, 59, 8.56, 0),
-    "t128x256": (6.84, 86.8, 8.56, 0),
-    "t128x256sk": (5.32, 64.9, 0.221, 24.3),
-    "t128x64": (3.03, 71.5, 0, 7.46),
-    "t64x128": (4.15, 95.6, 1.17, 6.62),
+# ``estimate_us`` for the model. Candidates that were rarely the fastest were
+# pruned first (the fit half's per-shape best loses 1% geomean without them);
+# a candidate without constants is never chosen.
+COST: dict[str, tuple[float, float, float, float, float]] = {
+    "gl_pp": (7.48, 89.6, 1.58, 7.18, 4188),
+    "swap_n64": (1.5, 104, 0, 8.14, 3413),
+    "t128x256": (7.48, 77.4, 1.92, 7.26, 2267),
+    "t64x128": (5.12, 89.6, 0, 8.05, 2978),
+    "tall": (1.03, 20.8, 0.926, 5.46, 1726),
 }
 
 
@@ -251,41 +245,48 @@ SMEM_PER_SM = 233472  # bytes of shared memory per SM on sm_90 (228 KiB)
 
 def work_units(cfg: GemmConfig, M: int, N: int, K: int, dtype: torch.dtype, num_sms: int) -> dict:
     """The quantities the cost model counts for one config: rounds of programs
-    over the SMs, and one program's FLOP and bytes loaded per round."""
+    over the SMs, one program's FLOP (whole tile) and bytes loaded (rows past the
+    edge are not read) per round, and the fewest bytes the product moves."""
     elem = element_size(dtype)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     tiles = math.ceil(M / bm) * math.ceil(N / bn)
     k_steps = math.ceil(K / bk)
     pieces, per = split_pieces(k_steps, cfg.split_k) if cfg.split_k is not None else (1, k_steps)
-    if cfg.split_k is not None:
-        slots = num_sms * _resident(cfg, elem)
-    else:
-        slots = cfg.num_sms or num_sms
+    # Persistent kernels: programs beyond the SMs share them (two CTAs per SM run
+    # at about half speed each), so rounds count tiles per SM; the split-K kernel's
+    # programs are short and several fit on an SM at once.
+    slots = num_sms * _resident(cfg, elem) if cfg.split_k is not None else num_sms
     programs = tiles * pieces
     rounds = programs / slots if cfg.stream_k else math.ceil(programs / slots)
     k_len = min(K, per * bk)
-    return {"rounds": rounds, "flop": 2.0 * bm * bn * k_len, "bytes": (bm + bn) * k_len * elem,
-            "partials": 2.0 * 4 * bm * bn * programs if pieces > 1 else 0.0, "programs": programs}
+    return {"rounds": rounds, "flop": 2.0 * bm * bn * k_len, "bytes": (min(bm, M) + min(bn, N)) * k_len * elem,
+            "partials": 2.0 * 4 * bm * bn * programs if pieces > 1 else 0.0, "programs": programs,
+            "bytes_min": float(M * K + K * N + M * N) * elem}
 
 
 def estimate_us(cfg: GemmConfig, M: int, N: int, K: int, dtype: torch.dtype, num_sms: int,
-                const: tuple[float, float, float, float], pad_bytes: float = 0.0) -> float:
-    """Modelled time of ``cfg`` on an M x N x K product::
+                const: tuple[float, ...], pad_bytes: float = 0.0) -> float:
+    """Modelled time of ``cfg`` on an M x N x K product, with the candidate's
+    constants ``(rate, bandwidth, per_tile, per_launch, stream)``::
 
-        rounds * (max(flop / rate, bytes / bandwidth) + per_tile) + per_launch
+        max(rounds * (max(flop / rate, bytes / bandwidth) + per_tile),
+            fewest bytes / stream) + per_launch
           + (split-K partials + padding copies) / HBM bandwidth
 
     ``rounds`` counts wave quantisation (a last, partial round costs a whole one;
     stream-K's tail is spread, so there it is fractional); flop and bytes are one
-    program's share of a round (its tile, over its K range); tf32 (fp32 inputs)
-    runs at half the 16-bit rate."""
-    rate, bw, per_tile, per_launch = const
+    program's share of a round (its tile, over its K range); ``stream`` is the
+    whole kernel's bandwidth (GB/s) when it only streams its operands through
+    (small M); tf32 (fp32 inputs) runs at half the 16-bit rate. The extra terms
+    use the measured copy bandwidth."""
+    rate, bw, per_tile, per_launch, stream = const
     if dtype == torch.float32:
         rate = rate / 2
     w = work_units(cfg, M, N, K, dtype, num_sms)
     tile_us = max(w["flop"] / (rate * 1e6), w["bytes"] / (bw * 1e3)) + per_tile
+    body = max(w["rounds"] * tile_us, w["bytes_min"] / (stream * 1e3))
     extra = (w["partials"] + 2.0 * pad_bytes) / (HBM_GBPS * 1e3) + (PAD_LAUNCH_US if pad_bytes else 0.0)
-    return w["rounds"] * tile_us + per_launch + extra
+    return body + per_launch + extra
 
 
 def pad_bytes(M: int, N: int, K: int, dtype: torch.dtype) -> float:
