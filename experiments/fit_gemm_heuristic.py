@@ -17,7 +17,6 @@ kernels/gemm/config.py.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -41,6 +40,13 @@ def _config_of(row, gconfig, torch):
     cands = gconfig.candidates(int(row.M), int(row.N), int(row.K), dt, int(row.num_sms), aligned=aligned,
                                gluon=aligned, c_aligned=(row.N * es) % 16 == 0)
     return cands.get(row.variant)
+
+
+def eager_times(sweep: Path) -> pd.Series:
+    """(M, N, K, dtype, variant) -> eager median (us) of the same sweep."""
+    df = pd.read_csv(sweep)
+    df = df[(df["mode"] == "eager") & (df.status == "ok") & df.median_ms.notna()]
+    return df.set_index(["M", "N", "K", "dtype", "variant"]).median_ms * 1e3
 
 
 def load(sweep: Path):
@@ -151,7 +157,7 @@ def fit(df: pd.DataFrame, keep: list[str] | None = None) -> dict:
     return out
 
 
-def evaluate(df: pd.DataFrame, cost: dict) -> pd.DataFrame:
+def evaluate(df: pd.DataFrame, cost: dict, eager: pd.Series | None = None) -> pd.DataFrame:
     import torch
 
     from kernels.gemm import config as gconfig
@@ -174,7 +180,13 @@ def evaluate(df: pd.DataFrame, cost: dict) -> pd.DataFrame:
                      "pick": pick, "pick_config": ours.set_index("variant").config[pick],
                      "pick_predicted_us": pred[pick], "pick_us": t[pick], "best": best, "best_us": t[best],
                      "cublas_us": float(cub.iloc[0]), "regret": t[pick] / t[best],
-                     "pick_vs_cublas": float(cub.iloc[0]) / t[pick], "best_vs_cublas": float(cub.iloc[0]) / t[best]})
+                     "pick_vs_cublas": float(cub.iloc[0]) / t[pick], "best_vs_cublas": float(cub.iloc[0]) / t[best],
+                     "b_bytes": float(K * N * dt.itemsize), "flop": 2.0 * M * N * K,
+                     "bytes": float((M * K + K * N + M * N) * dt.itemsize)})
+        if eager is not None:
+            e_pick = eager.get((M, N, K, dtype, pick), math.nan)
+            e_cub = eager.get((M, N, K, dtype, "cublas"), math.nan)
+            rows[-1].update(pick_eager_us=e_pick, cublas_eager_us=e_cub, pick_vs_cublas_eager=e_cub / e_pick)
     return pd.DataFrame(rows)
 
 
@@ -187,7 +199,12 @@ def report(reg: pd.DataFrame) -> None:
     for split, g in reg.groupby("split"):
         print(f"{split:8} ({len(g)} shapes): regret geomean {_geo(g.regret):.3f}, max {g.regret.max():.3f}, "
               f"picked the fastest on {(g.regret <= 1.0001).sum()}; vs cuBLAS geomean {_geo(g.pick_vs_cublas):.3f} "
-              f"(min {g.pick_vs_cublas.min():.3f}); fastest candidate vs cuBLAS {_geo(g.best_vs_cublas):.3f}")
+              f"(min {g.pick_vs_cublas.min():.3f}, {(g.pick_vs_cublas < 0.85).sum()} below 0.85); fastest candidate "
+              f"vs cuBLAS {_geo(g.best_vs_cublas):.3f}")
+        if "pick_vs_cublas_eager" in g:
+            big = g[g.cublas_eager_us >= 50]
+            print(f"{'':8} eager: vs cuBLAS geomean {_geo(g.pick_vs_cublas_eager):.3f}; where cuBLAS >= 50 us "
+                  f"({len(big)} shapes) {_geo(big.pick_vs_cublas_eager):.3f}")
 
 
 def main(argv=None) -> int:
@@ -204,9 +221,10 @@ def main(argv=None) -> int:
     cost = fit(df, keep)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame([{"candidate": k, "tflops_per_program": v[0], "gbps_per_program": v[1], "us_per_tile": v[2],
-                   "us_per_launch": v[3], "stream_gbps": v[4]} for k, v in cost.items()]).to_csv(out / "cost_constants.csv", index=False)
-    reg = evaluate(df, cost)
+    consts = pd.DataFrame([{"candidate": k, "tflops_per_program": v[0], "gbps_per_program": v[1],
+                            "us_per_tile": v[2], "us_per_launch": v[3], "stream_gbps": v[4]} for k, v in cost.items()])
+    consts.to_csv(out / "cost_constants.csv", index=False)
+    reg = evaluate(df, cost, eager_times(Path(args.sweep)))
     reg.to_csv(out / "regret.csv", index=False)
     report(reg)
     print("COST = {")

@@ -6,9 +6,9 @@ the file comes out the same).
 
 Half the bf16 shapes are the linear layers of real models (weights as B, K x N;
 activations as A, M x K) at M in {1, 8, ..., 16384}; half are irregular, drawn from
-a seeded generator (log-uniform sizes: M in [1, 16384], N and K in [64, 16384]; tall-skinny, short-wide, just past a tile
-edge; N and K not multiples of 8 one time in five). fp16 and fp32 subsets repeat
-some of them.
+a seeded generator (log-uniform sizes: M in [1, 16384], N and K in [64, 16384];
+tall-skinny, short-wide, just past a tile edge; N and K not multiples of 8 one
+time in five). fp16 and fp32 subsets repeat some of them.
 
 Split: a shape is held out (never seen while fitting the heuristic) when the
 SHA-256 of "MxNxK" (decimal, e.g. "16x4096x4096") read as an integer is odd; the

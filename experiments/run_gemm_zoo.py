@@ -186,12 +186,22 @@ def _best_from(path: Path) -> dict:
     """(M, N, K, dtype) -> the fastest ok candidate of a sweep.csv (graph mode)."""
     import pandas as pd
 
-    from kernels.gemm import GemmConfig
+    import torch
+
+    from kernels.gemm import config as gconfig
 
     df = pd.read_csv(path)
     ok = df[(df["mode"] == "graph") & (df["status"] == "ok") & (df["variant"] != "cublas")].dropna(subset=["median_ms"])
     best = ok.loc[ok.groupby(["M", "N", "K", "dtype"]).median_ms.idxmin()]
-    return {(int(r.M), int(r.N), int(r.K), r.dtype): GemmConfig(**json.loads(r.params)) for r in best.itertuples()}
+    out = {}
+    for r in best.itertuples():  # the candidate as the sweep made it (Gluon rows record the kernel's own config)
+        es = getattr(torch, r.dtype).itemsize
+        aligned = (r.K * es) % 16 == 0 and (r.N * es) % 16 == 0
+        cfg = gconfig.candidates(int(r.M), int(r.N), int(r.K), getattr(torch, r.dtype), int(r.num_sms),
+                                 aligned=aligned, gluon=aligned, c_aligned=(r.N * es) % 16 == 0).get(r.variant)
+        if cfg is not None:
+            out[(int(r.M), int(r.N), int(r.K), r.dtype)] = cfg
+    return out
 
 
 def summary(csv: Path) -> None:

@@ -570,3 +570,44 @@ def test_gpu_heuristic_on_the_zoo():
         assert torch.isfinite(inp.out).all(), s
         err = ((inp.out.float() - ref).norm() / ref.norm()).item()
         assert err <= gsweep.tolerance(dtype), (s, err)
+
+
+_XC_SMEM_SCRIPT = textwrap.dedent("""
+    import json, sys, tempfile
+    sys.path.insert(0, {root!r})
+    import torch
+    from kernels.gemm import launch as glaunch
+    from kernels.gemm.config import GemmConfig
+    from workbench.asm.compile import cross_compile
+    out = []
+    for params, dt in json.loads(sys.argv[1]):
+        e = cross_compile(targets="sm90", cache_dir=tempfile.mkdtemp(),
+                          **glaunch.compile_args(GemmConfig(**params), getattr(torch, dt)))[0]
+        out.append(e.metadata.get("shared"))
+    print(json.dumps(out))
+""")
+
+
+def test_heuristic_fp32_configs_fit_shared_memory_as_compiled():
+    """The fp32 (tf32) configs the heuristic gives the zoo, cross-compiled for sm_90:
+    Triton's own shared-memory count (which adds a K-major copy of B that the
+    16-bit kernels do not need) stays within the 227 KiB an sm_90 block may use."""
+    try:
+        import workbench.asm.compile  # noqa: F401
+    except Exception as exc:
+        pytest.skip(f"workbench.asm.compile not available: {exc}")
+    cfgs = set()
+    for s in _zoo():
+        if s["dtype"] != "float32":
+            continue
+        aligned = s["K"] % 4 == 0 and s["N"] % 4 == 0
+        cfgs.add(gemm.heuristic(s["M"], s["N"], s["K"], torch.float32, 132, gluon=False, tma=aligned,
+                                c_aligned=s["N"] % 4 == 0))
+    todo = [(dataclasses.asdict(c), "float32") for c in cfgs]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _XC_SMEM_SCRIPT.format(root=str(ROOT)), json.dumps(todo)],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    shared = json.loads(r.stdout.strip().splitlines()[-1])
+    for (params, _), smem in zip(todo, shared):
+        assert smem <= gconfig.SMEM_LIMIT_SM90, (params, smem)

@@ -112,6 +112,11 @@ def smem_bytes(config: GemmConfig, elem_bytes: int = 2, tma: bool = True) -> int
     if c.gluon:   # the Gluon kernel's ring, C buffers, barriers and partition state
         return ws_smem_bytes(c.ws_config(), elem_bytes)
     stages = (c.block_m * c.block_k + c.block_k * c.block_n) * elem_bytes * c.num_stages
+    if elem_bytes == 4:
+        # tf32 wgmma reads both operands K-major: Triton copies the B tile (N-major in
+        # memory) into one more shared buffer (seen on an H200: 128x256x64, 2 stages,
+        # asked for 196,608 + 65,560 bytes)
+        stages += c.block_k * c.block_n * elem_bytes
     if c.split_k is not None:  # plain stores; swap_ab transposes the fp32 tile through shared memory
         return stages + (c.block_m * c.block_n * 4 if c.swap_ab else 0)
     epilogue = c.block_m * c.block_n * elem_bytes // c.epilogue_split if tma and c.tma_store else 0
@@ -179,6 +184,7 @@ def _refuse_ws_on_gpu() -> None:
 # seen (16x4096x4096, 4000x3000x2000, 3072^3). The findings behind the fixed
 # configurations kept below: 128x256x64 with 8 warps is the best large-shape
 # tile; 128x128x64 wants a 6-deep pipeline; GROUP_M 8 is as good as any.
+#
 # Stream-K tail (`stream_k_plan`) for big problems: the goal-shape table of
 # results/gemm_tiling/variants.csv (H200, 2026-11-21, cuBLAS in the same run)
 # measured it +1.5-2% on 8192^3 (15 whole rounds of 128x256 tiles + 68 of 132
@@ -188,7 +194,7 @@ def _refuse_ws_on_gpu() -> None:
 # than SMs): a split tile costs a pipeline refill, a partial written and read
 # back, and staggered K positions across SMs, which only a long run of whole
 # rounds pays for. Best there: 3 stages with C through TMA stores in two halves.
-SK_MIN_ROUNDS = 12
+# (On the shape zoo it was the fastest candidate on 2 of 96 shapes and was pruned.)
 
 # Gluon warp-specialised kernels (kernels.gemm.gluon): a producer warp feeds the
 # consumers through an mbarrier ring, so a tile's epilogue overlaps loads (coop)
@@ -221,7 +227,8 @@ HBM_GBPS = 4275.0
 PAD_LAUNCH_US = 2.0  # one more kernel (the copy into an aligned buffer) in the stream
 
 # Per candidate of ``candidates``: (TFLOP/s per program, GB/s per program, us per
-# tile, us per launch, GB/s of the whole kernel streaming its operands), fitted by experiments/fit_gemm_heuristic.py to the fit half
+# tile, us per launch, GB/s of the whole kernel streaming its operands), fitted by
+# experiments/fit_gemm_heuristic.py to the fit half
 # of the shape zoo (results/gemm_zoo/sweep.csv, CUDA-graph times); see
 # ``estimate_us`` for the model. Candidates that were rarely the fastest were
 # pruned first (the fit half's per-shape best loses 1% geomean without them);
