@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -611,3 +612,29 @@ def test_heuristic_fp32_configs_fit_shared_memory_as_compiled():
     shared = json.loads(r.stdout.strip().splitlines()[-1])
     for (params, _), smem in zip(todo, shared):
         assert smem <= gconfig.SMEM_LIMIT_SM90, (params, smem)
+
+
+@pytest.mark.parametrize("tiles,k_steps", [(48, 32), (15, 23), (1, 100), (200, 64), (132, 2), (7, 1)])
+def test_split_for_leaves_no_empty_piece_and_no_extra_round(tiles, k_steps):
+    split = gconfig.split_for(tiles, k_steps, 132)
+    pieces, per = gconfig.split_pieces(k_steps, split)
+    assert pieces == split and (pieces - 1) * per < k_steps <= pieces * per   # every piece has K-steps
+    if tiles < 132 and split > 1:
+        assert tiles * pieces <= 132 or per >= gconfig.SPLIT_MIN_STEPS  # a second round only when pieces stay long
+    if tiles >= 132:
+        assert split == 1 or math.ceil(tiles * split / 132) * per < math.ceil(tiles / 132) * k_steps
+
+
+def test_plan_pads_only_what_tma_cannot_address(monkeypatch):
+    """pad=True copies A when K's rows are unaligned and B when N's are, nothing else."""
+    monkeypatch.setattr(glaunch, "_PLANS", glaunch.PlanCache())
+    cfg = dict(SPLIT, tma=True, pad=True, split_k=2)
+    for (M, N, K), (pa, pb) in {(5, 40, 33): (40, 0), (5, 33, 40): (0, 40), (5, 33, 33): (40, 40),
+                                (5, 40, 40): (0, 0)}.items():
+        a = torch.randn(M, K).to(torch.bfloat16)
+        b = torch.randn(K, N).to(torch.bfloat16)
+        p = glaunch.plan_for(a, b, cfg)
+        assert (p.kind, p.pad_a, p.pad_b) == ("splitk", pa, pb)
+        if pa:
+            ap = glaunch._padded(a, pa)
+            assert ap.stride(0) == pa and torch.equal(ap, a)
