@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SMALL = dict(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
 TINY = dict(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1)
+SPLIT = dict(block_m=16, block_n=64, block_k=32, num_warps=4, num_stages=2, split_k=1)
 # (name, M, N, K, dtype, config)
 CASES = [
     ("6x42x123-fp16-tiny", 6, 42, 123, "float16", TINY),
@@ -50,6 +52,27 @@ CASES = [
     ("64x64x512-fp32-tma-sk8", 64, 64, 512, "float32", dict(SMALL, tma=True, stream_k=True, num_sms=8)),
     ("130x264x256-bf16-tma-sk7-again", 130, 264, 256, "bfloat16",
      dict(SMALL, tma=True, stream_k=True, num_sms=7, group_m=2)),
+    # Split-K kernel (pieces of K meeting in the fp32 workspace), swapped (C^T = B^T A^T) or
+    # not, pointer loads (unaligned rows) and TMA; the cases share the arrival counters too.
+    ("1x7x64-fp16-swap", 1, 7, 64, "float16", dict(SPLIT, swap_ab=True, split_k=2)),
+    ("1x7x64-fp32-narrow", 1, 7, 64, "float32", dict(SPLIT, block_n=32, split_k=2)),
+    ("1x7x64-bf16-swap-k1", 1, 7, 64, "bfloat16", dict(SPLIT, swap_ab=True)),
+    ("3x4097x96-bf16-swap", 3, 4097, 96, "bfloat16", dict(SPLIT, block_n=256, swap_ab=True, split_k=3)),
+    ("3x4097x96-fp32-narrow", 3, 4097, 96, "float32", dict(SPLIT, block_n=256, split_k=2)),
+    ("130x257x96-fp16-split", 130, 257, 96, "float16", dict(SPLIT, block_m=32, block_n=64, split_k=3)),
+    ("130x257x96-fp32-swap", 130, 257, 96, "float32", dict(SPLIT, block_m=32, swap_ab=True, split_k=2)),
+    ("17x33x8200-bf16-swap", 17, 33, 8200, "bfloat16", dict(SPLIT, block_k=128, swap_ab=True, split_k=16)),
+    ("17x33x8200-fp16-narrow", 17, 33, 8200, "float16", dict(SPLIT, block_k=128, split_k=7)),
+    ("17x40x8200-fp32-swap-tma", 17, 40, 8200, "float32", dict(SPLIT, block_k=128, swap_ab=True, split_k=9,
+                                                               tma=True)),
+    ("17x40x8200-bf16-split-tma", 17, 40, 8200, "bfloat16", dict(SPLIT, block_k=128, split_k=5, tma=True)),
+    # pad=True: unaligned A (K odd) and/or B (N odd) copied into aligned buffers, then TMA
+    ("17x33x8200-bf16-swap-pad", 17, 33, 8200, "bfloat16", dict(SPLIT, block_k=128, swap_ab=True, split_k=8,
+                                                               tma=True, pad=True)),
+    ("130x257x96-fp16-pad", 130, 257, 96, "float16", dict(SMALL, tma=True, tma_store=False, pad=True)),
+    ("3x4097x95-fp32-pad", 3, 4097, 95, "float32", dict(SPLIT, block_n=256, split_k=2, tma=True, pad=True)),
+    ("70x64x123-bf16-pad-sk", 70, 64, 123, "bfloat16",
+     dict(SMALL, tma=True, tma_store=False, stream_k=True, num_sms=3, pad=True)),
 ]
 
 _SCRIPT = textwrap.dedent("""
@@ -277,6 +300,24 @@ GPU_CASES = [
                                            tma_store=False, stream_k=True)),
     (1000, 3000, 2000, torch.float16, dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3,
                                            epilogue_split=2, stream_k=True)),
+    # split-K kernel: odd shapes (pointer loads), aligned ones (TMA), swapped or not
+    (1, 7, 64, torch.float16, dict(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=4, split_k=1,
+                                   swap_ab=True)),
+    (3, 4097, 96, torch.bfloat16, dict(block_m=16, block_n=64, block_k=32, num_warps=4, num_stages=3, split_k=3,
+                                       swap_ab=True)),
+    (130, 257, 96, torch.float32, dict(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3, split_k=3)),
+    (17, 33, 8200, torch.bfloat16, dict(block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=4,
+                                        split_k=16, swap_ab=True)),
+    (16, 4096, 4096, torch.bfloat16, dict(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=4,
+                                          split_k=5, swap_ab=True)),
+    (64, 4096, 14336, torch.float16, dict(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4,
+                                          split_k=4, swap_ab=True)),
+    (8, 5120, 2880, torch.float32, dict(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=2,
+                                        split_k=3, swap_ab=True)),
+    (32, 6144, 4096, torch.bfloat16, dict(block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=4,
+                                          split_k=4)),
+    (256, 4096, 4096, torch.bfloat16, dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4,
+                                           split_k=4)),
 ]
 
 
@@ -350,30 +391,46 @@ def test_stream_k_plan_skips_whole_rounds_and_short_k():
     assert gconfig.stream_k_plan(133, 132, 1).sk_programs == 0   # one K-step: nothing to split
 
 
-def test_heuristic_uses_stream_k_only_after_many_whole_rounds():
-    def h(M, N, K):
-        return gemm.heuristic(M, N, K, num_sms=132, gluon=False)
-
-    assert h(8192, 8192, 8192).stream_k        # 15 rounds + 68 tiles
-    assert not h(4096, 4096, 4096).stream_k    # 3 rounds: measured slower
-    assert not h(512, 4096, 7168).stream_k     # fewer tiles than SMs
-
-
-@pytest.mark.parametrize("M,N,K,expect", [
-    (4096, 4096, 4096, "coop"), (4096, 14336, 4096, "coop"),
-    (8192, 8192, 8192, None), (16384, 3584, 8192, None),  # Triton's stream-K tail, K >= 8192
-    (8192, 28672, 8192, "pingpong"),                      # 128x128 tiles fill the last round (99.6%)
-    (2048, 7168, 2048, "pingpong"),                       # Triton picks 128x128 there: same tile, ping-pong
-    (1024, 4096, 14336, None), (512, 4096, 7168, None),   # a round of tiles or less: the Triton kernel
-    (64, 64, 64, None)])
-def test_heuristic_picks_gluon_for_several_rounds_of_tiles(M, N, K, expect):
-    cfg = gemm.heuristic(M, N, K, num_sms=132)
-    assert cfg.gluon == expect
-    assert cfg.stream_k == ((M, N, K) in ((8192, 8192, 8192), (16384, 3584, 8192)))
-    assert gemm.heuristic(M, N, K, torch.float16, num_sms=132).gluon == expect
-    assert gemm.heuristic(M, N, K, torch.float32, num_sms=132).gluon is None     # Gluon kernel: 16-bit only
-    assert gemm.heuristic(M, N, K, num_sms=132, gluon=False).gluon is None
+@pytest.mark.parametrize("M,N,K", [(8192, 8192, 8192), (4096, 14336, 4096), (2048, 7168, 2048),
+                                   (512, 4096, 7168), (16, 4096, 4096), (1, 57344, 8192), (909, 4152, 2912),
+                                   (8147, 32, 514), (64, 64, 64)])
+def test_heuristic_is_the_cost_models_argmin(M, N, K):
+    """Outside the tiling study's domain the rule is a cost model over candidates: what it
+    returns is the candidate with the least modelled time, for 16-bit and fp32, with and
+    without Gluon; inside, the tiling study's rule."""
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for gl in (True, False):
+            cfg = gemm.heuristic(M, N, K, dtype, num_sms=132, gluon=gl)
+            if gconfig.in_tiling_domain(M, N, K, dtype, True, True):
+                assert cfg == gconfig.tiling_rule(M, N, K, dtype, 132, gl)
+                continue
+            cands = gconfig.candidates(M, N, K, dtype, 132, gluon=gl)
+            est = {n: gconfig.estimate_us(c, M, N, K, dtype, 132, gconfig.COST[n])
+                   for n, c in cands.items() if n in gconfig.COST}
+            assert cfg == cands[min(est, key=est.get)]
+            assert cfg.gluon is None or (gl and dtype != torch.float32)
     assert gemm.heuristic(M, N, K, num_sms=132, hopper=False).gluon is None
+
+
+def test_goal_shapes_keep_the_tiling_studys_choices():
+    """The 8 goal shapes of the tiling study run what its goal tables measured (runs 10-12)."""
+    want = {(8192, 8192, 8192): "sk", (4096, 4096, 4096): "gl-coop", (4096, 14336, 4096): "gl-coop",
+            (16384, 3584, 8192): "sk", (2048, 7168, 2048): "gl-pp", (8192, 28672, 8192): "gl-pp",
+            (1024, 4096, 14336): "128x256x64 w8 s4", (512, 4096, 7168): "128x128x64 w4 s6"}
+    for (M, N, K), label in want.items():
+        assert label in gemm.heuristic(M, N, K, torch.bfloat16, 132).label(), (M, N, K)
+
+
+def test_heuristic_small_m_takes_the_split_k_kernel():
+    for M, N, K in [(1, 4096, 4096), (16, 14336, 4096), (8, 8192, 28672)]:
+        cfg = gemm.heuristic(M, N, K, num_sms=132)
+        assert cfg.split_k is not None and cfg.block_m <= 64, cfg.label()
+
+
+def test_heuristic_pads_unaligned_operands():
+    cfg = gemm.heuristic(2313, 1024, 113, num_sms=132, gluon=False, tma=False)
+    assert cfg.pad and cfg.tma is not False and not cfg.gluon
+    assert gconfig.pad_bytes(2313, 1024, 113, torch.bfloat16) == 2313 * 113 * 2   # A only: N is aligned
 
 
 def test_gluon_config_validation_and_cpu_refusal():
@@ -474,3 +531,123 @@ def test_wrong_out_is_refused_before_anything_is_written():
     with pytest.raises(ValueError, match="out must be"):
         gemm.matmul(a, b, TINY, out=out)
     assert (out == 7.0).all()
+
+
+# ------------------------------------------------------------- the shape zoo
+def _zoo():
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from run_gemm_zoo import load_shapes
+
+    return load_shapes()
+
+
+def test_zoo_is_what_the_generator_writes():
+    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "make_gemm_shapes.py"), "--check"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    zoo = _zoo()
+    bf16 = [s for s in zoo if s["dtype"] == "bfloat16"]
+    assert len(bf16) >= 80
+    assert sum(s["source"].startswith("irregular") for s in bf16) >= 40
+    assert {s["dtype"] for s in zoo} == {"bfloat16", "float16", "float32"}
+    halves = {s["split"] for s in bf16}
+    assert halves == {"fit", "held_out"}
+
+
+def test_heuristic_gives_a_valid_config_for_every_zoo_shape():
+    """No GPU needed: every zoo shape (aligned or not) gets a config that validates,
+    fits sm_90's shared memory and keeps the accumulator within the registers."""
+    for s in _zoo():
+        dtype = getattr(torch, s["dtype"])
+        es = dtype.itemsize
+        aligned = (s["K"] * es) % 16 == 0 and (s["N"] * es) % 16 == 0
+        cfg = gemm.heuristic(s["M"], s["N"], s["K"], dtype, 132, gluon=aligned, tma=aligned)
+        gconfig.validate_config(cfg)
+        assert gconfig.smem_bytes(cfg, es) <= gconfig.SMEM_LIMIT_SM90, (s, cfg)
+        warps = 8 if cfg.gluon == "coop" else 4 if cfg.gluon else cfg.num_warps
+        assert cfg.block_m * cfg.block_n // (32 * warps) <= 128, (s, cfg)
+        if not aligned:
+            assert not cfg.gluon and not cfg.stream_k and cfg.tma is not True, (s, cfg)
+
+
+@pytest.mark.gpu
+def test_gpu_heuristic_on_the_zoo():
+    """matmul with no config on every zoo shape up to 1e11 FLOP, outputs poisoned."""
+    for s in _zoo():
+        if 2 * s["M"] * s["N"] * s["K"] > 1e11:
+            continue
+        dtype = getattr(torch, s["dtype"])
+        inp = gsweep.make_inputs(s, dtype, "cuda", seed=7)
+        gsweep.poison(inp)
+        gemm.matmul(inp.a, inp.b, out=inp.out)
+        ref = gemm.reference(inp)
+        assert torch.isfinite(inp.out).all(), s
+        err = ((inp.out.float() - ref).norm() / ref.norm()).item()
+        assert err <= gsweep.tolerance(dtype), (s, err)
+
+
+_XC_SMEM_SCRIPT = textwrap.dedent("""
+    import json, sys, tempfile
+    sys.path.insert(0, {root!r})
+    import torch
+    from kernels.gemm import launch as glaunch
+    from kernels.gemm.config import GemmConfig
+    from workbench.asm.compile import cross_compile
+    out = []
+    for params, dt in json.loads(sys.argv[1]):
+        e = cross_compile(targets="sm90", cache_dir=tempfile.mkdtemp(),
+                          **glaunch.compile_args(GemmConfig(**params), getattr(torch, dt)))[0]
+        out.append(e.metadata.get("shared"))
+    print(json.dumps(out))
+""")
+
+
+def test_heuristic_fp32_configs_fit_shared_memory_as_compiled():
+    """The fp32 (tf32) configs the heuristic gives the zoo, cross-compiled for sm_90:
+    Triton's own shared-memory count (which adds a K-major copy of B that the
+    16-bit kernels do not need) stays within the 227 KiB an sm_90 block may use."""
+    try:
+        import workbench.asm.compile  # noqa: F401
+    except Exception as exc:
+        pytest.skip(f"workbench.asm.compile not available: {exc}")
+    cfgs = set()
+    for s in _zoo():
+        if s["dtype"] != "float32":
+            continue
+        aligned = s["K"] % 4 == 0 and s["N"] % 4 == 0
+        cfgs.add(gemm.heuristic(s["M"], s["N"], s["K"], torch.float32, 132, gluon=False, tma=aligned,
+                                c_aligned=s["N"] % 4 == 0))
+    todo = [(dataclasses.asdict(c), "float32") for c in cfgs]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _XC_SMEM_SCRIPT.format(root=str(ROOT)), json.dumps(todo)],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    shared = json.loads(r.stdout.strip().splitlines()[-1])
+    for (params, _), smem in zip(todo, shared):
+        assert smem <= gconfig.SMEM_LIMIT_SM90, (params, smem)
+
+
+@pytest.mark.parametrize("tiles,k_steps", [(48, 32), (15, 23), (1, 100), (200, 64), (132, 2), (7, 1)])
+def test_split_for_leaves_no_empty_piece_and_no_extra_round(tiles, k_steps):
+    split = gconfig.split_for(tiles, k_steps, 132)
+    pieces, per = gconfig.split_pieces(k_steps, split)
+    assert pieces == split and (pieces - 1) * per < k_steps <= pieces * per   # every piece has K-steps
+    if tiles < 132 and split > 1:
+        assert tiles * pieces <= 132 or per >= gconfig.SPLIT_MIN_STEPS  # a second round only when pieces stay long
+    if tiles >= 132:
+        assert split == 1 or math.ceil(tiles * split / 132) * per < math.ceil(tiles / 132) * k_steps
+
+
+def test_plan_pads_only_what_tma_cannot_address(monkeypatch):
+    """pad=True copies A when K's rows are unaligned and B when N's are, nothing else."""
+    monkeypatch.setattr(glaunch, "_PLANS", glaunch.PlanCache())
+    cfg = dict(SPLIT, tma=True, pad=True, split_k=2)
+    for (M, N, K), (pa, pb) in {(5, 40, 33): (40, 0), (5, 33, 40): (0, 40), (5, 33, 33): (40, 40),
+                                (5, 40, 40): (0, 0)}.items():
+        a = torch.randn(M, K).to(torch.bfloat16)
+        b = torch.randn(K, N).to(torch.bfloat16)
+        p = glaunch.plan_for(a, b, cfg)
+        assert (p.kind, p.pad_a, p.pad_b) == ("splitk", pa, pb)
+        if pa:
+            ap = glaunch._padded(a, pa)
+            assert ap.stride(0) == pa and torch.equal(ap, a)

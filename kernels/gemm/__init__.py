@@ -4,7 +4,7 @@ A is (M, K), B is (K, N), C is (M, N); bf16 and fp16 inputs (fp32 is accepted
 too, through the tensor cores' tf32 mode on a GPU). Any M, N, K works, not only
 multiples of the tile.
 
-Two kernels share one tile schedule:
+Two persistent kernels share one tile schedule:
 
 * ``_gemm_tma_kernel`` (Hopper, sm_90): A, B and C travel through host-built
   TMA tensor descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``);
@@ -30,25 +30,32 @@ see ``stream_k_plan``) and warp_specialize (Triton's automatic Hopper warp speci
 loop: it compiles, 12 warps with setmaxnreg, but hung on an H200 with Triton
 3.6, so ``matmul`` refuses it on a GPU unless WORKBENCH_ALLOW_WS=1).
 
-Config heuristic (``heuristic``), derived from the H200 sweep in
-``results/gemm_tiling/`` (``experiments/gemm_tiling.yaml``): the kernel is
-persistent, so its time is about ``ceil(tiles / SMs)`` rounds of one tile each.
-For every candidate tile in ``_CANDIDATES`` we estimate::
+Split-K kernel (``_gemm_splitk_kernel``, ``GemmConfig.split_k`` = pieces): one
+program per output tile and piece of K, not persistent; pieces of a tile meet
+in an fp32 workspace (the last to arrive adds them up and stores C). With
+``swap_ab`` it computes the tile as C^T = B^T A^T, so a short M (1-64 rows)
+becomes the MMA's narrow N side instead of a 64-row tile padded with zeros:
+the small-M (decode) path, bound by reading B once.
 
-    time = ceil(tiles / num_sms) * (2 * BM * BN * K / per_sm_rate(tile) + fixed(tile))
+Unaligned rows (``GemmConfig.pad``): TMA needs 16-byte aligned row strides (K
+and N multiples of 8 in bf16); an operand without them is copied into a fresh
+aligned buffer at each call, and the TMA kernels run on the copy, instead of
+the pointer kernel (5-10x slower on such shapes on an H200).
 
-with ``per_sm_rate`` and ``fixed`` fitted to the sweep by least squares, and
-pick the cheapest; big problems (at least ``SK_MIN_ROUNDS`` whole rounds of
-128x256 tiles and a partial one) get the stream-K tail. Big tiles (128x256) win on big shapes (more reuse per byte
-loaded); 128x128 with a 6-deep pipeline wins when 128x256 tiles would leave
-SMs idle in the last round (wave quantisation), e.g. M=512 with a long K. C
-leaves through plain stores, which were as fast as TMA stores in the sweep and
-need no shared-memory staging buffer. See ``_CANDIDATES`` for the numbers.
+Config heuristic (``heuristic``): a cost model over the named configurations
+of ``config.candidates`` (persistent 128x256 / 64x128 tiles, the Gluon
+ping-pong kernel, the swapped split-K kernel for M <= 64, a narrow-N tile for
+N <= 64), each with five constants (``config.COST``) fitted by
+``experiments/fit_gemm_heuristic.py`` on the "fit" half of the shape zoo
+(``experiments/gemm_shapes.yaml``); it returns the candidate with the least
+modelled time (``config.estimate_us``: rounds of programs over the SMs, one
+program's compute or loads per round, the whole kernel's streaming bandwidth,
+fixed costs, split-K partials and padding copies). Results on both halves of
+the zoo: ``results/gemm_zoo/``.
 
-Warp-specialised handoff: on sm_90 with bf16/fp16 and TMA-aligned operands,
-the heuristic hands problems with more than a round of 128x256 tiles to the
-Gluon kernel of ``kernels.gemm.gluon`` (``GemmConfig.gluon`` = "pingpong" or
-"coop"), except where this kernel's stream-K tail wins (see ``heuristic``).
+Warp-specialised Gluon kernel: ``GemmConfig.gluon`` = "pingpong" or "coop" runs
+``kernels.gemm.gluon`` (sm_90, bf16/fp16, TMA-aligned operands); the heuristic
+chooses ping-pong where the model says so.
 
 Counting (``flops``, ``bytes_moved``): 2*M*N*K floating-point operations; the
 fewest bytes are each input read once and C written once:

@@ -42,6 +42,16 @@ class GemmConfig:
     # with this tile, stages, group and SM count; num_warps and the other
     # Triton-kernel knobs do not apply (4 warps per consumer warpgroup there).
     gluon: str | None = None
+    # An int runs the split-K kernel (``_gemm_splitk_kernel``: one program per tile
+    # and K piece, not persistent) with this many K pieces (1: no split); None: the
+    # persistent kernel. swap_ab (split-K kernel only): compute C^T = B^T A^T, the
+    # short M side as the MMA's narrow N.
+    split_k: int | None = None
+    swap_ab: bool = False
+    # Copy an operand whose rows TMA cannot address (row stride not a multiple of 16
+    # bytes, e.g. K or N odd in bf16; or not unit-stride) into a fresh aligned buffer
+    # first, so the TMA kernels run on it instead of the pointer kernel.
+    pad: bool = False
 
     def label(self) -> str:
         if self.gluon:
@@ -61,6 +71,12 @@ class GemmConfig:
             s += " ptr"
         if self.stream_k:
             s += " sk"
+        if self.split_k is not None:
+            s += f" k{self.split_k}"
+        if self.swap_ab:
+            s += " swap"
+        if self.pad:
+            s += " pad"
         return s
 
     def as_params(self) -> dict:
@@ -96,6 +112,13 @@ def smem_bytes(config: GemmConfig, elem_bytes: int = 2, tma: bool = True) -> int
     if c.gluon:   # the Gluon kernel's ring, C buffers, barriers and partition state
         return ws_smem_bytes(c.ws_config(), elem_bytes)
     stages = (c.block_m * c.block_k + c.block_k * c.block_n) * elem_bytes * c.num_stages
+    if elem_bytes == 4:
+        # tf32 wgmma reads both operands K-major: Triton copies the B tile (N-major in
+        # memory) into one more shared buffer (seen on an H200: 128x256x64, 2 stages,
+        # asked for 196,608 + 65,560 bytes)
+        stages += c.block_k * c.block_n * elem_bytes
+    if c.split_k is not None:  # plain stores; swap_ab transposes the fp32 tile through shared memory
+        return stages + (c.block_m * c.block_n * 4 if c.swap_ab else 0)
     epilogue = c.block_m * c.block_n * elem_bytes // c.epilogue_split if tma and c.tma_store else 0
     return stages + epilogue
 
@@ -125,6 +148,17 @@ def validate_config(c: GemmConfig) -> None:
             raise ValueError("gemm: gluon configs run kernels.gemm.gluon (TMA, its own warp specialisation, no "
                              "stream-K): leave stream_k, warp_specialize and tma at their defaults")
         validate_ws(c.ws_config())
+    if c.split_k is not None:
+        if not isinstance(c.split_k, int) or isinstance(c.split_k, bool) or c.split_k < 1:
+            raise ValueError(f"gemm: split_k={c.split_k!r} must be None (the persistent kernel) or an int >= 1")
+        if c.stream_k or c.gluon or c.warp_specialize:
+            raise ValueError("gemm: split_k runs its own kernel (kernels.gemm.triton._gemm_splitk_kernel): "
+                             "leave stream_k, gluon and warp_specialize at their defaults")
+    if c.swap_ab and c.split_k is None:
+        raise ValueError("gemm: swap_ab=True belongs to the split-K kernel; set split_k (1 = no split) too")
+    if c.swap_ab and c.block_n < 64:
+        raise ValueError(f"gemm: swap_ab=True makes block_n the MMA's M side, which needs block_n >= 64, "
+                         f"got {c.block_n}")
     if c.warp_specialize and (c.tma_store or c.flatten):
         raise ValueError("gemm: warp_specialize=True needs tma_store=False and flatten=False (Triton 3.6's "
                          "Hopper warp specialisation rejects descriptor stores and flattened loops)")
@@ -142,32 +176,15 @@ def _refuse_ws_on_gpu() -> None:
 
 
 # --------------------------------------------------------------------------
-# Heuristic
+# Heuristic: a cost model over the candidates (see ``heuristic``)
 # --------------------------------------------------------------------------
-# (block_m, block_n, block_k, num_warps, num_stages) -> (per-SM rate in
-# TFLOP/s, fixed cost per tile in microseconds), fitted by least squares to
-# the H200 sweep (results/gemm_tiling/rows.parquet, 2026-11-21): for each tile,
-# time = rounds * (2*BM*BN*K / rate + fixed) over the shapes it ran on (35
-# shapes; 128x128 with 6 stages: the 8 goal shapes of the stages study; 64x128
-# with 6 stages: its 4-stage fit scaled by the 6/4-stage speed-up seen there).
-# All store C with plain stores (tma_store=False); what the sweep showed:
-# * 128x256x64, 8 warps: the best large-shape tile (two warpgroups, each
-#   64x256 through wgmma m64n256k16); 4 stages >= 3; plain stores ~= TMA stores.
-# * 128x128x64, 4 warps: 6 stages beat 4 by 5-14% on every goal shape
-#   (512x4096x7168: 700 vs 613 TFLOP/s); it wins when 128x256 tiles would
-#   leave SMs idle in the last round (M=512 or small N*M).
-# * 64x128 / 128x64: for small problems (more tiles to spread); 64x128 also
-#   likes deep pipelines (5-6 stages: ~+25% over 4).
-# * GROUP_M 8 is as good as any other value within the noise; 256x128 tiles and
-#   fewer programs than SMs never won.
-_CANDIDATES: dict[tuple[int, int, int, int, int], tuple[float, float]] = {
-    (128, 256, 64, 8, 4): (5.54, 2.0),
-    (128, 128, 64, 4, 6): (5.20, 0.6),
-    (64, 128, 64, 4, 6): (4.40, 0.5),
-    (128, 64, 64, 4, 4): (3.42, 0.8),
-}
-
-
+# Earlier rule (before the shape zoo): per-tile rates fitted to the 35 shapes of
+# results/gemm_tiling/ and a hand-made hand-over to the Gluon kernels; it ran
+# 1.01-1.05x cuBLAS on its own 8 goal shapes and 0.58-0.96x on shapes it had not
+# seen (16x4096x4096, 4000x3000x2000, 3072^3). The findings behind the fixed
+# configurations kept below: 128x256x64 with 8 warps is the best large-shape
+# tile; 128x128x64 wants a 6-deep pipeline; GROUP_M 8 is as good as any.
+#
 # Stream-K tail (`stream_k_plan`) for big problems: the goal-shape table of
 # results/gemm_tiling/variants.csv (H200, 2026-11-21, cuBLAS in the same run)
 # measured it +1.5-2% on 8192^3 (15 whole rounds of 128x256 tiles + 68 of 132
@@ -177,7 +194,7 @@ _CANDIDATES: dict[tuple[int, int, int, int, int], tuple[float, float]] = {
 # than SMs): a split tile costs a pipeline refill, a partial written and read
 # back, and staggered K positions across SMs, which only a long run of whole
 # rounds pays for. Best there: 3 stages with C through TMA stores in two halves.
-SK_MIN_ROUNDS = 12
+# (On the shape zoo it was the fastest candidate on 2 of 96 shapes and was pruned.)
 
 # Gluon warp-specialised kernels (kernels.gemm.gluon): a producer warp feeds the
 # consumers through an mbarrier ring, so a tile's epilogue overlaps loads (coop)
@@ -196,8 +213,6 @@ SK_MIN_ROUNDS = 12
 # applies with a long K (8192^3: 1.030 vs coop 1.019; the split tiles' partial
 # sums are paid back over K, while a hidden epilogue is worth less the longer
 # the mainloop); else cooperative 128x256 tiles (4096^3, 4096x14336x4096).
-GLUON_PP_MIN_FILL = 0.99
-GLUON_SK_MIN_K = 8192
 _GLUON_PINGPONG = GemmConfig(block_m=128, block_n=128, block_k=64, num_stages=5, group_m=8, num_warps=4,
                              gluon="pingpong")
 _GLUON_COOP = GemmConfig(block_m=128, block_n=256, block_k=32, num_stages=6, group_m=8, num_warps=8,
@@ -206,33 +221,127 @@ _STREAM_K_CONFIG = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8,
                               tma_store=True, epilogue_split=2, stream_k=True)
 
 
-def _estimate_us(M: int, N: int, K: int, num_sms: int, tile, rate: float, fixed_us: float) -> float:
-    bm, bn = tile[0], tile[1]
-    tiles = math.ceil(M / bm) * math.ceil(N / bn)
-    rounds = math.ceil(tiles / num_sms)
-    per_tile_us = 2.0 * bm * bn * max(K, 1) / (rate * 1e12) * 1e6 + fixed_us
-    return rounds * per_tile_us
+# What the model charges for work outside the tiles, from measured ceilings of an
+# H200 (results/gemm_zoo/ceilings_run1.json: device-to-device copy, read + write):
+HBM_GBPS = 4275.0
+PAD_LAUNCH_US = 2.0  # one more kernel (the copy into an aligned buffer) in the stream
+
+# Per candidate of ``candidates``: (TFLOP/s per program, GB/s per program, us per
+# tile, us per launch, GB/s of the whole kernel streaming its operands), fitted by
+# experiments/fit_gemm_heuristic.py to the fit half
+# of the shape zoo (results/gemm_zoo/sweep.csv, CUDA-graph times); see
+# ``estimate_us`` for the model. Candidates that were rarely the fastest were
+# pruned first (the fit half's per-shape best loses 1% geomean without them);
+# a candidate without constants is never chosen.
+COST: dict[str, tuple[float, float, float, float, float]] = {
+    "gl_pp": (7.48, 89.6, 1.58, 7.18, 4188),
+    "swap_n64": (1.5, 104, 0, 8.14, 3413),
+    "t128x256": (7.48, 77.4, 1.92, 7.26, 2267),
+    "t64x128": (5.12, 89.6, 0, 8.05, 2978),
+    "tall": (1.03, 20.8, 0.926, 5.46, 1726),
+}
 
 
-def heuristic(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
-              hopper: bool = True, gluon: bool = True) -> GemmConfig:
-    """The config this module runs when none is given (see the module docstring).
-    ``gluon=False`` keeps to the Triton kernel (e.g. for operands TMA cannot take)."""
-    if not hopper:
-        # Pointer path (interpreter, pre-Hopper): modest tiles.
-        return GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3, group_m=8)
+def _resident(cfg: GemmConfig, elem: int) -> int:
+    """Programs of the split-K kernel one SM holds at once (shared memory decides)."""
+    return max(1, min(4, SMEM_PER_SM // (smem_bytes(cfg, elem) + 1024)))
+
+
+SMEM_PER_SM = 233472  # bytes of shared memory per SM on sm_90 (228 KiB)
+
+
+def work_units(cfg: GemmConfig, M: int, N: int, K: int, dtype: torch.dtype, num_sms: int) -> dict:
+    """The quantities the cost model counts for one config: rounds of programs
+    over the SMs, one program's FLOP (whole tile) and bytes loaded (rows past the
+    edge are not read) per round, and the fewest bytes the product moves."""
     elem = element_size(dtype)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    tiles = math.ceil(M / bm) * math.ceil(N / bn)
+    k_steps = math.ceil(K / bk)
+    pieces, per = split_pieces(k_steps, cfg.split_k) if cfg.split_k is not None else (1, k_steps)
+    # Persistent kernels: programs beyond the SMs share them (two CTAs per SM run
+    # at about half speed each), so rounds count tiles per SM; the split-K kernel's
+    # programs are short and several fit on an SM at once.
+    slots = num_sms * _resident(cfg, elem) if cfg.split_k is not None else num_sms
+    programs = tiles * pieces
+    rounds = programs / slots if cfg.stream_k else math.ceil(programs / slots)
+    k_len = min(K, per * bk)
+    return {"rounds": rounds, "flop": 2.0 * bm * bn * k_len, "bytes": (min(bm, M) + min(bn, N)) * k_len * elem,
+            "partials": 2.0 * 4 * bm * bn * programs if pieces > 1 else 0.0, "programs": programs,
+            "bytes_min": float(M * K + K * N + M * N) * elem}
+
+
+def estimate_us(cfg: GemmConfig, M: int, N: int, K: int, dtype: torch.dtype, num_sms: int,
+                const: tuple[float, ...], pad_bytes: float = 0.0) -> float:
+    """Modelled time of ``cfg`` on an M x N x K product, with the candidate's
+    constants ``(rate, bandwidth, per_tile, per_launch, stream)``::
+
+        max(rounds * (max(flop / rate, bytes / bandwidth) + per_tile),
+            fewest bytes / stream) + per_launch
+          + (split-K partials + padding copies) / HBM bandwidth
+
+    ``rounds`` counts wave quantisation (a last, partial round costs a whole one;
+    stream-K's tail is spread, so there it is fractional); flop and bytes are one
+    program's share of a round (its tile, over its K range); ``stream`` is the
+    whole kernel's bandwidth (GB/s) when it only streams its operands through
+    (small M); tf32 (fp32 inputs) runs at half the 16-bit rate. The extra terms
+    use the measured copy bandwidth."""
+    rate, bw, per_tile, per_launch, stream = const
+    if dtype == torch.float32:
+        rate = rate / 2
+    w = work_units(cfg, M, N, K, dtype, num_sms)
+    tile_us = max(w["flop"] / (rate * 1e6), w["bytes"] / (bw * 1e3)) + per_tile
+    body = max(w["rounds"] * tile_us, w["bytes_min"] / (stream * 1e3))
+    extra = (w["partials"] + 2.0 * pad_bytes) / (HBM_GBPS * 1e3) + (PAD_LAUNCH_US if pad_bytes else 0.0)
+    return body + per_launch + extra
+
+
+def pad_bytes(M: int, N: int, K: int, dtype: torch.dtype) -> float:
+    """Bytes the padding copies read (and write again): A when its rows (K) are
+    not 16-byte multiples, B when N's are not."""
+    es = element_size(dtype)
+    return (M * K * es if (K * es) % 16 else 0) + (K * N * es if (N * es) % 16 else 0)
+
+
+# The tiling study's rule (run 5-12 goal tables: 8 large aligned shapes, 1.010-1.013x cuBLAS in every
+# repeat) holds where it was measured: 16-bit operands TMA can address, M >= 512, N and K >= 2048.
+# Per tile (BM, BN, BK, warps, stages): (per-SM TFLOP/s, fixed us per tile), least squares on 35
+# shapes of results/gemm_tiling/rows.parquet; ping-pong / cooperative Gluon kernels and the
+# stream-K tail for multi-round problems (see results/gemm_tiling/README.md).
+TILING_DOMAIN = dict(min_m=512, min_n=2048, min_k=2048)
+_TILING_TILES: dict[tuple[int, int, int, int, int], tuple[float, float]] = {
+    (128, 256, 64, 8, 4): (5.54, 2.0),
+    (128, 128, 64, 4, 6): (5.20, 0.6),
+    (64, 128, 64, 4, 6): (4.40, 0.5),
+    (128, 64, 64, 4, 4): (3.42, 0.8),
+}
+SK_MIN_ROUNDS = 12  # whole rounds of 128x256 tiles before the stream-K tail pays (variants.csv)
+GLUON_PP_MIN_FILL = 0.99  # ping-pong where 128x128 tiles fill the last round this well
+GLUON_SK_MIN_K = 8192  # with a long K the stream-K tail beats the cooperative Gluon kernel
+
+
+def in_tiling_domain(M: int, N: int, K: int, dtype: torch.dtype, tma: bool, c_aligned: bool) -> bool:
+    d = TILING_DOMAIN
+    return (tma and c_aligned and dtype in (torch.bfloat16, torch.float16)
+            and M >= d["min_m"] and N >= d["min_n"] and K >= d["min_k"])
+
+
+def tiling_rule(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
+                gluon: bool = True) -> GemmConfig:
+    """The tiling study's choice: the cheapest of ``_TILING_TILES`` by rounds x (work / rate + fixed),
+    handed to the Gluon kernels or the stream-K tail when the problem takes several rounds."""
     best, best_t = None, float("inf")
-    for key, (rate, fixed) in _CANDIDATES.items():
-        bm, bn, bk, w, s = key
-        t = _estimate_us(M, N, K, num_sms, key, rate, fixed)
+    for key, (rate, fixed) in _TILING_TILES.items():
+        bm, bn, bk, w, st = key
+        rounds = math.ceil(math.ceil(M / bm) * math.ceil(N / bn) / num_sms)
+        t = rounds * (2.0 * bm * bn * max(K, 1) / (rate * 1e12) * 1e6 + fixed)
         if t < best_t:
-            best, best_t = GemmConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s,
+            best, best_t = GemmConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st,
                                       tma_store=False, group_m=8), t
     tiles = math.ceil(M / best.block_m) * math.ceil(N / best.block_n)
     stream_k = best.block_n == 256 and tiles % num_sms and tiles // num_sms >= SK_MIN_ROUNDS
     big_tiles = math.ceil(M / 128) * math.ceil(N / 256)
-    if gluon and dtype in (torch.bfloat16, torch.float16) and big_tiles > num_sms and best.block_m == 128:
+    if gluon and big_tiles > num_sms and best.block_m == 128:
         pp_tiles = math.ceil(M / 128) * math.ceil(N / 128)
         pp_fill = pp_tiles / (math.ceil(pp_tiles / num_sms) * num_sms)   # last round's share of SMs busy
         if best.block_n == 128 or pp_fill >= GLUON_PP_MIN_FILL:
@@ -241,7 +350,41 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_s
             return _GLUON_COOP
     if stream_k:
         best = _STREAM_K_CONFIG
-    return _fit_smem(best, elem)
+    return _fit_smem(best, element_size(dtype))
+
+
+def heuristic(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
+              hopper: bool = True, gluon: bool = True, tma: bool = True, c_aligned: bool = True) -> GemmConfig:
+    """The config ``matmul`` runs when none is given. Two rules, each where it was measured:
+    large aligned 16-bit problems (``in_tiling_domain``) take the tiling study's ``tiling_rule``;
+    everything else (small M, irregular and unaligned sizes, fp32) takes, of ``candidates``,
+    the one ``estimate_us`` (constants ``COST``, fitted on the fit half of the shape zoo) says is
+    fastest. ``tma=False``: some operand's rows are not 16-byte aligned (the candidates then
+    copy it into an aligned buffer first, and the model charges the copy); ``gluon=False``
+    keeps to the Triton kernels; ``c_aligned=False``: C's rows are not aligned (no TMA stores)."""
+    if not hopper:
+        # Pointer path (interpreter, pre-Hopper): modest tiles.
+        return GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3, group_m=8)
+    if in_tiling_domain(M, N, K, dtype, tma, c_aligned):
+        return tiling_rule(M, N, K, dtype, num_sms, gluon)
+    return cost_model_rule(M, N, K, dtype, num_sms, gluon, tma, c_aligned)
+
+
+def cost_model_rule(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
+                    gluon: bool = True, tma: bool = True, c_aligned: bool = True) -> GemmConfig:
+    """Of ``candidates``, the one the zoo-fitted cost model says is fastest."""
+    extra = 0.0 if tma else pad_bytes(M, N, K, dtype)
+    best, best_t = None, float("inf")
+    for name, cfg in candidates(M, N, K, dtype, num_sms, aligned=tma, gluon=gluon, c_aligned=c_aligned).items():
+        const = COST.get(name)
+        if const is None:
+            continue
+        t = estimate_us(cfg, M, N, K, dtype, num_sms, const, extra)
+        if t < best_t:
+            best, best_t = cfg, t
+    if best is None:  # no fitted constants (never in a release): the large-tile default
+        best = candidates(M, N, K, dtype, num_sms, aligned=tma, gluon=False, c_aligned=c_aligned)["t128x256"]
+    return best
 
 
 def _fit_smem(cfg: GemmConfig, elem_bytes: int, limit: int = SMEM_LIMIT_SM90) -> GemmConfig:
@@ -298,7 +441,33 @@ def stream_k_plan(tiles: int, programs: int, k_steps: int) -> StreamKPlan:
     return StreamKPlan(tiles - tail, sk_programs, per, extra)
 
 
-_SK_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+# --------------------------------------------------------------------------
+# Split-K
+# --------------------------------------------------------------------------
+SPLIT_MIN_STEPS = 2  # K-steps per piece at least: a piece costs a pipeline fill and a partial written
+SPLIT_PENALTY = 0.5  # K-steps a piece's partial (written, read back) costs, in the choice below
+
+
+def split_for(tiles: int, k_steps: int, num_sms: int, max_split: int = 32) -> int:
+    """K pieces per tile: the split whose programs finish soonest, counting the
+    rounds they take (``ceil(tiles * split / SMs)``, wave quantisation) times the
+    K-steps of one piece, plus SPLIT_PENALTY per piece beyond the first; each
+    piece at least SPLIT_MIN_STEPS K-steps long."""
+    best, best_cost = 1, float("inf")
+    for split in range(1, max(1, min(max_split, k_steps // SPLIT_MIN_STEPS)) + 1):
+        pieces, per = split_pieces(k_steps, split)
+        cost = math.ceil(tiles * pieces / num_sms) * per + SPLIT_PENALTY * (pieces > 1) * pieces
+        if cost < best_cost:
+            best, best_cost = pieces, cost
+    return best
+
+
+def split_pieces(k_steps: int, split: int) -> tuple[int, int]:
+    """(pieces, steps per piece) for a requested split: no piece is left empty."""
+    per = -(-k_steps // max(1, min(split, k_steps)))
+    return -(-k_steps // per), per
 
 
 
@@ -443,3 +612,78 @@ def validate_ws(config: WsConfig | Mapping[str, Any] | None, cls: type | None = 
                          f"{SMEM_LIMIT_SM90} per block; use fewer stages or a smaller tile")
     return c
 
+
+
+# --------------------------------------------------------------------------
+# The candidates the zoo sweep measures and the heuristic chooses among
+# --------------------------------------------------------------------------
+SMALL_M = 64  # M up to this: memory-bound on B; the split-K family's narrow tiles
+MID_M = 4096  # M up to this (and fewer tiles than two rounds): split-K of 64/128-row tiles too
+
+
+def _short_side(M: int) -> int:
+    """A tile side covering M rows: 16, 32 or 64."""
+    return 16 if M <= 16 else 32 if M <= 32 else 64
+
+
+def candidates(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
+               aligned: bool = True, gluon: bool = True, c_aligned: bool = True) -> dict[str, GemmConfig]:
+    """Named configurations worth trying on this problem (the zoo sweep times them
+    all; ``heuristic`` estimates each one's time and takes the cheapest), for an
+    sm_90 GPU. ``aligned``: A's and B's rows are 16-byte aligned (TMA takes them
+    as they are; else every candidate pads them, and "ptr", the pointer kernel,
+    is added for comparison); ``gluon``: the Gluon kernels may run (sm_90, 16-bit,
+    aligned); ``c_aligned``: C's rows are aligned too (TMA stores)."""
+    elem = element_size(dtype)
+    st = dict(tma_store=False, group_m=8)
+    out: dict[str, GemmConfig] = {
+        "t128x256": GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, **st),
+        "t128x128": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=6, **st),
+        "t64x128": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=6, **st),
+        "t128x64": GemmConfig(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=4, **st),
+    }
+    if M > SMALL_M:  # two CTAs per SM: the tail of one overlaps the other's mainloop
+        out["t128x128x2"] = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3,
+                                       num_sms=2 * num_sms, **st)
+    tiles256 = math.ceil(M / 128) * math.ceil(N / 256)
+    if tiles256 > num_sms and tiles256 % num_sms:
+        out["t128x256sk"] = _STREAM_K_CONFIG if c_aligned else dataclasses.replace(
+            _STREAM_K_CONFIG, tma_store=False, epilogue_split=1)
+    if gluon and aligned and c_aligned and dtype in (torch.bfloat16, torch.float16) and M > SMALL_M:
+        out["gl_pp"] = _GLUON_PINGPONG
+        out["gl_coop"] = _GLUON_COOP
+    k_steps = math.ceil(K / 128)
+    if M <= SMALL_M:
+        bm = _short_side(M)
+        t128 = math.ceil(N / 128)
+        t64 = math.ceil(N / 64)
+        sk = dict(num_warps=4, block_k=128, tma_store=False)
+        out["swap"] = GemmConfig(block_m=bm, block_n=128, num_stages=4, swap_ab=True,
+                                 split_k=split_for(t128, k_steps, num_sms), **sk)
+        out["swap_k64"] = GemmConfig(block_m=bm, block_n=128, num_stages=6, swap_ab=True,
+                                     split_k=split_for(t128, math.ceil(K / 64), num_sms),
+                                     **dict(sk, block_k=64))
+        out["swap_n64"] = GemmConfig(block_m=bm, block_n=64, num_stages=5, swap_ab=True,
+                                     split_k=split_for(t64, k_steps, num_sms), **sk)
+        out["narrow"] = GemmConfig(block_m=bm, block_n=128, num_stages=4,
+                                   split_k=split_for(t128, k_steps, num_sms), **sk)
+    if N <= SMALL_M:  # tall and skinny: a narrow tile on the N side, split-K for the SMs
+        bn = _short_side(N)
+        t = math.ceil(M / 128)
+        out["tall"] = GemmConfig(block_m=128, block_n=bn, block_k=128, num_warps=4, num_stages=4,
+                                 tma_store=False, split_k=split_for(t, k_steps, num_sms))
+    if M <= MID_M:
+        k64 = math.ceil(K / 64)
+        t = math.ceil(M / 64) * math.ceil(N / 128)
+        if t < 2 * num_sms:
+            out["splitk64"] = GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=5,
+                                         tma_store=False, split_k=split_for(t, k64, num_sms))
+        t = math.ceil(M / 128) * math.ceil(N / 128)
+        if t < 2 * num_sms and M > SMALL_M:
+            out["splitk128"] = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4,
+                                          tma_store=False, split_k=split_for(t, k64, num_sms))
+    if not aligned:
+        out = {name: dataclasses.replace(c, pad=True) for name, c in out.items()}
+        out["ptr"] = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3, group_m=8,
+                                tma=False)
+    return {name: _fit_smem(c, elem) for name, c in out.items()}

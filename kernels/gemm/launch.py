@@ -23,10 +23,10 @@ from kernels.common.launcher import PlannedLaunch
 from kernels.gemm import gluon
 from kernels.gemm.config import (
     DTYPES, MAXNREG, WS_DTYPES, GemmConfig, StreamKPlan, WsConfig, _as_config, _refuse_ws_on_gpu, heuristic,
-    num_warps, stream_k_plan, validate_config, validate_ws,
+    num_warps, split_pieces, stream_k_plan, validate_config, validate_ws,
 )
 from kernels.gemm.metrics import _mnk
-from kernels.gemm.triton import _gemm_ptr_kernel, _gemm_tma_kernel
+from kernels.gemm.triton import _gemm_ptr_kernel, _gemm_splitk_kernel, _gemm_tma_kernel
 from workbench.dtypes import triton_type
 
 try:  # triton >= 3.4
@@ -36,21 +36,30 @@ except ImportError:  # pragma: no cover
 
 _FALLBACK = "use kernels.gemm.matmul instead"
 _SK_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_RETIRED: list = []  # outgrown workspaces: a captured CUDA graph may still use them
 
 
-def _stream_k_workspace(device: torch.device, programs: int, tile_elems: int, sk_tiles: int):
-    """fp32 partial slots (2 per program) and per-tile arrival counters, zeroed once
-    and reused: the kernel resets every counter it completes. One pair per device
-    and stream, so calls on two streams never share counters."""
+def workspace(device: torch.device, elems: int, counters: int):
+    """fp32 partial slots and arrival counters (stream-K and split-K), zeroed once
+    and reused: the kernels reset every counter they complete. One pair per device
+    and stream, so calls on two streams never share counters; an outgrown pair is
+    kept alive (a CUDA graph captured with it still points there). Call it ahead
+    of a graph capture with the largest sizes, so the capture allocates nothing."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     ws, cnt = _SK_WORKSPACE.get(key, (None, None))
-    if ws is None or ws.numel() < programs * 2 * tile_elems or cnt.numel() < sk_tiles:
-        ws = torch.empty(max(programs * 2 * tile_elems, ws.numel() if ws is not None else 0),
-                         dtype=torch.float32, device=device)
-        cnt = torch.zeros(max(sk_tiles, cnt.numel() if cnt is not None else 0), dtype=torch.int32, device=device)
+    if ws is None or ws.numel() < elems or cnt.numel() < counters:
+        if ws is not None:
+            _RETIRED.append((ws, cnt))
+        ws = torch.empty(max(elems, ws.numel() if ws is not None else 0), dtype=torch.float32, device=device)
+        cnt = torch.zeros(max(counters, cnt.numel() if cnt is not None else 0), dtype=torch.int32, device=device)
         _SK_WORKSPACE[key] = (ws, cnt)
     return ws, cnt
+
+
+def _stream_k_workspace(device: torch.device, programs: int, tile_elems: int, sk_tiles: int):
+    """fp32 partial slots (2 per program) and per-tile arrival counters."""
+    return workspace(device, programs * 2 * tile_elems, sk_tiles)
 
 
 
@@ -173,16 +182,18 @@ def config_key(config) -> Any:
 class _GemmPlan:
     """Everything ``matmul`` decides for one call signature."""
 
-    kind: str  # "empty" (nothing to compute), "zero" (K == 0), "tma", "ptr" or "gluon"
+    kind: str  # "empty" (nothing to compute), "zero" (K == 0), "tma", "ptr", "splitk" or "gluon"
     M: int
     N: int
     K: int
     config: Any = None  # the GemmConfig (or, kind "gluon", the WsConfig) it runs
     launch: PlannedLaunch | None = None  # the kernel, grid, constexprs and options
     args: tuple = ()  # run-time scalars after the tensors
-    sk_tiles: int = 0  # stream-K tiles (workspace counters); 0: no stream-K
+    sk_tiles: int = 0  # tiles with arrival counters (stream-K tail, split-K); 0: none
     programs: int = 1
     blocks: tuple = ()  # the descriptors' boxes (A, B, C), or their layouts too (Gluon)
+    pad_a: int = 0  # > 0: copy A into a buffer of this many columns first (TMA needs aligned rows)
+    pad_b: int = 0  # the same for B
 
 
 _PLANS = PlanCache()
@@ -203,12 +214,15 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config) ->
     hopper = on_gpu and _capability(dev_index)[0] >= 9
     sm90 = on_gpu and _capability(dev_index)[0] == 9
     sms = _sm_count(dev_index) if on_gpu else 4
-    # A fresh C is contiguous and aligned; a given one is judged by its own signature.
-    c_ok = out is None or _tma_ok(out)
-    aligned = TensorDescriptor is not None and _tma_ok(a) and _tma_ok(b) and c_ok
+    # A fresh C is contiguous: its rows are aligned when N's are; a given one is judged by itself.
+    a_ok, b_ok = _tma_ok(a), _tma_ok(b)
+    c_ok = _tma_ok(out) if out is not None else (N * a.element_size()) % 16 == 0
+    have_desc = TensorDescriptor is not None
+    aligned = have_desc and a_ok and b_ok and c_ok
     cfg = _as_config(config)
     if cfg is None:
-        cfg = heuristic(M, N, K, a.dtype, sms, hopper=hopper, gluon=aligned and sm90)
+        cfg = heuristic(M, N, K, a.dtype, sms, hopper=hopper, gluon=aligned and sm90, tma=aligned,
+                        c_aligned=c_ok)
     validate_config(cfg)
     if cfg.gluon:
         if not (sm90 and aligned and a.dtype in WS_DTYPES):
@@ -218,17 +232,26 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config) ->
         return _ws_plan(M, N, K, cfg.ws_config(), sms, a.dtype)
     if cfg.warp_specialize and on_gpu:
         _refuse_ws_on_gpu()
-    if cfg.tma is None:
-        use_tma = hopper and aligned
-    elif cfg.tma:
-        if not aligned:
+    tma_wanted = hopper if cfg.tma is None else cfg.tma
+    if cfg.tma and on_gpu and not hopper:
+        raise ValueError("gemm: tma=True needs an sm_90+ GPU (Hopper)")
+    # cfg.pad: operands TMA cannot address are copied into aligned buffers at each call.
+    pads = {}
+    if cfg.pad and tma_wanted and have_desc:
+        pads = dict(pad_a=0 if a_ok else _aligned_cols(K, a), pad_b=0 if b_ok else _aligned_cols(N, b))
+    ops_ok = have_desc and (a_ok or bool(pads.get("pad_a"))) and (b_ok or bool(pads.get("pad_b")))
+    if cfg.split_k is not None:  # C leaves through plain stores
+        if cfg.tma and not ops_ok:
             raise ValueError("gemm: tma=True needs unit stride in the last dimension and 16-byte aligned "
-                             "rows and base pointers (K and N multiples of 8 for 16-bit types)")
-        if on_gpu and not hopper:
-            raise ValueError("gemm: tma=True needs an sm_90+ GPU (Hopper)")
-        use_tma = True
-    else:
-        use_tma = False
+                             "rows and base pointers (K and N multiples of 8 for 16-bit types), or pad=True")
+        return _splitk_plan(M, N, K, cfg, bool(tma_wanted and ops_ok), pads)
+    tma_ok = ops_ok and (c_ok or not cfg.tma_store)
+    if cfg.tma and not tma_ok:
+        raise ValueError("gemm: tma=True needs unit stride in the last dimension and 16-byte aligned "
+                         "rows and base pointers (K and N multiples of 8 for 16-bit types)")
+    use_tma = bool(tma_wanted and tma_ok)
+    if not use_tma:
+        pads = {}
 
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     if cfg.stream_k and not use_tma and config is None:  # the heuristic's choice, on unaligned operands
@@ -255,7 +278,32 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config) ->
     blocks = ([cfg.block_m, cfg.block_k], [cfg.block_k, cfg.block_n],
               [cfg.block_m, cfg.block_n // cfg.epilogue_split] if cfg.tma_store else None)
     return _GemmPlan("tma", M, N, K, cfg, launch, args, tiles - sk.dp_tiles if sk.sk_programs else 0, programs,
-                     blocks)
+                     blocks, **pads)
+
+
+def _aligned_cols(cols: int, t: torch.Tensor) -> int:
+    """Columns of a buffer whose rows start 16-byte aligned and hold ``cols`` elements."""
+    per16 = 16 // t.element_size()
+    return -(-cols // per16) * per16
+
+
+def _padded(t: torch.Tensor, cols: int) -> torch.Tensor:
+    """``t`` copied into the first columns of a fresh (rows, cols) buffer: same
+    shape, row stride ``cols`` (16-byte aligned), so TMA can address it."""
+    view = torch.empty((t.shape[0], cols), dtype=t.dtype, device=t.device)[:, :t.shape[1]]
+    return view.copy_(t)
+
+
+def _splitk_plan(M: int, N: int, K: int, cfg: GemmConfig, tma_ok: bool, pads: dict) -> _GemmPlan:
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    pieces, per = split_pieces(triton.cdiv(K, cfg.block_k), cfg.split_k)
+    launch = PlannedLaunch(_gemm_splitk_kernel, (tiles, pieces),
+                           dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                                USE_TMA=bool(tma_ok), SWAP_AB=cfg.swap_ab),
+                           dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    blocks = ([cfg.block_m, cfg.block_k], [cfg.block_k, cfg.block_n]) if tma_ok else ()
+    return _GemmPlan("splitk", M, N, K, cfg, launch, (pieces, per), tiles if pieces > 1 else 0, pieces, blocks,
+                     **(pads if tma_ok else {}))
 
 
 def plan_for(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | None = None) -> _GemmPlan:
@@ -287,6 +335,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
     p = plan_for(a, b, config, out)
     if out is None:
         out = torch.empty((p.M, p.N), dtype=a.dtype, device=a.device)
+    if p.pad_a:
+        a = _padded(a, p.pad_a)
+    if p.pad_b:
+        b = _padded(b, p.pad_b)
     if p.kind == "tma":
         if p.sk_tiles:
             cfg = p.config
@@ -297,6 +349,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
         c_desc = TensorDescriptor.from_tensor(out, cb) if cb else None
         p.launch(TensorDescriptor.from_tensor(a, ab), TensorDescriptor.from_tensor(b, bb), c_desc, out,
                  out.stride(0), *p.args, ws, cnt)
+    elif p.kind == "splitk":
+        _launch_splitk(p, a, b, out)
     elif p.kind == "ptr":
         p.launch(a, b, out, p.M, p.N, p.K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                  out.stride(0), out.stride(1), *p.args)
@@ -305,6 +359,20 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
     elif p.kind == "zero":
         out.zero_()
     return out
+
+
+def _launch_splitk(p: _GemmPlan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    cfg = p.config
+    if p.sk_tiles:   # p.programs: the K pieces per tile
+        ws, cnt = workspace(out.device, p.sk_tiles * p.programs * cfg.block_m * cfg.block_n, p.sk_tiles)
+    else:
+        ws, cnt = out, out  # never touched
+    if p.blocks:
+        a_desc, b_desc = TensorDescriptor.from_tensor(a, p.blocks[0]), TensorDescriptor.from_tensor(b, p.blocks[1])
+    else:
+        a_desc = b_desc = None
+    p.launch(a_desc, b_desc, a, b, out, ws, cnt, p.M, p.N, p.K, a.stride(0), a.stride(1),
+             b.stride(0), b.stride(1), out.stride(0), out.stride(1), *p.args)
 
 
 # --------------------------------------------------------------------------
@@ -458,6 +526,8 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
     validate_config(cfg)
     if cfg.gluon:
         return compile_args_ws(cfg.ws_config(), dtype, _mnk(shape) if shape else None)
+    if cfg.split_k is not None:
+        return _compile_args_splitk(cfg, dtype)
     t = triton_type(dtype)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     sig = {"a_desc": f"tensordesc<{t}[{bm}, {bk}]>", "b_desc": f"tensordesc<{t}[{bk}, {bn}]>",
@@ -476,3 +546,18 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
     return {"fn": _gemm_tma_kernel, "signature": sig, "constexprs": constexprs, "divisible": divisible,
             "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
+
+
+def _compile_args_splitk(cfg: GemmConfig, dtype: torch.dtype) -> dict:
+    """The split-K kernel on the TMA path (row-major operands, C stride a multiple of 16)."""
+    t = triton_type(dtype)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    sig = {"a_desc": f"tensordesc<{t}[{bm}, {bk}]>", "b_desc": f"tensordesc<{t}[{bk}, {bn}]>",
+           "a_ptr": f"*{t}", "b_ptr": f"*{t}", "c_ptr": f"*{t}", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+           "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32",
+           "split_k": "i32", "steps_per_split": "i32"}
+    constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "USE_TMA": True, "SWAP_AB": cfg.swap_ab,
+                  "stride_ak": 1, "stride_bn": 1, "stride_cn": 1}
+    return {"fn": _gemm_splitk_kernel, "signature": sig, "constexprs": constexprs,
+            "divisible": ["a_ptr", "b_ptr", "c_ptr", "ws_ptr", "stride_am", "stride_bk", "stride_cm"],
+            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}

@@ -176,3 +176,76 @@ def _gemm_ptr_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
 
 
 # --------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["M", "N", "K", "split_k", "steps_per_split"])
+def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K,
+                        stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                        split_k, steps_per_split,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr):
+    """One output tile per program column, its K range cut into ``split_k`` pieces
+    (grid: tiles x split_k). For few tiles (small M, or a short wide problem): the
+    split puts every SM to work on B, which small-M products only read once.
+
+    SWAP_AB computes the tile transposed, C^T = B^T A^T: the wide side (BLOCK_N)
+    becomes the MMA's M, which must be 64 per warpgroup, and the short side
+    (BLOCK_M, as small as 16) its N, so a 16-row A costs a 16-wide MMA instead of
+    a 64-row one padded with zeros.
+
+    Split tiles meet in an fp32 workspace: every piece stores its partial in its
+    own slot and counts itself in the tile's counter; the piece that completes
+    the count adds the others' slots to its own, stores C and resets the counter
+    (nobody waits, so it also runs in the interpreter)."""
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    pid_m = pid // num_pid_n
+    pid_n = pid - pid_m * num_pid_n
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    k_steps = (K + BLOCK_K - 1) // BLOCK_K
+    k_lo = pid_k * steps_per_split
+    k_hi = tl.minimum(k_steps, k_lo + steps_per_split)
+    rows = off_m + tl.arange(0, BLOCK_M)
+    cols = off_n + tl.arange(0, BLOCK_N)
+    lane_k = tl.arange(0, BLOCK_K)
+    # Pointer path: rows/columns past the edge read row/column 0 (never stored).
+    rows_in = tl.where(rows < M, rows, 0)
+    cols_in = tl.where(cols < N, cols, 0)
+    a_ptrs = a_ptr + rows_in[:, None] * stride_am + (k_lo * BLOCK_K + lane_k)[None, :] * stride_ak
+    b_ptrs = b_ptr + (k_lo * BLOCK_K + lane_k)[:, None] * stride_bk + cols_in[None, :] * stride_bn
+    if SWAP_AB:
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(k_lo, k_hi):
+        if USE_TMA:
+            a = a_desc.load([off_m, kk * BLOCK_K])
+            b = b_desc.load([kk * BLOCK_K, off_n])
+        else:
+            k_left = K - kk * BLOCK_K
+            a = tl.load(a_ptrs, mask=lane_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=lane_k[:, None] < k_left, other=0.0)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        if SWAP_AB:
+            acc_t = tl.dot(tl.trans(b), tl.trans(a), acc_t)
+        else:
+            acc = tl.dot(a, b, acc)
+    if SWAP_AB:
+        acc = tl.trans(acc_t)
+    c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn
+    c_mask = (rows[:, None] < M) & (cols[None, :] < N)
+    if split_k == 1:
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+    else:
+        tile_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tile_ws = ws_ptr + (pid * split_k).to(tl.int64) * (BLOCK_M * BLOCK_N)
+        tl.store(tile_ws + pid_k * (BLOCK_M * BLOCK_N) + tile_offs, acc)
+        tl.debug_barrier()  # every thread's partial is written before the count
+        arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived == split_k - 1:
+            for q in range(split_k):
+                if q != pid_k:
+                    acc += tl.load(tile_ws + q * (BLOCK_M * BLOCK_N) + tile_offs, cache_modifier=".cg")
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+            tl.store(cnt_ptr + pid, 0)
