@@ -13,20 +13,9 @@ Three parts, one per way a study meets several ranks (the last two live in
     The script wraps its body in ``with dist.worker() as w:`` to get the
     process group, a heartbeat and ``w.emit(rows)``.
 
-``SymmetricHeap(nbytes, group)``
-    One buffer per rank from ``torch.distributed._symmetric_memory``, mapped
-    into every peer; ``heap_bases`` is the int64 device tensor of the peer
-    base addresses (the role of iris' ``heap_bases``), ``alloc(shape, dtype)``
-    a bump allocator whose tensors live at the same offset on every rank, so
-    the peer address of a local tensor is ``heap_bases[peer] + offset``.
-
-``SimulatedWorld(world_size)``
-    All ranks in one process on the CPU: one host buffer per rank, the same
-    ``heap_bases`` table (host addresses), and kernels run "on rank r" in
-    Triton's interpreter, which dereferences real host addresses, so peer
-    pointers work. ``world.run(fn)`` runs ``fn(heap)`` for every rank in a
-    thread of its own while kernel launches take turns (one at a time), so
-    code written for one rank (launch, ``heap.barrier()``, wait) runs as is.
+``SymmetricHeap(nbytes, group)`` and ``SimulatedWorld(world_size)``
+    Peer memory on GPUs (PyTorch symmetric memory) and all ranks of a world in
+    one CPU process (Triton's interpreter): see ``workbench.heap``.
 
 NVLink multicast stays off in this process and in every process started here
 (``MULTICAST_OFF``): a program using it can take shared GPUs out of service.

@@ -92,12 +92,7 @@ def all_gather(x: torch.Tensor, heap, *, variant: str = "triton", num_sms: int |
 
 
 def _watch(heap) -> StatusWatch:
-    cache = heap.cache("all_gather")
-    w = cache.get("status_watch")
-    if w is None:
-        w = cache["status_watch"] = StatusWatch(heap.status(), heap.rank, "all_gather flags",
-                                                names=lambda i: f"signals from rank {i}")
-    return w
+    return StatusWatch.of(heap, "all_gather", names=lambda i: f"signals from rank {i}")
 
 
 def check_all_gather(heap) -> None:

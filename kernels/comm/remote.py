@@ -241,6 +241,16 @@ class StatusWatch:
         self._event = None
         self._armed = False
 
+    @classmethod
+    def of(cls, heap, family: str, names=None) -> "StatusWatch":
+        """The watch of ``family``'s calls on ``heap`` (one per heap and family, kept in
+        ``heap.cache(family)``, so ``heap.reset()`` starts a new one)."""
+        cache = heap.cache(family)
+        w = cache.get("status_watch")
+        if w is None:
+            w = cache["status_watch"] = cls(heap.status(), heap.rank, f"{family} flags", names)
+        return w
+
     def arm(self) -> None:
         if not self.cuda:
             self._armed = True   # a simulated world's status words are host memory already

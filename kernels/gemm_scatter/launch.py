@@ -141,12 +141,7 @@ def plan_for(a, b_local, heap, config=None, *, hints=True, out=None, scope="sys"
 
 
 def _watch(heap) -> StatusWatch:
-    cache = heap.cache("gemm_scatter")
-    w = cache.get("status_watch")
-    if w is None:
-        w = cache["status_watch"] = StatusWatch(heap.status(), heap.rank, "gemm_scatter flags",
-                                                names=lambda i: f"tiles from rank {i}")
-    return w
+    return StatusWatch.of(heap, "gemm_scatter", names=lambda i: f"tiles from rank {i}")
 
 
 def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
