@@ -4,7 +4,7 @@
 ``WORKBENCH_GIT_SHA`` (and ``WORKBENCH_GIT_DIRTY``: 1/0) when it is set, else
 from git, else it reads ``unknown``. The variable wins because a copy of the
 working tree (the device machine's) may carry a stale ``.git``: on 2026-11-21
-the H200 copy reported the session's first commit while newer code ran.
+the GPU node's copy reported an earlier commit while newer code ran.
 """
 from __future__ import annotations
 
