@@ -111,6 +111,37 @@ def _grouped(rows, bench) -> None:
               lambda: mb.grouped_mm("wgrad", x, dy, sizes, offs=offs), "torch._grouped_mm", bench, rows, 2 * T * N * K)
 
 
+def breakdown(rows, bench) -> None:
+    """Where a planned matmul call's host time goes (TMA kernel, 512^3 bf16 so the GPU keeps up)."""
+    import torch
+
+    from kernels import gemm
+    from kernels.gemm import launch as gl
+    from triton.tools.tensor_descriptor import TensorDescriptor as TD
+
+    A = torch.randn(512, 512, device="cuda").bfloat16()
+    B = torch.randn(512, 512, device="cuda").bfloat16()
+    C = gemm.matmul(A, B)
+    p = gl.plan_for(A, B)
+    ab, bb, cb = p.blocks
+    descs = (TD.from_tensor(A, ab), TD.from_tensor(B, bb), TD.from_tensor(C, cb) if cb else None)
+    parts = {
+        "whole matmul(a, b)": lambda: gemm.matmul(A, B),
+        "matmul(a, b, out=c)": lambda: gemm.matmul(A, B, out=C),
+        "plan lookup": lambda: gl.plan_for(A, B),
+        "output allocation": lambda: torch.empty((512, 512), device="cuda", dtype=torch.bfloat16),
+        "descriptor objects": lambda: [TD.from_tensor(t, blk) for t, blk in ((A, ab), (B, bb), (C, cb)) if blk],
+        "launch with ready descriptors": lambda: p.launch(*descs, C, C.stride(0), *p.args, C, C),
+        "launch through Triton's JIT": lambda: p.launch.fn[p.launch.grid](*descs, C, C.stride(0), *p.args, C, C,
+                                                                            **p.launch.kwargs),
+    }
+    print(f"breakdown of a planned matmul (512^3 bf16, {p.config.label()}):", flush=True)
+    for name, fn in parts.items():
+        h = bench.host_time_us(fn, calls=CALLS)
+        rows.append(_row(f"breakdown: {name}", "ours", h))
+        print(f"  {name:<32} {h['median_us']:6.1f} us", flush=True)
+
+
 def comm_world(rows, bench) -> None:
     """all_gather at 8 MiB and 32 MiB per rank against NCCL (under torchrun)."""
     import torch
@@ -140,6 +171,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for launch_cost.csv (e.g. results/launch_cost)")
     ap.add_argument("--comm", action="store_true", help="under torchrun: all_gather vs NCCL (world size >= 2)")
+    ap.add_argument("--breakdown", action="store_true", help="only: where a planned matmul call's host time goes")
     args = ap.parse_args(argv)
 
     import pandas as pd
@@ -155,6 +187,8 @@ def main(argv=None) -> int:
 
         with dist.worker():
             comm_world(rows, bench)
+    elif args.breakdown:
+        breakdown(rows, bench)
     else:
         single_gpu(rows, bench)
     if rows:
@@ -162,7 +196,7 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         prov = provenance.flat(provenance.collect())
         df = pd.DataFrame([{**r, **prov} for r in rows])
-        name = "launch_cost_comm.csv" if args.comm else "launch_cost.csv"
+        name = "launch_cost_comm.csv" if args.comm else "breakdown.csv" if args.breakdown else "launch_cost.csv"
         df.to_csv(out / name, index=False)
         print(f"wrote {out / name} ({len(df)} rows)")
     return 0
