@@ -13,6 +13,10 @@ that may run in the interpreter calls it.
    ``triton.language`` with interpreter builtins and never restores them, so
    after one interpreted kernel with helpers, compiling a (Gluon) kernel in
    the same process fails: the helper call now restores what it patched.
+4. bf16 atomic adds, which its builder lacks ("Unsupported data type"). The
+   interpreter runs one program at a time, so a read-add-round-write per
+   element is exact emulation (round to nearest even, as the GPU's
+   ``red.add.bf16`` does).
 """
 import numpy as np
 
@@ -66,4 +70,32 @@ def patch() -> None:
             scope.restore()
 
     interp.InterpretedFunction.__call__ = device_call
+    _patch_bf16_atomics(interp, tl)
     _PATCHED = True
+
+
+def _patch_bf16_atomics(interp, tl) -> None:
+    import ctypes
+
+    import torch
+    from triton._C.libtriton import ir
+
+    original = interp.InterpreterBuilder.create_atomic_rmw
+
+    def create_atomic_rmw(self, rmwOp, ptr, val, mask, sem, scope):
+        if val.dtype.scalar != tl.bfloat16 or rmwOp != ir.ATOMIC_OP.FADD:
+            return original(self, rmwOp, ptr, val, mask, sem, scope)
+        addrs = np.broadcast_to(ptr.data, val.data.shape).reshape(-1)
+        bits = val.data.reshape(-1)
+        on = np.broadcast_to(mask.data, val.data.shape).reshape(-1)
+        old = np.zeros_like(bits)
+        for i in np.flatnonzero(on):
+            cell = ctypes.c_uint16.from_address(int(addrs[i]))
+            old[i] = cell.value
+            total = (np.array([old[i]], np.uint32) << 16).view(np.float32) + \
+                (np.array([bits[i]], np.uint32) << 16).view(np.float32)
+            cell.value = int(torch.from_numpy(total).to(torch.bfloat16).view(torch.int16).item()) & 0xFFFF
+        return interp.TensorHandle(old.reshape(val.data.shape), tl.bfloat16)
+
+    interp.InterpreterBuilder.create_atomic_rmw = create_atomic_rmw
+

@@ -10,9 +10,7 @@ call to call) and a launch. Nothing synchronizes the host.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
-import functools
 from typing import Any, Mapping
 
 import torch
@@ -20,6 +18,8 @@ import triton
 
 from kernels.common import cuda_context, interpreter
 from kernels.common.launcher import PlannedLaunch
+from kernels.common.plans import PLAN_CACHE_SIZE, PlanCache, config_key, tensor_signature  # noqa: F401
+from kernels.common.plans import capability as _capability, sm_count as _sm_count
 from kernels.gemm import gluon
 from kernels.gemm.config import (
     DTYPES, MAXNREG, WS_DTYPES, GemmConfig, StreamKPlan, WsConfig, _as_config, _refuse_ws_on_gpu, heuristic,
@@ -66,16 +66,6 @@ def _stream_k_workspace(device: torch.device, programs: int, tile_elems: int, sk
 # --------------------------------------------------------------------------
 # Checks and device facts (once per plan)
 # --------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
 def _tma_ok(t: torch.Tensor) -> bool:
     es = t.element_size()
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * es) % 16 == 0
@@ -133,51 +123,6 @@ def _device_index(t: torch.Tensor) -> int:
 # --------------------------------------------------------------------------
 # Plans
 # --------------------------------------------------------------------------
-PLAN_CACHE_SIZE = 256  # plans kept per launcher (least recently used dropped)
-
-
-class PlanCache:
-    """A bounded LRU of launch plans keyed by call signature."""
-
-    def __init__(self, size: int = PLAN_CACHE_SIZE):
-        self.size = size
-        self._plans: collections.OrderedDict = collections.OrderedDict()
-
-    def get(self, key):
-        plan = self._plans.get(key)
-        if plan is not None:
-            self._plans.move_to_end(key)
-        return plan
-
-    def put(self, key, plan):
-        self._plans[key] = plan
-        if len(self._plans) > self.size:
-            self._plans.popitem(last=False)
-        return plan
-
-    def __len__(self) -> int:
-        return len(self._plans)
-
-    def clear(self) -> None:
-        self._plans.clear()
-
-
-def tensor_signature(t: torch.Tensor) -> tuple:
-    """What a plan may depend on: shape, strides, dtype, device and whether the
-    base pointer is 16-byte aligned (TMA's and vector loads' condition)."""
-    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
-
-
-def config_key(config) -> Any:
-    """A hashable form of an explicit config (None, a dataclass, or a dict of fields)."""
-    try:
-        key = tuple(sorted(config.items())) if isinstance(config, Mapping) else config
-        hash(key)
-        return key
-    except TypeError:
-        return ("unhashable", id(config))  # planned anew (and validated) on every call
-
-
 @dataclasses.dataclass(frozen=True)
 class _GemmPlan:
     """Everything ``matmul`` decides for one call signature."""

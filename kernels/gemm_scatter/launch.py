@@ -15,8 +15,9 @@ import torch
 import triton
 
 from kernels.comm.remote import StatusWatch, wait_all_kernel
-from kernels.gemm.launch import PlanCache, TensorDescriptor, _capability, _sm_count, _tma_ok, config_key, \
-    tensor_signature
+from kernels.common.plans import PlanCache, config_key, tensor_signature
+from kernels.common.plans import capability as _capability, sm_count as _sm_count
+from kernels.gemm.launch import TensorDescriptor, _tma_ok
 from kernels.gemm_scatter.config import DEFAULT_MAX_SPINS, DTYPES, ScatterConfig, as_config, heuristic, validate
 from kernels.gemm_scatter.triton import _gemm_scatter_kernel
 from workbench.dtypes import triton_type

@@ -36,7 +36,9 @@ import triton
 
 from kernels.common import cuda_context, interpreter
 from kernels.common.launcher import LAUNCH_OPTIONS, PlannedLaunch
-from kernels.gemm.launch import PlanCache, _capability, _sm_count, _tma_ok, config_key, tensor_signature
+from kernels.common.plans import PlanCache, config_key, tensor_signature
+from kernels.common.plans import capability as _capability, sm_count as _sm_count
+from kernels.gemm.launch import _tma_ok
 from kernels.moe import gluon, triton as kernels
 from kernels.moe.config import (
     DTYPES, FALLBACK, MAX_GROUPS, MAXNREG, WS_DTYPES, GroupedConfig, GroupedWsConfig, as_config, check_alignment,

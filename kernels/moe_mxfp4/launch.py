@@ -17,13 +17,13 @@ atomic mode.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 import triton
 
 from kernels.common import interpreter
+from kernels.common.plans import PlanCache, config_key, tensor_signature
 
 from .config import MoeMxfp4Config, config_for_block_m, default_config
 from .routing import Routing
@@ -31,8 +31,7 @@ from .triton import _dequant_kernel, _moe_mxfp4_down_kernel, _reduce_topk_kernel
 
 __all__ = ["dequantize_weights_bf16", "moe_mxfp4_down", "plan_cache_info"]
 
-_MAX_PLANS = 256
-_PLANS: "OrderedDict[tuple, _Plan]" = OrderedDict()
+_PLANS = PlanCache()
 
 
 @dataclass
@@ -47,50 +46,8 @@ class _Plan:
     reduce_constexprs: dict | None
 
 
-_BF16_ATOMICS_PATCHED = False
-
-
-def _patch_interpreter() -> None:
-    """Triton's interpreter fixes (kernels.common.interpreter) plus bf16 atomic adds, which Triton
-    3.6's interpreter lacks ("Unsupported data type"). The interpreter runs one program at a
-    time, so a read-add-round-write per element is exact emulation (round to nearest even,
-    as the GPU's red.add.bf16 does)."""
-    global _BF16_ATOMICS_PATCHED
-    interpreter.patch()
-    if _BF16_ATOMICS_PATCHED:
-        return
-    import ctypes
-
-    import numpy as np
-    import triton.language as tl
-    from triton._C.libtriton import ir
-    from triton.runtime import interpreter as interp
-
-    original = interp.InterpreterBuilder.create_atomic_rmw
-
-    def create_atomic_rmw(self, rmwOp, ptr, val, mask, sem, scope):
-        if val.dtype.scalar != tl.bfloat16 or rmwOp != ir.ATOMIC_OP.FADD:
-            return original(self, rmwOp, ptr, val, mask, sem, scope)
-        addrs = np.broadcast_to(ptr.data, val.data.shape).reshape(-1)
-        bits = val.data.reshape(-1)
-        on = np.broadcast_to(mask.data, val.data.shape).reshape(-1)
-        old = np.zeros_like(bits)
-        for i in np.flatnonzero(on):
-            cell = ctypes.c_uint16.from_address(int(addrs[i]))
-            old[i] = cell.value
-            total = (np.array([old[i]], np.uint32) << 16).view(np.float32) + \
-                (np.array([bits[i]], np.uint32) << 16).view(np.float32)
-            cell.value = int(torch.from_numpy(total).to(torch.bfloat16).view(torch.int16).item()) & 0xFFFF
-        return interp.TensorHandle(old.reshape(val.data.shape), tl.bfloat16)
-
-    interp.InterpreterBuilder.create_atomic_rmw = create_atomic_rmw
-    _BF16_ATOMICS_PATCHED = True
-
-
 def _sig(t: torch.Tensor | None):
-    if t is None:
-        return None
-    return (tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.data_ptr() % 16)
+    return None if t is None else tensor_signature(t)
 
 
 def _fail(msg: str):
@@ -201,20 +158,15 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, rout
     try:
         key = (_sig(a), _sig(a_scale), _sig(w), _sig(w_scale), _sig(out), _sig(routing.sorted_ids),
                routing.num_pairs, routing.top_k, routing.num_experts, routing.block_m, routing.max_blocks,
-               bool(accumulate), config)
+               bool(accumulate), config_key(config))
     except AttributeError:       # not tensors / not a Routing: let validation say what is wrong
         _validate(a, a_scale, w, w_scale, routing, out, accumulate)
         raise
     plan = _PLANS.get(key)
     if plan is None:
         if interpreter.active():
-            _patch_interpreter()
-        plan = _build_plan(a, a_scale, w, w_scale, routing, out, accumulate, config)
-        _PLANS[key] = plan
-        if len(_PLANS) > _MAX_PLANS:
-            _PLANS.popitem(last=False)
-    else:
-        _PLANS.move_to_end(key)
+            interpreter.patch()
+        plan = _PLANS.put(key, _build_plan(a, a_scale, w, w_scale, routing, out, accumulate, config))
     if out is None:
         out = (torch.zeros if plan.workspace is None else torch.empty)(
             (plan.M, plan.H), dtype=torch.bfloat16, device=a.device)
@@ -238,7 +190,7 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, rout
 
 def plan_cache_info() -> dict:
     """How many plans are cached, and the bound."""
-    return {"plans": len(_PLANS), "max": _MAX_PLANS}
+    return {"plans": len(_PLANS), "max": _PLANS.size}
 
 
 def dequantize_weights_bf16(w: torch.Tensor, w_scale: torch.Tensor, out: torch.Tensor | None = None, *,
