@@ -48,20 +48,27 @@ class Refused(OSError):
     """A file the inspector will not read; the message says why and what to do."""
 
 
+def positive_env(name: str, what: str) -> float | None:
+    """The number in environment variable `name` (None when unset or empty); a ValueError
+    saying what to give when it is not a number > 0."""
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1
+    if not value > 0:
+        raise ValueError(f"${name}={raw!r}: give {what} > 0, or unset it")
+    return value
+
+
 def max_file_bytes(explicit: int | None = None) -> int:
     """The cap on one stage file: `explicit`, else $WORKBENCH_ASM_MAX_FILE_MB, else 32 MiB."""
     if explicit is not None:
         return int(explicit)
-    raw = os.environ.get(ENV_MAX_FILE_MB)
-    if raw:
-        try:
-            mb = float(raw)
-        except ValueError:
-            mb = -1
-        if not mb > 0:
-            raise ValueError(f"${ENV_MAX_FILE_MB}={raw!r}: give a size in MB > 0 (e.g. 64), or unset it")
-        return int(mb * (1 << 20))
-    return DEFAULT_MAX_FILE_BYTES
+    mb = positive_env(ENV_MAX_FILE_MB, "a size in MB (e.g. 64)")
+    return DEFAULT_MAX_FILE_BYTES if mb is None else int(mb * (1 << 20))
 
 
 def _mb(n: int) -> str:

@@ -45,16 +45,8 @@ TIMEOUT_S = 20.0  # one entry's tool runs together; the largest real cubin disas
 
 def tool_timeout() -> float:
     """Seconds all tool runs of one entry may take: $WORKBENCH_ASM_TOOL_TIMEOUT_S, else 20."""
-    raw = os.environ.get(ENV_TIMEOUT)
-    if not raw:
-        return TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1
-    if not value > 0:
-        raise ValueError(f"${ENV_TIMEOUT}={raw!r}: give a number of seconds > 0, or unset it")
-    return value
+    value = reading.positive_env(ENV_TIMEOUT, "a number of seconds")
+    return TIMEOUT_S if value is None else value
 
 
 class Deadline:
