@@ -19,6 +19,8 @@ import json
 import math
 from pathlib import Path
 
+from kernels.common.configs import config_of
+
 VARIANTS = ("fused", "copy_engine", "sequential")
 LAYOUTS = ("k", "m")
 AUTO_TABLE_PATH = Path(__file__).resolve().parents[2] / "results" / "ag_gemm" / "auto_table.json"
@@ -55,16 +57,7 @@ def _pow2(x) -> bool:
 
 
 def as_config(config) -> AgGemmConfig | None:
-    if config is None or isinstance(config, AgGemmConfig):
-        return config
-    if isinstance(config, dict):
-        names = {f.name for f in dataclasses.fields(AgGemmConfig)}
-        bad = set(config) - names
-        if bad:
-            raise ValueError(f"all_gather_matmul: unknown config field(s) {sorted(bad)}; known: {sorted(names)}")
-        return AgGemmConfig(**config)
-    raise ValueError(f"all_gather_matmul: config must be an AgGemmConfig, a dict of its fields or None, "
-                     f"got {type(config).__name__}")
+    return config_of(config, AgGemmConfig, "all_gather_matmul")
 
 
 def validate(c: AgGemmConfig, world_size: int) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import torch
 
+from kernels.common.configs import config_of
 from workbench.asm.resources import smem_per_block
 from workbench.dtypes import element_size
 
@@ -93,14 +94,7 @@ PARAMS = GemmConfig().as_params()  # the names a sweep grid may use, with defaul
 
 
 def _as_config(config: GemmConfig | Mapping[str, Any] | None) -> GemmConfig | None:
-    if config is None or isinstance(config, GemmConfig):
-        return config
-    if isinstance(config, Mapping):
-        unknown = sorted(set(config) - set(PARAMS))
-        if unknown:
-            raise ValueError(f"gemm: unknown config field(s) {unknown}; known: {sorted(PARAMS)}")
-        return GemmConfig(**config)
-    raise ValueError(f"gemm: config must be a GemmConfig or a dict, got {type(config).__name__}")
+    return config_of(config, GemmConfig, "gemm")
 
 
 def smem_bytes(config: GemmConfig, elem_bytes: int = 2, tma: bool = True) -> int:
@@ -518,19 +512,9 @@ def _who(cls) -> str:
 
 
 def as_ws_config(config, cls: type | None = None):
-    """A ``cls`` (default ``WsConfig``) from None, an instance or a dict of its fields."""
+    """A ``cls`` (default ``WsConfig``) from None (the defaults), an instance or a dict of its fields."""
     cls = cls or WsConfig
-    if config is None:
-        return cls()
-    if isinstance(config, cls):
-        return config
-    if isinstance(config, Mapping):
-        known = dataclasses.asdict(cls())
-        unknown = sorted(set(config) - set(known))
-        if unknown:
-            raise ValueError(f"{_who(cls)}: unknown config field(s) {unknown}; known: {sorted(known)}")
-        return cls(**config)
-    raise ValueError(f"{_who(cls)}: config must be a {cls.__name__} or a dict, got {type(config).__name__}")
+    return cls() if config is None else config_of(config, cls, _who(cls))
 
 
 def num_consumers(config: WsConfig) -> int:

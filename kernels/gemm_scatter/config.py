@@ -34,6 +34,7 @@ from typing import Any, Mapping
 
 import torch
 
+from kernels.common.configs import config_of
 from kernels.gemm.config import _TILING_TILES as _GEMM_FIT
 from workbench.asm.resources import smem_per_block
 
@@ -83,15 +84,7 @@ PARAMS = ScatterConfig().as_params()  # the names a sweep grid or a dict config 
 
 
 def as_config(config: ScatterConfig | Mapping[str, Any] | None) -> ScatterConfig | None:
-    if config is None or isinstance(config, ScatterConfig):
-        return config
-    if isinstance(config, Mapping):
-        unknown = sorted(set(config) - set(PARAMS))
-        if unknown:
-            raise ValueError(f"gemm_all_scatter: unknown config field(s) {unknown}; known: {sorted(PARAMS)}")
-        return ScatterConfig(**config)
-    raise ValueError(f"gemm_all_scatter: config must be a ScatterConfig or a dict of its fields, got "
-                     f"{type(config).__name__}")
+    return config_of(config, ScatterConfig, "gemm_all_scatter")
 
 
 def smem_bytes(c: ScatterConfig, elem_bytes: int = 2) -> int:

@@ -19,6 +19,7 @@ import torch
 import triton
 
 from kernels.common import interpreter
+from kernels.common.configs import config_of
 from kernels.gemm import config as dense
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # the Triton kernels'
@@ -63,15 +64,7 @@ FIELDS = tuple(f.name for f in dataclasses.fields(GroupedConfig))
 
 def as_config(config: GroupedConfig | Mapping[str, Any] | None) -> GroupedConfig | None:
     """A GroupedConfig from a config or a dict of its fields (None stays None)."""
-    if config is None or isinstance(config, GroupedConfig):
-        return config
-    if isinstance(config, Mapping):
-        unknown = sorted(set(config) - set(FIELDS))
-        if unknown:
-            raise ValueError(f"grouped_gemm: unknown config field(s) {unknown}; known: {list(FIELDS)}")
-        return GroupedConfig(**config)
-    raise ValueError(f"grouped_gemm: config must be a GroupedConfig or a dict of its fields, "
-                     f"got {type(config).__name__}")
+    return config_of(config, GroupedConfig, "grouped_gemm")
 
 
 def validate_config(c: GroupedConfig) -> GroupedConfig:
