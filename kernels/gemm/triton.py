@@ -142,6 +142,27 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms,
                 it += k_hi - k_lo
 
 
+@triton.jit
+def ptr_mainloop(a_ptr, b_ptr, rows, cols, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, acc, k_steps,
+                 BLOCK_K: tl.constexpr):
+    """``acc`` plus A[rows, :] @ B[:, cols] over ``k_steps`` steps of BLOCK_K, with masked
+    pointer loads. Rows/columns past the edge read row/column 0 (always valid) and are
+    never stored by the callers, so the loads need a mask on K only."""
+    lane_k = tl.arange(0, BLOCK_K)
+    rows_in = tl.where(rows < M, rows, 0)
+    cols_in = tl.where(cols < N, cols, 0)
+    a_ptrs = a_ptr + rows_in[:, None] * stride_am + lane_k[None, :] * stride_ak
+    b_ptrs = b_ptr + lane_k[:, None] * stride_bk + cols_in[None, :] * stride_bn
+    for kk in range(k_steps):
+        k_left = K - kk * BLOCK_K
+        a = tl.load(a_ptrs, mask=lane_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=lane_k[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
 @triton.jit(do_not_specialize=["num_sms", "group_m"])
 def _gemm_ptr_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
                      stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -152,25 +173,13 @@ def _gemm_ptr_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     num_tiles = num_pid_m * num_pid_n
     k_steps = (K + BLOCK_K - 1) // BLOCK_K
-    lane_k = tl.arange(0, BLOCK_K)
     for tile_id in tl.range(tl.program_id(0), num_tiles, num_sms, flatten=FLATTEN):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, group_m)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        # Rows/columns past the edge read row/column 0 (always valid) and are
-        # never stored, so the loads need a mask on K only.
-        rows_in = tl.where(rows < M, rows, 0)
-        cols_in = tl.where(cols < N, cols, 0)
-        a_ptrs = a_ptr + rows_in[:, None] * stride_am + lane_k[None, :] * stride_ak
-        b_ptrs = b_ptr + lane_k[:, None] * stride_bk + cols_in[None, :] * stride_bn
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kk in range(k_steps):
-            k_left = K - kk * BLOCK_K
-            a = tl.load(a_ptrs, mask=lane_k[None, :] < k_left, other=0.0)
-            b = tl.load(b_ptrs, mask=lane_k[:, None] < k_left, other=0.0)
-            acc = tl.dot(a, b, acc)
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
+        acc = ptr_mainloop(a_ptr, b_ptr, rows, cols, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, acc,
+                           k_steps, BLOCK_K)
         c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 

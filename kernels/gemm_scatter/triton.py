@@ -9,7 +9,7 @@ import triton.language as tl
 
 from kernels.common import interpreter
 from kernels.comm.remote import signal, wait_all
-from kernels.gemm.triton import _tile_coords
+from kernels.gemm.triton import _tile_coords, ptr_mainloop
 
 if interpreter.active():
     interpreter.patch()
@@ -52,7 +52,6 @@ def _gemm_scatter_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, heap_bases, flags_
     num_pid_n = (N_LOCAL + BLOCK_N - 1) // BLOCK_N
     num_tiles = num_pid_m * num_pid_n
     k_steps = (K + BLOCK_K - 1) // BLOCK_K
-    lane_k = tl.arange(0, BLOCK_K)
     col0 = rank * N_LOCAL  # this rank's column block in every rank's C
     for tile_id in tl.range(pid, num_tiles, num_sms, flatten=FLATTEN):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, group_m)
@@ -68,19 +67,8 @@ def _gemm_scatter_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, heap_bases, flags_
                 b = b_desc.load([kk * BLOCK_K, off_n])
                 acc = tl.dot(a, b, acc)
         else:
-            # Rows/columns past the edge read row/column 0 (always valid) and are
-            # never stored, so the loads need a mask on K only.
-            rows_in = tl.where(rows < M, rows, 0)
-            cols_in = tl.where(cols < N_LOCAL, cols, 0)
-            a_ptrs = a_ptr + rows_in[:, None] * stride_am + lane_k[None, :] * stride_ak
-            b_ptrs = b_ptr + lane_k[:, None] * stride_bk + cols_in[None, :] * stride_bn
-            for kk in range(k_steps):
-                k_left = K - kk * BLOCK_K
-                a = tl.load(a_ptrs, mask=lane_k[None, :] < k_left, other=0.0)
-                b = tl.load(b_ptrs, mask=lane_k[:, None] < k_left, other=0.0)
-                acc = tl.dot(a, b, acc)
-                a_ptrs += BLOCK_K * stride_ak
-                b_ptrs += BLOCK_K * stride_bk
+            acc = ptr_mainloop(a_ptr, b_ptr, rows, cols, M, N_LOCAL, K, stride_am, stride_ak, stride_bk, stride_bn,
+                               acc, k_steps, BLOCK_K)
         tile = acc.to(c_ptr.dtype.element_ty)
         mask = (rows[:, None] < M) & (cols[None, :] < N_LOCAL)
         dst = c_ptr + rows[:, None].to(tl.int64) * stride_cm + (col0 + cols)[None, :]
