@@ -404,12 +404,8 @@ def parent(args) -> int:
         cmd = ["--worker", "--modes", args.modes, "--iters", str(args.iters)]
         cmd += ["--quick"] * args.quick + ["--check-only"] * args.check_only + ["--no-sweeps"] * args.no_sweeps
         t0 = time.time()
-        try:
-            res = dist.launch(Path(__file__), W, cmd, timeout_s=args.timeout,
-                              env={"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(W)))})
-            part, err = res.rows, ""
-        except dist.LaunchError as exc:
-            part, err = exc.rows, str(exc)
+        part, err = dist.launch_rows(Path(__file__), W, cmd, timeout_s=args.timeout)
+        if err:
             print(err, flush=True)
         print(f"world size {W}: {len(part)} rows in {time.time() - t0:.0f} s", flush=True)
         for r in part:

@@ -397,13 +397,9 @@ def parent(args):
         cmd_args += ["--check-only"] if args.check_only else []
         t0 = time.time()
         print(f"world size {W}: launching ...", flush=True)
-        try:
-            run_dir = Path(args.run_dir) / f"w{W}" if args.run_dir else None
-            res = dist.launch(Path(__file__), W, cmd_args, timeout_s=args.timeout, run_dir=run_dir,
-                              env={"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(W)))})
-            rows, err = res.rows, ""
-        except dist.LaunchError as exc:
-            rows, err = exc.rows, str(exc)
+        run_dir = Path(args.run_dir) / f"w{W}" if args.run_dir else None
+        rows, err = dist.launch_rows(Path(__file__), W, cmd_args, timeout_s=args.timeout, run_dir=run_dir)
+        if err:
             print(err, flush=True)
         print(f"world size {W}: {len(rows)} rows in {time.time() - t0:.0f} s", flush=True)
         for r in rows:

@@ -53,6 +53,13 @@ def test_launch_names_the_rank_that_died(script, tmp_path):
     assert "rank 1 exited with code 3" in str(info.value)
 
 
+def test_launch_rows_keeps_a_failed_worlds_error_as_text(script, tmp_path):
+    rows, err = dist.launch_rows(script, 2, ["ok"], timeout_s=120, run_dir=tmp_path / "ok", backend="gloo")
+    assert [r["rank"] for r in rows] == [0, 1] and err == ""
+    rows, err = dist.launch_rows(script, 2, ["exit"], timeout_s=120, run_dir=tmp_path / "exit", backend="gloo")
+    assert "rank 1 exited with code 3" in err
+
+
 def test_launch_timeout_names_the_stuck_rank(script, tmp_path):
     t0 = time.monotonic()
     with pytest.raises(dist.LaunchTimeout) as info:

@@ -51,7 +51,7 @@ ENV_RUN_DIR = "WORKBENCH_RUN_DIR"
 ENV_HEARTBEAT = "WORKBENCH_HEARTBEAT_S"
 ENV_BACKEND = "WORKBENCH_DIST_BACKEND"
 
-__all__ = ["MULTICAST_OFF", "launch", "LaunchResult", "LaunchError", "LaunchTimeout", "worker", "Worker",
+__all__ = ["launch_rows", "MULTICAST_OFF", "launch", "LaunchResult", "LaunchError", "LaunchTimeout", "worker", "Worker",
            "time_collective", "SymmetricHeap", "SimulatedWorld", "SimHeap", "RankError", "interpreted",
            "child_env"]
 
@@ -200,6 +200,18 @@ def launch(script_or_module: str | os.PathLike, world_size: int, args: Sequence[
         msg, ranks = _failure_message(name, world_size, rc, states, text, run_dir)
         raise LaunchError(msg, ranks, run_dir, states)
     return LaunchResult(_collect_rows(run_dir), world_size, run_dir, elapsed, text)
+
+
+def launch_rows(script_or_module: str | os.PathLike, world_size: int, args: Sequence[str] = (), *,
+                env: dict | None = None, **kwargs) -> tuple[list[dict], str]:
+    """``launch`` on GPUs 0 .. world_size-1 for a study script: (rows, error). A world that
+    fails still gives the rows its ranks wrote before it did, with ``error`` the launch
+    error's text ("" when the world succeeded), so one bad world size loses no others."""
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(world_size))), **(env or {})}
+    try:
+        return launch(script_or_module, world_size, args, env=env, **kwargs).rows, ""
+    except LaunchError as exc:
+        return exc.rows, str(exc)
 
 
 def _collect_rows(run_dir: Path) -> list[dict]:
