@@ -21,6 +21,9 @@ from __future__ import annotations
 import inspect
 from typing import Any, Sequence
 
+import triton
+from triton.runtime.driver import driver
+
 from kernels.common import interpreter
 
 
@@ -70,8 +73,6 @@ class PlannedLaunch:
         values = self._template.copy()
         for i, a in zip(self._slots, args):
             values[i] = a
-        import triton
-
         rt = triton.knobs.runtime   # the (empty) hook chains, passed on as Triton's own launches do
         ck.run(*self.grid, _current_stream(), ck.function, ck.packed_metadata, None, rt.launch_enter_hook,
                rt.launch_exit_hook, *values)
@@ -79,8 +80,6 @@ class PlannedLaunch:
 
 def _current_stream():
     """The current CUDA stream of the current device, as Triton's launcher takes it."""
-    from triton.runtime.driver import driver
-
     active = driver.active
     return active.get_current_stream(active.get_current_device())
 
@@ -91,7 +90,5 @@ def _name(fn) -> str:
 
 def _hooked() -> bool:
     """Whether a launch hook is set (Triton 3.6 keeps them in HookChains, empty by default)."""
-    import triton
-
     rt = triton.knobs.runtime
     return any(h is not None and getattr(h, "calls", True) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
