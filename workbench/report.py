@@ -68,6 +68,7 @@ class ReportResult:
     versions: dict[str, str] = field(default_factory=dict)
     machine: dict[str, str] = field(default_factory=dict)
     record: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)  # where its figures' data came from (data_sources)
 
     @property
     def status(self) -> str:
@@ -241,6 +242,9 @@ _REPORT_CSS = """
 .wb-status-ok { color: #2e7d32; font-weight: bold; }
 .wb-status-failed { color: #c62828; font-weight: bold; }
 .wb-widget-note { color: #666; font-style: italic; }
+.wb-data { font-size: 12px; color: #555; margin: 2px 0; }
+.wb-data-fresh { color: #1b5e20; } .wb-data-committed { color: #0d47a1; }
+.wb-data::before { content: "data \2014  "; font-weight: bold; }
 """
 
 
@@ -276,10 +280,69 @@ def _banner(res: ReportResult) -> str:
         f'<div class="wb-banner{" wb-failed" if not res.ok else ""}">'
         f"<div><b>{html.escape(res.name)}</b> ({html.escape(res.notebook)}): {status}, "
         f"run {html.escape(res.started)} in {res.duration_s:.1f} s</div>{err}"
+        f"{_data_html(res.data)}"
         f"<div><b>parameters</b> (bold: set on the command line)"
         f"{_kv_table(res.params, res.overrides)}</div>"
         f"<div><b>versions:</b> {vers}</div><div><b>machine:</b> {mach}</div></div>"
     )
+
+
+def data_sources(nb) -> dict[str, Any]:
+    """What the notebook's `workbench.datasource` outputs say about its data.
+
+    {"source": "fresh" | "committed" | "mixed" | "none", "mode", "dir", "note",
+     "labels": {"fresh": n, "committed": n, "computed": n}, "files": [...],
+     "skipped": [planned commands], "headlines": [...]}
+    """
+    from .datasource import META_KEY
+
+    out: dict[str, Any] = {"source": "none", "mode": None, "dir": None, "note": None,
+                           "labels": {}, "files": [], "skipped": [], "headlines": []}
+    kinds = set()
+    for cell in nb.get("cells", []):
+        for o in cell.get("outputs", []) or []:
+            meta = (o.get("metadata") or {}).get(META_KEY)
+            if not isinstance(meta, Mapping):
+                continue
+            kind = meta.get("kind")
+            if kind == "data-summary":
+                out.update(mode=meta.get("mode"), dir=meta.get("dir"), note=meta.get("note"))
+                kinds.add(meta.get("source"))
+            elif kind == "data":
+                src = str(meta.get("source"))
+                out["labels"][src] = out["labels"].get(src, 0) + 1
+                if src != "computed":
+                    kinds.add(src)
+                for f in meta.get("files") or []:
+                    if f not in out["files"]:
+                        out["files"].append(f)
+            elif kind == "measure-skipped":
+                out["skipped"].append(str(meta.get("command")))
+            elif kind == "headline":
+                out["headlines"].append({k: meta.get(k) for k in ("what", "cases", "fresh", "committed",
+                                                                   "change", "why")})
+    kinds.discard(None)
+    out["source"] = kinds.pop() if len(kinds) == 1 else "mixed" if kinds else "none"
+    return out
+
+
+def _data_html(data: Mapping[str, Any]) -> str:
+    if not data or data.get("source") in (None, "none"):
+        return ""
+    labels = ", ".join(f"{n} {k}" for k, n in sorted((data.get("labels") or {}).items()))
+    where = f" from <code>{html.escape(str(data.get('dir')))}</code>" if data.get("dir") else ""
+    mode = f" ({html.escape(str(data['mode']))})" if data.get("mode") and data["source"] != "committed" else ""
+    note = f" <i>{html.escape(str(data.get('note')))}</i>" if data.get("note") else ""
+    lines = [f'<div class="wb-data-line" data-source="{html.escape(str(data["source"]))}"><b>data:</b> '
+             f'{html.escape(str(data["source"]))}{mode}{where}; labelled outputs: {labels or "none"}.{note}</div>']
+    for h in data.get("headlines") or []:
+        try:
+            lines.append(f"<div><b>{html.escape(str(h['what']))}</b>: {h['fresh']:.3f}x fresh vs "
+                         f"{h['committed']:.3f}x committed over {h['cases']} cases ({h['change']:+.1%}): "
+                         f"{html.escape(str(h['why']))}</div>")
+        except (KeyError, TypeError, ValueError):
+            continue
+    return "".join(lines)
 
 
 def _plotly_html(fig: Mapping[str, Any]) -> str:
@@ -477,6 +540,12 @@ def run_report(notebook: str | os.PathLike, params: Mapping[str, Any] | None = N
     if executed.exists():
         res.executed = str(executed)
         source = executed
+        try:
+            import nbformat
+
+            res.data = data_sources(nbformat.read(str(executed), as_version=4))
+        except Exception:  # an unreadable executed notebook still gets its report below
+            res.data = {}
     else:
         source = _error_notebook(nb_path, res.error or "unknown error")
     try:
@@ -555,6 +624,7 @@ def build_index(out_dir: str | os.PathLike = DEFAULT_OUT) -> Path:
             f'data-name="{html.escape(name)}">'
             f"<td>{link}{nb_link}<div><small>{html.escape(str(rec.get('notebook', '')))}</small></div></td>"
             f'<td class="{status}">{status}{err}</td>'
+            f"<td>{_data_html(rec.get('data') or {}) or '<i>no data labels</i>'}</td>"
             f"<td>{_kv_table(rec.get('params') or {}, rec.get('overrides') or ())}</td>"
             f"<td>{_kv_table(vers, quote=False)}</td>"
             f"<td>{_kv_table({k: mach[k] for k in ('hostname', 'gpu') if k in mach}, quote=False)}</td>"
@@ -562,7 +632,7 @@ def build_index(out_dir: str | os.PathLike = DEFAULT_OUT) -> Path:
             f"{float(rec.get('duration_s') or 0):.1f} s</small></div></td></tr>"
         )
     body = ("".join(rows) if rows else
-            '<tr><td colspan="6"><i>no reports yet: run <code>workbench report --all</code></i></td></tr>')
+            '<tr><td colspan="7"><i>no reports yet: run <code>workbench report --all</code></i></td></tr>')
     now = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     page = (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -577,7 +647,29 @@ def build_index(out_dir: str | os.PathLike = DEFAULT_OUT) -> Path:
     )
     index = out_dir / "index.html"
     index.write_text(page, encoding="utf-8")
+    write_summary(out_dir)
     return index
+
+
+def write_summary(out_dir: str | os.PathLike) -> Path:
+    """`summary.md`: per report its status, data source, headline comparisons and error (small, to commit)."""
+    out_dir = Path(out_dir)
+    lines = ["# Report summary", "", "| report | status | s | data | machine | headline: fresh vs committed |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for rec in load_records(out_dir):
+        data = rec.get("data") or {}
+        heads = "; ".join(
+            f"{h.get('what')}: {h.get('fresh'):.3f}x vs {h.get('committed'):.3f}x ({h.get('change'):+.1%}, "
+            f"{str(h.get('why')).split(':')[0]})"
+            for h in data.get("headlines") or [] if isinstance(h.get("fresh"), (int, float)))
+        src = str(data.get("source", "?")) + (f" ({data['mode']})" if data.get("mode") and
+                                              data.get("source") == "fresh" else "")
+        status = "ok" if rec.get("ok") else f"FAILED: {str(rec.get('error') or '')[:160]}"
+        lines.append(f"| {rec['name']} | {status} | {float(rec.get('duration_s') or 0):.0f} | {src} | "
+                     f"{(rec.get('machine') or {}).get('gpu', '?')} | {heads or '-'} |")
+    path = out_dir / "summary.md"
+    path.write_text("\n".join(lines).replace("|  |", "| |") + "\n", encoding="utf-8")
+    return path
 
 
 # ---------------------------------------------------------------------------
@@ -597,6 +689,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="per-cell timeout in seconds (default: none)")
     parser.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
+    parser.add_argument("--measure", choices=("auto", "committed", "quick", "full"), default=None,
+                        help="the studies' `measure` parameter: auto (quick where the study's GPUs are here, "
+                             "else committed), committed, quick (a reduced grid, minutes) or full")
 
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -649,6 +744,15 @@ def _resolve(args) -> tuple[list[Path], dict[str, Any]]:
     return unique, params
 
 
+def _measure_env(out_dir: Path, timeout: float | None) -> None:
+    """Fresh data beside the reports (<out>/fresh/<study>/), and a measuring run that ends before its cell's timeout."""
+    from .datasource import ENV_FRESH_DIR, ENV_TIMEOUT
+
+    os.environ.setdefault(ENV_FRESH_DIR, str((out_dir / "fresh").resolve()))
+    if timeout:
+        os.environ[ENV_TIMEOUT] = str(max(1.0, timeout - 20))
+
+
 def run(args) -> int:
     try:
         paths, params = _resolve(args)
@@ -659,6 +763,9 @@ def run(args) -> int:
     if out_dir.exists() and not out_dir.is_dir():
         print(f"workbench report: error: --out {out_dir}: exists and is not a directory", file=sys.stderr)
         return 2
+    if args.measure:
+        params.setdefault("measure", args.measure)
+    _measure_env(out_dir, args.timeout)
     failed = 0
     for i, nb in enumerate(paths, 1):
         print(f"workbench report: [{i}/{len(paths)}] running {nb} ...", file=sys.stderr, flush=True)
