@@ -155,8 +155,13 @@ class StudyData:
         print(f"done in {prov['duration_s']} s; tables in {_rel(self.run_dir)}", flush=True)
         return self.run_dir
 
-    def _would(self) -> str:
+    @property
+    def grid(self) -> str:
+        """"quick" or "full": the grid measured here, or the one a GPU run would measure (committed mode)."""
         return self.mode if self.fresh else ("full" if self.asked == "full" else "quick")
+
+    def _would(self) -> str:
+        return self.grid
 
     def _start_provenance(self, shown: str, world_size: int, timeout_s: float) -> dict[str, Any]:
         from . import provenance
