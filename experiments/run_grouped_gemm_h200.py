@@ -22,6 +22,14 @@ precomputed, outside the timed region; ours takes the sizes tensor as it is.
 
 Usage (on an H200 node):
     python3 experiments/run_grouped_gemm_h200.py --out results/grouped_gemm/run [--sweep] [--quick]
+
+The whole table (144 cases x 4 backends, eager and graph-replayed) takes about
+4.5 minutes on one H200 with a warm autotuner cache (run 15: 269 s) and about
+6.5 with an empty one (--out a fresh directory: the autotuner times its 72 keys
+afresh, about 80 s more; first-call kernel compilation comes on top). --quick
+is 36 of those cases (`cases(quick=True)`: each model's smallest B and M), the
+same inputs and seeds as in the whole table: about 2 minutes. The notebook
+(notebooks/04_grouped_gemm.ipynb, `measure` = quick or full) runs this script.
 """
 from __future__ import annotations
 
@@ -150,6 +158,8 @@ def cpu_overhead() -> dict:
 
 
 def cases(quick: bool, models=None):
+    """(model, layer, B, M, N, K) of the table; quick: each model's first B and M only (a subset
+    of the whole table with the same inputs, so a quick run's rows compare with a full run's)."""
     for model, spec in MODELS.items():
         if models and model not in models:
             continue
@@ -375,8 +385,13 @@ def summarize(df) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "results" / "grouped_gemm"))
-    ap.add_argument("--sweep", action="store_true", help="tune our launch configs first (adds about a minute)")
-    ap.add_argument("--quick", action="store_true", help="one size per model only")
+    ap.add_argument("--sweep", action="store_true",
+                    help="time our Triton kernel's launch configs first and keep the best per (op, N, K) "
+                         "(on sm_90 that changes wgrad only: fwd/dgrad run the Gluon kernel); adds about "
+                         "30 s to --quick, 2.5 minutes to the whole table")
+    ap.add_argument("--quick", action="store_true",
+                    help="36 of the 144 cases: each model's smallest B and M (DeepSeek-V3 B=16, "
+                         "gpt-oss-20B B=4, M=2048), every layer, routing and op; about 2 minutes")
     ap.add_argument("--model", action="append", choices=sorted(MODELS), help="only this model (repeatable)")
     ap.add_argument("--sweep-only", action="store_true", help="stop after the sweep (no main table)")
     ap.add_argument("--configs", metavar="JSON",

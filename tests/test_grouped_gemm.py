@@ -649,3 +649,30 @@ def test_autotune_default_timing_interleaves_and_skips_failing_backend(tmp_path,
     (entry,) = tuner.entries.values()
     assert entry["times_ms"]["grouped_mm"] is None and "grouped_mm" in entry["errors"]
     assert entry["times_ms"]["triton"] > entry["times_ms"]["cublas_loop"] > 0
+
+
+def test_quick_grid_is_a_subset_of_the_committed_table(capsys):
+    """experiments/run_grouped_gemm_h200.py --quick (notebook 04's `measure="quick"`) measures
+    cases of the committed table, so the notebook's fresh-against-committed comparison has
+    cases in common; and the whole grid is the committed table's 144 cases."""
+    import importlib.util
+
+    import pandas as pd
+
+    spec = importlib.util.spec_from_file_location("run_grouped_gemm_h200",
+                                                  ROOT / "experiments" / "run_grouped_gemm_h200.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    table = pd.read_parquet(ROOT / "results" / "grouped_gemm" / "grouped_gemm_h200.parquet")
+    committed = set(table[["model", "layer", "B", "M", "N", "K", "routing", "op"]]
+                    .drop_duplicates().itertuples(index=False, name=None))
+
+    def grid(quick):
+        return {(*c, r, op) for c in script.cases(quick) for r in script.ROUTINGS for op in script.OPS}
+
+    quick, full = grid(True), grid(False)
+    assert len(quick) == 36 and quick < full
+    assert full == committed
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--help"])
+    assert exit_info.value.code == 0 and "--quick" in capsys.readouterr().out
