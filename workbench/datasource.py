@@ -68,8 +68,12 @@ def _gpu_count() -> int:
 
 
 def _rel(p: Path) -> str:
+    """`p` relative to the repository (a relative `p` is taken from the repository root, where runs start)."""
+    p = Path(p)
+    if not p.is_absolute():
+        p = REPO_ROOT / p
     try:
-        return str(Path(p).resolve().relative_to(REPO_ROOT))
+        return str(p.resolve().relative_to(REPO_ROOT))
     except ValueError:
         return str(p)
 
