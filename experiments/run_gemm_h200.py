@@ -1,7 +1,8 @@
 """One scripted GPU run for the GEMM tiling study (needs only torch, triton,
-pandas, pyarrow, pyyaml, tqdm: what the device machine has).
+pandas, pyarrow, pyyaml, tqdm: what a bare GPU node has).
 
-    PYTHONUNBUFFERED=1 python experiments/run_gemm_h200.py --out results/gemm_tiling/run
+    PYTHONUNBUFFERED=1 python experiments/run_gemm_h200.py --out results/gemm_tiling/run          # full
+    PYTHONUNBUFFERED=1 python experiments/run_gemm_h200.py --out results/gemm_tiling/run --quick  # quick
 
 1. measures the device ceilings (copy bandwidth, cuBLAS bf16/fp16 GEMM);
 2. times, on the goal shapes, the heuristic's configuration (kernels.gemm.heuristic),
@@ -15,6 +16,12 @@ pandas, pyarrow, pyyaml, tqdm: what the device machine has).
 
 Files written under --out: ceilings.json, heuristic_vs_cublas.csv, rows.parquet,
 best_per_shape.csv, regret.csv.
+
+``--quick`` (what notebooks/02_gemm_tiling.ipynb runs on a GPU node by default, about 2-3
+minutes on one H200): the table in one round, the sweep on the spec's first three shapes
+(the goal shapes 8192^3, 4096^3 and 1024x4096x14336 with every study: 222 of the 1,078
+points, so every quick point is a point of the full sweep; no new point after 120 s) and no
+regret table (step 4). The full run (no flag) takes about 4-6 minutes.
 """
 from __future__ import annotations
 
@@ -31,25 +38,44 @@ sys.path.insert(0, str(ROOT))
 
 GOAL_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (1024, 4096, 14336), (4096, 14336, 4096),
                (16384, 3584, 8192), (2048, 7168, 2048), (512, 4096, 7168), (8192, 28672, 8192)]
+QUICK_SWEEP_SHAPES = 3  # --quick sweeps the spec's first three shapes (8192^3, 4096^3, 1024x4096x14336)
+QUICK_SWEEP_BUDGET_S = 120.0  # ... and starts no new point after this (a cold Triton cache stays in bounds)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for the result files")
     ap.add_argument("--spec", default=str(ROOT / "experiments" / "gemm_tiling.yaml"))
-    ap.add_argument("--quick", action="store_true", help="the spec's quick subset (smoke test)")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"a quick run: --rounds 1, --sweep-shapes {QUICK_SWEEP_SHAPES}, --sweep-budget-s "
+                         f"{QUICK_SWEEP_BUDGET_S:.0f} and no regret table (every point is one of the full sweep's)")
+    ap.add_argument("--spec-quick", action="store_true",
+                    help="sweep the spec's own quick: subset instead (tiny shapes, a smoke test)")
+    ap.add_argument("--sweep-shapes", type=int, default=None, metavar="N",
+                    help="sweep only the points of the spec's first N shapes (the goal shapes come first); "
+                         f"default: all ({QUICK_SWEEP_SHAPES} with --quick)")
     ap.add_argument("--skip-sweep", action="store_true", help="only ceilings and the table")
-    ap.add_argument("--rounds", type=int, default=3, help="the table times each variant for rounds x rep-ms")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="the table times each variant for rounds x rep-ms (default 3; 1 with --quick)")
     ap.add_argument("--rep-ms", type=float, default=150, help="see --rounds")
     ap.add_argument("--variant", action="append", metavar="NAME=JSON",
                     help='also time this config in the table: fields replacing the heuristic\'s, e.g. '
                          'sk=\'{"stream_k": true}\' (repeatable; all variants go to variants.csv)')
-    ap.add_argument("--sweep-budget-s", type=float, default=330,
-                    help="start no new sweep point after this many seconds (the tables still run)")
+    ap.add_argument("--sweep-budget-s", type=float, default=None,
+                    help="start no new sweep point after this many seconds (the tables still run; "
+                         f"default 330, {QUICK_SWEEP_BUDGET_S:.0f} with --quick)")
     ap.add_argument("--hang-s", type=float, default=60, help="watchdog: exit if no sweep row for this long")
     ap.add_argument("--best-from", metavar="CSV",
                     help="with --skip-sweep: a best_per_shape.csv of an earlier sweep, timed in the table too")
     args = ap.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
+    if args.sweep_budget_s is None:
+        args.sweep_budget_s = QUICK_SWEEP_BUDGET_S if args.quick else 330.0
+    if args.sweep_shapes is None and args.quick:
+        args.sweep_shapes = QUICK_SWEEP_SHAPES
+    if args.sweep_shapes is not None and args.sweep_shapes < 1:
+        ap.error("--sweep-shapes must be at least 1")
 
     import torch
 
@@ -95,9 +121,14 @@ def main(argv=None) -> int:
         beat = [time.monotonic()]
         _watchdog(beat, out, args.hang_s)
         t0 = time.time()
+        limit = None
+        if args.sweep_shapes is not None:
+            limit, shapes = _first_shapes_points(args.spec, args.spec_quick, args.sweep_shapes)
+            print(f"sweep: the first {len(shapes)} shape(s) of the spec, {limit} points: "
+                  + ", ".join("x".join(str(v) for _, v in s) for s in shapes), flush=True)
         try:
-            df = sweep.run_spec(args.spec, quick=args.quick, results_dir=out, resume=True, ceilings=ceil,
-                                progress=True, deadline_s=args.sweep_budget_s,
+            df = sweep.run_spec(args.spec, quick=args.spec_quick, results_dir=out, resume=True, ceilings=ceil,
+                                progress=True, deadline_s=args.sweep_budget_s, limit=limit,
                                 on_row=lambda row: beat.__setitem__(0, time.monotonic()))
         except sweep.SweepAborted as exc:
             print(f"sweep aborted: {exc}", file=sys.stderr)
@@ -111,12 +142,28 @@ def main(argv=None) -> int:
         best.to_csv(out / "best_per_shape.csv", index=False)
 
         # ---- 3. regret: the heuristic, the sweep's best and cuBLAS, interleaved again ----
+        if args.quick:
+            return 0
         t0 = time.time()
         table2 = _table(gemm, bench, provenance, prov, sms, args, best=best)
         table2.to_csv(out / "regret.csv", index=False)
         _report(table2, "heuristic vs cuBLAS, with the sweep's best")
         print(f"({time.time() - t0:.0f} s)", flush=True)
     return 0
+
+
+def _first_shapes_points(spec_path: str, spec_quick: bool, n: int) -> tuple[int, list]:
+    """(number of points, shapes) of the spec's first ``n`` (dtype, shape) groups.
+
+    run_spec runs its points grouped by (dtype, shape) in the order the spec first
+    names them (the goal shapes lead), so its first ``limit`` rows are exactly these
+    groups' points when the results folder starts empty."""
+    from workbench.spec import load_spec
+    from workbench.sweep import expand
+
+    points = expand(load_spec(spec_path, quick=spec_quick))
+    groups = list(dict.fromkeys((p.dtype, p.shape) for p in points))[:n]
+    return sum(1 for p in points if (p.dtype, p.shape) in groups), [shape for _, shape in groups]
 
 
 def _watchdog(beat, out: Path, hang_s: float) -> None:

@@ -651,3 +651,38 @@ def test_plan_pads_only_what_tma_cannot_address(monkeypatch):
         if pa:
             ap = glaunch._padded(a, pa)
             assert ap.stride(0) == pa and torch.equal(ap, a)
+
+
+def test_quick_run_sweeps_a_subset_of_the_committed_sweep():
+    """`run_gemm_h200.py --quick` (the notebook's quick run) sweeps the spec's first three
+    shapes; every such point is one of the committed full sweep's, and the goal table it
+    compares keeps the committed table's shapes."""
+    import pandas as pd
+
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import run_gemm_h200 as run
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
+    res = subprocess.run([sys.executable, str(ROOT / "experiments" / "run_gemm_h200.py"), "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "--quick" in res.stdout and "--sweep-shapes" in res.stdout, res.stderr
+    spec = str(ROOT / "experiments" / "gemm_tiling.yaml")
+    n, shapes = run._first_shapes_points(spec, False, run.QUICK_SWEEP_SHAPES)
+    goal = [tuple(v for _, v in s) for s in shapes]
+    assert goal == [tuple(s) for s in run.GOAL_SHAPES[:3]] and n == 222
+    from workbench.spec import load_spec
+    from workbench.sweep import expand
+
+    rows = pd.read_parquet(ROOT / "results" / "gemm_tiling" / "rows.parquet")
+    committed = set(zip(rows.study, rows.M, rows.N, rows.K, rows.variant, rows.config))
+    quick = set()
+    for p in expand(load_spec(spec)):
+        m, nn, k = (v for _, v in p.shape)
+        if (m, nn, k) not in goal:
+            continue
+        label = "cublas" if p.baseline else gemm.GemmConfig(**dict(p.params)).label()
+        quick.add((p.study, m, nn, k, p.baseline or "triton", label))
+    assert len(quick) == n and quick <= committed, sorted(quick - committed)[:5]
+    table = pd.read_csv(ROOT / "results" / "gemm_tiling" / "heuristic_vs_cublas_eager_graph_run13.csv")
+    assert set(zip(table.M, table.N, table.K)) == set(run.GOAL_SHAPES)

@@ -535,3 +535,26 @@ def test_gpu_bits_expansion_matches_reference():
     cfg = MoeMxfp4Config(EXPAND="bits")
     out = torch.full((32, 7168), float("nan"), dtype=torch.bfloat16, device="cuda")
     _check(_run(p, cfg, out=out), p)
+
+
+
+def test_quick_run_measures_committed_token_counts():
+    """`run_moe_mxfp4.py --quick` (the notebook's quick run) measures M 4 and 32, both in the
+    committed full run, so the notebook compares them case by case."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    root = Path(__file__).resolve().parents[1]
+    script = root / "experiments" / "run_moe_mxfp4.py"
+    res = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "--quick" in res.stdout, res.stderr
+    spec = importlib.util.spec_from_file_location("run_moe_mxfp4", script)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    assert run.measured_ms(True) == (4, 32) and run.measured_ms(False) == run.M_LIST
+    committed = set(pd.read_csv(root / "results" / "moe_mxfp4" / "rows.csv").M)
+    assert set(run.measured_ms(True)) <= committed and set(run.M_LIST) == committed
