@@ -29,6 +29,13 @@ bench.csv, sweeps.csv, checks.csv, trace.csv, summary.csv (every row with
 provenance) and auto_table.json (the measured auto-config that
 kernels/ag_gemm/config.py reads from results/ag_gemm/). ``--check-only``: the
 checks alone (the multigpu test). NVLink multicast stays off in every process.
+
+``--quick``: the first two shapes (the sweeps and the trace included: their shape
+is the second). ``--budget-s``: start no case or sweep point after that many
+seconds in a world (what is left is listed in skipped.csv); ``--timeout`` kills a
+world that runs longer (a hang). Started without torchrun, the exit status is 1
+when a world failed or hung, or a check missed its tolerance (the tables written
+stay), so a caller (``notebooks/05_all_gather_gemm.ipynb`` measuring afresh) sees it.
 """
 import argparse
 import json
@@ -66,6 +73,8 @@ class Rank:
         self.w, self.args, self.torch, self.tdist, self.ag = w, args, torch, tdist, ag_gemm
         self.rank, self.W = tdist.get_rank(), tdist.get_world_size()
         self.rows = []
+        self.t0 = time.time()
+        self.skipped = 0  # (shape, convention) cases and sweep points the time budget left out
         self.dtype = torch.bfloat16
         self.sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         shapes = self.shapes()
@@ -128,6 +137,19 @@ class Rank:
         out["nccl_all_gather"] = (lambda: self.tdist.all_gather_into_tensor(flat, a), None)
         return out
 
+    def over_budget(self) -> bool:
+        """Whether --budget-s has passed on any rank (every rank gets the same answer, so they stay in step)."""
+        budget = getattr(self.args, "budget_s", None)
+        if not budget:
+            return False
+        t = self.torch.tensor([float(time.time() - self.t0 > budget)], device=self.heap.device)
+        self.tdist.all_reduce(t, op=self.tdist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def skip(self, what, base):
+        self.skipped += 1
+        self.emit({"kind": "skipped", "what": what, **base})
+
     def agree_failed(self, failed: bool) -> bool:
         """Every rank learns whether any failed (then the flags are resynchronized)."""
         flag = self.torch.tensor([int(failed)], device=self.heap.device)
@@ -188,6 +210,9 @@ class Rank:
         for si, (M, N, K) in enumerate(self.shapes()):
             for gd in (0, 1):
                 base = {"M": M, "N": N, "K": K, "gather_dim": gd, "dtype": "bfloat16"}
+                if self.over_budget():
+                    self.skip("case", base)
+                    continue
                 a, b, bias = self.inputs(M, N, K, gd, seed=si * 2 + gd)
                 A_full = self.gathered(a, gd)
                 ref = A_full.float() @ b.float()
@@ -248,6 +273,9 @@ class Rank:
         points += [("block", dict(fetchers=16, block_n=256, num_stages=3)), ("block", dict(fetchers=16, block_k=32,
                                                                                          num_stages=4))]
         for study, kw in points:
+            if self.over_budget():
+                self.skip(f"sweep {study} {kw}", base)
+                continue
             cfg = AgGemmConfig(num_sms=self.sms, max_spins=MAX_SPINS, **kw)
             self.w.stage(f"sweep {study} {kw}")
             self.ag.prepare(a, b, self.heap, gather_dim=gd, config=cfg)
@@ -364,18 +392,23 @@ def finish(rows, out: Path, W: int, args) -> int:
     df = pd.DataFrame(rows)
     written = []
     for kind, name in (("check", "checks.csv"), ("bench", "bench.csv"), ("sweep", "sweeps.csv"),
-                       ("trace", "trace.csv")):
+                       ("trace", "trace.csv"), ("skipped", "skipped.csv")):
         part = df[df["kind"] == kind].dropna(axis=1, how="all") if "kind" in df else pd.DataFrame()
         if len(part):
             part.to_csv(out / name, index=False)
             written.append(name)
     pd.set_option("display.width", 250)
     checks = df[df["kind"] == "check"] if "kind" in df else pd.DataFrame()
+    bad = checks.iloc[:0]
     if len(checks):
         bad = checks[~checks["ok"].astype(bool)]
         print(f"checks: {len(checks) - len(bad)}/{len(checks)} within bf16 tolerance of the fp32 reference")
         if len(bad):
             print(bad[["rank", "variant", "M", "N", "K", "gather_dim", "error"]].to_string(index=False))
+    skipped = df[(df["kind"] == "skipped") & (df["rank"] == 0)] if "kind" in df else pd.DataFrame()
+    if len(skipped):
+        print(f"time budget (--budget-s {getattr(args, 'budget_s', None)}) ran out: {len(skipped)} cases / sweep "
+              "points not measured (skipped.csv)")
     bench = df[df["kind"] == "bench"] if "kind" in df else pd.DataFrame()
     if len(bench):
         summary = summarize(bench)
@@ -389,13 +422,16 @@ def finish(rows, out: Path, W: int, args) -> int:
                 "copy_engine_speedup_vs_nccl_cublas", "auto_speedup_vs_nccl_cublas", "auto_variant", "winner"]
         print(summary[[c for c in cols if c in summary]].round(3).to_string(index=False))
     print("wrote", ", ".join(written), "to", out)
-    return 0
+    if len(bad):
+        print(f"FAILED: {len(bad)} check(s) outside the tolerance", flush=True)
+    return 1 if len(bad) else 0
 
 
 def parent(args) -> int:
     import torch
 
     rows = []
+    failed_worlds = []
     sizes = [int(s) for s in args.world_sizes.split(",") if s.strip()]
     for W in sizes:
         if torch.cuda.device_count() < W:
@@ -403,10 +439,13 @@ def parent(args) -> int:
             continue
         cmd = ["--worker", "--modes", args.modes, "--iters", str(args.iters)]
         cmd += ["--quick"] * args.quick + ["--check-only"] * args.check_only + ["--no-sweeps"] * args.no_sweeps
+        cmd += ["--budget-s", str(args.budget_s)] if args.budget_s else []
         t0 = time.time()
+        print(f"world size {W}: launching ...", flush=True)
         part, err = dist.launch_rows(Path(__file__), W, cmd, timeout_s=args.timeout)
         if err:
             print(err, flush=True)
+            failed_worlds.append(W)
         print(f"world size {W}: {len(part)} rows in {time.time() - t0:.0f} s", flush=True)
         for r in part:
             r["launch_error"] = err[:500]
@@ -414,7 +453,11 @@ def parent(args) -> int:
     if not rows:
         print("no rows")
         return 1
-    return finish(rows, Path(args.out), max(sizes), args)
+    rc = finish(rows, Path(args.out), max(sizes), args)
+    if failed_worlds:  # a crash or a hang past --timeout fails the run; the tables above keep what was measured
+        print(f"FAILED: world size(s) {', '.join(map(str, failed_worlds))} did not finish (see above)", flush=True)
+        return 1
+    return rc
 
 
 def main(argv=None):
@@ -426,7 +469,11 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="the first two shapes only")
     ap.add_argument("--check-only", action="store_true", help="only the correctness checks")
     ap.add_argument("--no-sweeps", action="store_true", help="skip the fetcher/layout/flag-group sweeps")
-    ap.add_argument("--timeout", type=float, default=570, help="seconds per world before it is killed")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no (shape, convention) case or sweep point after this many seconds in the world "
+                         "(the rest are listed in skipped.csv); default: no limit")
+    ap.add_argument("--timeout", type=float, default=570,
+                    help="seconds per world before it is killed (a hang ends that world; the run then exits 1)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker or "LOCAL_RANK" in os.environ:  # under workbench.dist.launch or plain torchrun

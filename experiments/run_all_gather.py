@@ -10,7 +10,11 @@ merges the rows, adds provenance and writes ``bw.csv`` (one row per timed
 point), ``peer.csv`` (NVLink copy), ``checks.csv`` (bit-for-bit against NCCL)
 and ``summary.csv`` (best of ours against NCCL per message; bandwidths there are
 the slower of the median call and the whole timed loop), then prints the summary. ``--check-only`` runs only the checks (what the multigpu test uses).
-The grid comes from experiments/all_gather.yaml (``--quick``: its quick set).
+The grid comes from experiments/all_gather.yaml (``--quick``: its quick set, 2, 8
+and 32 MiB per rank). ``--timeout`` bounds each world: a rank that hangs ends its
+world, not the run. The exit status is 1 when a world failed or ran past its
+timeout, or a check differs from NCCL (the tables written so far stay), so a
+caller (``notebooks/03_all_gather.ipynb`` measuring afresh) sees the failure.
 """
 import argparse
 import itertools
@@ -387,6 +391,7 @@ def parent(args):
     sizes = [int(s) for s in args.world_sizes.split(",") if s.strip()]
     have = torch.cuda.device_count()
     all_rows = []
+    failed_worlds = []
     for W in sizes:
         if have < W:
             print(f"world size {W}: skipped, this machine has {have} GPU(s)", flush=True)
@@ -401,6 +406,7 @@ def parent(args):
         rows, err = dist.launch_rows(Path(__file__), W, cmd_args, timeout_s=args.timeout, run_dir=run_dir)
         if err:
             print(err, flush=True)
+            failed_worlds.append(W)
         print(f"world size {W}: {len(rows)} rows in {time.time() - t0:.0f} s", flush=True)
         for r in rows:
             r.setdefault("world_size", W)
@@ -414,6 +420,7 @@ def parent(args):
         return 1
     checks = df[df["kind"] == "check"] if "kind" in df else pd.DataFrame()
     pd.set_option("display.width", 250)
+    bad = checks.iloc[:0]
     if len(checks):
         bad = checks[~checks["ok"].astype(bool)]
         print(f"checks: {len(checks) - len(bad)}/{len(checks)} bit-for-bit equal to NCCL")
@@ -445,7 +452,12 @@ def parent(args):
         print(summary[[c for c in cols if c in summary]].round(3).to_string(index=False))
         print("peer copy GB/s:", summary["peer_copy_gbps"].unique(), "sm put:", summary["peer_sm_put_gbps"].unique())
     print("wrote", ", ".join(written), "to", out)
-    return 0
+    # a world that failed or a check that differs from NCCL fails the run (the tables above stay written)
+    if failed_worlds:
+        print(f"FAILED: world size(s) {', '.join(map(str, failed_worlds))} did not finish (see above)", flush=True)
+    if len(bad):
+        print(f"FAILED: {len(bad)} check(s) differ from NCCL", flush=True)
+    return 1 if failed_worlds or len(bad) else 0
 
 
 def resummarize(folder: Path) -> int:
@@ -468,7 +480,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="the spec's quick subset")
     ap.add_argument("--check-only", action="store_true", help="only check every variant against NCCL")
     ap.add_argument("--peer-mib", type=int, default=1024, help="MiB copied to measure NVLink (default 1024)")
-    ap.add_argument("--timeout", type=float, default=480, help="seconds per world before it is killed")
+    ap.add_argument("--timeout", type=float, default=480,
+                    help="seconds per world before it is killed (a hang ends that world; the run then exits 1)")
     ap.add_argument("--modes", default="eager,graph",
                     help="timing modes: eager (per-call launches) and/or graph (CUDA-graph replays)")
     ap.add_argument("--run-dir", help="folder for the ranks' heartbeats, rows and logs (default: temporary)")

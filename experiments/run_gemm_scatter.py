@@ -7,6 +7,12 @@ per world size (one process per GPU, NVLink multicast off):
     torchrun --nproc-per-node 4 experiments/run_gemm_scatter.py --out results/gemm_scatter/   # 4 and 8 GPUs
     torchrun --nproc-per-node 8 experiments/run_gemm_scatter.py --out results/gemm_scatter/
 
+or without torchrun, one world per size through workbench.dist.launch (what the
+notebook does; ``--timeout`` kills a world that runs longer, e.g. a hang):
+
+    python experiments/run_gemm_scatter.py --world-sizes 2 --out results/gemm_scatter/
+    python experiments/run_gemm_scatter.py --world-sizes 1,2 --budget-s 240 --out results/gemm_scatter/
+
 Writes, for world size W, under --out: ``checks_wW.csv`` (every variant and
 baseline against an fp32 torch product on odd and seed shapes, on every rank),
 ``times_wW.csv`` (one row per timed point: study, shape, variant, config,
@@ -15,7 +21,9 @@ timing mode, median and quartiles of the slowest rank, TFLOP/s),
 and against the GEMM alone) and ``info_wW.csv``; every row carries provenance
 (git sha, versions, device, world size, knobs, the command). A point whose
 kernel fails is recorded with its error and the world resynchronizes; when the
-time budget (--budget-s) runs out, the remaining points are listed as skipped.
+time budget (--budget-s, counted from the start of each world) runs out, the
+remaining points are listed as skipped. The exit status is 1 when a check
+misses its tolerance or (without torchrun) a world failed or ran past --timeout.
 """
 from __future__ import annotations
 
@@ -122,7 +130,7 @@ class Runner:
     making one (a simulated world's heap lets the tests drive every code path on a
     CPU, with a one-rank gloo group already initialized)."""
 
-    def __init__(self, args, heap=None):
+    def __init__(self, args, heap=None, stage=None):
         import torch
         import torch.distributed as tdist
 
@@ -143,6 +151,7 @@ class Runner:
         self.cuda = self.device.type == "cuda"
         self.t0 = time.time()
         self.rows, self.skipped = [], 0
+        self.stage = stage or (lambda name: None)  # what this rank is doing (a launched world's heartbeat)
 
     # ---- variants -------------------------------------------------------
     def fn(self, variant, a, b, config=None, hints=True):
@@ -182,6 +191,7 @@ class Runner:
         for M, N, K in self.plan["check_shapes"]:
             if N % self.W:
                 continue
+            self.stage(f"check {M}x{N}x{K}")
             a, bs = operands(M, N, K, self.W, self.rank, self.dtype, 99, self.device)
             ref = reference(a, bs)
             for variant, cfg, hints in variants:
@@ -301,6 +311,7 @@ class Runner:
                 self.skipped = len(points) - i
                 break
             shape = (p["M"], p["N"], p["K"])
+            self.stage(f"point {i}/{len(points)} {p['study']} {shape}")
             if shape != last_shape:
                 self.heap.reset()  # C and gather buffers of the last shape
                 last_shape = shape
@@ -346,11 +357,11 @@ def summarize(times):
     return pd.DataFrame(rows)
 
 
-def write_tables(rows, checks, out: Path, W: int, prov: dict, skipped: int):
+def write_tables(rows, checks, out: Path, W: int, prov: dict, skipped: int, command: str = ""):
     import pandas as pd
 
     out.mkdir(parents=True, exist_ok=True)
-    extra = {**prov, "command": " ".join(["torchrun", f"--nproc-per-node {W}"] + sys.argv)}
+    extra = {**prov, "command": command or " ".join(["torchrun", f"--nproc-per-node {W}"] + sys.argv)}
     times = pd.DataFrame(rows)
     for df in (times,):
         for k, v in extra.items():
@@ -407,6 +418,64 @@ def report(times, checks, W, skipped):
             print(piv.round(4).to_string())
 
 
+def worker(args) -> int:
+    """One rank (under torchrun or workbench.dist.launch): run, rank 0 writes the tables."""
+    from workbench import dist, provenance
+
+    with dist.worker() as w:
+        r = Runner(args, stage=w.stage)
+        checks = r.run()
+        w.stage("tables")
+        if r.rank == 0:
+            # every rank holds the same timings (the slowest rank's, from time_collective): rank 0 writes
+            prov = provenance.flat(provenance.collect(world_size=r.W))
+            times, written = write_tables(r.rows, checks, Path(args.out), r.W, prov, r.skipped, args.command)
+            report(times, checks, r.W, r.skipped)
+            print("wrote", ", ".join(written), "to", args.out, flush=True)
+        if r.cuda:
+            r.torch.cuda.synchronize()
+        w.stage("done")
+    failed = bool(checks) and not all(c["ok"] for c in checks)
+    return 1 if failed else 0
+
+
+def parent(args, argv) -> int:
+    """One world per size through workbench.dist.launch (no torchrun needed to start this script)."""
+    import torch
+
+    from workbench import dist
+
+    out = Path(args.out).resolve()
+    sizes = [int(s) for s in args.world_sizes.split(",") if s.strip()]
+    have = torch.cuda.device_count()
+    command = " ".join(["python", str(Path(__file__).resolve().relative_to(REPO)), *argv])
+    fwd = ["--worker", "--out", str(out), "--spec", str(Path(args.spec).resolve()), "--budget-s", str(args.budget_s),
+           "--heap-mib", str(args.heap_mib), "--command", command]
+    fwd += ["--quick"] * args.quick + ["--check-only"] * args.check_only + ["--skip-checks"] * args.skip_checks
+    fwd += ["--studies", args.studies] if args.studies else []
+    failed, ran = [], 0
+    for W in sizes:
+        if have < W:
+            print(f"world size {W}: skipped, this machine has {have} GPU(s)", flush=True)
+            continue
+        t0 = time.time()
+        print(f"world size {W}: launching ...", flush=True)
+        _, err = dist.launch_rows(Path(__file__), W, fwd, timeout_s=args.timeout, echo=True)
+        ran += 1
+        if err:
+            print(err, flush=True)
+            failed.append(W)
+        print(f"world size {W}: done in {time.time() - t0:.0f} s{' (FAILED)' if err else ''}", flush=True)
+    if not ran:
+        print("no world ran (too few GPUs for every size asked)", flush=True)
+        return 1
+    if failed:
+        print(f"FAILED: world size(s) {', '.join(map(str, failed))}: a rank failed, a check missed its tolerance, "
+              f"or the world ran past --timeout {args.timeout:g} s (see above)", flush=True)
+        return 1
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "results" / "gemm_scatter"), help="folder for the CSVs")
@@ -415,27 +484,20 @@ def main(argv=None):
     ap.add_argument("--studies", default="", help="comma-separated studies to run (default: all)")
     ap.add_argument("--check-only", action="store_true", help="only the correctness checks")
     ap.add_argument("--skip-checks", action="store_true", help="no correctness checks (timing only)")
-    ap.add_argument("--budget-s", type=float, default=480, help="stop starting points after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=480,
+                    help="stop starting points after this many seconds in a world (default 480)")
     ap.add_argument("--heap-mib", type=int, default=512, help="symmetric heap per GPU (MiB)")
+    ap.add_argument("--world-sizes", default="2",
+                    help="without torchrun: comma-separated world sizes, one world each (default 2)")
+    ap.add_argument("--timeout", type=float, default=570,
+                    help="without torchrun: seconds per world before it is killed (default 570)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--command", default="", help=argparse.SUPPRESS)  # the parent's command line (provenance)
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
-    if "RANK" not in os.environ:
-        ap.error("run under torchrun, e.g. torchrun --nproc-per-node 2 experiments/run_gemm_scatter.py --out DIR")
-    from workbench import provenance
-
-    r = Runner(args)
-    checks = r.run()
-    if r.rank == 0:
-        # every rank holds the same timings (the slowest rank's, from time_collective): rank 0 writes
-        prov = provenance.flat(provenance.collect(world_size=r.W))
-        times, written = write_tables(r.rows, checks, Path(args.out), r.W, prov, r.skipped)
-        report(times, checks, r.W, r.skipped)
-        print("wrote", ", ".join(written), "to", args.out)
-    if r.cuda:
-        r.torch.cuda.synchronize()
-    r.tdist.barrier()
-    failed = bool(checks) and not all(c["ok"] for c in checks)
-    r.tdist.destroy_process_group()
-    return 1 if failed else 0
+    if args.worker or "RANK" in os.environ:  # under workbench.dist.launch or plain torchrun
+        return worker(args)
+    return parent(args, argv)
 
 
 if __name__ == "__main__":

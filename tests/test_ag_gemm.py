@@ -420,3 +420,48 @@ def test_notebook_renders_on_cpu(tmp_path):
     assert "atom.global.sys.release" in page and "atom.global.gpu.release" in page and "buffer_wbl2" in page
     if not (REPO / "results" / "ag_gemm" / "bench.csv").exists():
         assert "No GPU results are committed" in page and "Simulated world of 2 ranks" in page
+
+
+def test_script_started_plainly_launches_the_world_and_fails_with_it(tmp_path, monkeypatch):
+    """`python experiments/run_ag_gemm.py --world-sizes 2 ...` (what notebooks/05 runs): the world through
+    dist.launch_rows with the quick flag, the budget and the timeout; a world that fails or hangs, or a check
+    outside the tolerance, exits 1, the rows written so far in the tables."""
+    s = _script()
+    calls = []
+
+    def check(ok=True):
+        return dict(kind="check", rank=0, world_size=2, variant="fused", M=1024, N=3584, K=8192, gather_dim=0,
+                    ok=ok, max_abs_err=0.0, repeat_identical=True, error="")
+
+    def fake_launch_rows(script, W, args, timeout_s):
+        calls.append((W, list(args), timeout_s))
+        return [check()], ""
+
+    monkeypatch.setattr(dist, "launch_rows", fake_launch_rows)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    argv = ["--world-sizes", "2", "--out", str(tmp_path / "a"), "--quick", "--timeout", "300", "--budget-s", "180"]
+    assert s.main(argv) == 0
+    (W, args, timeout_s), = calls
+    assert W == 2 and timeout_s == 300 and {"--worker", "--quick"} <= set(args)
+    assert args[args.index("--budget-s") + 1] == "180.0"
+    assert (tmp_path / "a" / "checks.csv").exists()
+    monkeypatch.setattr(dist, "launch_rows", lambda *a, **k: ([check()], "dist.launch(...): timed out after 300 s"))
+    assert s.main(["--world-sizes", "2", "--out", str(tmp_path / "b")]) == 1
+    assert (tmp_path / "b" / "checks.csv").exists()
+    monkeypatch.setattr(dist, "launch_rows", lambda *a, **k: ([check(ok=False)], ""))
+    assert s.main(["--world-sizes", "2", "--out", str(tmp_path / "c")]) == 1
+
+
+def test_notebook_measures_through_datasource():
+    import nbformat
+
+    nb = nbformat.read(REPO / "notebooks" / "05_all_gather_gemm.ipynb", as_version=4)
+    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    measure = [c for c in nb.cells if "measure" in c.metadata.get("tags", [])]
+    assert len(params) == 1 and 'measure = "auto"' in params[0].source and "run_gpu" not in params[0].source
+    assert len(measure) == 1
+    src = measure[0].source
+    assert 'datasource.plan("ag_gemm"' in src and "run_ag_gemm.py" in src and "--budget-s" in src
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert ".show()" not in code and "data.compare(" in code
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")

@@ -261,3 +261,63 @@ def test_summary_states_the_bound_for_graph_rows_only():
     assert s.loc[("graph", 8 << 20), "bound_busbw"] == pytest.approx(r.busbw_bound(8 << 20, 2, fixed, 400.0))
     assert s.loc[("graph", 8 << 20), "bound_frac_of_peer_copy"] < 1.0
     assert s.loc[("eager", 8 << 20), "bound_busbw"] != s.loc[("eager", 8 << 20), "bound_busbw"]  # NaN
+
+
+# --------------------------------------------------------------------------
+# The script as the notebook starts it (no torchrun), and the notebook's measuring cell
+# --------------------------------------------------------------------------
+def _check_row(ok=True):
+    return dict(kind="check", rank=0, variant="triton", hints=True, M=6, N=40, dtype="float16", ok=ok,
+                bytes_differ=0 if ok else 3, error="")
+
+
+def test_script_started_plainly_launches_each_world_and_fails_with_it(tmp_path, monkeypatch):
+    """`python experiments/run_all_gather.py --world-sizes 2 ...` (what notebooks/03 runs): one world per
+    size through dist.launch_rows, the flags passed on; a world that fails or hangs past --timeout, or a
+    check that differs from NCCL, exits 1 with the rows written so far in the tables."""
+    r = _run_all_gather_module()
+    calls = []
+
+    def fake_launch_rows(script, W, args, timeout_s, run_dir=None):
+        calls.append((W, list(args), timeout_s))
+        err = f"dist.launch(run_all_gather.py, world_size={W}): timed out after {timeout_s:g} s" if W == 4 else ""
+        return [dict(_check_row(), world_size=W)], err
+
+    monkeypatch.setattr(dist, "launch_rows", fake_launch_rows)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert r.main(["--world-sizes", "2", "--out", str(tmp_path / "a"), "--quick", "--timeout", "120"]) == 0
+    assert calls == [(2, calls[0][1], 120)] and {"--worker", "--quick"} <= set(calls[0][1])
+    assert r.main(["--world-sizes", "2,4", "--out", str(tmp_path / "b")]) == 1
+    assert len((tmp_path / "b" / "checks.csv").read_text().splitlines()) == 3  # both worlds' rows kept
+
+    monkeypatch.setattr(dist, "launch_rows", lambda *a, **k: ([_check_row(ok=False)], ""))
+    assert r.main(["--world-sizes", "2", "--out", str(tmp_path / "c")]) == 1
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert r.main(["--world-sizes", "2", "--out", str(tmp_path / "d")]) == 1  # nothing ran: no rows
+
+
+def test_quick_grid_is_within_the_committed_run():
+    """The notebook compares a fresh quick run with the committed one: every quick point has a committed twin."""
+    import pandas as pd
+
+    r = _run_all_gather_module()
+    bw = pd.read_csv(REPO / "results" / "all_gather" / "bw.csv")
+    committed = {(s, int(m), int(n)) for s, m, n in zip(bw["study"], bw["M"], bw["N"])}
+    quick = r.load_plan(r.SPEC, quick=True)["points"]
+    assert {(p["study"], p["M"], p["N"]) for p in quick} <= committed
+    assert {p["M"] for p in quick} == {128, 512, 2048}  # 2, 8 and 32 MiB per rank
+
+
+def test_notebook_measures_through_datasource():
+    import nbformat
+
+    nb = nbformat.read(REPO / "notebooks" / "03_all_gather.ipynb", as_version=4)
+    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    measure = [c for c in nb.cells if "measure" in c.metadata.get("tags", [])]
+    assert len(params) == 1 and 'measure = "auto"' in params[0].source and "run_gpu" not in params[0].source
+    assert len(measure) == 1
+    src = measure[0].source
+    assert 'datasource.plan("all_gather"' in src and "run_all_gather.py" in src and "--timeout" in src
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert ".show()" not in code and "data.compare(" in code  # every figure labelled through data.show
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")

@@ -6,6 +6,7 @@ The simulated world runs every rank in this process on host heaps; the
 interpreter dereferences the peer addresses, so the pointer translation,
 the column offsets and the flag protocol run for real at tiny shapes.
 """
+import json
 import os
 import subprocess
 import sys
@@ -431,3 +432,56 @@ def test_gpu_script_runs_end_to_end_in_a_simulated_world(tmp_path):
     s = pd.read_csv(tmp_path / "out" / "summary_w1.csv")
     assert len(s) == 6 and (s.fused_ms > 0).all()  # 3 shapes x 2 timing modes
     r.report(times, checks, 1, run.skipped)
+
+
+def test_script_started_plainly_launches_each_world_and_fails_with_it(tmp_path, monkeypatch):
+    """`python experiments/run_gemm_scatter.py --world-sizes 2 ...` (no torchrun; what notebooks/06 runs): one
+    world per size through dist.launch_rows, the flags passed on (the budget, the out folder made absolute,
+    the command line for the tables' provenance); a failed or hung world exits 1, as does a machine with
+    too few GPUs for every size asked."""
+    r = _script()
+    calls = []
+
+    def fake_launch_rows(script, W, args, timeout_s, echo=False):
+        calls.append((W, list(args), timeout_s))
+        return [], ("dist.launch(run_gemm_scatter.py): rank 0 exited with code 1" if W == 1 else "")
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(dist, "launch_rows", fake_launch_rows)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.chdir(tmp_path)
+    assert r.main(["--world-sizes", "2", "--out", "rel", "--quick", "--budget-s", "180", "--timeout", "270"]) == 0
+    (W, args, timeout_s), = calls
+    assert W == 2 and timeout_s == 270 and {"--worker", "--quick"} <= set(args)
+    assert args[args.index("--out") + 1] == str(tmp_path / "rel")
+    assert args[args.index("--budget-s") + 1] == "180.0" and "--world-sizes 2" in args[args.index("--command") + 1]
+    assert r.main(["--world-sizes", "1,2", "--out", "x"]) == 1  # world 1 failed
+    assert r.main(["--world-sizes", "4", "--out", "x"]) == 1  # nothing could run
+
+
+def test_notebook_measures_through_datasource():
+    import nbformat
+
+    nb = nbformat.read(REPO / "notebooks" / "06_gemm_all_scatter.ipynb", as_version=4)
+    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    measure = [c for c in nb.cells if "measure" in c.metadata.get("tags", [])]
+    assert len(params) == 1 and 'measure = "auto"' in params[0].source
+    assert len(measure) == 1
+    src = measure[0].source
+    assert 'datasource.plan("gemm_scatter"' in src and "run_gemm_scatter.py" in src and "--budget-s" in src
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert ".show()" not in code and "data.compare(" in code
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")
+
+
+def test_quick_spec_is_within_the_full_spec():
+    r = _script()
+
+    def key(p):
+        return p["study"], p["M"], p["N"], p["K"], json.dumps(p["config"], sort_keys=True), p["hints"]
+
+    for W in (1, 2, 4):
+        quick = r.load_plan(world_size=W, quick=True)["points"]
+        full = {key(p) for p in r.load_plan(world_size=W)["points"]}
+        assert quick and {key(p) for p in quick} <= full
+        assert {p["study"] for p in quick} == {p["study"] for p in r.load_plan(world_size=W)["points"]}
