@@ -66,8 +66,9 @@ wheelhouse:
 	  bad and sys.exit('make: missing from $(WHEELHOUSE)/: ' + ', '.join(bad))"
 
 # On the node (repo and wheelhouse copied there): its python3 keeps its torch, triton, pandas and pyarrow;
-# the wheels go to .node-site/ (first on PYTHONPATH, which the notebook kernels inherit), a python3
-# kernel spec for this very interpreter to .node-site/share/jupyter.
+# the wheels go to .node-site/ (first on PYTHONPATH, which the notebook kernels inherit). JUPYTER_PATH finds
+# what they put in .node-site/share/jupyter (nbconvert's templates) and a python3 kernel spec for this very
+# interpreter, written there.
 PYTHON3 ?= python3
 WHEELS ?= wheelhouse
 NODE_SITE := $(CURDIR)/.node-site
@@ -79,6 +80,7 @@ node-report:
 	@$(PYTHON3) -c "import torch, triton, pandas, pyarrow" || { echo "make: $(PYTHON3) lacks torch, triton," \
 	  "pandas or pyarrow (carry the missing ones with make wheelhouse NODE_EXTRA=...)" >&2; exit 2; }
 	rm -rf "$(NODE_SITE)"
+	@$(PYTHON3) -m pip --version >/dev/null 2>&1 || { echo "make: $(PYTHON3) has no pip to install the wheels with" >&2; exit 2; }
 	$(PYTHON3) -m pip install -q --no-index --no-deps --no-compile --target "$(NODE_SITE)" $(WHEELS)/*.whl
 	$(NODE_ENV) $(PYTHON3) -m ipykernel install --prefix "$(NODE_SITE)" --name python3 >/dev/null
 	$(NODE_ENV) $(PYTHON3) -m workbench.cli report $(REPORT_WHAT) $(ARGS)
