@@ -15,7 +15,6 @@ import os
 import re
 import shlex
 import signal
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from test_report import REPO, code_outputs, workbench_report
+from test_report import REPO, workbench_report
 from workbench import datasource
 from workbench.datasource import MeasureError, compare_cases, plan
 
