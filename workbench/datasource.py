@@ -99,7 +99,9 @@ class StudyData:
 
     @property
     def quick(self) -> bool:
-        return self.mode == "quick"
+        """A quick run: the one measured here, or (nothing measured) the one a GPU run would be, so that
+        ``*(["--quick"] if data.quick else [])`` also gives the planned command its quick flags."""
+        return (self.mode if self.fresh else self._would()) == "quick"
 
     @property
     def dir(self) -> Path:
@@ -305,7 +307,7 @@ def compare_cases(fresh, committed, *, noise: float = 0.03):
             raise ValueError(f"compare: the {which} cases lack column(s) {missing}; give 'ours' and 'baseline' times")
     if fresh.empty or committed.empty:
         return pd.DataFrame()
-    both = fresh[cols].join(committed[cols], lsuffix="_fresh", rsuffix="_committed", how="inner").dropna()
+    both = fresh[cols].add_suffix("_fresh").join(committed[cols].add_suffix("_committed"), how="inner").dropna()
     both = both[(both > 0).all(axis=1)]
     if both.empty:
         return pd.DataFrame()

@@ -641,7 +641,7 @@ def build_index(out_dir: str | os.PathLike = DEFAULT_OUT) -> Path:
         "<h1>Workbench reports</h1>"
         f"<p>{len(rows)} report(s) in <code>{html.escape(str(out_dir))}</code>, index written {now}. "
         "Parameters in bold were set on the command line.</p>"
-        '<table class="reports"><thead><tr><th>report</th><th>status</th><th>parameters</th>'
+        '<table class="reports"><thead><tr><th>report</th><th>status</th><th>data</th><th>parameters</th>'
         "<th>versions</th><th>machine</th><th>date</th></tr></thead>"
         f"<tbody>{body}</tbody></table></body></html>\n"
     )
@@ -664,7 +664,8 @@ def write_summary(out_dir: str | os.PathLike) -> Path:
             for h in data.get("headlines") or [] if isinstance(h.get("fresh"), (int, float)))
         src = str(data.get("source", "?")) + (f" ({data['mode']})" if data.get("mode") and
                                               data.get("source") == "fresh" else "")
-        status = "ok" if rec.get("ok") else f"FAILED: {str(rec.get('error') or '')[:160]}"
+        error = " ".join(str(rec.get("error") or "").split()).replace("|", "\\|")  # one table row
+        status = "ok" if rec.get("ok") else f"FAILED: {error[:160]}"
         lines.append(f"| {rec['name']} | {status} | {float(rec.get('duration_s') or 0):.0f} | {src} | "
                      f"{(rec.get('machine') or {}).get('gpu', '?')} | {heads or '-'} |")
     path = out_dir / "summary.md"
