@@ -101,7 +101,7 @@ class StudyData:
     def quick(self) -> bool:
         """A quick run: the one measured here, or (nothing measured) the one a GPU run would be, so that
         ``*(["--quick"] if data.quick else [])`` also gives the planned command its quick flags."""
-        return (self.mode if self.fresh else self._would()) == "quick"
+        return self.grid == "quick"
 
     @property
     def dir(self) -> Path:
