@@ -2,6 +2,8 @@
 
     python experiments/launch_cost.py --out results/launch_cost            # one GPU
     torchrun --nproc-per-node 2 experiments/launch_cost.py --out results/launch_cost --comm   # + all_gather
+    python experiments/launch_cost.py --out DIR --descriptors              # host vs device TMA descriptors
+    python experiments/launch_cost.py --out DIR --descriptors --dry-run    # its CPU part (interpreter)
 
 For each case: ``bench.host_time_us`` (median of >= 200 back-to-back calls, no
 synchronization in between) of ours and of the library call, then the same
@@ -9,6 +11,22 @@ call timed eager and graph-replayed (``bench.interleave``), so a table shows
 what a user's Python loop pays and what the GPU alone takes. A bare
 ``@triton.jit`` launch (one tiny kernel) is the floor every launcher pays.
 Rows go to ``OUT/launch_cost.csv`` with provenance.
+
+``--descriptors`` compares, in one process, the Triton kernels' two ways of
+getting their TMA descriptors (``kernels.gemm.launch.DEVICE_DESCRIPTORS``,
+``kernels.moe.launch.DEVICE_DESCRIPTORS``): ``host`` (a ``TensorDescriptor``
+per operand, encoded by Triton's launcher on every call) and ``device`` (the
+kernel encodes them into the launcher's scratch buffer), beside ``torch.mm``
+/ ``torch._grouped_mm``. Per shape: both variants checked against a float64
+reference on NaN-poisoned outputs, host time per call (median of 200), and
+eager and graph-replayed time taken in turns (a kernel that got slower from
+building its descriptors shows in ``graph_ms``). Shapes: this script's, the
+GEMM goal table's (``experiments/run_gemm_h200.py``) and small M. Shapes the
+plan sends to the Gluon kernel (host descriptors in both variants) are also
+run with the Triton kernel forced. Files: ``descriptors.csv`` (timings),
+``descriptors_check.csv`` (errors), ``descriptors_log.txt``; rewritten after
+every shape, so a run cut short keeps what it measured. ``--budget-s``: no new
+shape after that many seconds.
 """
 from __future__ import annotations
 
@@ -16,9 +34,12 @@ import argparse
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if "--dry-run" in sys.argv:   # the CPU check runs the kernels in Triton's interpreter: set before triton loads
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -121,6 +142,7 @@ def breakdown(rows, bench) -> None:
 
     A = torch.randn(512, 512, device="cuda").bfloat16()
     B = torch.randn(512, 512, device="cuda").bfloat16()
+    gl.DEVICE_DESCRIPTORS = False   # this breakdown is of the host-descriptor launch
     C = gemm.matmul(A, B)
     p = gl.plan_for(A, B)
     ab, bb, cb = p.blocks
@@ -140,6 +162,385 @@ def breakdown(rows, bench) -> None:
         h = bench.host_time_us(fn, calls=CALLS)
         rows.append(_row(f"breakdown: {name}", "ours", h))
         print(f"  {name:<32} {h['median_us']:6.1f} us", flush=True)
+
+
+# --------------------------------------------------------------------------
+# --descriptors: host vs device TMA descriptors
+# --------------------------------------------------------------------------
+SMALL_SHAPES = [(1, 4096, 4096), (16, 4096, 4096), (128, 4096, 4096), (128, 8192, 8192), (512, 512, 512)]
+VARIANTS = ("host", "device")
+
+
+def _desc_shapes():
+    """This script's shapes first (the host-time goal), then the goal table's, then small M."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from run_gemm_h200 import GOAL_SHAPES   # the GEMM goal table
+
+    seen, out = set(), []
+    for s in GEMM_SHAPES + GOAL_SHAPES + SMALL_SHAPES:
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out
+
+
+class _Log:
+    """print() that also appends to a log file."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.write_text("")
+
+    def __call__(self, *parts):
+        line = " ".join(str(p) for p in parts)
+        print(line, flush=True)
+        with self.path.open("a") as f:
+            f.write(line + "\n")
+
+
+def _set_variant(variant: str) -> None:
+    from kernels.gemm import launch as gl
+    from kernels.moe import launch as ml
+
+    gl.DEVICE_DESCRIPTORS = ml.DEVICE_DESCRIPTORS = variant == "device"
+
+
+def _rel_err(out, ref) -> tuple[float, bool]:
+    finite = bool(out.isfinite().all())
+    den = float(ref.norm()) or 1.0
+    return float((out.double() - ref).norm()) / den, finite
+
+
+def _measure(case, fns: dict, bench, rows, log, info: dict, calls: int) -> dict:
+    """Host time of each callable (its variant set once, then plain calls), then eager and graph
+    times taken in turns (each call sets its own variant first: the same cost for both)."""
+    host = {}
+    for name, (variant, fn) in fns.items():
+        if variant:
+            _set_variant(variant)
+        host[name] = bench.host_time_us(fn, calls=calls)
+
+    def turn(variant, fn):
+        if variant is None:
+            return fn
+
+        def call():
+            _set_variant(variant)
+            return fn()
+        return call
+
+    turns = {name: turn(v, fn) for name, (v, fn) in fns.items()}
+    eager = bench.interleave(turns, warmup_ms=20, rep_ms=60, mode="eager")
+    graph = bench.interleave(turns, warmup_ms=20, rep_ms=60, mode="graph")
+    res = {}
+    for name in fns:
+        missing = [m for m, t in (("eager", eager), ("graph", graph)) if name not in t]
+        if missing:
+            log(f"  {name}: no {'/'.join(missing)} timing (its first call or capture raised)")
+        rows.append(_row(case, name, host[name], eager.get(name), graph.get(name), **info.get(name, {})))
+        res[name] = rows[-1]
+    return res
+
+
+def _fmt(res: dict, base: str = "host", lib: str = "torch.mm") -> str:
+    h = "  ".join(f"{n} {r['host_us']:5.1f}" for n, r in res.items())
+    out = f"host us: {h}"
+    if "device" in res and base in res:
+        d, b = res["device"], res[base]
+        out += (f" | device/host eager {d['eager_ms'] / b['eager_ms']:.3f}x graph {d['graph_ms'] / b['graph_ms']:.3f}x")
+    if lib in res and "device" in res:
+        out += f" | {lib}/device graph {res[lib]['graph_ms'] / res['device']['graph_ms']:.3f}x"
+    return out
+
+
+def descriptors(out_dir: Path, bench, budget_s: float, calls: int = CALLS) -> int:
+    """The --descriptors run on one GPU (see the module docstring). Returns the exit code.
+    Order: this script's matmul shapes, the grouped cases, then the goal table's and small-M
+    shapes, then the Triton kernel forced where the plan took the Gluon kernel."""
+    import pandas as pd
+    import torch
+
+    from kernels.common import launcher
+    from workbench import provenance
+
+    t_start = time.monotonic()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = _Log(out_dir / "descriptors_log.txt")
+    prov = provenance.flat(provenance.collect())
+    log(f"descriptors: {torch.cuda.get_device_name()} torch {torch.__version__} git {prov.get('git_sha')} "
+        f"({prov.get('git_source')}, dirty {prov.get('git_dirty')}); budget {budget_s:.0f} s")
+    st = _DescRun(bench, log, calls)
+
+    def save():
+        pd.DataFrame([{**r, **prov} for r in st.rows]).to_csv(out_dir / "descriptors.csv", index=False)
+        pd.DataFrame([{**r, **prov} for r in st.checks]).to_csv(out_dir / "descriptors_check.csv", index=False)
+
+    # Floors: a bare Triton launch and torch.mm on a tiny product.
+    x = torch.randn(1 << 12, device="cuda")
+    _noop_kernel[(4,)](x, x.numel(), BLOCK=1024)
+    st.rows.append(_row("bare triton launch", "triton", bench.host_time_us(
+        lambda: _noop_kernel[(4,)](x, x.numel(), BLOCK=1024), calls=calls)))
+    a = torch.randn(256, 256, device="cuda")
+    st.rows.append(_row("torch.mm 256^3", "torch", bench.host_time_us(lambda: torch.mm(a, a), calls=calls)))
+    log(f"floors: bare triton launch {st.rows[-2]['host_us']:.1f} us, torch.mm 256^3 {st.rows[-1]['host_us']:.1f} us")
+    _desc_breakdown(st.rows, bench, log, calls)
+    save()
+
+    gluon_shapes = []
+    tasks = ([("matmul", s) for s in GEMM_SHAPES] + [("grouped", c) for c in GROUPED]
+             + [("matmul", s) for s in _desc_shapes() if s not in GEMM_SHAPES])
+    skipped = []
+    while tasks:
+        what, arg = tasks.pop(0)
+        elapsed = time.monotonic() - t_start
+        if elapsed > budget_s:
+            skipped.append(f"{what} {arg}")
+            continue
+        log(f"[{elapsed:4.0f} s] {what} {arg}")
+        if what == "matmul":
+            if st.matmul(*arg) == "gluon":
+                gluon_shapes.append(arg)
+        elif what == "grouped":
+            st.grouped(*arg)
+        else:
+            st.matmul(*arg, force_triton=True)
+        if not tasks and gluon_shapes:
+            tasks = [("triton", s) for s in gluon_shapes]
+            gluon_shapes = []
+        save()
+
+    _set_variant("host")
+    pool = {f"dev{d} stream {s:#x}": int(size) for (d, s), (_, size, _) in launcher._SCRATCH.items()}
+    log(f"scratch pool: {pool}; {len(launcher._SCRATCH_RETIRED)} outgrown buffers kept")
+    from triton.runtime import _allocation
+    if _allocation._allocator.get() is not _allocation._NULL_ALLOCATOR:
+        st.failures.append("a Triton allocator was set during the run")
+    _summary(st.rows, log)
+    if skipped:
+        log(f"budget of {budget_s:.0f} s spent: not measured: {', '.join(skipped)}")
+    log(f"{len(st.checks)} checks, {len(st.failures)} failed; {time.monotonic() - t_start:.0f} s")
+    for f in st.failures:
+        log(f"  FAILED: {f}")
+    save()
+    return 1 if st.failures else 0
+
+
+class _DescRun:
+    """One --descriptors run's rows, checks and measurements."""
+
+    def __init__(self, bench, log, calls):
+        self.bench, self.log, self.calls = bench, log, calls
+        self.rows: list[dict] = []
+        self.checks: list[dict] = []
+        self.failures: list[str] = []
+
+    def check(self, case, impl, got, ref, tol, **extra) -> bool:
+        err, finite = _rel_err(got, ref)
+        ok = finite and err <= tol
+        self.checks.append(dict(case=case, impl=impl, rel_err=err, tol=tol, finite=finite, ok=ok, **extra))
+        if not ok:
+            self.failures.append(f"{case} {impl}: rel err {err:.2e} (tol {tol:.0e}), finite {finite}")
+            self.log(f"  FAIL {case} {impl}: rel err {err:.2e} (tol {tol:.0e}), finite {finite}")
+        return ok
+
+    def matmul(self, M, N, K, force_triton=False) -> str:
+        """Both variants of matmul (the plan's kernel, or the Triton kernel forced) checked and
+        timed beside torch.mm; returns the plan's kind."""
+        import torch
+
+        from kernels import gemm
+        from kernels.gemm import launch as gl
+        from kernels.gemm.config import heuristic
+
+        case = f"matmul {M}x{N}x{K}" + (" triton" if force_triton else "")
+        g = torch.Generator(device="cuda").manual_seed(M * 3 + N * 5 + K)
+        A = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+        B = torch.randn(K, N, device="cuda", generator=g).bfloat16()
+        ref = A.double() @ B.double()
+        cfg = None
+        if force_triton:
+            sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+            cfg = heuristic(M, N, K, torch.bfloat16, sms, hopper=True, gluon=False, tma=True, c_aligned=True)
+        info = {}
+        for v in VARIANTS:
+            _set_variant(v)
+            C = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gemm.matmul(A, B, cfg, out=C)
+            p = gl.plan_for(A, B, cfg)
+            info[v] = dict(kind=p.kind, device_desc=p.device_desc, config=p.config.label(), flops=2 * M * N * K)
+            self.check(case, v, C, ref, 1e-2, **info[v])
+        self.check(case, "torch.mm", torch.mm(A, B), ref, 1e-2)
+        info["torch.mm"] = dict(flops=2 * M * N * K)
+        fns = {v: (v, lambda: gemm.matmul(A, B, cfg)) for v in VARIANTS}
+        fns["torch.mm"] = (None, lambda: torch.mm(A, B))
+        res = _measure(case, fns, self.bench, self.rows, self.log, info, self.calls)
+        d = info["device"]
+        self.log(f"{case:<34} {d['kind']:<6} {d['config']:<26} {_fmt(res)}")
+        return d["kind"]
+
+    def grouped(self, G, T, N, K) -> None:
+        """wgrad (the Triton kernel by default) and fwd with the Triton kernel forced, both
+        variants, beside torch._grouped_mm; fwd as planned (the Gluon kernel) once."""
+        import torch
+
+        from kernels import moe
+        from kernels.moe import baselines as mb, config as mc, launch as ml, routing
+        from kernels.moe.reference import tolerance
+
+        case = f"G{G} T{T} {N}x{K}"
+        g = torch.Generator(device="cuda").manual_seed(G + T)
+        sizes = routing.mild(T, G, seed=G, device="cuda")
+        offs = mb.grouped_mm_offsets(sizes)   # a library user computes these once per routing too
+        xg = torch.randn(T, K, device="cuda", generator=g).bfloat16()
+        w = torch.randn(G, K, N, device="cuda", generator=g).bfloat16()
+        dy = torch.randn(T, N, device="cuda", generator=g).bfloat16()
+        tol = tolerance(torch.bfloat16)
+        fwd_cfg = mc.pick_config("fwd", N, K, xg.device)
+        refs = {"wgrad": moe.reference_wgrad(xg, dy, sizes), "fwd": moe.reference(xg, w, sizes)}
+        ops = {"wgrad": ("grouped_gemm_wgrad", dy, lambda out=None: moe.grouped_gemm_wgrad(xg, dy, sizes, out=out),
+                         lambda out=None: ml.plan_for_wgrad(xg, dy, sizes, out=out)),
+               "fwd": ("grouped_gemm triton", w,
+                       lambda out=None: moe.grouped_gemm(xg, w, sizes, config=fwd_cfg, out=out),
+                       lambda out=None: ml.plan_for(xg, w, sizes, config=fwd_cfg, out=out))}
+        for op, (name, lib_b, run, plan) in ops.items():
+            c = f"{name} {case}"
+            info = {}
+            for v in VARIANTS:
+                _set_variant(v)
+                out = torch.full(plan().out_shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+                run(out)
+                p = plan(out)
+                info[v] = dict(kind=p.label, device_desc=p.device_desc, flops=2 * T * N * K)
+                self.check(c, v, out, refs[op], tol, **info[v])
+            fns = {v: (v, run) for v in VARIANTS}
+            fns["torch._grouped_mm"] = (None, lambda op=op, b=lib_b: mb.grouped_mm(op, xg, b, sizes, offs=offs))
+            res = _measure(c, fns, self.bench, self.rows, self.log, info, self.calls)
+            self.log(f"{c:<44} {_fmt(res, lib='torch._grouped_mm')}")
+        _set_variant("host")
+        c = f"grouped_gemm {case}"
+        p = ml.plan_for(xg, w, sizes)
+        out = torch.full(p.out_shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+        moe.grouped_gemm(xg, w, sizes, out=out)
+        self.check(c, "default", out, refs["fwd"], tol, kind=p.label)
+        res = _measure(c, {"default": ("host", lambda: moe.grouped_gemm(xg, w, sizes)),
+                           "torch._grouped_mm": (None, lambda: mb.grouped_mm("fwd", xg, w, sizes, offs=offs))},
+                       self.bench, self.rows, self.log, {"default": dict(kind=p.label)}, self.calls)
+        self.log(f"{c:<44} {_fmt(res, lib='torch._grouped_mm')}")
+
+
+def _desc_breakdown(rows, bench, log, calls) -> None:
+    """Where a device-descriptor matmul call's host time goes (512^3 bf16), beside the host one."""
+    import torch
+
+    from kernels import gemm
+    from kernels.common import launcher
+    from kernels.gemm import launch as gl
+    from triton.tools.tensor_descriptor import TensorDescriptor as TD
+
+    A = torch.randn(512, 512, device="cuda").bfloat16()
+    B = torch.randn(512, 512, device="cuda").bfloat16()
+    parts = {}
+    for v in VARIANTS:
+        _set_variant(v)
+        C = gemm.matmul(A, B)
+        p = gl.plan_for(A, B)
+        parts[f"{v}: whole matmul(a, b)"] = (v, lambda: gemm.matmul(A, B))
+        parts[f"{v}: matmul(a, b, out=c)"] = (v, lambda C=C: gemm.matmul(A, B, out=C))
+        parts[f"{v}: plan lookup"] = (v, lambda: gl.plan_for(A, B))
+        if p.device_desc:
+            parts[f"{v}: launch with ready arguments"] = (v, lambda p=p, C=C: p.launch(A, B, C, *p.args, C, C))
+            dev, stream = launcher._current_device_stream()
+            parts[f"{v}: scratch lookup"] = (v, lambda d=dev, s=stream: launcher.scratch(d, s, 1024))
+            parts[f"{v}: device and stream"] = (v, launcher._current_device_stream)
+        else:
+            ab, bb, cb = p.blocks
+            descs = (TD.from_tensor(A, ab), TD.from_tensor(B, bb), TD.from_tensor(C, cb) if cb else None)
+            parts[f"{v}: descriptor objects"] = (v, lambda: [TD.from_tensor(t, blk) for t, blk in
+                                                            ((A, ab), (B, bb), (C, cb)) if blk])
+            parts[f"{v}: launch with ready descriptors"] = (v, lambda p=p, C=C, d=descs: p.launch(
+                *d, C, C.stride(0), *p.args, C, C))
+    parts["output allocation: torch.empty"] = (None, lambda: torch.empty((512, 512), device=A.device,
+                                                                          dtype=torch.bfloat16))
+    parts["output allocation: a.new_empty"] = (None, lambda: A.new_empty((512, 512)))
+    log("breakdown (512^3 bf16):")
+    for name, (v, fn) in parts.items():
+        if v:
+            _set_variant(v)
+        h = bench.host_time_us(fn, calls=calls)
+        rows.append(_row(f"breakdown: {name}", "ours", h))
+        log(f"  {name:<40} {h['median_us']:6.1f} us")
+    _set_variant("host")
+
+
+def _summary(rows, log) -> None:
+    """Per matmul shape: host us of host/device/torch.mm, and whether device meets 30 us."""
+    by = {}
+    for r in rows:
+        if r["case"].startswith(("matmul", "grouped_gemm")):
+            by.setdefault(r["case"], {})[r["impl"]] = r
+    log("summary: host us per call (median of 200): host / device / library; device <= 30 us?")
+    for case, res in by.items():
+        lib = next((n for n in res if n.startswith("torch")), None)
+        d = res.get("device") or res.get("default")
+        cells = " / ".join(f"{res[n]['host_us']:5.1f}" if n in res else "  -  " for n in ("host", "device", lib))
+        log(f"  {case:<48} {cells}   {'yes' if d and d['host_us'] <= 30 else 'NO'}")
+
+
+def dry_run(out_dir: Path) -> int:
+    """The CPU part of --descriptors: both variants in Triton's interpreter on small shapes
+    (TMA forced: the interpreter takes the pointer kernel otherwise), fresh random inputs,
+    NaN-poisoned outputs, plans checked; writes descriptors_dry.csv."""
+    import pandas as pd
+    import torch
+
+    from kernels import gemm, moe
+    from kernels.common import interpreter
+    from kernels.gemm import launch as gl
+    from kernels.moe import launch as ml
+
+    if not interpreter.active():
+        print("dry run: TRITON_INTERPRET=1 must be set before triton is imported", file=sys.stderr)
+        return 2
+    out_dir.mkdir(parents=True, exist_ok=True)
+    small = dict(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2, tma=True)
+    cases = [("tma", 40, 48, 64, small), ("tma-store-split", 33, 64, 96, dict(small, epilogue_split=2)),
+             ("split-k", 3, 64, 96, dict(small, block_m=16, split_k=2))]
+    rows, bad = [], 0
+    for i, (name, M, N, K, cfg) in enumerate(cases):
+        for v in VARIANTS:
+            _set_variant(v)
+            g = torch.Generator().manual_seed(100 + 2 * i + (v == "device"))
+            a, b = torch.randn(M, K, generator=g).half(), torch.randn(K, N, generator=g).half()
+            c = torch.full((M, N), float("nan"), dtype=torch.float16)
+            gemm.matmul(a, b, cfg, out=c)
+            p = gl.plan_for(a, b, cfg, c)
+            err, finite = _rel_err(c, a.double() @ b.double())
+            ok = finite and err <= 2e-3 and p.device_desc == (v == "device")
+            bad += not ok
+            rows.append(dict(case=f"matmul {name} {M}x{N}x{K}", impl=v, kind=p.kind, device_desc=p.device_desc,
+                             rel_err=err, finite=finite, ok=ok))
+    gcfg = moe.GroupedConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=1, num_stages=1,
+                             EPI_SUBTILE=False, FLATTEN=True, USE_TMA=True)
+    for v in VARIANTS:
+        _set_variant(v)
+        g = torch.Generator().manual_seed(7 + (v == "device"))
+        sizes = torch.tensor([5, 0, 19, 8])
+        x, dy = torch.randn(32, 48, generator=g).half(), torch.randn(32, 32, generator=g).half()
+        out = torch.full((4, 48, 32), float("nan"), dtype=torch.float16)
+        moe.grouped_gemm_wgrad(x, dy, sizes, config=gcfg, out=out)
+        p = ml.plan_for_wgrad(x, dy, sizes, config=gcfg, out=out)
+        err, finite = _rel_err(out, moe.reference_wgrad(x, dy, sizes))
+        ok = finite and err <= 2e-3 and p.device_desc == (v == "device")
+        bad += not ok
+        rows.append(dict(case="grouped_gemm_wgrad G4 T32 32x48", impl=v, kind=p.label, device_desc=p.device_desc,
+                         rel_err=err, finite=finite, ok=ok))
+    _set_variant("host")
+    pd.DataFrame(rows).to_csv(out_dir / "descriptors_dry.csv", index=False)
+    for r in rows:
+        print(f"{r['case']:<36} {r['impl']:<7} {r['kind']:<8} device_desc={r['device_desc']!s:<5} "
+              f"rel err {r['rel_err']:.1e} {'ok' if r['ok'] else 'FAIL'}")
+    print(f"dry run: {len(rows) - bad} of {len(rows)} ok; wrote {out_dir / 'descriptors_dry.csv'}")
+    return 1 if bad else 0
 
 
 def comm_world(rows, bench) -> None:
@@ -172,15 +573,28 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="folder for launch_cost.csv (e.g. results/launch_cost)")
     ap.add_argument("--comm", action="store_true", help="under torchrun: all_gather vs NCCL (world size >= 2)")
     ap.add_argument("--breakdown", action="store_true", help="only: where a planned matmul call's host time goes")
+    ap.add_argument("--descriptors", action="store_true",
+                    help="only: host vs device TMA descriptors (files descriptors*.csv, descriptors_log.txt)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="with --descriptors: the CPU part only (Triton's interpreter, small shapes)")
+    ap.add_argument("--budget-s", type=float, default=420,
+                    help="with --descriptors: start no new shape after this many seconds (default 420)")
     args = ap.parse_args(argv)
 
     import pandas as pd
 
     from workbench import bench, provenance
 
+    if args.dry_run:
+        if not args.descriptors:
+            ap.error("--dry-run goes with --descriptors")
+        return dry_run(Path(args.out))
+
     if not bench.gpu_timing_available():
         print("launch_cost: needs a CUDA GPU (H200 or other sm_90), and TRITON_INTERPRET unset", file=sys.stderr)
         return 2
+    if args.descriptors:
+        return descriptors(Path(args.out), bench, args.budget_s)
     rows: list[dict] = []
     if args.comm:
         from workbench import dist

@@ -81,12 +81,13 @@ _SCRIPT = textwrap.dedent("""
     import torch
     sys.path.insert(0, {root!r})
     from kernels import gemm
-    from kernels.gemm import sweep as gsweep
+    from kernels.gemm import launch as glaunch, sweep as gsweep
     cases = json.loads(sys.argv[1])
+    glaunch.DEVICE_DESCRIPTORS = len(sys.argv) > 2 and sys.argv[2] == "device"
     out = {{}}
     for i, (name, M, N, K, dt, cfg) in enumerate(cases):
         dtype = getattr(torch, dt)
-        g = torch.Generator().manual_seed(1000 + i)          # fresh inputs per case
+        g = torch.Generator().manual_seed(1000 + i + 500 * glaunch.DEVICE_DESCRIPTORS)   # fresh inputs per case
         a = torch.randn(M, K, generator=g).to(dtype)
         b = torch.randn(K, N, generator=g).to(dtype)
         c = torch.full((M, N), float("nan"), dtype=dtype)   # poisoned
@@ -95,7 +96,9 @@ _SCRIPT = textwrap.dedent("""
             ref = a.double() @ b.double()
             finite = bool(torch.isfinite(c).all())
             err = float((c.double() - ref).norm() / ref.norm())
-            out[name] = {{"finite": finite, "err": err, "tol": gsweep.tolerance(dtype)}}
+            p = glaunch.plan_for(a, b, cfg, c)
+            out[name] = {{"finite": finite, "err": err, "tol": gsweep.tolerance(dtype), "kind": p.kind,
+                          "device_desc": p.device_desc}}
         except Exception as exc:
             out[name] = {{"error": f"{{type(exc).__name__}}: {{exc}}"}}
     print(json.dumps(out))
@@ -116,6 +119,32 @@ def interpreter_results():
 def test_interpreter_correct(interpreter_results, case):
     res = interpreter_results[case]
     assert "error" not in res, res.get("error")
+    assert res["finite"], "unwritten (still NaN-poisoned) or non-finite outputs"
+    assert res["err"] <= res["tol"], f"relative error {res['err']:.2e} > {res['tol']:.0e}"
+
+
+# The TMA cases again with DEVICE_DESCRIPTORS on: the kernels build their descriptors
+# (tl.make_tensor_descriptor) from pointers and strides; the interpreter runs that too.
+DD_CASES = [c for c in CASES if c[5] and c[5].get("tma")] + [
+    ("40x48x64-bf16-tma-M-below-box", 40, 48, 64, "bfloat16", dict(SMALL, tma=True, block_m=64)),
+    ("1x64x200-fp16-splitk-tma", 1, 64, 200, "float16", dict(SPLIT, tma=True, split_k=3)),
+]
+
+
+@pytest.fixture(scope="module")
+def interpreter_results_dd():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=str(ROOT)), json.dumps(DD_CASES), "device"],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", [c[0] for c in DD_CASES])
+def test_interpreter_device_descriptors_correct(interpreter_results_dd, case):
+    res = interpreter_results_dd[case]
+    assert "error" not in res, res.get("error")
+    assert res["kind"] in ("tma", "splitk") and res["device_desc"], res
     assert res["finite"], "unwritten (still NaN-poisoned) or non-finite outputs"
     assert res["err"] <= res["tol"], f"relative error {res['err']:.2e} > {res['tol']:.0e}"
 
@@ -278,6 +307,62 @@ def test_sm90_cross_compile_uses_wgmma_and_tma(sm90_ptx_counts, name):
         assert c["setmaxnreg"] > 0  # producer / consumer warpgroups
 
 
+# Device descriptors, cross-compiled: each program encodes a 128-byte CUtensorMap per
+# descriptor in shared memory, copies it to its slot of the global scratch buffer with the
+# tensormap release fence, acquires it, and the TMA loads (UTMALDG) read it from there.
+_XC_DD_SCRIPT = textwrap.dedent("""
+    import json, sys, tempfile
+    sys.path.insert(0, {root!r})
+    from kernels.gemm import launch as glaunch
+    from workbench.asm.compile import cross_compile
+    out = {{}}
+    for name, cfg in json.loads(sys.argv[1]).items():
+        e = cross_compile(targets="sm90", cache_dir=tempfile.mkdtemp(),
+                          **glaunch.compile_args(cfg, device_desc=True))[0]
+        ptx, sass = e.text("ptx"), e.text("sass")
+        out[name] = dict(scratch=e.metadata.get("global_scratch_size"), fn=e.name,
+                         release=ptx.count("tensormap.cp_fenceproxy.global.shared::cta"),
+                         acquire=ptx.count("fence.proxy.tensormap::generic.acquire"),
+                         replace_address=ptx.count("tensormap.replace.tile.global_address"),
+                         wgmma=ptx.count("wgmma.mma_async"), local=ptx.count(".local"),
+                         utmaldg=sass.count("UTMALDG"), utmastg=sass.count("UTMASTG"),
+                         utmacctl=sass.count("UTMACCTL"))
+    print(json.dumps(out))
+""")
+XC_DD_CONFIGS = {  # name -> (config, descriptors the kernel builds)
+    "tma-store": (dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3), 3),
+    "tma-sk-no-store": (dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4, tma_store=False,
+                             stream_k=True), 2),
+    "splitk-swap": (dict(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=4, split_k=4,
+                         swap_ab=True), 2),
+}
+
+
+@pytest.fixture(scope="module")
+def sm90_device_desc():
+    try:
+        import workbench.asm.compile  # noqa: F401
+    except Exception as exc:  # the asm package is developed alongside
+        pytest.skip(f"workbench.asm.compile not available: {exc}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cfgs = {name: cfg for name, (cfg, _) in XC_DD_CONFIGS.items()}
+    r = subprocess.run([sys.executable, "-c", _XC_DD_SCRIPT.format(root=str(ROOT)), json.dumps(cfgs)],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", list(XC_DD_CONFIGS))
+def test_sm90_device_descriptors_compile_to_tma_from_global_memory(sm90_device_desc, name):
+    c, (cfg, n) = sm90_device_desc[name], XC_DD_CONFIGS[name]
+    assert c["fn"] == ("_gemm_splitk_kernel" if "split_k" in cfg else "_gemm_tma_dev_kernel")
+    assert c["scratch"] == 128 * n          # one CUtensorMap per descriptor and program
+    assert c["release"] == c["acquire"] == c["replace_address"] == n
+    assert c["wgmma"] > 0 and c["local"] == 0
+    assert c["utmaldg"] > 0 and c["utmacctl"] >= 1      # TMA loads; descriptor-cache invalidation
+    assert (c["utmastg"] > 0) == bool(cfg.get("tma_store", True) and "split_k" not in cfg)
+
+
 # ----------------------------------------------------------------------- GPU
 GPU_CASES = [
     (8192, 8192, 8192, torch.bfloat16, None),
@@ -350,6 +435,71 @@ def test_gpu_correct(M, N, K, dtype, cfg):
     assert torch.isfinite(c).all()
     err = ((c.double() - ref).norm() / ref.norm()).item()
     assert err <= gsweep.tolerance(dtype), err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,dtype,cfg", GPU_CASES)
+def test_gpu_device_descriptors_correct(M, N, K, dtype, cfg, monkeypatch):
+    """The same cases with the kernels encoding their descriptors; no allocator is set
+    (the launcher supplies the global scratch), and each call sees fresh inputs."""
+    import triton
+
+    monkeypatch.setattr(glaunch, "DEVICE_DESCRIPTORS", True)
+    g = torch.Generator(device="cuda").manual_seed(M * 5 + N * 11 + K)
+    for _ in range(2):
+        a = torch.randn(M, K, device="cuda", generator=g).to(dtype)
+        b = torch.randn(K, N, device="cuda", generator=g).to(dtype)
+        c = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+        gemm.matmul(a, b, cfg, out=c)
+        torch.cuda.synchronize()
+        ref = a.double() @ b.double()
+        assert torch.isfinite(c).all()
+        err = ((c.double() - ref).norm() / ref.norm()).item()
+        assert err <= gsweep.tolerance(dtype), err
+    p = glaunch.plan_for(a, b, cfg, c)
+    assert p.device_desc == (p.kind in ("tma", "splitk") and bool(p.launch.kwargs.get("USE_TMA", True)))
+    assert triton.runtime._allocation._allocator.get() is triton.runtime._allocation._NULL_ALLOCATOR
+
+
+@pytest.mark.gpu
+def test_gpu_device_descriptors_streams_and_graphs(monkeypatch):
+    """Two streams get two scratch buffers; a captured CUDA graph replays right after
+    the pool has grown (its old buffer is kept) and with new inputs copied in."""
+    from kernels.common import launcher
+
+    monkeypatch.setattr(glaunch, "DEVICE_DESCRIPTORS", True)
+    a = torch.randn(1000, 2000, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2000, 3000, device="cuda", dtype=torch.bfloat16)
+    ref = a.double() @ b.double()
+    cfg = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, num_sms=8)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    outs = {}
+    for s in (s1, s2):
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            outs[s] = gemm.matmul(a, b, cfg)
+    torch.cuda.synchronize()
+    dev = torch.cuda.current_device()
+    assert {(dev, s1.cuda_stream), (dev, s2.cuda_stream)} <= set(launcher._SCRATCH)
+    for c in outs.values():
+        assert ((c.double() - ref).norm() / ref.norm()).item() <= gsweep.tolerance(torch.bfloat16)
+    c = torch.empty(1000, 3000, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    s1.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s1):
+        gemm.matmul(a, b, cfg, out=c)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        gemm.matmul(a, b, cfg, out=c)
+    # Grow every buffer (a program count far above the graph's), then replay with new inputs.
+    for key in list(launcher._SCRATCH):
+        launcher.scratch(*key, 1 << 24)
+    a.copy_(torch.randn_like(a))
+    c.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = a.double() @ b.double()
+    assert ((c.double() - ref).norm() / ref.norm()).item() <= gsweep.tolerance(torch.bfloat16)
 
 
 @pytest.mark.gpu
@@ -523,6 +673,58 @@ def test_plan_cache_is_bounded(monkeypatch):
         a, b = torch.randn(m, 16, generator=g).half(), torch.randn(16, 8, generator=g).half()
         _check(gemm.matmul(a, b, TINY), a, b)
     assert len(glaunch._PLANS) == 3
+
+
+def test_device_descriptors_only_where_legal(monkeypatch):
+    """DEVICE_DESCRIPTORS on: the TMA plans (persistent and split-K) encode their
+    descriptors in the kernel where every descriptor is legal there; elsewhere the
+    host-descriptor or pointer plan they had before. The setting is part of the key."""
+    from kernels.gemm.triton import _gemm_splitk_kernel, _gemm_tma_dev_kernel, _gemm_tma_kernel
+
+    monkeypatch.setattr(glaunch, "_PLANS", glaunch.PlanCache())
+    tma, split = dict(SMALL, tma=True), dict(SPLIT, tma=True, split_k=2)
+    a, b = torch.randn(64, 96).half(), torch.randn(96, 48).half()
+    monkeypatch.setattr(glaunch, "DEVICE_DESCRIPTORS", False)
+    p = glaunch.plan_for(a, b, tma)
+    assert (p.kind, p.device_desc, p.launch.fn) == ("tma", False, _gemm_tma_kernel)
+    monkeypatch.setattr(glaunch, "DEVICE_DESCRIPTORS", True)
+    p = glaunch.plan_for(a, b, tma)
+    assert (p.kind, p.device_desc, p.launch.fn) == ("tma", True, _gemm_tma_dev_kernel)
+    assert p.args[:6] == (96, 48, 48, 64, 48, 96)   # row strides of A, B, C, then M, N, K
+    assert len(glaunch._PLANS) == 2
+    # C given with rows TMA cannot store: no TMA store, so A and B alone decide.
+    c_odd = torch.empty(64, 50).half()[:, :48]
+    p = glaunch.plan_for(a, b, dict(tma, tma_store=False), c_odd)
+    assert p.device_desc and p.args[2] == 50
+    # A broadcast along M (row stride 0): a host descriptor takes it, a device one may not.
+    a_bc = torch.randn(1, 96).half().expand(64, 96)
+    p = glaunch.plan_for(a_bc, b, tma)
+    assert (p.kind, p.device_desc) == ("tma", False)
+    # pad=True: the aligned copies' row strides (K=33, N=41 -> 40 and 48 columns).
+    a33, b41 = torch.randn(5, 33).half(), torch.randn(33, 41).half()
+    p = glaunch.plan_for(a33, b41, dict(tma, tma_store=False, pad=True))
+    assert (p.kind, p.device_desc, p.pad_a, p.pad_b) == ("tma", True, 40, 48) and p.args[:2] == (40, 48)
+    # Split-K: aligned -> device descriptors, no host boxes; unaligned rows -> pointer loads.
+    p = glaunch.plan_for(a, b, split)
+    assert (p.kind, p.device_desc, p.blocks, p.launch.fn) == ("splitk", True, (), _gemm_splitk_kernel)
+    assert p.launch.kwargs["DEVICE_DESC"] and p.launch.kwargs["USE_TMA"]
+    p = glaunch.plan_for(a33, b41, dict(SPLIT, split_k=2))
+    assert (p.kind, p.device_desc) == ("splitk", False) and not p.launch.kwargs["USE_TMA"]
+    # No TMA asked for (the pointer kernel), or an operand TMA cannot address at all.
+    assert not glaunch.plan_for(a, b, SMALL).device_desc
+    a_off = torch.randn(64 * 96 + 1).half()[1:].view(64, 96)
+    assert not glaunch.plan_for(a_off, b, SMALL).device_desc
+
+
+def test_device_desc_ok():
+    ok = glaunch.device_desc_ok
+    t = torch.randn(16, 24).half()
+    assert ok(t) and ok(None, 16, 24, 24, 2) and ok(torch.randn(4, 8, dtype=torch.float32))
+    assert not ok(t.t())                                      # inner stride 16
+    assert not ok(torch.randn(16 * 24 + 1).half()[1:].view(16, 24))   # base off 16-byte alignment
+    assert not ok(torch.randn(16, 25).half()[:, :24])        # 50-byte rows
+    assert not ok(torch.randn(1, 24).half().expand(16, 24))  # row stride 0
+    assert not ok(None, 2**31, 8, 8, 2) and not ok(None, 0, 8, 8, 2) and not ok(None, 4, 8, 4, 2)
 
 
 def test_wrong_out_is_refused_before_anything_is_written():

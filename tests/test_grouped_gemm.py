@@ -71,6 +71,7 @@ _RUNNER = textwrap.dedent(r'''
     from kernels import moe
 
     seed = int(sys.argv[2])
+    moe.launch.DEVICE_DESCRIPTORS = len(sys.argv) > 3 and sys.argv[3] == "device"
     cases = json.loads(sys.stdin.read())
     results = {}
 
@@ -156,6 +157,59 @@ def test_interpreter_matches_reference(interpreter_results, name):
     dt = CASES[name][1]
     assert not isinstance(err, str), f"{name} raised (seed {SEED}): {err}"
     assert err <= TOL[dt], f"{name}: relative error {err:.3e} > {TOL[dt]} (seed {SEED})"
+
+
+# The TMA cases again with DEVICE_DESCRIPTORS on (the kernels encode the same descriptors,
+# row windows included, with tl.make_tensor_descriptor); other inputs than the run above.
+DD_CASES = {name: case for name, case in CASES.items() if case[5].get("USE_TMA")}
+
+
+@pytest.fixture(scope="module")
+def interpreter_results_dd():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-c", _RUNNER, str(ROOT), str(SEED + 7919), "device"],
+                          input=json.dumps(DD_CASES), capture_output=True, text=True, env=env, timeout=900)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS")), None)
+    if line is None:
+        pytest.fail(f"interpreter subprocess failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                    f"{proc.stderr[-5000:]}")
+    return json.loads(line[len("RESULTS"):])
+
+
+@pytest.mark.parametrize("name", sorted(DD_CASES))
+def test_interpreter_device_descriptors_match_reference(interpreter_results_dd, name):
+    err = interpreter_results_dd[name]
+    dt = DD_CASES[name][1]
+    assert not isinstance(err, str), f"{name} raised (seed {SEED + 7919}): {err}"
+    assert err <= TOL[dt], f"{name}: relative error {err:.3e} > {TOL[dt]} (seed {SEED + 7919})"
+
+
+def test_device_descriptor_plans_only_where_legal(monkeypatch):
+    """DEVICE_DESCRIPTORS on: TMA plans of the Triton kernels hand no host descriptor;
+    unaligned operands keep the pointer path; a weight
+    broadcast over groups (stride 0) keeps host descriptors. Part of the plan key."""
+    from kernels.moe import launch as ml
+
+    ml.clear_plans()
+    cfg = moe.GroupedConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=1, num_stages=1,
+                            EPI_SUBTILE=False, FLATTEN=True, USE_TMA=True)
+    x, w, gs = torch.randn(40, 48).half(), torch.randn(3, 48, 32).half(), torch.tensor([10, 0, 30])
+    dy = torch.randn(40, 32).half()
+    monkeypatch.setattr(ml, "DEVICE_DESCRIPTORS", False)
+    p = ml.plan_for(x, w, gs, config=cfg)
+    assert not p.device_desc and p.descs[0] is not None and not p.meta["DEVICE_DESC"]
+    monkeypatch.setattr(ml, "DEVICE_DESCRIPTORS", True)
+    for p in (ml.plan_for(x, w, gs, config=cfg), ml.plan_for(x, torch.randn(3, 32, 48).half(), gs, trans_w=True,
+                                                            config=cfg),
+              ml.plan_for_wgrad(x, dy, gs, config=cfg)):
+        assert p.device_desc and p.meta["DEVICE_DESC"] and p.meta["USE_TMA"]
+        assert all(d is None for d in p.descs)
+    # unaligned rows (K = 42): no TMA at all
+    p = ml.plan_for(torch.randn(40, 42).half(), torch.randn(3, 42, 32).half(), gs, config=cfg)
+    assert not p.meta["USE_TMA"] and not p.device_desc
+    # one weight for every group (stride 0 over G): host descriptors
+    p = ml.plan_for(x, torch.randn(1, 48, 32).half().expand(3, 48, 32), gs, config=cfg)
+    assert p.meta["USE_TMA"] and not p.device_desc and p.descs[1] is not None
 
 
 # ---------------------------------------------------------------------------
@@ -275,6 +329,36 @@ def test_sm90_cross_compile_uses_wgmma_and_tma(tmp_path):
     for op, (wgmma, tma) in res.items():
         assert wgmma > 0, f"{op}: no wgmma in the sm_90 PTX"
         assert tma > 0, f"{op}: no TMA (cp.async.bulk.tensor) in the sm_90 PTX"
+
+
+def test_sm90_cross_compile_device_descriptors(tmp_path):
+    """DEVICE_DESC builds: one 128-byte CUtensorMap per descriptor and program in the global
+    scratch (fwd with the narrow tail: x, w, out and the tail's w and out), each copied out of
+    shared memory with the tensormap release fence and acquired before the TMA loads use it."""
+    code = textwrap.dedent("""
+        import json, sys
+        sys.path.insert(0, sys.argv[1])
+        from kernels import moe
+        out = {}
+        for op, n in (("fwd", 2880), ("dgrad", None), ("wgrad", None)):
+            ck = moe.launch.compile_for_target(op, arch=90, N=n, device_desc=True)
+            ptx = ck.asm["ptx"]
+            out[op] = [ck.metadata.global_scratch_size, ptx.count("tensormap.cp_fenceproxy.global.shared::cta"),
+                       ptx.count("fence.proxy.tensormap::generic.acquire"), ptx.count("wgmma.mma_async"),
+                       ptx.count("cp.async.bulk.tensor")]
+        print("PTX" + json.dumps(out))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PTX")), None)
+    assert line is not None, proc.stderr[-3000:]
+    res = json.loads(line[3:])
+    for op, n in (("fwd", 5), ("dgrad", 3), ("wgrad", 3)):
+        scratch, release, acquire, wgmma, tma = res[op]
+        assert scratch == 128 * n and release == acquire == n, (op, res[op])
+        assert wgmma > 0 and tma > 0, (op, res[op])
 
 
 # ---------------------------------------------------------------------------
@@ -588,6 +672,51 @@ def test_gpu_launch_never_syncs_and_captures_in_a_graph():
     ref = moe.reference(x, w, sizes, dtype=torch.float32)
     assert _rel(out_g, ref) < TOL["bfloat16"]
     del out
+
+
+@pytest.mark.gpu
+def test_gpu_device_descriptors_triton_kernels(monkeypatch):
+    """DEVICE_DESCRIPTORS on: the Triton kernels (fwd with the narrow tail, dgrad, wgrad)
+    encode their descriptors in the kernel; right on fresh inputs, no host sync, and a
+    captured graph replays right with a new routing."""
+    from kernels.moe import config as mc, launch as ml, routing as rt
+
+    monkeypatch.setattr(ml, "DEVICE_DESCRIPTORS", True)
+    dev = "cuda"
+    G, M, K, N = 8, 4096, 512, 2880
+    sizes = rt.mild(M, G, seed=13, device=dev)
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    w = (torch.randn(G, K, N, device=dev) / K ** 0.5).to(torch.bfloat16)
+    dy = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+    fwd, dgrad = mc.pick_config("fwd", N, K, x.device), mc.pick_config("dgrad", K, N, x.device)
+    calls = {"fwd": (lambda o=None: moe.grouped_gemm(x, w, sizes, config=fwd, out=o),
+                     lambda: moe.reference(x, w, sizes, dtype=torch.float32),
+                     ml.plan_for(x, w, sizes, config=fwd)),
+             "dgrad": (lambda o=None: moe.grouped_gemm(dy, w, sizes, trans_w=True, config=dgrad, out=o),
+                       lambda: moe.reference(dy, w, sizes, trans_w=True, dtype=torch.float32),
+                       ml.plan_for(dy, w, sizes, trans_w=True, config=dgrad)),
+             "wgrad": (lambda o=None: moe.grouped_gemm_wgrad(x, dy, sizes, out=o),
+                       lambda: moe.reference_wgrad(x, dy, sizes, dtype=torch.float32),
+                       ml.plan_for_wgrad(x, dy, sizes))}
+    for op, (run, ref, plan) in calls.items():
+        assert plan.device_desc and plan.meta["USE_TMA"], op
+        out = run()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            run(out.fill_(float("nan")))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert _rel(out, ref()) < TOL["bfloat16"], op
+    out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls["fwd"][0](out)
+    sizes.copy_(rt.extreme(M, G, seed=5, device=dev))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _rel(out, calls["fwd"][1]()) < TOL["bfloat16"]
 
 
 @pytest.mark.gpu

@@ -7,7 +7,10 @@ multiples of the tile.
 Two persistent kernels share one tile schedule:
 
 * ``_gemm_tma_kernel`` (Hopper, sm_90): A, B and C travel through host-built
-  TMA tensor descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``);
+  TMA tensor descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``),
+  or, in ``_gemm_tma_dev_kernel`` (the same main loop; chosen per plan with
+  ``kernels.gemm.launch.DEVICE_DESCRIPTORS``), through descriptors each program
+  encodes itself, which saves the host their per-call encoding;
   the bulk tensor copy engine zero-fills out-of-range reads and clips
   out-of-range writes, so ragged edges need no masks, and ``tl.dot`` lowers to
   ``wgmma`` (``HGMMA`` in SASS). Used when the device is sm_90+ and every row

@@ -5,8 +5,18 @@ A call is validated, then planned once per call signature: shapes, strides,
 dtype, device, 16-byte alignment of each pointer and the explicit config
 decide the config, the kernel, its grid and constants, and the stream-K
 workspace. Plans live in a bounded LRU (``PLAN_CACHE_SIZE``); a repeated call
-is a dictionary lookup, the TMA descriptors (whose base pointers change from
-call to call) and a launch. Nothing synchronizes the host.
+is a dictionary lookup, the output's allocation and a launch. Nothing
+synchronizes the host.
+
+The TMA descriptors of the Triton kernels are encoded either on the host (a
+``TensorDescriptor`` per operand and call, which Triton 3.6's launcher turns
+into a ``CUtensorMap`` each time: about 2 + 2 us of host time per descriptor)
+or, with ``DEVICE_DESCRIPTORS``, by the kernel itself (``tl.make_tensor_descriptor``
+into a global scratch buffer that ``kernels.common.launcher`` keeps per stream),
+so the launch passes pointers and integers only. A plan takes device
+descriptors only where they are legal (``device_desc_ok``); the setting is part
+of the plan key, so flipping it at run time makes new plans. The Gluon kernel
+keeps host descriptors.
 """
 from __future__ import annotations
 
@@ -26,7 +36,7 @@ from kernels.gemm.config import (
     num_warps, split_pieces, stream_k_plan, validate_config, validate_ws,
 )
 from kernels.gemm.metrics import _mnk
-from kernels.gemm.triton import _gemm_ptr_kernel, _gemm_splitk_kernel, _gemm_tma_kernel
+from kernels.gemm.triton import _gemm_ptr_kernel, _gemm_splitk_kernel, _gemm_tma_dev_kernel, _gemm_tma_kernel
 from workbench.dtypes import triton_type
 
 try:  # triton >= 3.4
@@ -35,6 +45,10 @@ except ImportError:  # pragma: no cover
     TensorDescriptor = None
 
 _FALLBACK = "use kernels.gemm.matmul instead"
+# Where the Triton TMA kernels' descriptors are encoded, where both sides may: True, in the
+# kernel (device descriptors: no per-call host encoding); False, on the host (TensorDescriptor).
+DEVICE_DESCRIPTORS = False
+_I32 = 2**31
 _SK_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 _RETIRED: list = []  # outgrown workspaces: a captured CUDA graph may still use them
 
@@ -70,6 +84,20 @@ def _tma_ok(t: torch.Tensor) -> bool:
     es = t.element_size()
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * es) % 16 == 0
             and t.shape[0] > 0 and t.shape[1] > 0)
+
+
+def device_desc_ok(t: torch.Tensor | None, rows: int = 0, cols: int = 0, row_stride: int = 0,
+                   elem_bytes: int = 2) -> bool:
+    """Whether the kernel may encode a TMA descriptor of ``t`` itself: a 16-byte
+    aligned base, unit inner stride, a positive row stride that is a multiple of
+    16 bytes, sizes that fit the descriptor's 32-bit shape. ``t`` None: a
+    contiguous tensor the call allocates, (rows, cols) with ``row_stride``."""
+    if t is not None:
+        if t.dim() != 2 or t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        (rows, cols), row_stride, elem_bytes = t.shape, t.stride(0), t.element_size()
+    return (0 < rows < _I32 and 0 < cols < _I32 and 0 < row_stride < _I32
+            and (row_stride * elem_bytes) % 16 == 0)
 
 
 def _check_operands(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -139,12 +167,14 @@ class _GemmPlan:
     blocks: tuple = ()  # the descriptors' boxes (A, B, C), or their layouts too (Gluon)
     pad_a: int = 0  # > 0: copy A into a buffer of this many columns first (TMA needs aligned rows)
     pad_b: int = 0  # the same for B
+    device_desc: bool = False  # kinds "tma"/"splitk": the kernel encodes its TMA descriptors itself
 
 
 _PLANS = PlanCache()
 
 
-def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config) -> _GemmPlan:
+def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
+          device_descriptors: bool = False) -> _GemmPlan:
     _check_operands(a, b)
     M, K = a.shape
     N = b.shape[1]
@@ -185,11 +215,17 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config) ->
     if cfg.pad and tma_wanted and have_desc:
         pads = dict(pad_a=0 if a_ok else _aligned_cols(K, a), pad_b=0 if b_ok else _aligned_cols(N, b))
     ops_ok = have_desc and (a_ok or bool(pads.get("pad_a"))) and (b_ok or bool(pads.get("pad_b")))
+    es = a.element_size()
+    # Device descriptors: legal for A and B as given, or for the aligned copies that pads make.
+    dev_ops = device_descriptors and all(
+        device_desc_ok(None, rows, cols, pad, es) if pad else device_desc_ok(t)
+        for t, rows, cols, pad in ((a, M, K, pads.get("pad_a", 0)), (b, K, N, pads.get("pad_b", 0))))
     if cfg.split_k is not None:  # C leaves through plain stores
         if cfg.tma and not ops_ok:
             raise ValueError("gemm: tma=True needs unit stride in the last dimension and 16-byte aligned "
                              "rows and base pointers (K and N multiples of 8 for 16-bit types), or pad=True")
-        return _splitk_plan(M, N, K, cfg, bool(tma_wanted and ops_ok), pads)
+        use = bool(tma_wanted and ops_ok)
+        return _splitk_plan(M, N, K, cfg, use, pads, use and dev_ops)
     tma_ok = ops_ok and (c_ok or not cfg.tma_store)
     if cfg.tma and not tma_ok:
         raise ValueError("gemm: tma=True needs unit stride in the last dimension and 16-byte aligned "
@@ -214,16 +250,20 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config) ->
     if sk is None or sk.sk_programs == 0:
         sk = StreamKPlan(tiles, 0, 1, 0)
         programs = min(programs, tiles)
-    launch = PlannedLaunch(_gemm_tma_kernel, (programs,),
+    stride_cm = out.stride(0) if out is not None else N
+    dev = dev_ops and (not cfg.tma_store or device_desc_ok(out, M, N, stride_cm, es))
+    launch = PlannedLaunch(_gemm_tma_dev_kernel if dev else _gemm_tma_kernel, (programs,),
                            dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, TMA_STORE=cfg.tma_store,
                                 EPILOGUE_SPLIT=cfg.epilogue_split, FLATTEN=cfg.flatten,
                                 WARP_SPECIALIZE=cfg.warp_specialize, STREAM_K=sk.sk_programs > 0),
                            dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     args = (M, N, K, programs, cfg.group_m, sk.dp_tiles, sk.sk_programs, sk.sk_iters_per, sk.sk_extra)
+    if dev:   # the row strides of A, B (as launched: padded copies have pad_* columns) and C
+        args = (pads.get("pad_a") or a.stride(0), pads.get("pad_b") or b.stride(0), stride_cm) + args
     blocks = ([cfg.block_m, cfg.block_k], [cfg.block_k, cfg.block_n],
               [cfg.block_m, cfg.block_n // cfg.epilogue_split] if cfg.tma_store else None)
     return _GemmPlan("tma", M, N, K, cfg, launch, args, tiles - sk.dp_tiles if sk.sk_programs else 0, programs,
-                     blocks, **pads)
+                     blocks, **pads, device_desc=dev)
 
 
 def _aligned_cols(cols: int, t: torch.Tensor) -> int:
@@ -239,28 +279,31 @@ def _padded(t: torch.Tensor, cols: int) -> torch.Tensor:
     return view.copy_(t)
 
 
-def _splitk_plan(M: int, N: int, K: int, cfg: GemmConfig, tma_ok: bool, pads: dict) -> _GemmPlan:
+def _splitk_plan(M: int, N: int, K: int, cfg: GemmConfig, tma_ok: bool, pads: dict,
+                 device_desc: bool = False) -> _GemmPlan:
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     pieces, per = split_pieces(triton.cdiv(K, cfg.block_k), cfg.split_k)
     launch = PlannedLaunch(_gemm_splitk_kernel, (tiles, pieces),
                            dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                USE_TMA=bool(tma_ok), SWAP_AB=cfg.swap_ab),
+                                USE_TMA=bool(tma_ok), SWAP_AB=cfg.swap_ab, DEVICE_DESC=bool(device_desc)),
                            dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-    blocks = ([cfg.block_m, cfg.block_k], [cfg.block_k, cfg.block_n]) if tma_ok else ()
+    blocks = ([cfg.block_m, cfg.block_k], [cfg.block_k, cfg.block_n]) if tma_ok and not device_desc else ()
     return _GemmPlan("splitk", M, N, K, cfg, launch, (pieces, per), tiles if pieces > 1 else 0, pieces, blocks,
-                     **(pads if tma_ok else {}))
+                     **(pads if tma_ok else {}), device_desc=bool(device_desc))
 
 
 def plan_for(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | None = None) -> _GemmPlan:
-    """The plan ``matmul(a, b, config, out)`` runs (made once per call signature)."""
+    """The plan ``matmul(a, b, config, out)`` runs (made once per call signature and
+    ``DEVICE_DESCRIPTORS`` setting)."""
+    dd = DEVICE_DESCRIPTORS
     try:
         key = (tensor_signature(a), tensor_signature(b), None if out is None else tensor_signature(out),
-               config_key(config))
+               config_key(config), dd)
     except AttributeError:   # not tensors: planning says what is wrong (and raises)
-        return _plan(a, b, out, config)
+        return _plan(a, b, out, config, dd)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS.put(key, _plan(a, b, out, config))
+        plan = _PLANS.put(key, _plan(a, b, out, config, dd))
     return plan
 
 
@@ -290,10 +333,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
             ws, cnt = _stream_k_workspace(out.device, p.programs, cfg.block_m * cfg.block_n, p.sk_tiles)
         else:
             ws, cnt = out, out  # never touched
-        ab, bb, cb = p.blocks
-        c_desc = TensorDescriptor.from_tensor(out, cb) if cb else None
-        p.launch(TensorDescriptor.from_tensor(a, ab), TensorDescriptor.from_tensor(b, bb), c_desc, out,
-                 out.stride(0), *p.args, ws, cnt)
+        if p.device_desc:   # the kernel encodes its descriptors (strides are in the plan)
+            p.launch(a, b, out, *p.args, ws, cnt)
+        else:
+            ab, bb, cb = p.blocks
+            c_desc = TensorDescriptor.from_tensor(out, cb) if cb else None
+            p.launch(TensorDescriptor.from_tensor(a, ab), TensorDescriptor.from_tensor(b, bb), c_desc, out,
+                     out.stride(0), *p.args, ws, cnt)
     elif p.kind == "splitk":
         _launch_splitk(p, a, b, out)
     elif p.kind == "ptr":
@@ -459,20 +505,22 @@ def compile_args_ws(config: WsConfig | Mapping[str, Any] | None = None, dtype: t
 
 
 def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: torch.dtype = torch.bfloat16,
-                 shape: Mapping[str, int] | None = None) -> dict:
+                 shape: Mapping[str, int] | None = None, device_desc: bool = False) -> dict:
     """Keyword arguments for ``workbench.asm.compile.cross_compile`` that build
     the TMA kernel ``matmul`` launches for ``config`` (``fn`` included)::
 
         cross_compile(targets="sm90", cache_dir=d, **compile_args(cfg))
 
     ``shape`` (M, N, K) only decides which sizes count as multiples of 16.
+    ``device_desc``: the variant that encodes its descriptors in the kernel
+    (row-major operands and C, as ``matmul`` allocates it).
     """
     cfg = _as_config(config) or heuristic(*(_mnk(shape) if shape else (8192, 8192, 8192)), dtype)
     validate_config(cfg)
     if cfg.gluon:
         return compile_args_ws(cfg.ws_config(), dtype, _mnk(shape) if shape else None)
     if cfg.split_k is not None:
-        return _compile_args_splitk(cfg, dtype)
+        return _compile_args_splitk(cfg, dtype, device_desc)
     t = triton_type(dtype)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     sig = {"a_desc": f"tensordesc<{t}[{bm}, {bk}]>", "b_desc": f"tensordesc<{t}[{bk}, {bn}]>",
@@ -488,12 +536,19 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
         constexprs["c_desc"] = None
     M, N, K = _mnk(shape) if shape else (8192, 8192, 8192)
     divisible = ["c_ptr"] + [name for name, v in (("stride_cm", N), ("M", M), ("N", N), ("K", K)) if v % 16 == 0]
-    return {"fn": _gemm_tma_kernel, "signature": sig, "constexprs": constexprs, "divisible": divisible,
+    fn = _gemm_tma_kernel
+    if device_desc:
+        fn = _gemm_tma_dev_kernel
+        constexprs.pop("c_desc", None)
+        sig = {"a_ptr": f"*{t}", "b_ptr": f"*{t}", "c_ptr": f"*{t}", "stride_am": "i32", "stride_bk": "i32",
+               **{k: v for k, v in sig.items() if k not in ("a_desc", "b_desc", "c_desc", "c_ptr")}}
+        divisible += ["a_ptr", "b_ptr"] + [name for name, v in (("stride_am", K), ("stride_bk", N)) if v % 16 == 0]
+    return {"fn": fn, "signature": sig, "constexprs": constexprs, "divisible": divisible,
             "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
 
 
-def _compile_args_splitk(cfg: GemmConfig, dtype: torch.dtype) -> dict:
+def _compile_args_splitk(cfg: GemmConfig, dtype: torch.dtype, device_desc: bool = False) -> dict:
     """The split-K kernel on the TMA path (row-major operands, C stride a multiple of 16)."""
     t = triton_type(dtype)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -503,6 +558,9 @@ def _compile_args_splitk(cfg: GemmConfig, dtype: torch.dtype) -> dict:
            "split_k": "i32", "steps_per_split": "i32"}
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "USE_TMA": True, "SWAP_AB": cfg.swap_ab,
                   "stride_ak": 1, "stride_bn": 1, "stride_cn": 1}
+    if device_desc:
+        del sig["a_desc"], sig["b_desc"]
+        constexprs.update(a_desc=None, b_desc=None, DEVICE_DESC=True)
     return {"fn": _gemm_splitk_kernel, "signature": sig, "constexprs": constexprs,
             "divisible": ["a_ptr", "b_ptr", "c_ptr", "ws_ptr", "stride_am", "stride_bk", "stride_cm"],
             "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}

@@ -3,6 +3,14 @@
 ``_gemm_tma_kernel`` (Hopper: TMA descriptors, wgmma, optional stream-K tail)
 and ``_gemm_ptr_kernel`` (masked pointer loads: interpreter, older GPUs,
 unaligned or strided operands) share one tile schedule (``_tile_coords``).
+
+TMA descriptors come from either side. Host descriptors (``_gemm_tma_kernel``,
+``_gemm_splitk_kernel``): the launcher encodes a ``CUtensorMap`` per descriptor
+argument on every call (Triton 3.6: about 2 us of host time each). Device
+descriptors (``_gemm_tma_dev_kernel``, ``_gemm_splitk_kernel`` with
+``DEVICE_DESC``): each program encodes them with ``tl.make_tensor_descriptor``
+into a global scratch buffer (``kernels.common.launcher`` supplies it), so the
+launch passes pointers and integers only. Both run the same main loop.
 """
 import triton
 import triton.language as tl
@@ -62,6 +70,42 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
                      WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr):
+    """Host descriptors: A, B (and C with TMA_STORE) arrive as TMA descriptors
+    encoded by the launcher on every call."""
+    _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m, dp_tiles, sk_programs,
+              sk_iters_per, sk_extra, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, EPILOGUE_SPLIT,
+              FLATTEN, WARP_SPECIALIZE, STREAM_K)
+
+
+@triton.jit(do_not_specialize=["num_sms", "group_m", "dp_tiles", "sk_programs", "sk_iters_per", "sk_extra"])
+def _gemm_tma_dev_kernel(a_ptr, b_ptr, c_ptr, stride_am, stride_bk, stride_cm, M, N, K, num_sms, group_m,
+                         dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
+                         WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr):
+    """Device descriptors: the same kernel, but each program encodes the TMA
+    descriptors of A, B (and C) itself from plain pointers and strides, into its
+    slot of the global scratch buffer the launcher passes (128 bytes each), so
+    the host launches with pointers and integers only. Needs 16-byte aligned
+    bases, unit inner strides and 16-byte aligned row strides (the plan checks)."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N])
+    if TMA_STORE:
+        c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [stride_cm, 1], [BLOCK_M, BLOCK_N // EPILOGUE_SPLIT])
+    else:
+        c_desc = None
+    _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m, dp_tiles, sk_programs,
+              sk_iters_per, sk_extra, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, EPILOGUE_SPLIT,
+              FLATTEN, WARP_SPECIALIZE, STREAM_K)
+
+
+@triton.jit
+def _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m,
+              dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
+              WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr):
+    """The persistent TMA GEMM, whichever side made its descriptors."""
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     k_steps = (K + BLOCK_K - 1) // BLOCK_K
@@ -190,7 +234,7 @@ def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M,
                         stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                         split_k, steps_per_split,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr):
+                        USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, DEVICE_DESC: tl.constexpr = False):
     """One output tile per program column, its K range cut into ``split_k`` pieces
     (grid: tiles x split_k). For few tiles (small M, or a short wide problem): the
     split puts every SM to work on B, which small-M products only read once.
@@ -203,7 +247,14 @@ def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M,
     Split tiles meet in an fp32 workspace: every piece stores its partial in its
     own slot and counts itself in the tile's counter; the piece that completes
     the count adds the others' slots to its own, stores C and resets the counter
-    (nobody waits, so it also runs in the interpreter)."""
+    (nobody waits, so it also runs in the interpreter).
+
+    DEVICE_DESC (with USE_TMA): a_desc and b_desc come as None and every program
+    encodes them itself from a_ptr, b_ptr and the row strides (unit inner
+    strides), in its slot of the launcher's global scratch buffer."""
+    if USE_TMA and DEVICE_DESC:
+        a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N])
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N

@@ -27,7 +27,8 @@ numbered after the full tiles, instead of mostly-padding 256-wide ones
 Two kernels:
 
 * the Triton kernels (``kernels.moe.triton``: fwd/dgrad and wgrad). On Hopper
-  (sm_90) the operands arrive through TMA: host-side tensor descriptors, with
+  (sm_90) the operands arrive through TMA: host-side tensor descriptors (or the
+  same ones encoded in the kernel, ``kernels.moe.launch.DEVICE_DESCRIPTORS``), with
   "row-window" descriptors for the row-split operands so that a tile never
   reads or writes past its group's last row (the hardware clips and
   zero-fills; see ``kernels.moe.triton.row_window``). Elsewhere (older GPUs,

@@ -18,8 +18,10 @@ device copy of group_sizes if it is strided (the kernels read it with unit
 stride), making the device's CUDA context current where descriptors are built
 (autograd's backward thread may have none), the 3 or 5 host TMA descriptors
 from the plan's shapes, strides and boxes (their base pointers change), and
-Triton's own launcher (which derives its specialization key from the
-arguments).
+the launch through the plan's kept kernel (``kernels.common.launcher``). With
+``DEVICE_DESCRIPTORS`` the Triton kernels encode those descriptors themselves
+from the pointers and strides, so no descriptor is built on the host (the
+context step stays: the launch itself needs the right context).
 
 Nothing here reads the group sizes on the host: the kernels read them on the
 GPU, so no call synchronizes and every call can be captured in a CUDA graph;
@@ -46,6 +48,12 @@ from kernels.moe.config import (
     tail_width, validate_config, validate_ws,
 )
 from workbench.dtypes import triton_type
+
+# Where the Triton kernels' TMA descriptors are encoded, where both sides may: True, in the kernel
+# (no per-call host encoding; kernels.common.launcher supplies the global scratch); False, on the
+# host. Part of every plan key. The Gluon kernel keeps host descriptors.
+DEVICE_DESCRIPTORS = False
+_I32 = 2**31
 
 
 # --------------------------------------------------------------------------
@@ -128,6 +136,15 @@ def _triton_tma_ok(device: torch.device, tensors, fresh_strides, forced: bool) -
     return all(t.data_ptr() % 16 == 0 and _strides_ok(t.stride(), es) for t in tensors)
 
 
+def _device_desc_ok(tensors, fresh_shape=None) -> bool:
+    """On top of ``_triton_tma_ok``: what the kernel-built descriptors take as 32-bit
+    sizes (every dimension) and positive strides (a broadcast stride of 0 is left to
+    host descriptors)."""
+    shapes = [tuple(t.shape) for t in tensors] + ([tuple(fresh_shape)] if fresh_shape is not None else [])
+    return (all(0 < d < _I32 for shape in shapes for d in shape)
+            and all(0 < st < _I32 for t in tensors for st in t.stride()[:-1]))
+
+
 def _ws_tma_ok(t: torch.Tensor) -> bool:
     return _tma_ok(t) and _strides_ok(t.stride(), t.element_size())
 
@@ -204,9 +221,10 @@ class _Plan:
     descs: tuple = ()         # descriptor recipes: everything but the base pointers
     args: tuple = ()          # run-time scalars after the tensors and descriptors
     meta: dict = dataclasses.field(default_factory=dict)  # constexprs and launch options
-    tma: bool = False         # descriptors built on a CUDA device: needs a current context
+    tma: bool = False         # TMA on a CUDA device: make its context current first (host descriptors and launch)
     sizes_contiguous: bool = True
     launcher: Any = dataclasses.field(default=None, compare=False)  # made from kernel, grid and meta
+    device_desc: bool = False  # the Triton kernel encodes its TMA descriptors itself (descs all None)
 
     def __post_init__(self):
         if self.kind == "launch" and self.launcher is None:
@@ -233,7 +251,7 @@ def _ws_plan(x, w, group_sizes, out, cfg: GroupedWsConfig, trans_w: bool, M: int
                  meta, True, group_sizes.stride(0) == 1)
 
 
-def _plan_mm(x, w, group_sizes, trans_w: bool, config, out) -> _Plan:
+def _plan_mm(x, w, group_sizes, trans_w: bool, config, out, device_descriptors: bool = False) -> _Plan:
     _check_common("x", x, "w", w, group_sizes, 3)
     G = w.shape[0]
     _check_g(G, group_sizes, "w")
@@ -266,7 +284,8 @@ def _plan_mm(x, w, group_sizes, trans_w: bool, config, out) -> _Plan:
     BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
     tail = tail_width(N, BN) if cfg.NARROW_TAIL else 0
     descs = (None,) * 5
-    if use_tma:
+    dev = use_tma and device_descriptors and _device_desc_ok((x, w) + ((out,) if out is not None else ()), (M, N))
+    if use_tma and not dev:
         x_d = (0, list(x.shape), list(x.stride()), [BM, BK])
         w_d = (1, list(w.shape), list(w.stride()), [1, BN, BK] if trans_w else [1, BK, BN])
         window = kernels.row_window(M, N, out_stride)
@@ -282,13 +301,14 @@ def _plan_mm(x, w, group_sizes, trans_w: bool, config, out) -> _Plan:
     meta = dict(TRANS_W=bool(trans_w), USE_TMA=use_tma, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, TAIL_N=tail,
                 GROUP_M=cfg.GROUP_M, G_PAD=g_pad_triton(G), NUM_PROGRAMS=programs,
                 EPI_SUBTILE=cfg.EPI_SUBTILE and use_tma, FLATTEN=cfg.FLATTEN, EVEN_K=(K % BK == 0),
-                DOT_PRECISION=dot_precision(x.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                DOT_PRECISION=dot_precision(x.dtype), DEVICE_DESC=dev, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages)
     args = (M, N, K, G, x.stride(0), s_g, stride_wk, stride_wn, out_stride)
     return _Plan("launch", (M, N), cfg.label(), kernels._grouped_mm_kernel, False, (programs,), descs, args, meta,
-                 use_tma and x.device.type == "cuda", group_sizes.stride(0) == 1)
+                 use_tma and x.device.type == "cuda", group_sizes.stride(0) == 1, device_desc=dev)
 
 
-def _plan_wgrad(x, dy, group_sizes, config, out) -> _Plan:
+def _plan_wgrad(x, dy, group_sizes, config, out, device_descriptors: bool = False) -> _Plan:
     _check_common("x", x, "dy", dy, group_sizes, 2)
     if dy.stride(-1) != 1 or (dy.shape[0] > 1 and dy.stride(0) < dy.shape[1]):
         raise ValueError(f"grouped_gemm_wgrad: dy must be row-major (got strides {dy.stride()}); "
@@ -311,7 +331,9 @@ def _plan_wgrad(x, dy, group_sizes, config, out) -> _Plan:
         forced=bool(cfg.USE_TMA))
     BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
     descs = (None,) * 3
-    if use_tma:
+    dev = use_tma and device_descriptors and _device_desc_ok((x, dy) + ((out,) if out is not None else ()),
+                                                             (G, K, N))
+    if use_tma and not dev:
         descs = ((0, *kernels.row_window(M, K, x.stride(0)), [1, 1, BK, BM]),
                  (1, *kernels.row_window(M, N, dy.stride(0)), [1, 1, BK, BN]),
                  (2, [G, K, N], list(dw_strides), [1, BM, BN // 2 if cfg.EPI_SUBTILE else BN]))
@@ -319,10 +341,12 @@ def _plan_wgrad(x, dy, group_sizes, config, out) -> _Plan:
     programs = max(1, min(_num_sms(x.device) * cfg.CTAS_PER_SM, total))
     meta = dict(USE_TMA=use_tma, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=cfg.GROUP_M, G_PAD=g_pad_triton(G),
                 NUM_PROGRAMS=programs, EPI_SUBTILE=cfg.EPI_SUBTILE and use_tma, FLATTEN=cfg.FLATTEN,
-                DOT_PRECISION=dot_precision(x.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                DOT_PRECISION=dot_precision(x.dtype), DEVICE_DESC=dev, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages)
     args = (M, K, N, G, x.stride(0), dy.stride(0), dw_strides[0], dw_strides[1])
     return _Plan("launch", (G, K, N), cfg.label(), kernels._grouped_mm_wgrad_kernel, False, (programs,), descs,
-                 args, meta, use_tma and x.device.type == "cuda", group_sizes.stride(0) == 1)
+                 args, meta, use_tma and x.device.type == "cuda", group_sizes.stride(0) == 1,
+                 device_desc=dev)
 
 
 def _plan_ws(x, w, group_sizes, trans_w: bool, config, out) -> _Plan:
@@ -342,18 +366,20 @@ def _plan_ws(x, w, group_sizes, trans_w: bool, config, out) -> _Plan:
 def plan_for(x, w, group_sizes, *, trans_w: bool = False, config=None, out=None) -> _Plan:
     """The plan ``grouped_gemm(x, w, group_sizes, trans_w=..., config=..., out=...)`` runs
     (made once per call signature)."""
+    dd = DEVICE_DESCRIPTORS
     key = (_signature("grouped_gemm", "x", x), _signature("grouped_gemm", "w", w),
            _signature("grouped_gemm", "group_sizes", group_sizes), bool(trans_w), config_key(config),
-           None if out is None else _signature("grouped_gemm", "out", out))
-    return _PLANS.get(key) or _PLANS.put(key, _plan_mm(x, w, group_sizes, bool(trans_w), config, out))
+           None if out is None else _signature("grouped_gemm", "out", out), dd)
+    return _PLANS.get(key) or _PLANS.put(key, _plan_mm(x, w, group_sizes, bool(trans_w), config, out, dd))
 
 
 def plan_for_wgrad(x, dy, group_sizes, *, config=None, out=None) -> _Plan:
     """The plan ``grouped_gemm_wgrad(x, dy, group_sizes, config=..., out=...)`` runs."""
     who = "grouped_gemm_wgrad"
+    dd = DEVICE_DESCRIPTORS
     key = (_signature(who, "x", x), _signature(who, "dy", dy), _signature(who, "group_sizes", group_sizes),
-           config_key(config), None if out is None else _signature(who, "out", out))
-    return _WGRAD_PLANS.get(key) or _WGRAD_PLANS.put(key, _plan_wgrad(x, dy, group_sizes, config, out))
+           config_key(config), None if out is None else _signature(who, "out", out), dd)
+    return _WGRAD_PLANS.get(key) or _WGRAD_PLANS.put(key, _plan_wgrad(x, dy, group_sizes, config, out, dd))
 
 
 def plan_for_ws(x, w, group_sizes, *, trans_w: bool = False, config=None, out=None) -> _Plan:
@@ -386,6 +412,8 @@ def _launch(p: _Plan, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tenso
             cuda_context.ensure_current(a.device)   # autograd's backward thread may have no current context
         if p.gluon:
             p.launcher(*gluon.build(p.descs, (a, b, out)), group_sizes, *p.args)
+        elif p.device_desc:   # descs: all None (the kernel encodes them)
+            p.launcher(a, b, out, group_sizes, *p.descs, *p.args)
         else:
             p.launcher(a, b, out, group_sizes, *kernels.build(p.descs, (a, b, out)), *p.args)
     elif p.kind == "zero":
@@ -492,13 +520,15 @@ def grouped_linear(x: torch.Tensor, w: torch.Tensor, group_sizes: torch.Tensor, 
 # Cross-compilation (no GPU needed): read the assembly the compiler produces
 # --------------------------------------------------------------------------
 def compile_for_target(op: str = "fwd", *, dtype: torch.dtype = torch.bfloat16,
-                       config: GroupedConfig | None = None, arch: int = 90, G: int = 32, N: int | None = None):
+                       config: GroupedConfig | None = None, arch: int = 90, G: int = 32, N: int | None = None,
+                       device_desc: bool = False):
     """Compile one Triton kernel variant for `sm_{arch}` without a GPU.
 
     op: 'fwd', 'dgrad' (the trans_w variant) or 'wgrad'. N (fwd/dgrad: the output
     width), when given, decides the narrow tail strip (`tail_width`). Returns Triton's
     CompiledKernel; its ``asm`` dict holds 'ttgir', 'ptx' (and 'cubin').
     Integer arguments are marked 16-divisible as they are at the seed's shapes.
+    ``device_desc``: the variant that encodes its TMA descriptors in the kernel.
     """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -509,8 +539,10 @@ def compile_for_target(op: str = "fwd", *, dtype: torch.dtype = torch.bfloat16,
     t = triton_type(dtype)
     BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
     sub = cfg.EPI_SUBTILE and use_tma
+    dd = bool(device_desc and use_tma)
     common = dict(USE_TMA=use_tma, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=cfg.GROUP_M,
-                  G_PAD=g_pad_triton(G), EPI_SUBTILE=sub, FLATTEN=cfg.FLATTEN, DOT_PRECISION=dot_precision(dtype))
+                  G_PAD=g_pad_triton(G), EPI_SUBTILE=sub, FLATTEN=cfg.FLATTEN, DOT_PRECISION=dot_precision(dtype),
+                  DEVICE_DESC=dd)
     if op in ("fwd", "dgrad"):
         fn = kernels._grouped_mm_kernel
         trans = op == "dgrad"
@@ -520,13 +552,13 @@ def compile_for_target(op: str = "fwd", *, dtype: torch.dtype = torch.bfloat16,
                "stride_om": "i32", "NUM_PROGRAMS": "i32"}
         tail = tail_width(N, BN) if N and cfg.NARROW_TAIL else 0
         constexprs = dict(common, TRANS_W=trans, EVEN_K=True, TAIL_N=tail)
-        if use_tma:
+        if use_tma and not dd:
             sig["x_desc"] = f"tensordesc<{t}[{BM}, {BK}]>"
             sig["w_desc"] = f"tensordesc<{t}[1, {BN}, {BK}]>" if trans else f"tensordesc<{t}[1, {BK}, {BN}]>"
             sig["out_desc"] = f"tensordesc<{t}[1, 1, {BM}, {BN // 2 if sub else BN}]>"
         else:
             constexprs.update(x_desc=None, w_desc=None, out_desc=None)
-        if use_tma and tail:
+        if use_tma and tail and not dd:
             sig["w_tail_desc"] = (f"tensordesc<{t}[1, {tail}, {BK}]>" if trans
                                   else f"tensordesc<{t}[1, {BK}, {tail}]>")
             sig["out_tail_desc"] = f"tensordesc<{t}[1, 1, {BM}, {tail}]>"
@@ -548,7 +580,7 @@ def compile_for_target(op: str = "fwd", *, dtype: torch.dtype = torch.bfloat16,
                "stride_xm": "i32", "stride_dym": "i32", "stride_dwg": "i32", "stride_dwk": "i32",
                "NUM_PROGRAMS": "i32"}
         constexprs = dict(common)
-        if use_tma:
+        if use_tma and not dd:
             sig["x_desc"] = f"tensordesc<{t}[1, 1, {BK}, {BM}]>"
             sig["dy_desc"] = f"tensordesc<{t}[1, 1, {BK}, {BN}]>"
             sig["dw_desc"] = f"tensordesc<{t}[1, {BM}, {BN // 2 if sub else BN}]>"

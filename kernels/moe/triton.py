@@ -7,6 +7,9 @@ Both read the group sizes on the GPU and find the group of every tile from
 in-register prefix sums; both take either TMA descriptors (``USE_TMA``) or
 masked pointer loads. ``row_window`` gives the 4-D "row-window" view that keeps
 a tile inside its group; ``build`` makes the host descriptors of a launch plan.
+With ``DEVICE_DESC`` (and ``USE_TMA``) the descriptors arrive as None and every
+program encodes the same ones itself (``tl.make_tensor_descriptor``, into the
+launcher's global scratch buffer), so the launch passes no host descriptor.
 """
 import triton
 import triton.language as tl
@@ -50,6 +53,15 @@ def build(recipes: tuple, operands: tuple) -> list:
 # --------------------------------------------------------------------------
 # Triton kernels
 # --------------------------------------------------------------------------
+@triton.jit
+def _device_window(ptr, cols, row_stride, BR: tl.constexpr, BC: tl.constexpr):
+    """The row-window descriptor of ``row_window`` (a box of BR rows, BC columns),
+    encoded on the device."""
+    s = row_stride.to(tl.int64)
+    return tl.make_tensor_descriptor(ptr, [0x7FFF0000, 0x7FFF0000, 1 << 30, cols], [(1 << 34) - s, s, s, 1],
+                                     [1, 1, BR, BC])
+
+
 @triton.jit
 def _window_load(desc, lo, n, row, col, BR: tl.constexpr, BC: tl.constexpr):
     """Rows [row, row + BR) of the window [lo, lo + n); rows past n read as zeros."""
@@ -152,7 +164,7 @@ def _grouped_mm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAIL_N: tl.constexpr,
     GROUP_M: tl.constexpr, G_PAD: tl.constexpr, NUM_PROGRAMS,
     EPI_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DEVICE_DESC: tl.constexpr = False,
 ):
     """out[rows of g] = x[rows of g] @ W_g, W_g = w[g] ([K, N]) or w[g].T (TRANS_W).
 
@@ -166,6 +178,22 @@ def _grouped_mm_kernel(
     (w_tail_desc, out_tail_desc), handed out after the full tiles in the same
     round-robin order, so the programs that finish first take them.
     """
+    if USE_TMA and DEVICE_DESC:   # the descriptors the host would have built, from pointers and strides
+        x_desc = tl.make_tensor_descriptor(x_ptr, [M_total, K], [stride_xm, 1], [BLOCK_M, BLOCK_K])
+        out_w: tl.constexpr = BLOCK_N // 2 if EPI_SUBTILE else BLOCK_N
+        out_desc = _device_window(out_ptr, N, stride_om, BLOCK_M, out_w)
+        if TRANS_W:   # stored [G, N, K]
+            w_desc = tl.make_tensor_descriptor(w_ptr, [G, N, K], [stride_wg, stride_wn, 1], [1, BLOCK_N, BLOCK_K])
+        else:
+            w_desc = tl.make_tensor_descriptor(w_ptr, [G, K, N], [stride_wg, stride_wk, 1], [1, BLOCK_K, BLOCK_N])
+        if TAIL_N > 0:
+            out_tail_desc = _device_window(out_ptr, N, stride_om, BLOCK_M, TAIL_N)
+            if TRANS_W:
+                w_tail_desc = tl.make_tensor_descriptor(w_ptr, [G, N, K], [stride_wg, stride_wn, 1],
+                                                        [1, TAIL_N, BLOCK_K])
+            else:
+                w_tail_desc = tl.make_tensor_descriptor(w_ptr, [G, K, N], [stride_wg, stride_wk, 1],
+                                                        [1, BLOCK_K, TAIL_N])
     pid = tl.program_id(0)
 
     # Prefix sums of the group sizes, in registers (G <= G_PAD).
@@ -278,7 +306,7 @@ def _grouped_mm_wgrad_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, G_PAD: tl.constexpr, NUM_PROGRAMS,
     EPI_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DEVICE_DESC: tl.constexpr = False,
 ):
     """dw[g] = x[rows of g].T @ dy[rows of g]; BLOCK_M tiles K, BLOCK_N tiles N,
     BLOCK_K steps through the group's rows (the reduction). Empty group -> zeros.
@@ -288,6 +316,11 @@ def _grouped_mm_wgrad_kernel(
     (tile, row step) pairs of this program instead, so the loads of the next
     tile are already in flight while the current one is stored.
     """
+    if USE_TMA and DEVICE_DESC:   # the descriptors the host would have built, from pointers and strides
+        x_desc = _device_window(x_ptr, K, stride_xm, BLOCK_K, BLOCK_M)
+        dy_desc = _device_window(dy_ptr, N, stride_dym, BLOCK_K, BLOCK_N)
+        dw_w: tl.constexpr = BLOCK_N // 2 if EPI_SUBTILE else BLOCK_N
+        dw_desc = tl.make_tensor_descriptor(dw_ptr, [G, K, N], [stride_dwg, stride_dwk, 1], [1, BLOCK_M, dw_w])
     pid = tl.program_id(0)
 
     gi = tl.arange(0, G_PAD)
