@@ -3,6 +3,7 @@
     python experiments/launch_cost.py --out results/launch_cost            # one GPU
     torchrun --nproc-per-node 2 experiments/launch_cost.py --out results/launch_cost --comm   # + all_gather
     python experiments/launch_cost.py --out DIR --descriptors              # host vs device TMA descriptors
+    python experiments/launch_cost.py --out DIR --descriptors --only gluon # the Gluon kernels' rows alone
     python experiments/launch_cost.py --out DIR --descriptors --dry-run    # its CPU part (interpreter)
 
 For each case: ``bench.host_time_us`` (median of >= 200 back-to-back calls, no
@@ -27,6 +28,18 @@ run with the Triton kernel forced. Files: ``descriptors.csv`` (timings),
 ``descriptors_check.csv`` (errors), ``descriptors_log.txt``; rewritten after
 every shape, so a run cut short keeps what it measured. ``--budget-s``: no new
 shape after that many seconds.
+
+The Gluon rows compare the same two ways for the Gluon kernels, under their own
+switches (``kernels.gemm.launch.GLUON_DEVICE_DESCRIPTORS``,
+``kernels.moe.launch.GLUON_DEVICE_DESCRIPTORS``; the Triton ones stay as they
+are): ``matmul`` on the shapes the plan sends to the Gluon kernel
+(``GLUON_SHAPES``; a shape it does not send there is logged and skipped) and
+``grouped_gemm`` fwd and dgrad on its default path (the Gluon kernel), each
+``host`` (three Gluon ``TensorDescriptor`` per call) against ``device``
+(``_gemm_ws_dev_kernel`` / ``_grouped_gemm_ws_dev_kernel``) beside ``torch.mm`` /
+``torch._grouped_mm``, with the same checks and timings, and a breakdown of
+one Gluon call's host time. ``--only gluon`` runs these alone (files
+``descriptors_gluon*``), ``--only triton`` the rest; the default runs both.
 """
 from __future__ import annotations
 
@@ -52,6 +65,9 @@ GEMM_SHAPES = [(4096, 4096, 4096), (512, 4096, 7168), (16, 4096, 4096), (128, 81
                (4000, 3000, 2000), (3072, 3072, 3072), (1, 4096, 4096), (2048, 7168, 2048)]
 # MoE layers: (experts, tokens, N, K) for fwd; wgrad uses the same.
 GROUPED = [(8, 4096, 2880, 2880), (32, 8192, 4096, 7168), (8, 512, 5760, 2880)]
+# Shapes the matmul plan sends to the Gluon kernel on an H200 (results/launch_cost/descriptors).
+GLUON_SHAPES = [(4096, 4096, 4096), (3072, 3072, 3072), (2048, 7168, 2048), (4096, 14336, 4096),
+                (8192, 28672, 8192)]
 CALLS = 200
 
 
@@ -205,19 +221,28 @@ def _set_variant(variant: str) -> None:
     gl.DEVICE_DESCRIPTORS = ml.DEVICE_DESCRIPTORS = variant == "device"
 
 
+def _set_gluon_variant(variant: str) -> None:
+    """The Gluon kernels' descriptors: "host" or "device" (the Triton kernels' switches untouched)."""
+    from kernels.gemm import launch as gl
+    from kernels.moe import launch as ml
+
+    gl.GLUON_DEVICE_DESCRIPTORS = ml.GLUON_DEVICE_DESCRIPTORS = variant == "device"
+
+
 def _rel_err(out, ref) -> tuple[float, bool]:
     finite = bool(out.isfinite().all())
     den = float(ref.norm()) or 1.0
     return float((out.double() - ref).norm()) / den, finite
 
 
-def _measure(case, fns: dict, bench, rows, log, info: dict, calls: int) -> dict:
-    """Host time of each callable (its variant set once, then plain calls), then eager and graph
-    times taken in turns (each call sets its own variant first: the same cost for both)."""
+def _measure(case, fns: dict, bench, rows, log, info: dict, calls: int, setter=_set_variant) -> dict:
+    """Host time of each callable (its variant set once with ``setter``, then plain calls), then
+    eager and graph times taken in turns (each call sets its own variant first: the same cost
+    for both)."""
     host = {}
     for name, (variant, fn) in fns.items():
         if variant:
-            _set_variant(variant)
+            setter(variant)
         host[name] = bench.host_time_us(fn, calls=calls)
 
     def turn(variant, fn):
@@ -225,7 +250,7 @@ def _measure(case, fns: dict, bench, rows, log, info: dict, calls: int) -> dict:
             return fn
 
         def call():
-            _set_variant(variant)
+            setter(variant)
             return fn()
         return call
 
@@ -253,10 +278,12 @@ def _fmt(res: dict, base: str = "host", lib: str = "torch.mm") -> str:
     return out
 
 
-def descriptors(out_dir: Path, bench, budget_s: float, calls: int = CALLS) -> int:
+def descriptors(out_dir: Path, bench, budget_s: float, calls: int = CALLS, only: str = "all") -> int:
     """The --descriptors run on one GPU (see the module docstring). Returns the exit code.
-    Order: this script's matmul shapes, the grouped cases, then the goal table's and small-M
-    shapes, then the Triton kernel forced where the plan took the Gluon kernel."""
+    Order: the Gluon rows (unless ``only`` is "triton": GLUON_SHAPES, then the grouped cases'
+    fwd and dgrad), then (unless ``only`` is "gluon") this script's matmul shapes, the grouped
+    cases, the goal table's and small-M shapes, and the Triton kernel forced where the plan
+    took the Gluon kernel."""
     import pandas as pd
     import torch
 
@@ -265,15 +292,16 @@ def descriptors(out_dir: Path, bench, budget_s: float, calls: int = CALLS) -> in
 
     t_start = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
-    log = _Log(out_dir / "descriptors_log.txt")
+    stem = "descriptors" if only == "all" else f"descriptors_{only}"
+    log = _Log(out_dir / f"{stem}_log.txt")
     prov = provenance.flat(provenance.collect())
-    log(f"descriptors: {torch.cuda.get_device_name()} torch {torch.__version__} git {prov.get('git_sha')} "
+    log(f"descriptors ({only}): {torch.cuda.get_device_name()} torch {torch.__version__} git {prov.get('git_sha')} "
         f"({prov.get('git_source')}, dirty {prov.get('git_dirty')}); budget {budget_s:.0f} s")
     st = _DescRun(bench, log, calls)
 
     def save():
-        pd.DataFrame([{**r, **prov} for r in st.rows]).to_csv(out_dir / "descriptors.csv", index=False)
-        pd.DataFrame([{**r, **prov} for r in st.checks]).to_csv(out_dir / "descriptors_check.csv", index=False)
+        pd.DataFrame([{**r, **prov} for r in st.rows]).to_csv(out_dir / f"{stem}.csv", index=False)
+        pd.DataFrame([{**r, **prov} for r in st.checks]).to_csv(out_dir / f"{stem}_check.csv", index=False)
 
     # Floors: a bare Triton launch and torch.mm on a tiny product.
     x = torch.randn(1 << 12, device="cuda")
@@ -283,12 +311,19 @@ def descriptors(out_dir: Path, bench, budget_s: float, calls: int = CALLS) -> in
     a = torch.randn(256, 256, device="cuda")
     st.rows.append(_row("torch.mm 256^3", "torch", bench.host_time_us(lambda: torch.mm(a, a), calls=calls)))
     log(f"floors: bare triton launch {st.rows[-2]['host_us']:.1f} us, torch.mm 256^3 {st.rows[-1]['host_us']:.1f} us")
-    _desc_breakdown(st.rows, bench, log, calls)
+    if only != "triton":
+        _gluon_breakdown(st.rows, bench, log, calls)
+    if only != "gluon":
+        _desc_breakdown(st.rows, bench, log, calls)
     save()
 
     gluon_shapes = []
-    tasks = ([("matmul", s) for s in GEMM_SHAPES] + [("grouped", c) for c in GROUPED]
-             + [("matmul", s) for s in _desc_shapes() if s not in GEMM_SHAPES])
+    tasks = []
+    if only != "triton":
+        tasks += [("gluon matmul", s) for s in GLUON_SHAPES] + [("gluon grouped", c) for c in GROUPED]
+    if only != "gluon":
+        tasks += ([("matmul", s) for s in GEMM_SHAPES] + [("grouped", c) for c in GROUPED]
+                  + [("matmul", s) for s in _desc_shapes() if s not in GEMM_SHAPES])
     skipped = []
     while tasks:
         what, arg = tasks.pop(0)
@@ -297,19 +332,32 @@ def descriptors(out_dir: Path, bench, budget_s: float, calls: int = CALLS) -> in
             skipped.append(f"{what} {arg}")
             continue
         log(f"[{elapsed:4.0f} s] {what} {arg}")
-        if what == "matmul":
-            if st.matmul(*arg) == "gluon":
-                gluon_shapes.append(arg)
-        elif what == "grouped":
-            st.grouped(*arg)
-        else:
-            st.matmul(*arg, force_triton=True)
+        try:
+            if what == "matmul":
+                if st.matmul(*arg) == "gluon":
+                    gluon_shapes.append(arg)
+            elif what == "grouped":
+                st.grouped(*arg)
+            elif what == "gluon matmul":
+                st.gluon_matmul(*arg)
+            elif what == "gluon grouped":
+                st.gluon_grouped(*arg)
+            else:
+                st.matmul(*arg, force_triton=True)
+        except Exception as exc:   # logged as a failure; the next shapes still run (a CUDA error stops them)
+            import traceback
+
+            st.failures.append(f"{what} {arg}: {type(exc).__name__}: {exc}"[:500])
+            log(f"  FAIL {what} {arg} raised:\n{traceback.format_exc()[-3000:]}")
+            _set_variant("device")
+            _set_gluon_variant("host")
         if not tasks and gluon_shapes:
             tasks = [("triton", s) for s in gluon_shapes]
             gluon_shapes = []
         save()
 
     _set_variant("host")
+    _set_gluon_variant("host")
     pool = {f"dev{d} stream {s:#x}": int(size) for (d, s), (_, size, _) in launcher._SCRATCH.items()}
     log(f"scratch pool: {pool}; {len(launcher._SCRATCH_RETIRED)} outgrown buffers kept")
     from triton.runtime import _allocation
@@ -426,6 +474,126 @@ class _DescRun:
                            "torch._grouped_mm": (None, lambda: mb.grouped_mm("fwd", xg, w, sizes, offs=offs))},
                        self.bench, self.rows, self.log, {"default": dict(kind=p.label)}, self.calls)
         self.log(f"{c:<44} {_fmt(res, lib='torch._grouped_mm')}")
+
+    def _plan_ok(self, case, v, kind_ok: bool, device_desc: bool, what: str) -> None:
+        """The plan a Gluon row runs: the Gluon kernel, with device descriptors exactly in "device"."""
+        if not kind_ok or device_desc != (v == "device"):
+            msg = f"{case} {v}: the plan is {what}, device_desc={device_desc}"
+            self.failures.append(msg)
+            self.log(f"  FAIL {msg}")
+
+    def gluon_matmul(self, M, N, K) -> None:
+        """matmul on a shape the plan sends to the Gluon kernel: both ways of making its
+        descriptors (GLUON_DEVICE_DESCRIPTORS), checked and timed beside torch.mm."""
+        import torch
+
+        from kernels import gemm
+        from kernels.gemm import launch as gl
+
+        case = f"matmul {M}x{N}x{K} gluon"
+        g = torch.Generator(device="cuda").manual_seed(M * 7 + N * 3 + K)
+        A = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+        B = torch.randn(K, N, device="cuda", generator=g).bfloat16()
+        _set_gluon_variant("host")
+        if gl.plan_for(A, B).kind != "gluon":
+            self.log(f"  {case}: the plan takes the {gl.plan_for(A, B).kind} kernel here, not Gluon: skipped")
+            return
+        ref = A.double() @ B.double()
+        info = {}
+        for v in VARIANTS:
+            _set_gluon_variant(v)
+            C = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gemm.matmul(A, B, out=C)
+            p = gl.plan_for(A, B, None, C)
+            info[v] = dict(kind=p.kind, device_desc=p.device_desc, config=p.config.label(), flops=2 * M * N * K)
+            self.check(case, v, C, ref, 1e-2, **info[v])
+            self._plan_ok(case, v, p.kind == "gluon", p.device_desc, p.kind)
+        self.check(case, "torch.mm", torch.mm(A, B), ref, 1e-2)
+        del ref
+        info["torch.mm"] = dict(flops=2 * M * N * K)
+        fns = {v: (v, lambda: gemm.matmul(A, B)) for v in VARIANTS}
+        fns["torch.mm"] = (None, lambda: torch.mm(A, B))
+        res = _measure(case, fns, self.bench, self.rows, self.log, info, self.calls, setter=_set_gluon_variant)
+        _set_gluon_variant("host")
+        d = info["device"]
+        self.log(f"{case:<34} {d['kind']:<6} {d['config']:<26} {_fmt(res)}")
+
+    def gluon_grouped(self, G, T, N, K) -> None:
+        """grouped_gemm fwd and dgrad on the default path (the Gluon kernel): both ways of
+        making its descriptors, checked and timed beside torch._grouped_mm."""
+        import torch
+
+        from kernels import moe
+        from kernels.moe import baselines as mb, launch as ml, routing
+        from kernels.moe.reference import tolerance
+
+        case = f"G{G} T{T} {N}x{K}"
+        g = torch.Generator(device="cuda").manual_seed(G * 3 + T)
+        sizes = routing.mild(T, G, seed=G + 1, device="cuda")
+        offs = mb.grouped_mm_offsets(sizes)
+        w = torch.randn(G, K, N, device="cuda", generator=g).bfloat16()
+        operands = {"fwd": (torch.randn(T, K, device="cuda", generator=g).bfloat16(), False, N),
+                    "dgrad": (torch.randn(T, N, device="cuda", generator=g).bfloat16(), True, K)}
+        tol = tolerance(torch.bfloat16)
+        for op, (a, trans_w, width) in operands.items():
+            c = f"grouped_gemm gluon {op} {case}"
+            ref = moe.reference(a, w, sizes, trans_w=trans_w)
+            info = {}
+            for v in VARIANTS:
+                _set_gluon_variant(v)
+                out = torch.full((T, width), float("nan"), device="cuda", dtype=torch.bfloat16)
+                moe.grouped_gemm(a, w, sizes, trans_w=trans_w, out=out)
+                p = ml.plan_for(a, w, sizes, trans_w=trans_w, out=out)
+                info[v] = dict(kind=p.label, device_desc=p.device_desc, flops=2 * T * N * K)
+                self.check(c, v, out, ref, tol, **info[v])
+                self._plan_ok(c, v, p.gluon, p.device_desc, p.label)
+            lib = lambda op=op, a=a: mb.grouped_mm(op, a, w, sizes, offs=offs)   # noqa: E731
+            self.check(c, "torch._grouped_mm", lib(), ref, tol)
+            fns = {v: (v, lambda a=a, t=trans_w: moe.grouped_gemm(a, w, sizes, trans_w=t)) for v in VARIANTS}
+            fns["torch._grouped_mm"] = (None, lib)
+            res = _measure(c, fns, self.bench, self.rows, self.log, info, self.calls, setter=_set_gluon_variant)
+            self.log(f"{c:<44} {info['device']['kind']:<22} {_fmt(res, lib='torch._grouped_mm')}")
+        _set_gluon_variant("host")
+
+
+def _gluon_breakdown(rows, bench, log, calls) -> None:
+    """Where a Gluon matmul call's host time goes (512^3 bf16, the ping-pong kernel forced, so
+    the GPU keeps up), host vs device descriptors."""
+    import torch
+
+    from kernels import gemm
+    from kernels.common import cuda_context
+    from kernels.gemm import gluon as ggluon, launch as gl
+
+    A = torch.randn(512, 512, device="cuda").bfloat16()
+    B = torch.randn(512, 512, device="cuda").bfloat16()
+    cfg = dict(gluon="pingpong", block_n=128, num_stages=5, num_warps=4)
+    parts = {}
+    for v in VARIANTS:
+        _set_gluon_variant(v)
+        C = gemm.matmul(A, B, cfg)
+        p = gl.plan_for(A, B, cfg)
+        parts[f"gluon {v}: whole matmul(a, b)"] = (v, lambda: gemm.matmul(A, B, cfg))
+        parts[f"gluon {v}: matmul(a, b, out=c)"] = (v, lambda C=C: gemm.matmul(A, B, cfg, out=C))
+        parts[f"gluon {v}: plan lookup"] = (v, lambda: gl.plan_for(A, B, cfg))
+        if p.device_desc:
+            parts[f"gluon {v}: launch with ready arguments"] = (v, lambda p=p, C=C: p.launch(A, B, C, *p.args))
+        else:
+            (ab, al), (bb, bl), (cb, cl) = p.blocks
+            D = ggluon.TensorDescriptor
+            descs = (D.from_tensor(A, ab, al), D.from_tensor(B, bb, bl), D.from_tensor(C, cb, cl))
+            parts[f"gluon {v}: descriptor objects"] = (v, lambda C=C, blocks=p.blocks: [
+                D.from_tensor(t, blk, lay) for t, (blk, lay) in zip((A, B, C), blocks)])
+            parts[f"gluon {v}: launch with ready descriptors"] = (v, lambda p=p, d=descs: p.launch(*d, *p.args))
+    parts["gluon: current context check"] = (None, lambda: cuda_context.ensure_current(A.device))
+    log("gluon breakdown (512^3 bf16, ping-pong):")
+    for name, (v, fn) in parts.items():
+        if v:
+            _set_gluon_variant(v)
+        h = bench.host_time_us(fn, calls=calls)
+        rows.append(_row(f"breakdown: {name}", "ours", h))
+        log(f"  {name:<44} {h['median_us']:6.1f} us")
+    _set_gluon_variant("host")
 
 
 def _desc_breakdown(rows, bench, log, calls) -> None:
@@ -579,7 +747,15 @@ def main(argv=None) -> int:
                     help="with --descriptors: the CPU part only (Triton's interpreter, small shapes)")
     ap.add_argument("--budget-s", type=float, default=420,
                     help="with --descriptors: start no new shape after this many seconds (default 420)")
+    ap.add_argument("--only", choices=("all", "triton", "gluon"), default="all",
+                    help="with --descriptors: the Gluon kernels' rows alone (gluon), the Triton kernels' "
+                         "alone (triton), or both (all, the default)")
     args = ap.parse_args(argv)
+    if args.only != "all" and not args.descriptors:
+        ap.error("--only goes with --descriptors")
+    if args.dry_run and args.only == "gluon":
+        ap.error("--dry-run covers the Triton kernels only (Gluon kernels do not run in Triton's interpreter); "
+                 "the Gluon rows need an sm_90 GPU")
 
     import pandas as pd
 
@@ -594,7 +770,7 @@ def main(argv=None) -> int:
         print("launch_cost: needs a CUDA GPU (H200 or other sm_90), and TRITON_INTERPRET unset", file=sys.stderr)
         return 2
     if args.descriptors:
-        return descriptors(Path(args.out), bench, args.budget_s)
+        return descriptors(Path(args.out), bench, args.budget_s, only=args.only)
     rows: list[dict] = []
     if args.comm:
         from workbench import dist

@@ -25,6 +25,12 @@ GEMM_CONFIGS = {
     "64x128-s6-plain-stores": dict(block_m=64, block_n=128, num_warps=4, num_stages=6, tma_store=False),
 }
 
+# The grouped GEMM's Gluon kernel (host descriptors), fwd and dgrad.
+GROUPED_WS_CONFIGS = {
+    "pingpong": None,
+    "coop": dict(cooperative=True, block_n=256, num_stages=3),
+}
+
 
 def _sha(entry) -> str:
     return hashlib.sha1(entry.text("sass").encode()).hexdigest()
@@ -33,6 +39,7 @@ def _sha(entry) -> str:
 def fingerprints() -> dict[str, str]:
     from kernels.comm import launch as comm_launch
     from kernels.gemm import launch as gemm_launch
+    from kernels.moe import launch as moe_launch
     from workbench.asm.compile import cross_compile
 
     out = {}
@@ -42,6 +49,11 @@ def fingerprints() -> dict[str, str]:
         out[f"gemm {name}"] = _sha(cross_compile(targets="sm90", cache_dir=tempfile.mkdtemp(), **args)[0])
     args = gemm_launch.compile_args_ws(dict(cooperative=True, block_n=256, num_stages=3))
     out["gemm gluon-coop"] = _sha(cross_compile(targets="sm90", cache_dir=tempfile.mkdtemp(), **args)[0])
+    for name, cfg in GROUPED_WS_CONFIGS.items():
+        for op in ("fwd", "dgrad"):
+            args = moe_launch.compile_args_ws(cfg, trans_w=op == "dgrad")
+            out[f"grouped gluon-{name} {op}"] = _sha(cross_compile(targets="sm90", cache_dir=tempfile.mkdtemp(),
+                                                                   **args)[0])
     for variant in ("triton", "gluon"):
         e = comm_launch.compile_kernel(variant, True, world_size=2, N=1024, cache_dir=tempfile.mkdtemp())
         out[f"all_gather {variant}"] = _sha(e)

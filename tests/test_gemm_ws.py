@@ -88,7 +88,143 @@ def test_compile_args_surface():
         glaunch.compile_args_ws(dtype=torch.float32)
 
 
+# ------------------------- device descriptors, cross-compiled for sm_90 (CPU)
+# name -> (config, dtype name); each compiled with host and with device descriptors. The
+# heuristic's two Gluon configs (kernels.gemm.config._GLUON_PINGPONG / _GLUON_COOP) first.
+XC_DD_CASES = {
+    "pingpong-s5-bf16": (WsConfig(num_stages=5), "bf16"),
+    "coop-128x256x32-s6-bf16": (WsConfig(cooperative=True, block_n=256, block_k=32, num_stages=6), "bf16"),
+    "pingpong-64x256-fp16": (WsConfig(block_m=64, block_n=256, num_stages=4), "fp16"),
+    "coop-256x128x32-fp16": (WsConfig(cooperative=True, block_m=256, block_k=32, num_stages=6), "fp16"),
+}
+
+
+@pytest.fixture(scope="module")
+def compiled_dd(tmp_path_factory):
+    """name -> (device-descriptor entry, host-descriptor entry), compiled in a child process."""
+    import dataclasses
+
+    cases = []
+    for i, (cfg, dname) in enumerate(XC_DD_CASES.values()):
+        for dd in (True, False):
+            cases.append({"module": "gemm", "config": dataclasses.asdict(cfg),
+                          "dtype": str(XC_DTYPES[dname])[6:], "dir": str(tmp_path_factory.mktemp(f"xcdd{i}{dd:d}")),
+                          "kwargs": {"shape": [4096, 4096, 4096], "device_desc": dd}})
+    entries = ws_checks.compile_ws(cases, ROOT)
+    return {name: (entries[2 * i], entries[2 * i + 1]) for i, name in enumerate(XC_DD_CASES)}
+
+
+@pytest.mark.parametrize("name", list(XC_DD_CASES))
+def test_sm90_device_descriptors(compiled_dd, name):
+    """The device-descriptor kernel compiles for sm_90; each partition builds the
+    descriptors it issues TMA copies with (ping-pong: consumer 0 = default region and
+    consumer 1 C's, the producer A's and B's; cooperative: the consumer C's, the producer
+    A's and B's) in the global scratch, with the tensormap fences; the main loops hold
+    the host variant's HGMMA / UTMALDG / UTMASTG."""
+    dev, host = compiled_dd[name]
+    cfg = XC_DD_CASES[name][0]
+    assert dev.name == "_gemm_ws_dev_kernel" and host.name == "_gemm_ws_kernel"
+    if cfg.cooperative:
+        ws_checks.assert_device_variant(dev, host, 3, loads_per_region=[0, 2], stores_per_region=[1, 0])
+    else:
+        ws_checks.assert_device_variant(dev, host, 4, loads_per_region=[0, 0, 2], stores_per_region=[1, 1, 0])
+
+
+@pytest.mark.parametrize("name", list(XC_DD_CASES))
+def test_sm90_device_descriptors_resources(compiled_dd, name):
+    """No spills, the same partitions and registers as the host variant, and shared
+    memory within the model plus WS_DEVICE_DESC_SMEM (the descriptors' staging)."""
+    dev, host = compiled_dd[name]
+    cfg = XC_DD_CASES[name][0]
+    ws_checks.assert_no_spills(dev)
+    ws_checks.assert_warp_specialised(dev, cfg, gconfig)
+    shared, host_shared = dev.resources()["shared_bytes"], host.resources()["shared_bytes"]
+    assert host_shared < shared <= gconfig.ws_smem_bytes(cfg) + gconfig.WS_DEVICE_DESC_SMEM
+    assert shared <= smem_per_block(90) and gconfig.ws_device_desc_fits(cfg)
+
+
+def test_compile_args_device_descriptors():
+    args = glaunch.compile_args_ws(dtype=torch.float16, shape=(4096, 4104, 4096), device_desc=True)
+    assert args["fn"] is ggluon._gemm_ws_dev_kernel
+    assert list(args["signature"]) == ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk",
+                                       "stride_cm", "group_m"]
+    assert args["signature"]["a_ptr"] == "*fp16" and args["signature"]["M"] == "i32"
+    assert args["constexprs"] == {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "NUM_STAGES": 4,
+                                  "COOPERATIVE": False, "CONSUMER_REGS": 232, "PRODUCER_REGS": 40}
+    # N = 4104 is not a multiple of 16: neither it nor the strides that equal it count as such.
+    assert sorted(args["divisible"]) == sorted(["a_ptr", "b_ptr", "c_ptr", "K", "stride_am"])
+    assert args["num_warps"] == 4 and args["options"] == {"maxnreg": 168}
+    via_matmul = glaunch.compile_args(dict(gluon="coop", block_n=256, num_stages=3), device_desc=True)
+    assert via_matmul["fn"] is ggluon._gemm_ws_dev_kernel and via_matmul["constexprs"]["COOPERATIVE"]
+
+
 # ---------------------------------------------------------- host logic (CPU)
+def _ws_operands(M=256, N=192, K=96, dtype=torch.bfloat16):
+    return torch.randn(M, K).to(dtype), torch.randn(K, N).to(dtype)
+
+
+def test_gluon_device_descriptors_switch_is_off_by_default():
+    assert glaunch.GLUON_DEVICE_DESCRIPTORS is False
+    assert glaunch.DEVICE_DESCRIPTORS is True   # the Triton kernels' own switch, unchanged
+
+
+def test_gluon_device_descriptor_legality(monkeypatch):
+    """The Triton kernels' rule (device_desc_ok) for A, B and C, and the config's shared
+    memory with the descriptors' staging on top."""
+    ok = glaunch._ws_device_desc_ok
+    a, b = _ws_operands()
+    cfg = WsConfig()
+    assert ok(a, b, None, cfg)
+    assert ok(a, b, torch.empty(256, 200, dtype=a.dtype)[:, :192], cfg)    # C with padded rows (400 B)
+    assert not ok(a, b, torch.empty(256, 196, dtype=a.dtype)[:, :192], cfg)  # C rows 392 B: not 16-byte aligned
+    assert not ok(torch.randn(1, 96).to(a.dtype).expand(256, 96), b, None, cfg)  # A broadcast: row stride 0
+    assert not ok(a, torch.randn(96 * 192 + 1).to(b.dtype)[1:].view(96, 192), None, cfg)  # B's base off 16 B
+    assert not ok(a.t().contiguous().t(), b, None, cfg)                      # A column-major
+    # A config whose device variant would not fit sm_90's shared memory keeps host descriptors.
+    need = gconfig.ws_smem_bytes(cfg) + gconfig.WS_DEVICE_DESC_SMEM
+    monkeypatch.setattr(gconfig, "SMEM_LIMIT_SM90", need - 1)
+    assert not ok(a, b, None, cfg) and not gconfig.ws_device_desc_fits(cfg)
+    monkeypatch.setattr(gconfig, "SMEM_LIMIT_SM90", need)
+    assert ok(a, b, None, cfg)
+
+
+@pytest.mark.parametrize("cfg", [WsConfig(), WsConfig(cooperative=True, block_n=256, num_stages=3)],
+                         ids=lambda c: c.label())
+def test_gluon_device_descriptor_plans(monkeypatch, cfg):
+    """matmul_ws's plans (CPU tensors, device checks faked): the switch picks the kernel,
+    it is part of the plan key, and the launch passes what the kernel takes."""
+    from triton.runtime.jit import mangle_type
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(glaunch, "_check_ws_operands", lambda a, b: None)
+    monkeypatch.setattr(glaunch, "_device_index", lambda t: 0)
+    monkeypatch.setattr(glaunch, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(glaunch, "_WS_PLANS", glaunch.PlanCache())
+    a, b = _ws_operands(dtype=torch.float16)
+    out = torch.empty(256, 200, dtype=a.dtype)[:, :192]
+    monkeypatch.setattr(glaunch, "GLUON_DEVICE_DESCRIPTORS", False)
+    host = glaunch.plan_for_ws(a, b, cfg, out)
+    assert (host.kind, host.device_desc, host.launch.fn) == ("gluon", False, ggluon._gemm_ws_kernel)
+    assert len(host.blocks) == 3 and host.args == (cfg.group_m,)
+    monkeypatch.setattr(glaunch, "GLUON_DEVICE_DESCRIPTORS", True)
+    dev = glaunch.plan_for_ws(a, b, cfg, out)
+    assert (dev.kind, dev.device_desc, dev.launch.fn) == ("gluon", True, ggluon._gemm_ws_dev_kernel)
+    assert dev.blocks == () and dev.args == (256, 192, 96, 96, 192, 200, cfg.group_m)
+    assert len(glaunch._WS_PLANS) == 2 and glaunch.plan_for_ws(a, b, cfg, out) is dev
+    assert dev.launch.grid == host.launch.grid and dev.programs == host.programs
+    assert {k: dev.launch.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")} == \
+        {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
+    # What the launch passes (a, b, out, *args) is what compile_args_ws describes, in order.
+    sig = glaunch.compile_args_ws(cfg, torch.float16, device_desc=True)["signature"]
+    assert len(dev.launch._slots) == 3 + len(dev.args)
+    assert [mangle_type(x) for x in (a, b, out, *dev.args)] == list(sig.values())
+    # Illegal for the device variant (C's rows not 16-byte aligned would also stop the host
+    # one, so take a broadcast A): host descriptors even with the switch on.
+    a_bc = torch.randn(1, 96).half().expand(256, 96)
+    p = glaunch.plan_for_ws(a_bc, b, cfg)
+    assert not p.device_desc and p.launch.fn is ggluon._gemm_ws_kernel
+
+
 @pytest.mark.parametrize("cfg,match", [
     (dict(block_m=256), "block_m=256 must be 64 or 128"),
     (dict(block_n=96), "block_n=96 must be"),
@@ -269,3 +405,137 @@ def test_gpu_refuses_unaligned_k():
     b = torch.randn(100, 64, device="cuda").to(torch.bfloat16)
     with pytest.raises(ValueError, match=r"kernels\.gemm\.matmul"):
         gemm.matmul_ws(a, b)
+
+
+# ----------------------------------------------- GPU: device descriptors (Gluon)
+# matmul_ws on every GPU_CASES case, then matmul through the plan's Gluon kernel, with
+# GLUON_DEVICE_DESCRIPTORS on; in one child process with a timeout (a hang fails, it does
+# not stall the run). Each matmul_ws case runs twice on fresh tensors, the first call's
+# kept alive: the second call's descriptors land in the same scratch slots, so a
+# descriptor left over from the first call would read and write the first call's
+# tensors (its C changes, the second C stays NaN).
+_GPU_DD_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    sys.path.insert(0, {root!r})
+    from kernels import gemm
+    from kernels.common import launcher
+    from kernels.gemm import launch as glaunch, sweep as gsweep
+    from kernels.gemm.config import GemmConfig
+    glaunch.GLUON_DEVICE_DESCRIPTORS = True
+    cases, matmul_cases = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    out = {{}}
+
+    def operands(M, N, K, dtype, seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        a = torch.randn(M, K, device="cuda", generator=g).to(dtype)
+        b = torch.randn(K, N, device="cuda", generator=g).to(dtype)
+        return a, b
+
+    def record(name, c, a, b, dtype, plan, **extra):
+        ref = a.double() @ b.double()
+        out[name] = dict(finite=bool(torch.isfinite(c).all()), err=float((c.double() - ref).norm() / ref.norm()),
+                         tol=gsweep.tolerance(dtype), kind=plan.kind, device_desc=plan.device_desc,
+                         fn=plan.launch.fn.__name__ if plan.launch else None, **extra)
+        print(json.dumps({{name: out[name]}}), file=sys.stderr, flush=True)
+
+    for i, (M, N, K, dt, cfg) in enumerate(cases):
+        name = f"ws {{M}}x{{N}}x{{K}}-{{dt}}-{{cfg}}"
+        dtype = getattr(torch, dt)
+        try:
+            a1, b1 = operands(M, N, K, dtype, 4321 + i)
+            c1 = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+            gemm.matmul_ws(a1, b1, config=cfg or None, out=c1)
+            torch.cuda.synchronize()
+            first = c1.clone()
+            a2, b2 = operands(M, N, K, dtype, 9876 + i)
+            c2 = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+            gemm.matmul_ws(a2, b2, config=cfg or None, out=c2)
+            torch.cuda.synchronize()
+            record(name, c2, a2, b2, dtype, glaunch.plan_for_ws(a2, b2, cfg or None, c2),
+                   first_ok=bool(torch.equal(first, c1)) and bool(torch.isfinite(first).all()))
+        except Exception as exc:
+            out[name] = {{"error": f"{{type(exc).__name__}}: {{exc}}"[:800]}}
+
+    for M, N, K, cfg in matmul_cases:   # matmul: the heuristic's choice (cfg None) or a Gluon config
+        name = f"matmul {{M}}x{{N}}x{{K}}-{{cfg}}"
+        try:
+            a, b = operands(M, N, K, torch.bfloat16, M + N + K)
+            c = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gemm.matmul(a, b, cfg, out=c)
+            torch.cuda.synchronize()
+            record(name, c, a, b, torch.bfloat16, glaunch.plan_for(a, b, cfg, c))
+        except Exception as exc:
+            out[name] = {{"error": f"{{type(exc).__name__}}: {{exc}}"[:800]}}
+
+    # A CUDA graph of matmul (Gluon, device descriptors), captured on a side stream, replayed
+    # after the scratch pool has grown (the old buffer is kept) with new operands copied in.
+    try:
+        M, N, K = 1000, 3000, 2000
+        cfg = dict(gluon="coop", block_n=256, block_k=32, num_stages=6, num_warps=8)
+        a, b = operands(M, N, K, torch.bfloat16, 77)
+        c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            gemm.matmul(a, b, cfg, out=c)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s):
+            gemm.matmul(a, b, cfg, out=c)
+        for key in list(launcher._SCRATCH):
+            launcher.scratch(*key, 1 << 24)
+        a2, b2 = operands(M, N, K, torch.bfloat16, 78)
+        a.copy_(a2)
+        b.copy_(b2)
+        c.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        record("graph replay", c, a, b, torch.bfloat16, glaunch.plan_for(a, b, cfg, c),
+               streams=sorted(str(k) for k in launcher._SCRATCH))
+    except Exception as exc:
+        out["graph replay"] = {{"error": f"{{type(exc).__name__}}: {{exc}}"[:800]}}
+    print(json.dumps(out))
+""")
+# matmul: the goal table's shapes the heuristic sends to the Gluon kernel on an H200, and
+# both Gluon schedules on ragged shapes.
+GPU_DD_MATMUL = [
+    (4096, 4096, 4096, None), (3072, 3072, 3072, None), (2048, 7168, 2048, None),
+    (1000, 1000, 1000, dict(gluon="pingpong", block_n=128, num_stages=5, num_warps=4)),
+    (777, 520, 4104, dict(gluon="coop", block_n=256, block_k=32, num_stages=6, num_warps=8)),
+    (130, 264, 96, dict(gluon="coop", block_m=256, block_n=128, block_k=32, num_stages=6, num_warps=8)),
+]
+
+
+def _gpu_dd_names():
+    return ([f"ws {_gpu_name(c)}" for c in GPU_CASES] + [f"matmul {M}x{N}x{K}-{cfg}" for M, N, K, cfg in GPU_DD_MATMUL]
+            + ["graph replay"])
+
+
+@pytest.fixture(scope="module")
+def gpu_dd_results():
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernels need an sm_90 (Hopper) GPU")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    try:
+        r = subprocess.run([sys.executable, "-c", _GPU_DD_SCRIPT.format(root=str(ROOT)), json.dumps(GPU_CASES),
+                            json.dumps(GPU_DD_MATMUL)], capture_output=True, text=True, env=env, timeout=400, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        done = (exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        pytest.fail(f"the GPU cases did not finish in 400 s (a hang?); finished before it:\n{done[-3000:]}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", _gpu_dd_names())
+def test_gpu_device_descriptors_correct(gpu_dd_results, name):
+    res = gpu_dd_results[name]
+    assert "error" not in res, res["error"]
+    assert res["finite"], "NaN left in C: some tile was never written"
+    assert res["err"] < res["tol"], res
+    # matmul_ws, matmul's Gluon configs and the heuristic's choice on these shapes: the Gluon
+    # kernel, with device descriptors
+    assert res["kind"] == "gluon" and res["device_desc"] and res["fn"] == "_gemm_ws_dev_kernel", res
+    if name.startswith("ws "):
+        assert res["first_ok"], "the second call changed the first call's C: a stale descriptor"

@@ -151,6 +151,80 @@ def test_launch_types_match_compile_args(cfg, trans_w):
     assert list(descs[1].shape) == list(w.shape)
 
 
+# ------------------------- device descriptors, cross-compiled for sm_90 (CPU)
+# name -> (config, dtype name, trans_w); each compiled with host and with device descriptors.
+XC_DD_CASES = {
+    "ws-s5-bf16-fwd": (GroupedWsConfig(), "bf16", False),
+    "ws-s5-fp16-dgrad": (GroupedWsConfig(), "fp16", True),
+    "ws-s4-bf16-dgrad": (GroupedWsConfig(num_stages=4), "bf16", True),
+    "coop-bf16-fwd": (GroupedWsConfig(cooperative=True, block_n=256, num_stages=3), "bf16", False),
+    "coop-bf16-dgrad": (GroupedWsConfig(cooperative=True, block_n=256, num_stages=3), "bf16", True),
+}
+
+
+@pytest.fixture(scope="module")
+def compiled_dd(tmp_path_factory):
+    """name -> (device-descriptor entry, host-descriptor entry), compiled in a child process (G = 32)."""
+    import dataclasses
+
+    cases = []
+    for i, (cfg, dname, trans_w) in enumerate(XC_DD_CASES.values()):
+        for dd in (True, False):
+            cases.append({"module": "moe", "config": dataclasses.asdict(cfg), "dtype": str(XC_DTYPES[dname])[6:],
+                          "dir": str(tmp_path_factory.mktemp(f"xcdd{i}{dd:d}")),
+                          "kwargs": {"trans_w": trans_w, "G": 32, "shape": [2880, 5760], "device_desc": dd}})
+    entries = ws_checks.compile_ws(cases, ROOT)
+    return {name: (entries[2 * i], entries[2 * i + 1]) for i, name in enumerate(XC_DD_CASES)}
+
+
+@pytest.mark.parametrize("name", list(XC_DD_CASES))
+def test_sm90_device_descriptors(compiled_dd, name):
+    """The device-descriptor kernel compiles for sm_90; the producer builds x's (2-D) and
+    w's (3-D) descriptors, each consumer out's row window (4-D), in the global scratch
+    with the tensormap fences; the main loops hold the host variant's HGMMA / UTMALDG /
+    UTMASTG; the same TMA instructions (x 2-D, w 3-D, out 4-D stores, no plain stores)."""
+    dev, host = compiled_dd[name]
+    cfg = XC_DD_CASES[name][0]
+    assert dev.name == "_grouped_gemm_ws_dev_kernel" and host.name == "_grouped_gemm_ws_kernel"
+    if cfg.cooperative:
+        ws_checks.assert_device_variant(dev, host, 3, loads_per_region=[0, 2], stores_per_region=[1, 0])
+    else:
+        ws_checks.assert_device_variant(dev, host, 4, loads_per_region=[0, 0, 2], stores_per_region=[1, 1, 0])
+    sass = dev.text("sass")
+    assert "UTMALDG.2D" in sass and "UTMALDG.3D" in sass and "UTMASTG.4D" in sass
+    assert "UTMASTG.2D" not in sass and "STG.E" not in sass
+    # The row window's strides: 2**34 - s computed on the device (64-bit), as row_window does on the host.
+    assert "tensormap.replace.tile.global_stride" in dev.text("ptx")
+
+
+@pytest.mark.parametrize("name", list(XC_DD_CASES))
+def test_sm90_device_descriptors_resources(compiled_dd, name):
+    dev, host = compiled_dd[name]
+    cfg = XC_DD_CASES[name][0]
+    ws_checks.assert_no_spills(dev)
+    ws_checks.assert_warp_specialised(dev, cfg, mconfig)
+    shared, host_shared = dev.resources()["shared_bytes"], host.resources()["shared_bytes"]
+    assert host_shared < shared <= mconfig.smem_bytes(cfg) + mconfig.WS_DEVICE_DESC_SMEM <= smem_per_block(90)
+
+
+def test_compile_args_device_descriptors():
+    args = mlaunch.compile_args_ws(dtype=torch.float16, trans_w=True, G=5, shape=(2880, 5760), device_desc=True,
+                                   sizes_dtype=torch.int64)
+    assert args["fn"] is mgluon._grouped_gemm_ws_dev_kernel
+    assert list(args["signature"]) == ["x_ptr", "w_ptr", "out_ptr", "sizes_ptr", "M_total", "N", "K", "G",
+                                       "stride_xm", "stride_wg", "stride_w1", "stride_om", "group_m"]
+    assert args["signature"]["sizes_ptr"] == "*i64" and args["signature"]["x_ptr"] == "*fp16"
+    assert args["constexprs"] == {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "NUM_STAGES": 5,
+                                  "COOPERATIVE": False, "TRANS_W": True, "G_PAD": 32, "CONSUMER_REGS": 232,
+                                  "PRODUCER_REGS": 40}
+    assert set(args["divisible"]) == {"x_ptr", "w_ptr", "out_ptr", "sizes_ptr", "N", "K", "stride_xm", "stride_wg",
+                                      "stride_w1", "stride_om"}
+    assert args["num_warps"] == 4 and args["options"] == {"maxnreg": 168}
+    # N = 40, K = 48 (the odd CPU shapes): K is a multiple of 16, N is not.
+    odd = mlaunch.compile_args_ws(shape=(40, 48), device_desc=True)
+    assert "K" in odd["divisible"] and "N" not in odd["divisible"] and "stride_om" not in odd["divisible"]
+
+
 # ---------------------------------------------------------- host logic (CPU)
 @pytest.mark.parametrize("cfg,match", [
     (dict(block_m=256), "block_m=256 must be 64 or 128"),
@@ -295,6 +369,69 @@ def test_shape_checks_after_the_device(monkeypatch):
     assert mlaunch._check_ws_operands(torch.randn(0, 16, dtype=x.dtype), w, s, False) == (0, 8, 16, 2)
 
 
+def test_gluon_device_descriptors_switch_is_off_by_default():
+    assert mlaunch.GLUON_DEVICE_DESCRIPTORS is False
+    assert mlaunch.DEVICE_DESCRIPTORS is True   # the Triton kernels' own switch, unchanged
+
+
+@pytest.mark.parametrize("trans_w", [False, True])
+@pytest.mark.parametrize("cfg", [GroupedWsConfig(), GroupedWsConfig(cooperative=True, block_n=256, num_stages=3)],
+                         ids=lambda c: c.label())
+def test_gluon_device_descriptor_plans(monkeypatch, cfg, trans_w):
+    """grouped_gemm_ws's plans (CPU tensors, the device check faked): the switch picks the
+    kernel and is part of the plan key; the launch passes what the kernel takes; operands
+    the device variant may not take keep host descriptors."""
+    from triton.runtime.jit import mangle_type
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(mlaunch, "_check_device", lambda device: None)
+    mlaunch.clear_plans()
+    M, N, K, G = 106, 40, 48, 5
+    x = torch.randn(M, K).half()
+    w = torch.randn(*((G, N, K) if trans_w else (G, K, N))).half()
+    sizes = torch.tensor([0, 37, 5, 0, 64], dtype=torch.int32)
+    out = torch.empty(M, 64).half()[:, :N]   # rows 128 bytes apart
+    monkeypatch.setattr(mlaunch, "GLUON_DEVICE_DESCRIPTORS", False)
+    host = mlaunch.plan_for_ws(x, w, sizes, trans_w=trans_w, config=cfg, out=out)
+    assert host.gluon and not host.device_desc and host.kernel is mgluon._grouped_gemm_ws_kernel
+    assert len(host.descs) == 3 and host.args == (M, G, cfg.group_m)
+    monkeypatch.setattr(mlaunch, "GLUON_DEVICE_DESCRIPTORS", True)
+    dev = mlaunch.plan_for_ws(x, w, sizes, trans_w=trans_w, config=cfg, out=out)
+    assert dev.gluon and dev.device_desc and dev.kernel is mgluon._grouped_gemm_ws_dev_kernel
+    assert dev.descs == () and dev.grid == host.grid
+    assert dev.args == (M, N, K, G, K, w.stride(0), w.stride(1), 64, cfg.group_m)
+    assert {k: dev.meta[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "TRANS_W")} == \
+        {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "TRANS_W": trans_w}
+    assert len(mlaunch._WS_PLANS) == 2
+    assert mlaunch.plan_for_ws(x, w, sizes, trans_w=trans_w, config=cfg, out=out) is dev
+    # What _launch passes (x, w, out, sizes, *args) is what compile_args_ws describes, in order.
+    sig = mlaunch.compile_args_ws(cfg, torch.float16, trans_w, G=G, device_desc=True)["signature"]
+    assert len(dev.launcher._slots) == 4 + len(dev.args)
+    assert [mangle_type(a) for a in (x, w, out, sizes, *dev.args)] == list(sig.values())
+    # One weight for every group (stride 0 over G): host descriptors, as for the Triton kernels.
+    w_bc = w[:1].expand(G, *w.shape[1:])
+    p = mlaunch.plan_for_ws(x, w_bc, sizes, trans_w=trans_w, config=cfg, out=out)
+    assert not p.device_desc and p.kernel is mgluon._grouped_gemm_ws_kernel
+
+
+def test_gluon_device_descriptors_need_room_in_shared_memory(monkeypatch):
+    """A config whose device variant would not fit sm_90's shared memory (the descriptors'
+    staging on top of ws_smem_bytes) keeps host descriptors."""
+    from kernels.gemm import config as gconfig
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(mlaunch, "_check_device", lambda device: None)
+    monkeypatch.setattr(mlaunch, "GLUON_DEVICE_DESCRIPTORS", True)
+    mlaunch.clear_plans()
+    x, w, sizes = _operands(M=64, K=48, N=40, G=2)
+    cfg = GroupedWsConfig()
+    assert mlaunch.plan_for_ws(x, w, sizes, config=cfg).device_desc
+    mlaunch.clear_plans()
+    monkeypatch.setattr(gconfig, "SMEM_LIMIT_SM90", mconfig.smem_bytes(cfg) + gconfig.WS_DEVICE_DESC_SMEM - 1)
+    assert not mlaunch.plan_for_ws(x, w, sizes, config=cfg).device_desc
+    mlaunch.clear_plans()
+
+
 # ------------------------------------- the tile schedule, modelled on the host
 def _schedule_model(sizes, M_total, N, BM, BN, group_m):
     """A plain-Python transcription of _schedule + _locate (int arithmetic, same
@@ -398,6 +535,7 @@ _GPU_SCRIPT = textwrap.dedent("""
     from kernels.moe import launch as mlaunch
     from kernels.moe.reference import reference, tolerance
     seed = int(sys.argv[2])
+    mlaunch.GLUON_DEVICE_DESCRIPTORS = len(sys.argv) > 3 and sys.argv[3] == "device"
     out = {{}}
     for i, (name, (sizes, K, N, trans_w, dt, cfg, extra, sdt)) in enumerate(json.loads(sys.argv[1]).items()):
         rng = random.Random(seed + i)  # fresh inputs per case and run
@@ -425,6 +563,7 @@ _GPU_SCRIPT = textwrap.dedent("""
             rec["untouched"] = bool(torch.isnan(c[rows:]).all())
             rec["err"] = float((got - ref).norm() / ref.norm().clamp_min(1e-30)) if rows else 0.0
             rec["tol"] = tolerance(dtype)
+            rec["device_desc"] = mlaunch.plan_for_ws(x, w, s, trans_w=trans_w, config=cfg or None, out=c).device_desc
         except Exception as exc:
             rec["error"] = f"{{type(exc).__name__}}: {{exc}}"[:800]
         out[name] = rec
@@ -485,3 +624,119 @@ def test_default_path_hands_over_only_on_sm90():
     assert mconfig.pick_ws_config("fwd", 2880, 2880).num_stages == 4
     assert (mconfig.pick_ws_config("dgrad", 2880, 5760) == mconfig.WS_DEFAULT_CONFIG
             and mconfig.WS_DEFAULT_CONFIG.num_stages == 5)
+
+
+# ----------------------------------------------- GPU: device descriptors (Gluon)
+# Every GPU_CASES case again with GLUON_DEVICE_DESCRIPTORS on (other inputs): the kernel's
+# partitions encode their descriptors; consecutive cases reuse the same scratch slots, so a
+# descriptor left over from the previous case would read and write that case's tensors.
+@pytest.fixture(scope="module")
+def gpu_dd_results():
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("grouped_gemm_ws needs an sm_90 (Hopper) GPU")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    try:
+        r = subprocess.run([sys.executable, "-c", _GPU_SCRIPT.format(root=str(ROOT)), json.dumps(GPU_CASES),
+                            str(GPU_SEED + 1), "device"], capture_output=True, text=True, env=env, timeout=400,
+                           cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        done = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        pytest.fail(f"the GPU cases did not finish in 400 s (a hang?), seed {GPU_SEED + 1}; finished before it:\n"
+                    f"{done[-3000:]}")
+    assert r.returncode == 0, f"seed {GPU_SEED + 1}: {r.stderr[-3000:]}"
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GPU_CASES))
+def test_gpu_device_descriptors_correct(gpu_dd_results, name):
+    res = gpu_dd_results[name]
+    assert "error" not in res, (GPU_SEED + 1, res)
+    assert res["device_desc"], res
+    assert res["finite"], (GPU_SEED + 1, "NaN left in the output: some tile was never written", res)
+    assert res["untouched"], (GPU_SEED + 1, "rows past sum(sizes) were written: the row window leaked", res)
+    assert res["err"] < res["tol"], (GPU_SEED + 1, res)
+
+
+# grouped_gemm's default fwd / dgrad path (the Gluon kernel) with device descriptors: right on
+# fresh inputs, and a CUDA graph captured on a side stream replays right after the scratch
+# pool has grown, with a new routing and new x copied in. In a child process (a hang fails).
+_GPU_DD_GRAPH_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    sys.path.insert(0, {root!r})
+    from kernels import moe
+    from kernels.common import launcher
+    from kernels.moe import launch as ml, routing as rt
+    from kernels.moe.reference import reference, tolerance
+    ml.GLUON_DEVICE_DESCRIPTORS = True
+    G, M, K, N = 8, 4096, 512, 2880
+    sizes = rt.mild(M, G, seed=13, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(G, K, N, device="cuda", generator=g) / K ** 0.5).to(torch.bfloat16)
+    dy = torch.randn(M, N, device="cuda", generator=g).to(torch.bfloat16)
+    ops = {{"fwd": (x, False, N), "dgrad": (dy, True, K)}}
+    out = {{}}
+
+    def err(got, a, trans_w):
+        ref = reference(a, w, sizes, trans_w=trans_w)
+        return float((got.double() - ref).norm() / ref.norm()), bool(torch.isfinite(got).all())
+
+    for op, (a, trans_w, width) in ops.items():
+        rec = {{}}
+        try:
+            p = ml.plan_for(a, w, sizes, trans_w=trans_w)
+            rec.update(label=p.label, device_desc=p.device_desc, fn=p.kernel.__name__)
+            c = moe.grouped_gemm(a, w, sizes, trans_w=trans_w)
+            torch.cuda.synchronize()
+            rec["eager_err"], rec["eager_finite"] = err(c, a, trans_w)
+            c = torch.full((M, width), float("nan"), device="cuda", dtype=torch.bfloat16)
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                moe.grouped_gemm(a, w, sizes, trans_w=trans_w, out=c)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=s):
+                moe.grouped_gemm(a, w, sizes, trans_w=trans_w, out=c)
+            for key in list(launcher._SCRATCH):
+                launcher.scratch(*key, 1 << 24)
+            sizes.copy_(rt.mild(M, G, seed=29 + len(out), device="cuda"))
+            a.copy_(torch.randn(a.shape, device="cuda", generator=g).to(a.dtype))
+            c.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            rec["graph_err"], rec["graph_finite"] = err(c, a, trans_w)
+            rec["tol"] = tolerance(torch.bfloat16)
+        except Exception as exc:
+            rec["error"] = f"{{type(exc).__name__}}: {{exc}}"[:800]
+        out[op] = rec
+        print(json.dumps({{op: rec}}), file=sys.stderr, flush=True)
+    print(json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def gpu_dd_graph_results():
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernel needs an sm_90 (Hopper) GPU")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    try:
+        r = subprocess.run([sys.executable, "-c", _GPU_DD_GRAPH_SCRIPT.format(root=str(ROOT))], capture_output=True,
+                           text=True, env=env, timeout=300, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        done = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        pytest.fail(f"grouped_gemm with device descriptors did not finish in 300 s (a hang?):\n{done[-3000:]}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["fwd", "dgrad"])
+def test_gpu_device_descriptors_default_path_and_graph(gpu_dd_graph_results, op):
+    res = gpu_dd_graph_results[op]
+    assert "error" not in res, res
+    assert res["label"].startswith("gluon") and res["device_desc"] and res["fn"] == "_grouped_gemm_ws_dev_kernel"
+    assert res["eager_finite"] and res["eager_err"] < res["tol"], res
+    assert res["graph_finite"] and res["graph_err"] < res["tol"], res

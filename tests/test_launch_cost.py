@@ -51,3 +51,35 @@ def test_descriptor_shapes_cover_the_goal_table_and_small_m():
     assert len(shapes) == len(set(shapes))
     assert set(run_gemm_h200.GOAL_SHAPES) <= set(shapes) and set(launch_cost.GEMM_SHAPES) <= set(shapes)
     assert {M for M, _, _ in shapes} >= {1, 16, 128}
+
+
+def test_only_filter_for_the_gluon_rows(tmp_path):
+    r = _run("--help")
+    assert "--only" in r.stdout and "gluon" in r.stdout
+    r = _run("--out", str(tmp_path), "--only", "gluon")
+    assert r.returncode != 0 and "--only goes with --descriptors" in r.stderr
+    r = _run("--out", str(tmp_path), "--descriptors", "--dry-run", "--only", "gluon")
+    assert r.returncode != 0 and "Gluon" in r.stderr and not (tmp_path / "descriptors_dry.csv").exists()
+
+
+def test_gluon_rows_are_the_shapes_the_plan_sends_to_gluon():
+    """GLUON_SHAPES: goal-table shapes that the heuristic gives the Gluon kernel on an H200
+    (132 SMs, bf16, aligned); the grouped cases' fwd and dgrad take it on sm_90 by default."""
+    import torch
+
+    from kernels.gemm.config import heuristic
+    from kernels.moe import config as mconfig
+
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import launch_cost
+    finally:
+        sys.path.pop(0)
+    assert set(launch_cost.GLUON_SHAPES) <= set(launch_cost._desc_shapes())
+    for M, N, K in launch_cost.GLUON_SHAPES:
+        cfg = heuristic(M, N, K, torch.bfloat16, 132, hopper=True, gluon=True, tma=True, c_aligned=True)
+        assert cfg.gluon in ("pingpong", "coop"), (M, N, K, cfg)
+    for G, T, N, K in launch_cost.GROUPED:   # K, N multiples of 8, G within the Gluon kernel's limit
+        mconfig.check_alignment(N, K)
+        mconfig.check_alignment(K, N)
+        mconfig.check_groups(G)

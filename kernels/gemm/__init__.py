@@ -58,7 +58,10 @@ the zoo: ``results/gemm_zoo/``.
 
 Warp-specialised Gluon kernel: ``GemmConfig.gluon`` = "pingpong" or "coop" runs
 ``kernels.gemm.gluon`` (sm_90, bf16/fp16, TMA-aligned operands); the heuristic
-chooses ping-pong where the model says so.
+chooses ping-pong where the model says so. Its descriptors come from the host
+(Gluon's ``TensorDescriptor``), or, in ``_gemm_ws_dev_kernel`` (chosen per plan
+with ``kernels.gemm.launch.GLUON_DEVICE_DESCRIPTORS``; off by default), from
+its partitions, each encoding the ones it issues TMA copies with.
 
 Counting (``flops``, ``bytes_moved``): 2*M*N*K floating-point operations; the
 fewest bytes are each input read once and C written once:

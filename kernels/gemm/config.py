@@ -475,6 +475,11 @@ MAXNREG = (REGS_PER_SM // (TOTAL_WARPS * 32)) // 8 * 8  # 168: registers per thr
 # Triton 3.6 keeps the worker partitions' state (and alignment padding) in shared
 # memory too: 168 bytes in every config cross-compiled for sm_90.
 WS_EXTRA_SMEM = 256
+# The device-descriptor variant (kernels.gemm.gluon._gemm_ws_dev_kernel, and the grouped
+# kernel's) stages each descriptor it encodes in shared memory first: 144-224 bytes more
+# than the host-descriptor kernel in the configs cross-compiled for sm_90 (cooperative,
+# ping-pong). A plan takes it only where the config fits with this much on top.
+WS_DEVICE_DESC_SMEM = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -567,6 +572,12 @@ def _validate_tile(c: WsConfig) -> None:
         raise ValueError(f"{who}: a {c.block_m}x{c.block_n} fp32 accumulator needs "
                          f"{c.block_m * c.block_n // threads} registers per consumer thread; at most 128 fit "
                          + ("(use 128x256 or 256x128)" if c.cooperative else "(use 128x128 or 64x256)"))
+
+
+def ws_device_desc_fits(config: WsConfig, elem_bytes: int = 2) -> bool:
+    """Whether the config's device-descriptor variant fits sm_90's shared memory
+    (``ws_smem_bytes`` plus ``WS_DEVICE_DESC_SMEM``)."""
+    return ws_smem_bytes(config, elem_bytes, type(config)) + WS_DEVICE_DESC_SMEM <= SMEM_LIMIT_SM90
 
 
 def validate_ws(config: WsConfig | Mapping[str, Any] | None, cls: type | None = None) -> WsConfig:

@@ -66,6 +66,21 @@ Shared memory: ``NUM_STAGES * (BM*BK + BK*BN) * 2`` bytes for the ring, one
 warp-specialisation state (``smem_bytes``); ping-pong 128x128x64 with 4 stages:
 128 KB + 64 KB; cooperative 128x256x64 with 3 stages: 144 KB + 64 KB. Configs
 over sm_90's 227 KB per block are refused.
+
+Descriptors. ``_gemm_ws_kernel`` takes three host descriptors (Gluon's
+``TensorDescriptor``: the launcher encodes a ``CUtensorMap`` per descriptor and
+call). ``_gemm_ws_dev_kernel`` takes pointers and row strides instead and
+encodes them on the device (``tma.make_tensor_descriptor``, once per program):
+each partition encodes the descriptors it issues TMA copies with, into slots
+of its own in the global scratch (the producer A's and B's, each consumer
+C's), so the warps that use a descriptor are the ones that copied it out with
+the tensormap release fence and acquired it (``fence.proxy.tensormap`` is a
+per-thread ordering, and the scratch slot holds the previous launch's
+descriptor until then); Triton's own warp specialisation places the ones it
+makes the same way. 4 descriptors per program in ping-pong, 3 in cooperative
+(512 / 384 bytes of scratch), staged in 144-224 bytes of shared memory; the
+ring, the boxes, their layouts and the schedule are the host variant's, and
+so is the main loop (same wgmma and TMA instructions).
 """
 import torch
 from triton.experimental import gluon
@@ -193,12 +208,20 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, orde
               WHICH: gl.constexpr, NUM_CONSUMERS: gl.constexpr, NUM_STAGES: gl.constexpr):
     """The CTA's tiles WHICH, WHICH + NUM_CONSUMERS, ...: mainloop, then epilogue.
     Ping-pong: two of these (one warpgroup each); cooperative: one (8 warps)."""
+    num_pid_m, num_pid_n, k_steps = _grid_sizes(a_desc, b_desc)
+    _consumer_tiles(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m, num_pid_m, num_pid_n, k_steps,
+                    WHICH, NUM_CONSUMERS, NUM_STAGES)
+
+
+@gluon.jit
+def _consumer_tiles(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m, num_pid_m, num_pid_n, k_steps,
+                    WHICH: gl.constexpr, NUM_CONSUMERS: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """``_consumer``'s work, given the grid of tiles and the K-steps per tile."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     dtype: gl.constexpr = c_desc.dtype
     acc_layout: gl.constexpr = _acc_layout(BLOCK_N, dtype.primitive_bitwidth, gl.num_warps())
     c_smem = c_bufs.index(WHICH)
-    num_pid_m, num_pid_n, k_steps = _grid_sizes(a_desc, b_desc)
     grid = gl.num_programs(0)
     j = 0  # tiles this consumer has done
     for tile_id in range(gl.program_id(0) + WHICH * grid, num_pid_m * num_pid_n, NUM_CONSUMERS * grid):
@@ -232,6 +255,13 @@ def _shared_state(a_desc, b_desc, c_desc, NUM_STAGES: gl.constexpr, NUM_CONSUMER
     a_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + c_desc.block_type.shape, c_desc.layout)
+    ready, empty, order = _barriers(NUM_STAGES)
+    return a_bufs, b_bufs, c_bufs, ready, empty, order
+
+
+@gluon.jit
+def _barriers(NUM_STAGES: gl.constexpr):
+    """The mbarriers of ``_shared_state``, initialised: ready/empty per stage, order[2]."""
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -240,7 +270,7 @@ def _shared_state(a_desc, b_desc, c_desc, NUM_STAGES: gl.constexpr, NUM_CONSUMER
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(order.index(i), count=1)
-    return a_bufs, b_bufs, c_bufs, ready, empty, order
+    return ready, empty, order
 
 
 @gluon.jit
@@ -266,4 +296,77 @@ def _gemm_ws_kernel(a_desc, b_desc, c_desc, group_m, NUM_STAGES: gl.constexpr, C
             (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m,
                          1, NUM_CONSUMERS, NUM_STAGES)),
             (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_m, NUM_STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# --------------------------------------------------------------------------
+# The same kernel with device descriptors
+# --------------------------------------------------------------------------
+@gluon.constexpr_function
+def _smem_layout(block, dtype):
+    # The layout ``layout`` gives a host descriptor of this box (so both variants
+    # stage their tiles identically).
+    return gl.NVMMASharedLayout.get_default_for(block, dtype)
+
+
+@gluon.jit
+def _producer_dev(a_ptr, b_ptr, M, N, K, stride_am, stride_bk, a_bufs, b_bufs, ready, empty, group_m,
+                  NUM_STAGES: gl.constexpr):
+    """``_producer``, with the descriptors of A and B encoded by this partition (its
+    own slots of the global scratch: the warps that issue the TMA loads are the ones
+    that wrote and acquired the descriptors)."""
+    BLOCK_M: gl.constexpr = a_bufs.shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.shape[2]
+    BLOCK_N: gl.constexpr = b_bufs.shape[2]
+    a_desc = tma.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K], a_bufs.layout)
+    b_desc = tma.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N], b_bufs.layout)
+    _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_m, NUM_STAGES)
+
+
+@gluon.jit
+def _consumer_dev(c_ptr, M, N, K, stride_cm, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m,
+                  WHICH: gl.constexpr, NUM_CONSUMERS: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """``_consumer``, with C's descriptor encoded by this consumer itself."""
+    BLOCK_M: gl.constexpr = c_bufs.shape[1]
+    BLOCK_N: gl.constexpr = c_bufs.shape[2]
+    BLOCK_K: gl.constexpr = a_bufs.shape[2]
+    c_desc = tma.make_tensor_descriptor(c_ptr, [M, N], [stride_cm, 1], [BLOCK_M, BLOCK_N], c_bufs.layout)
+    _consumer_tiles(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m, (M + BLOCK_M - 1) // BLOCK_M,
+                    (N + BLOCK_N - 1) // BLOCK_N, (K + BLOCK_K - 1) // BLOCK_K, WHICH, NUM_CONSUMERS, NUM_STAGES)
+
+
+@gluon.jit(do_not_specialize=["M", "group_m"])
+def _gemm_ws_dev_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride_cm, group_m,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                        NUM_STAGES: gl.constexpr, COOPERATIVE: gl.constexpr,
+                        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    """``_gemm_ws_kernel`` with device descriptors: A, B and C arrive as pointers and
+    row strides (unit inner strides, 16-byte aligned bases and row strides: the plan
+    checks), and every partition encodes the descriptors it issues TMA copies with
+    (``tma.make_tensor_descriptor``, once per program, 128 bytes of the launcher's
+    global scratch each: A and B in the producer, C in each consumer), so the launch
+    passes no host descriptor. Same boxes, layouts, ring and schedule."""
+    NUM_CONSUMERS: gl.constexpr = 1 if COOPERATIVE else 2
+    dtype: gl.constexpr = a_ptr.dtype.element_ty
+    a_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], _smem_layout([BLOCK_M, BLOCK_K], dtype))
+    b_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_K, BLOCK_N], _smem_layout([BLOCK_K, BLOCK_N], dtype))
+    c_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, BLOCK_M, BLOCK_N],
+                                       _smem_layout([BLOCK_M, BLOCK_N], dtype))
+    ready, empty, order = _barriers(NUM_STAGES)
+
+    if COOPERATIVE:
+        gl.warp_specialize([
+            (_consumer_dev, (c_ptr, M, N, K, stride_cm, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m,
+                             0, NUM_CONSUMERS, NUM_STAGES)),
+            (_producer_dev, (a_ptr, b_ptr, M, N, K, stride_am, stride_bk, a_bufs, b_bufs, ready, empty, group_m,
+                             NUM_STAGES)),
+        ], [1], [PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer_dev, (c_ptr, M, N, K, stride_cm, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m,
+                             0, NUM_CONSUMERS, NUM_STAGES)),
+            (_consumer_dev, (c_ptr, M, N, K, stride_cm, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m,
+                             1, NUM_CONSUMERS, NUM_STAGES)),
+            (_producer_dev, (a_ptr, b_ptr, M, N, K, stride_am, stride_bk, a_bufs, b_bufs, ready, empty, group_m,
+                             NUM_STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

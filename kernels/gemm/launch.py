@@ -15,8 +15,16 @@ or, with ``DEVICE_DESCRIPTORS``, by the kernel itself (``tl.make_tensor_descript
 into a global scratch buffer that ``kernels.common.launcher`` keeps per stream),
 so the launch passes pointers and integers only. A plan takes device
 descriptors only where they are legal (``device_desc_ok``); the setting is part
-of the plan key, so flipping it at run time makes new plans. The Gluon kernel
-keeps host descriptors.
+of the plan key, so flipping it at run time makes new plans.
+
+The Gluon kernel (``kernels.gemm.gluon``) has the same two variants, under a
+switch of its own, ``GLUON_DEVICE_DESCRIPTORS``: host descriptors (Gluon's
+``TensorDescriptor`` with its shared-memory layout, three per call), or
+``_gemm_ws_dev_kernel``, whose partitions encode the descriptors they use
+(``tma.make_tensor_descriptor``; the launcher supplies the scratch as for the
+Triton kernels). Same legality rule (``device_desc_ok`` for A, B and C), plus
+the config's shared memory with the descriptors' staging on top
+(``ws_device_desc_fits``); also part of the plan key.
 """
 from __future__ import annotations
 
@@ -33,7 +41,7 @@ from kernels.common.plans import capability as _capability, sm_count as _sm_coun
 from kernels.gemm import gluon
 from kernels.gemm.config import (
     DTYPES, MAXNREG, WS_DTYPES, GemmConfig, StreamKPlan, WsConfig, _as_config, _refuse_ws_on_gpu, heuristic,
-    num_warps, split_pieces, stream_k_plan, validate_config, validate_ws,
+    num_warps, split_pieces, stream_k_plan, validate_config, validate_ws, ws_device_desc_fits,
 )
 from kernels.gemm.metrics import _mnk
 from kernels.gemm.triton import _gemm_ptr_kernel, _gemm_splitk_kernel, _gemm_tma_dev_kernel, _gemm_tma_kernel
@@ -50,6 +58,10 @@ _FALLBACK = "use kernels.gemm.matmul instead"
 # Measured on an H200 (results/launch_cost/descriptors/): 10-30 us less host time per call and
 # the same or less GPU time (graph ratio device/host 0.99-1.23 over 20 cases), so True.
 DEVICE_DESCRIPTORS = True
+# The same choice for the Gluon kernel (kernels.gemm.gluon): True, _gemm_ws_dev_kernel (its
+# partitions encode their descriptors); False, host descriptors (three Gluon TensorDescriptors
+# per call). Off until measured on an H200 (experiments/launch_cost.py --descriptors --only gluon).
+GLUON_DEVICE_DESCRIPTORS = False
 _I32 = 2**31
 _SK_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 _RETIRED: list = []  # outgrown workspaces: a captured CUDA graph may still use them
@@ -169,14 +181,14 @@ class _GemmPlan:
     blocks: tuple = ()  # the descriptors' boxes (A, B, C), or their layouts too (Gluon)
     pad_a: int = 0  # > 0: copy A into a buffer of this many columns first (TMA needs aligned rows)
     pad_b: int = 0  # the same for B
-    device_desc: bool = False  # kinds "tma"/"splitk": the kernel encodes its TMA descriptors itself
+    device_desc: bool = False  # kinds "tma"/"splitk"/"gluon": the kernel encodes its TMA descriptors itself
 
 
 _PLANS = PlanCache()
 
 
 def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
-          device_descriptors: bool = False) -> _GemmPlan:
+          device_descriptors: bool = False, gluon_device_descriptors: bool = False) -> _GemmPlan:
     _check_operands(a, b)
     M, K = a.shape
     N = b.shape[1]
@@ -206,7 +218,9 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
             raise ValueError(f"gemm: gluon={cfg.gluon!r} runs the Gluon kernel (kernels.gemm.gluon), which needs "
                              f"bf16/fp16 operands on an sm_90 GPU with 16-byte aligned rows (K, N multiples of 8); "
                              f"got {a.dtype} on {a.device}. Use gluon=None (the Triton kernel) here")
-        return _ws_plan(M, N, K, cfg.ws_config(), sms, a.dtype)
+        wcfg = cfg.ws_config()
+        return _ws_plan(M, N, K, wcfg, sms, a.dtype, gluon_device_descriptors and _ws_device_desc_ok(a, b, out, wcfg),
+                        (a.stride(0), b.stride(0), out.stride(0) if out is not None else N))
     if cfg.warp_specialize and on_gpu:
         _refuse_ws_on_gpu()
     tma_wanted = hopper if cfg.tma is None else cfg.tma
@@ -296,16 +310,16 @@ def _splitk_plan(M: int, N: int, K: int, cfg: GemmConfig, tma_ok: bool, pads: di
 
 def plan_for(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | None = None) -> _GemmPlan:
     """The plan ``matmul(a, b, config, out)`` runs (made once per call signature and
-    ``DEVICE_DESCRIPTORS`` setting)."""
-    dd = DEVICE_DESCRIPTORS
+    ``DEVICE_DESCRIPTORS`` / ``GLUON_DEVICE_DESCRIPTORS`` setting)."""
+    dd, gdd = DEVICE_DESCRIPTORS, GLUON_DEVICE_DESCRIPTORS
     try:
         key = (tensor_signature(a), tensor_signature(b), None if out is None else tensor_signature(out),
-               config_key(config), dd)
+               config_key(config), dd, gdd)
     except AttributeError:   # not tensors: planning says what is wrong (and raises)
-        return _plan(a, b, out, config, dd)
+        return _plan(a, b, out, config, dd, gdd)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS.put(key, _plan(a, b, out, config, dd))
+        plan = _PLANS.put(key, _plan(a, b, out, config, dd, gdd))
     return plan
 
 
@@ -410,13 +424,31 @@ def grid_size(M: int, N: int, config: WsConfig, num_sms: int) -> int:
 
 
 
-def _ws_plan(M: int, N: int, K: int, cfg: WsConfig, sms: int, dtype: torch.dtype) -> _GemmPlan:
+def _ws_device_desc_ok(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, cfg: WsConfig) -> bool:
+    """Whether the Gluon kernel may encode its descriptors itself: the Triton kernels'
+    rule (``device_desc_ok``) for A, B and C (a fresh C: contiguous (M, N)), and the
+    config's shared memory with the descriptors' staging on top."""
+    M, N = a.shape[0], b.shape[1]
+    return (device_desc_ok(a) and device_desc_ok(b)
+            and device_desc_ok(out, M, N, N, a.element_size()) and ws_device_desc_fits(cfg, a.element_size()))
+
+
+def _ws_plan(M: int, N: int, K: int, cfg: WsConfig, sms: int, dtype: torch.dtype, device_desc: bool = False,
+             row_strides: tuple[int, int, int] = ()) -> _GemmPlan:
+    """The Gluon kernel's plan: host descriptors (their boxes and layouts kept), or with
+    ``device_desc`` the variant that encodes them itself from the row strides of A, B
+    and C (``row_strides``, which the plan's key fixes)."""
     grid = grid_size(M, N, cfg, sms)
-    launch = PlannedLaunch(gluon._gemm_ws_kernel, (grid,),
-                           dict(NUM_STAGES=cfg.num_stages, COOPERATIVE=cfg.cooperative,
-                                CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs),
-                           dict(num_warps=num_warps(cfg), maxnreg=MAXNREG))
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    constexprs = dict(NUM_STAGES=cfg.num_stages, COOPERATIVE=cfg.cooperative, CONSUMER_REGS=cfg.consumer_regs,
+                      PRODUCER_REGS=cfg.producer_regs)
+    options = dict(num_warps=num_warps(cfg), maxnreg=MAXNREG)
+    if device_desc:
+        launch = PlannedLaunch(gluon._gemm_ws_dev_kernel, (grid,), dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **constexprs),
+                               options)
+        return _GemmPlan("gluon", M, N, K, cfg, launch, (M, N, K, *row_strides, cfg.group_m), 0, grid,
+                         device_desc=True)
+    launch = PlannedLaunch(gluon._gemm_ws_kernel, (grid,), constexprs, options)
     # Boxes with their shared-memory layouts, made once (building a layout costs more than the launch).
     blocks = tuple((blk, gluon.layout(dtype, blk)) for blk in ([bm, bk], [bk, bn], [bm, bn]))
     return _GemmPlan("gluon", M, N, K, cfg, launch, (cfg.group_m,), 0, grid, blocks)
@@ -424,6 +456,9 @@ def _ws_plan(M: int, N: int, K: int, cfg: WsConfig, sms: int, dtype: torch.dtype
 
 def _launch_ws(p: _GemmPlan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     cuda_context.ensure_current(a.device)   # autograd's backward thread may have no current context
+    if p.device_desc:   # pointers, sizes, row strides (the kernel encodes its descriptors)
+        p.launch(a, b, out, *p.args)
+        return
     (ab, al), (bb, bl), (cb, cl) = p.blocks
     D = gluon.TensorDescriptor
     p.launch(D.from_tensor(a, ab, al), D.from_tensor(b, bb, bl), D.from_tensor(out, cb, cl), *p.args)
@@ -432,7 +467,7 @@ def _launch_ws(p: _GemmPlan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
 _WS_PLANS = PlanCache()
 
 
-def _plan_ws(a, b, out, config) -> _GemmPlan:
+def _plan_ws(a, b, out, config, gluon_device_descriptors: bool = False) -> _GemmPlan:
     cfg = validate_ws(config)
     _check_ws_operands(a, b)
     M, K = a.shape
@@ -447,7 +482,22 @@ def _plan_ws(a, b, out, config) -> _GemmPlan:
     if not all(_tma_ok(t) for t in (a, b) + (() if out is None else (out,))):
         raise ValueError("gemm_ws: a, b and out need unit column stride, 16-byte aligned base pointers and "
                          f"row strides (TMA); {_FALLBACK}, which takes any strides")
-    return _ws_plan(M, N, K, cfg, _sm_count(_device_index(a)), a.dtype)
+    return _ws_plan(M, N, K, cfg, _sm_count(_device_index(a)), a.dtype,
+                    gluon_device_descriptors and _ws_device_desc_ok(a, b, out, cfg),
+                    (a.stride(0), b.stride(0), out.stride(0) if out is not None else N))
+
+
+def plan_for_ws(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | None = None) -> _GemmPlan:
+    """The plan ``matmul_ws(a, b, config=config, out=out)`` runs (made once per call
+    signature and ``GLUON_DEVICE_DESCRIPTORS`` setting)."""
+    gdd = GLUON_DEVICE_DESCRIPTORS
+    try:
+        key = (tensor_signature(a), tensor_signature(b), None if out is None else tensor_signature(out),
+               config_key(config), gdd)
+    except AttributeError:   # not tensors: planning says what is wrong (and raises)
+        _plan_ws(a, b, out, config)
+        raise
+    return _WS_PLANS.get(key) or _WS_PLANS.put(key, _plan_ws(a, b, out, config, gdd))
 
 
 def matmul_ws(a: torch.Tensor, b: torch.Tensor, *, config: WsConfig | Mapping[str, Any] | None = None,
@@ -458,15 +508,9 @@ def matmul_ws(a: torch.Tensor, b: torch.Tensor, *, config: WsConfig | Mapping[st
     16-byte aligned rows (K, N multiples of 8). ``out`` (M, N), if given,
     receives C. Raises ValueError, naming ``kernels.gemm.matmul`` as the
     fallback, for anything this kernel cannot take. Planned once per call
-    signature, like ``matmul``.
+    signature (and ``GLUON_DEVICE_DESCRIPTORS`` setting), like ``matmul``.
     """
-    try:
-        key = (tensor_signature(a), tensor_signature(b), None if out is None else tensor_signature(out),
-               config_key(config))
-    except AttributeError:   # not tensors: planning says what is wrong (and raises)
-        _plan_ws(a, b, out, config)
-        raise
-    p = _WS_PLANS.get(key) or _WS_PLANS.put(key, _plan_ws(a, b, out, config))
+    p = plan_for_ws(a, b, config, out)
     if out is None:
         out = torch.empty((p.M, p.N), dtype=a.dtype, device=a.device)
     if p.kind == "gluon":
@@ -480,28 +524,41 @@ def matmul_ws(a: torch.Tensor, b: torch.Tensor, *, config: WsConfig | Mapping[st
 # Cross-compilation (no GPU needed): arguments for workbench.asm.compile
 # --------------------------------------------------------------------------
 def compile_args_ws(config: WsConfig | Mapping[str, Any] | None = None, dtype: torch.dtype = torch.bfloat16,
-                 shape: Mapping[str, int] | tuple[int, int, int] | None = None) -> dict:
+                 shape: Mapping[str, int] | tuple[int, int, int] | None = None, device_desc: bool = False) -> dict:
     """Keyword arguments for ``workbench.asm.compile.cross_compile`` that build
     the kernel ``matmul_ws`` launches for ``config`` (``fn`` included)::
 
         cross_compile(targets="sm90", cache_dir=d, **compile_args(cfg, torch.float16))
 
     The descriptors carry the problem size at run time, so ``shape`` (M, N, K)
-    only checks the alignment rule.
+    only checks the alignment rule (and, with ``device_desc``, decides which
+    sizes count as multiples of 16). ``device_desc``: the variant that encodes
+    its descriptors in the kernel (``_gemm_ws_dev_kernel``; row-major A, B and C,
+    16-byte aligned bases and row strides).
     """
     cfg = validate_ws(config)
     if dtype not in WS_DTYPES:
         raise ValueError(f"gemm_ws: dtype {dtype} is not supported; use torch.bfloat16 or torch.float16")
+    M, N, K = 8192, 8192, 8192
     if shape is not None:
         M, N, K = (shape["M"], shape["N"], shape["K"]) if isinstance(shape, Mapping) else shape
         check_alignment(M, N, K, dtype)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    sig = {"a_desc": gluon.desc_type(dtype, [bm, bk]), "b_desc": gluon.desc_type(dtype, [bk, bn]),
-           "c_desc": gluon.desc_type(dtype, [bm, bn]), "group_m": "i32"}
     constexprs = {"NUM_STAGES": cfg.num_stages, "COOPERATIVE": cfg.cooperative, "CONSUMER_REGS": cfg.consumer_regs,
                   "PRODUCER_REGS": cfg.producer_regs}
-    return {"fn": gluon._gemm_ws_kernel, "signature": sig, "constexprs": constexprs, "num_warps": num_warps(cfg),
-            "options": {"maxnreg": MAXNREG}}
+    out = {"fn": gluon._gemm_ws_kernel, "num_warps": num_warps(cfg), "options": {"maxnreg": MAXNREG}}
+    if device_desc:
+        t = triton_type(dtype)
+        sig = {"a_ptr": f"*{t}", "b_ptr": f"*{t}", "c_ptr": f"*{t}", "M": "i32", "N": "i32", "K": "i32",
+               "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32", "group_m": "i32"}
+        divisible = ["a_ptr", "b_ptr", "c_ptr"] + [name for name, v in (("N", N), ("K", K), ("stride_am", K),
+                                                                       ("stride_bk", N), ("stride_cm", N))
+                                                   if v % 16 == 0]
+        return {**out, "fn": gluon._gemm_ws_dev_kernel, "signature": sig,
+                "constexprs": {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **constexprs}, "divisible": divisible}
+    sig = {"a_desc": gluon.desc_type(dtype, [bm, bk]), "b_desc": gluon.desc_type(dtype, [bk, bn]),
+           "c_desc": gluon.desc_type(dtype, [bm, bn]), "group_m": "i32"}
+    return {**out, "signature": sig, "constexprs": constexprs}
 
 
 
@@ -520,7 +577,7 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
     cfg = _as_config(config) or heuristic(*(_mnk(shape) if shape else (8192, 8192, 8192)), dtype)
     validate_config(cfg)
     if cfg.gluon:
-        return compile_args_ws(cfg.ws_config(), dtype, _mnk(shape) if shape else None)
+        return compile_args_ws(cfg.ws_config(), dtype, _mnk(shape) if shape else None, device_desc)
     if cfg.split_k is not None:
         return _compile_args_splitk(cfg, dtype, device_desc)
     t = triton_type(dtype)

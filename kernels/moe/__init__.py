@@ -44,7 +44,10 @@ Two kernels:
   the grouped tile schedule. ``grouped_gemm`` hands it its default path for
   bf16/fp16 operands with 16-byte aligned rows on sm_90 (1-5% ahead of the
   Triton kernel on every seed layer in results/grouped_gemm run 12);
-  ``grouped_gemm_ws`` runs it alone.
+  ``grouped_gemm_ws`` runs it alone. With
+  ``kernels.moe.launch.GLUON_DEVICE_DESCRIPTORS`` (off by default) it runs as
+  ``_grouped_gemm_ws_dev_kernel``: the producer encodes x's and w's
+  descriptors, each consumer out's row window, so no host descriptor is built.
 
   What Gluon (Triton 3.6) took and refused, found while writing it: accepted,
   a rank-3 NVMMA ring ([NUM_STAGES, 1, BK, BN]) filled by 3-D TMA loads,

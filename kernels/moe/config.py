@@ -156,8 +156,9 @@ def g_pad_triton(G: int) -> int:
 # --------------------------------------------------------------------------
 # The dense kernel's limits and config helpers hold here too (same partitions,
 # registers, ring and staging buffers): kernels.gemm.config.
-WS_DTYPES, SMEM_LIMIT_SM90, TOTAL_WARPS, MAXNREG, WS_EXTRA_SMEM = (
-    dense.WS_DTYPES, dense.SMEM_LIMIT_SM90, dense.TOTAL_WARPS, dense.MAXNREG, dense.WS_EXTRA_SMEM)
+WS_DTYPES, SMEM_LIMIT_SM90, TOTAL_WARPS, MAXNREG, WS_EXTRA_SMEM, WS_DEVICE_DESC_SMEM = (
+    dense.WS_DTYPES, dense.SMEM_LIMIT_SM90, dense.TOTAL_WARPS, dense.MAXNREG, dense.WS_EXTRA_SMEM,
+    dense.WS_DEVICE_DESC_SMEM)
 num_consumers, num_warps = dense.num_consumers, dense.num_warps
 default_partition_regs, consumer_regs_of = dense.default_partition_regs, dense.consumer_regs_of
 WS_MAX_GROUPS = 512  # G_PAD / 32 registers per sizes vector; the 40-register producer spills at G_PAD = 1024

@@ -18,6 +18,10 @@ Narrow last column strip (N = 2880 in 128-wide tiles: 22.5 tiles): not
 special-cased. The last strip's tiles are computed 128 wide, the TMA engine
 zero-fills the missing w columns and drops the out columns past N: 1/23 of the
 tiles do half useless work, about 2% of the MMA work at N = 2880.
+
+``_grouped_gemm_ws_dev_kernel`` is the same kernel with device descriptors
+(see ``kernels.gemm.gluon``): pointers and strides in, the producer encodes x's
+and w's descriptors and each consumer out's row window, once per program.
 """
 from __future__ import annotations
 
@@ -176,14 +180,22 @@ def _consumer(x_desc, w_desc, out_desc, sizes_ptr, M_total, G, group_m, a_bufs, 
               NUM_STAGES: gl.constexpr, TRANS_W: gl.constexpr, G_PAD: gl.constexpr):
     """The CTA's tiles WHICH, WHICH + NUM_CONSUMERS, ...: mainloop, then the epilogue
     through the row-window descriptor (rows past the group are dropped)."""
+    _consumer_tiles(out_desc, x_desc.shape[1], sizes_ptr, M_total, G, group_m, a_bufs, b_bufs, c_bufs, ready, empty,
+                    order, WHICH, NUM_CONSUMERS, NUM_STAGES, TRANS_W, G_PAD)
+
+
+@gluon.jit
+def _consumer_tiles(out_desc, K, sizes_ptr, M_total, G, group_m, a_bufs, b_bufs, c_bufs, ready, empty, order,
+                    WHICH: gl.constexpr, NUM_CONSUMERS: gl.constexpr, NUM_STAGES: gl.constexpr,
+                    TRANS_W: gl.constexpr, G_PAD: gl.constexpr):
+    """``_consumer``'s work, given the reduction length K (x's columns)."""
     BLOCK_M: gl.constexpr = out_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = out_desc.block_type.shape[3]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.shape[2]   # the x ring: [NUM_STAGES, BM, BK]
     dtype: gl.constexpr = out_desc.dtype
     acc_layout: gl.constexpr = _acc_layout(BLOCK_N, dtype.primitive_bitwidth, gl.num_warps())
     c_smem = c_bufs.index(WHICH)  # [1, 1, BM, BN], the descriptor's layout
     c_view = c_smem.reshape([BLOCK_M, BLOCK_N])
-    K = x_desc.shape[1]
     N = out_desc.shape[3]
     num_n_tiles = (N + BLOCK_N - 1) // BLOCK_N
     k_steps = (K + BLOCK_K - 1) // BLOCK_K
@@ -233,6 +245,85 @@ def _grouped_gemm_ws_kernel(x_desc, w_desc, out_desc, sizes_ptr, M_total, G, gro
                          NUM_STAGES, TRANS_W, G_PAD)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
+
+
+# --------------------------------------------------------------------------
+# The same kernel with device descriptors
+# --------------------------------------------------------------------------
+@gluon.jit
+def _producer_dev(x_ptr, w_ptr, M_total, N, K, G, stride_xm, stride_wg, stride_w1, sizes_ptr, group_m, a_bufs, b_bufs,
+                  ready, empty, NUM_STAGES: gl.constexpr, TRANS_W: gl.constexpr, G_PAD: gl.constexpr):
+    """``_producer``, with the descriptors of x and w encoded by this partition (the
+    warp that issues the TMA loads wrote and acquired them)."""
+    BLOCK_M: gl.constexpr = a_bufs.shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.shape[2]
+    W_BOX_1: gl.constexpr = b_bufs.shape[2]   # BK ([1, BK, BN] boxes), or BN for trans_w ([1, BN, BK])
+    W_BOX_2: gl.constexpr = b_bufs.shape[3]
+    x_desc = tma.make_tensor_descriptor(x_ptr, [M_total, K], [stride_xm, 1], [BLOCK_M, BLOCK_K], a_bufs.layout)
+    if TRANS_W:   # w: [G, N, K]
+        w_desc = tma.make_tensor_descriptor(w_ptr, [G, N, K], [stride_wg, stride_w1, 1], [1, W_BOX_1, W_BOX_2],
+                                            b_bufs.layout)
+    else:         # w: [G, K, N]
+        w_desc = tma.make_tensor_descriptor(w_ptr, [G, K, N], [stride_wg, stride_w1, 1], [1, W_BOX_1, W_BOX_2],
+                                            b_bufs.layout)
+    _producer(x_desc, w_desc, sizes_ptr, M_total, G, group_m, a_bufs, b_bufs, ready, empty, NUM_STAGES, TRANS_W,
+              G_PAD)
+
+
+@gluon.jit
+def _consumer_dev(out_ptr, N, K, stride_om, sizes_ptr, M_total, G, group_m, a_bufs, b_bufs, c_bufs, ready, empty,
+                  order, WHICH: gl.constexpr, NUM_CONSUMERS: gl.constexpr, NUM_STAGES: gl.constexpr,
+                  TRANS_W: gl.constexpr, G_PAD: gl.constexpr):
+    """``_consumer``, with out's row-window descriptor (``kernels.moe.triton.row_window``:
+    shape [0x7FFF0000, 0x7FFF0000, 2**30, N], strides [2**34 - s, s, s, 1]) encoded by
+    this consumer itself."""
+    BLOCK_M: gl.constexpr = c_bufs.shape[3]
+    BLOCK_N: gl.constexpr = c_bufs.shape[4]
+    s = stride_om.to(gl.int64)
+    out_desc = tma.make_tensor_descriptor(out_ptr, [0x7FFF0000, 0x7FFF0000, 1 << 30, N], [(1 << 34) - s, s, s, 1],
+                                          [1, 1, BLOCK_M, BLOCK_N], c_bufs.layout)
+    _consumer_tiles(out_desc, K, sizes_ptr, M_total, G, group_m, a_bufs, b_bufs, c_bufs, ready, empty, order,
+                    WHICH, NUM_CONSUMERS, NUM_STAGES, TRANS_W, G_PAD)
+
+
+@gluon.jit(do_not_specialize=["M_total", "G"])
+def _grouped_gemm_ws_dev_kernel(x_ptr, w_ptr, out_ptr, sizes_ptr, M_total, N, K, G, stride_xm, stride_wg, stride_w1,
+                                stride_om, group_m, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                                BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, COOPERATIVE: gl.constexpr,
+                                TRANS_W: gl.constexpr, G_PAD: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                PRODUCER_REGS: gl.constexpr):
+    """``_grouped_gemm_ws_kernel`` with device descriptors: x [M_total, K], w [G, K, N]
+    ([G, N, K] with TRANS_W; ``stride_w1`` is its middle stride) and out (row stride
+    ``stride_om``) arrive as pointers, and every partition encodes the descriptors it
+    issues TMA copies with (once per program, 128 bytes of the launcher's global
+    scratch each: x and w in the producer, out's row window in each consumer). Same
+    boxes, layouts, ring and schedule as the host-descriptor kernel."""
+    NUM_CONSUMERS: gl.constexpr = 1 if COOPERATIVE else 2
+    dtype: gl.constexpr = x_ptr.dtype.element_ty
+    W_BOX: gl.constexpr = [1, BLOCK_N, BLOCK_K] if TRANS_W else [1, BLOCK_K, BLOCK_N]
+    a_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K],
+                                       dense_gluon._smem_layout([BLOCK_M, BLOCK_K], dtype))
+    b_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + W_BOX, dense_gluon._smem_layout(W_BOX, dtype))
+    c_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, 1, 1, BLOCK_M, BLOCK_N],
+                                       dense_gluon._smem_layout([1, 1, BLOCK_M, BLOCK_N], dtype))
+    ready, empty, order = dense_gluon._barriers(NUM_STAGES)
+
+    if COOPERATIVE:
+        gl.warp_specialize([
+            (_consumer_dev, (out_ptr, N, K, stride_om, sizes_ptr, M_total, G, group_m, a_bufs, b_bufs, c_bufs,
+                             ready, empty, order, 0, NUM_CONSUMERS, NUM_STAGES, TRANS_W, G_PAD)),
+            (_producer_dev, (x_ptr, w_ptr, M_total, N, K, G, stride_xm, stride_wg, stride_w1, sizes_ptr, group_m,
+                             a_bufs, b_bufs, ready, empty, NUM_STAGES, TRANS_W, G_PAD)),
+        ], [1], [PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer_dev, (out_ptr, N, K, stride_om, sizes_ptr, M_total, G, group_m, a_bufs, b_bufs, c_bufs,
+                             ready, empty, order, 0, NUM_CONSUMERS, NUM_STAGES, TRANS_W, G_PAD)),
+            (_consumer_dev, (out_ptr, N, K, stride_om, sizes_ptr, M_total, G, group_m, a_bufs, b_bufs, c_bufs,
+                             ready, empty, order, 1, NUM_CONSUMERS, NUM_STAGES, TRANS_W, G_PAD)),
+            (_producer_dev, (x_ptr, w_ptr, M_total, N, K, G, stride_xm, stride_wg, stride_w1, sizes_ptr, group_m,
+                             a_bufs, b_bufs, ready, empty, NUM_STAGES, TRANS_W, G_PAD)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 # --------------------------------------------------------------------------

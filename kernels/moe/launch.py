@@ -21,7 +21,11 @@ from the plan's shapes, strides and boxes (their base pointers change), and
 the launch through the plan's kept kernel (``kernels.common.launcher``). With
 ``DEVICE_DESCRIPTORS`` the Triton kernels encode those descriptors themselves
 from the pointers and strides, so no descriptor is built on the host (the
-context step stays: the launch itself needs the right context).
+context step stays: the launch itself needs the right context). With
+``GLUON_DEVICE_DESCRIPTORS`` the Gluon kernel does the same
+(``kernels.moe.gluon._grouped_gemm_ws_dev_kernel``: the producer encodes x's
+and w's descriptors, each consumer out's row window); a separate switch,
+because that variant has not been measured yet.
 
 Nothing here reads the group sizes on the host: the kernels read them on the
 GPU, so no call synchronizes and every call can be captured in a CUDA graph;
@@ -47,6 +51,7 @@ from kernels.moe.config import (
     check_groups, default_config, dot_precision, g_pad, g_pad_triton, num_warps, pick_config, pick_ws_config,
     tail_width, validate_config, validate_ws,
 )
+from kernels.gemm.config import ws_device_desc_fits
 from workbench.dtypes import triton_type
 
 # Where the Triton kernels' TMA descriptors are encoded, where both sides may: True, in the kernel
@@ -55,6 +60,11 @@ from workbench.dtypes import triton_type
 # Measured on an H200 (results/launch_cost/descriptors/): 10-30 us less host time per call and
 # the same or less GPU time (graph ratio device/host 0.99-1.23 over 20 cases), so True.
 DEVICE_DESCRIPTORS = True
+# The same choice for the Gluon kernel (grouped_gemm's default fwd/dgrad path and grouped_gemm_ws):
+# True, _grouped_gemm_ws_dev_kernel (its partitions encode their descriptors); False, host
+# descriptors. Part of every plan key. Off until measured on an H200
+# (experiments/launch_cost.py --descriptors --only gluon).
+GLUON_DEVICE_DESCRIPTORS = False
 _I32 = 2**31
 
 
@@ -218,7 +228,7 @@ class _Plan:
     out_shape: tuple
     label: str                # the kernel and config, for tables
     kernel: Any = None        # the @triton.jit / @gluon.jit function
-    gluon: bool = False       # descriptors only (the Gluon kernel) or pointers + descriptors (Triton)
+    gluon: bool = False       # the Gluon kernel (descriptors, or with device_desc pointers) or Triton's
     grid: tuple = (1,)
     descs: tuple = ()         # descriptor recipes: everything but the base pointers
     args: tuple = ()          # run-time scalars after the tensors and descriptors
@@ -226,7 +236,7 @@ class _Plan:
     tma: bool = False         # TMA on a CUDA device: make its context current first (host descriptors and launch)
     sizes_contiguous: bool = True
     launcher: Any = dataclasses.field(default=None, compare=False)  # made from kernel, grid and meta
-    device_desc: bool = False  # the Triton kernel encodes its TMA descriptors itself (descs all None)
+    device_desc: bool = False  # the kernel encodes its TMA descriptors itself (Triton: descs all None; Gluon: none)
 
     def __post_init__(self):
         if self.kind == "launch" and self.launcher is None:
@@ -241,19 +251,30 @@ _WS_PLANS = PlanCache()     # grouped_gemm_ws
 
 
 def _ws_plan(x, w, group_sizes, out, cfg: GroupedWsConfig, trans_w: bool, M: int, N: int, K: int, G: int,
-             label: str) -> _Plan:
+             label: str, device_descriptors: bool = False) -> _Plan:
+    """The Gluon kernel's plan: host descriptor recipes, or (``device_descriptors`` and
+    legal: ``_device_desc_ok`` for x, w and out, the config's shared memory with the
+    descriptors' staging on top) the variant that encodes them itself."""
     out_stride = out.stride(0) if out is not None else N
     grid = (grid_size(M, N, G, cfg, _num_sms(x.device)),)
-    descs = gluon.descriptor_recipes(x.shape, x.stride(), w.shape, w.stride(), M, N, out_stride, x.dtype, cfg,
-                                     trans_w)
     meta = dict(NUM_STAGES=cfg.num_stages, COOPERATIVE=cfg.cooperative, TRANS_W=bool(trans_w), G_PAD=g_pad(G),
                 CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, num_warps=num_warps(cfg),
                 maxnreg=MAXNREG)
+    if (device_descriptors and _device_desc_ok((x, w) + ((out,) if out is not None else ()), (M, N))
+            and ws_device_desc_fits(cfg, x.element_size())):
+        kernels.row_window(M, N, out_stride, "grouped_gemm_ws")   # its limit on rows holds here too
+        meta.update(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+        args = (M, N, K, G, x.stride(0), w.stride(0), w.stride(1), out_stride, cfg.group_m)
+        return _Plan("launch", (M, N), label, gluon._grouped_gemm_ws_dev_kernel, True, grid, (), args, meta, True,
+                     group_sizes.stride(0) == 1, device_desc=True)
+    descs = gluon.descriptor_recipes(x.shape, x.stride(), w.shape, w.stride(), M, N, out_stride, x.dtype, cfg,
+                                     trans_w)
     return _Plan("launch", (M, N), label, gluon._grouped_gemm_ws_kernel, True, grid, descs, (M, G, cfg.group_m),
                  meta, True, group_sizes.stride(0) == 1)
 
 
-def _plan_mm(x, w, group_sizes, trans_w: bool, config, out, device_descriptors: bool = False) -> _Plan:
+def _plan_mm(x, w, group_sizes, trans_w: bool, config, out, device_descriptors: bool = False,
+             gluon_device_descriptors: bool = False) -> _Plan:
     _check_common("x", x, "w", w, group_sizes, 3)
     G = w.shape[0]
     _check_g(G, group_sizes, "w")
@@ -273,7 +294,8 @@ def _plan_mm(x, w, group_sizes, trans_w: bool, config, out, device_descriptors: 
         # sm_90, bf16/fp16, TMA-aligned: the warp-specialised Gluon kernel, 1-5% ahead of
         # the Triton kernel on every seed layer (results/grouped_gemm run 12).
         ws_cfg = pick_ws_config(op, N, K)
-        return _ws_plan(x, w, group_sizes, out, ws_cfg, trans_w, M, N, K, G, "gluon " + ws_cfg.label())
+        return _ws_plan(x, w, group_sizes, out, ws_cfg, trans_w, M, N, K, G, "gluon " + ws_cfg.label(),
+                        gluon_device_descriptors)
     cfg = validate_config(cfg or pick_config(op, N, K, x.device))
     if M == 0 or N == 0:
         return _Plan("empty", (M, N), cfg.label())
@@ -351,7 +373,7 @@ def _plan_wgrad(x, dy, group_sizes, config, out, device_descriptors: bool = Fals
                  device_desc=dev)
 
 
-def _plan_ws(x, w, group_sizes, trans_w: bool, config, out) -> _Plan:
+def _plan_ws(x, w, group_sizes, trans_w: bool, config, out, gluon_device_descriptors: bool = False) -> _Plan:
     cfg = validate_ws(config)
     M, N, K, G = _check_ws_operands(x, w, group_sizes, trans_w)
     _check_out(out, (M, N), x, "grouped_gemm_ws", contiguous=False)
@@ -362,17 +384,17 @@ def _plan_ws(x, w, group_sizes, trans_w: bool, config, out) -> _Plan:
     if not all(_ws_tma_ok(t) for t in (x, w) + ((out,) if out is not None else ())):
         raise ValueError("grouped_gemm_ws: x, w and out need unit inner stride and 16-byte aligned base pointers "
                          f"and strides (TMA); {FALLBACK}, which takes any row-major strides")
-    return _ws_plan(x, w, group_sizes, out, cfg, trans_w, M, N, K, G, cfg.label())
+    return _ws_plan(x, w, group_sizes, out, cfg, trans_w, M, N, K, G, cfg.label(), gluon_device_descriptors)
 
 
 def plan_for(x, w, group_sizes, *, trans_w: bool = False, config=None, out=None) -> _Plan:
     """The plan ``grouped_gemm(x, w, group_sizes, trans_w=..., config=..., out=...)`` runs
-    (made once per call signature)."""
-    dd = DEVICE_DESCRIPTORS
+    (made once per call signature and descriptor settings)."""
+    dd, gdd = DEVICE_DESCRIPTORS, GLUON_DEVICE_DESCRIPTORS
     key = (_signature("grouped_gemm", "x", x), _signature("grouped_gemm", "w", w),
            _signature("grouped_gemm", "group_sizes", group_sizes), bool(trans_w), config_key(config),
-           None if out is None else _signature("grouped_gemm", "out", out), dd)
-    return _PLANS.get(key) or _PLANS.put(key, _plan_mm(x, w, group_sizes, bool(trans_w), config, out, dd))
+           None if out is None else _signature("grouped_gemm", "out", out), dd, gdd)
+    return _PLANS.get(key) or _PLANS.put(key, _plan_mm(x, w, group_sizes, bool(trans_w), config, out, dd, gdd))
 
 
 def plan_for_wgrad(x, dy, group_sizes, *, config=None, out=None) -> _Plan:
@@ -387,9 +409,10 @@ def plan_for_wgrad(x, dy, group_sizes, *, config=None, out=None) -> _Plan:
 def plan_for_ws(x, w, group_sizes, *, trans_w: bool = False, config=None, out=None) -> _Plan:
     """The plan ``grouped_gemm_ws(...)`` runs."""
     who = "grouped_gemm_ws"
+    gdd = GLUON_DEVICE_DESCRIPTORS
     key = (_signature(who, "x", x), _signature(who, "w", w), _signature(who, "group_sizes", group_sizes),
-           bool(trans_w), config_key(config), None if out is None else _signature(who, "out", out))
-    return _WS_PLANS.get(key) or _WS_PLANS.put(key, _plan_ws(x, w, group_sizes, bool(trans_w), config, out))
+           bool(trans_w), config_key(config), None if out is None else _signature(who, "out", out), gdd)
+    return _WS_PLANS.get(key) or _WS_PLANS.put(key, _plan_ws(x, w, group_sizes, bool(trans_w), config, out, gdd))
 
 
 def clear_plans() -> None:
@@ -412,10 +435,10 @@ def _launch(p: _Plan, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tenso
             group_sizes = group_sizes.contiguous()  # the kernels read sizes_ptr + g (a device copy, no sync)
         if p.tma:
             cuda_context.ensure_current(a.device)   # autograd's backward thread may have no current context
-        if p.gluon:
-            p.launcher(*gluon.build(p.descs, (a, b, out)), group_sizes, *p.args)
-        elif p.device_desc:   # descs: all None (the kernel encodes them)
+        if p.device_desc:   # the kernel encodes its descriptors (Triton: descs all None; Gluon: no descs)
             p.launcher(a, b, out, group_sizes, *p.descs, *p.args)
+        elif p.gluon:
+            p.launcher(*gluon.build(p.descs, (a, b, out)), group_sizes, *p.args)
         else:
             p.launcher(a, b, out, group_sizes, *kernels.build(p.descs, (a, b, out)), *p.args)
     elif p.kind == "zero":
@@ -607,7 +630,7 @@ def compile_for_target(op: str = "fwd", *, dtype: torch.dtype = torch.bfloat16,
 
 def compile_args_ws(config: GroupedWsConfig | Mapping[str, Any] | None = None, dtype: torch.dtype = torch.bfloat16,
                     trans_w: bool = False, G: int = 32, shape: Mapping[str, int] | tuple[int, int] | None = None,
-                    sizes_dtype: torch.dtype = torch.int32) -> dict:
+                    sizes_dtype: torch.dtype = torch.int32, device_desc: bool = False) -> dict:
     """Keyword arguments for ``workbench.asm.compile.cross_compile`` that build the
     Gluon kernel ``grouped_gemm_ws`` launches for ``config`` (``fn`` included)::
 
@@ -615,21 +638,37 @@ def compile_args_ws(config: GroupedWsConfig | Mapping[str, Any] | None = None, d
 
     G sets the in-register sizes vectors' length (``g_pad``); the descriptors carry
     the problem size at run time, so ``shape`` (N, K of the call: output width,
-    reduction) only checks the alignment rule.
+    reduction) only checks the alignment rule (and, with ``device_desc``, decides
+    which sizes count as multiples of 16). ``device_desc``: the variant that encodes
+    its descriptors in the kernel (``_grouped_gemm_ws_dev_kernel``; x, w and out
+    row-major with 16-byte aligned bases and strides, out packed).
     """
     cfg = validate_ws(config)
     if dtype not in WS_DTYPES:
         raise ValueError(f"grouped_gemm_ws: dtype {dtype} is not supported; use torch.bfloat16 or torch.float16 "
                          f"({FALLBACK} for others)")
+    N, K = 5760, 2880
     if shape is not None:
         N, K = (shape["N"], shape["K"]) if isinstance(shape, Mapping) else shape
         check_alignment(N, K, dtype)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    constexprs = {"NUM_STAGES": cfg.num_stages, "COOPERATIVE": cfg.cooperative, "TRANS_W": bool(trans_w),
+                  "G_PAD": g_pad(G), "CONSUMER_REGS": cfg.consumer_regs, "PRODUCER_REGS": cfg.producer_regs}
+    out = {"num_warps": num_warps(cfg), "options": {"maxnreg": MAXNREG}}
+    if device_desc:
+        t = triton_type(dtype)
+        sig = {"x_ptr": f"*{t}", "w_ptr": f"*{t}", "out_ptr": f"*{t}", "sizes_ptr": "*" + triton_type(sizes_dtype),
+               "M_total": "i32", "N": "i32", "K": "i32", "G": "i32", "stride_xm": "i32", "stride_wg": "i32",
+               "stride_w1": "i32", "stride_om": "i32", "group_m": "i32"}
+        # w packed: [G, K, N] (stride_w1 = N) or, trans_w, [G, N, K] (stride_w1 = K)
+        strides = (("N", N), ("K", K), ("stride_xm", K), ("stride_wg", K * N), ("stride_w1", K if trans_w else N),
+                   ("stride_om", N))
+        divisible = ["x_ptr", "w_ptr", "out_ptr", "sizes_ptr"] + [name for name, v in strides if v % 16 == 0]
+        return {**out, "fn": gluon._grouped_gemm_ws_dev_kernel, "signature": sig, "divisible": divisible,
+                "constexprs": {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **constexprs}}
     sig = {"x_desc": gluon._desc_type(dtype, [bm, bk]),
            "w_desc": gluon._desc_type(dtype, [1, bn, bk] if trans_w else [1, bk, bn]),
            "out_desc": gluon._desc_type(dtype, [1, 1, bm, bn]),
            "sizes_ptr": "*" + triton_type(sizes_dtype), "M_total": "i32", "G": "i32", "group_m": "i32"}
-    constexprs = {"NUM_STAGES": cfg.num_stages, "COOPERATIVE": cfg.cooperative, "TRANS_W": bool(trans_w),
-                  "G_PAD": g_pad(G), "CONSUMER_REGS": cfg.consumer_regs, "PRODUCER_REGS": cfg.producer_regs}
-    return {"fn": gluon._grouped_gemm_ws_kernel, "signature": sig, "constexprs": constexprs,
-            "divisible": ["sizes_ptr"], "num_warps": num_warps(cfg), "options": {"maxnreg": MAXNREG}}
+    return {**out, "fn": gluon._grouped_gemm_ws_kernel, "signature": sig, "constexprs": constexprs,
+            "divisible": ["sizes_ptr"]}
