@@ -60,8 +60,9 @@ _FALLBACK = "use kernels.gemm.matmul instead"
 DEVICE_DESCRIPTORS = True
 # The same choice for the Gluon kernel (kernels.gemm.gluon): True, _gemm_ws_dev_kernel (its
 # partitions encode their descriptors); False, host descriptors (three Gluon TensorDescriptors
-# per call). Off until measured on an H200 (experiments/launch_cost.py --descriptors --only gluon).
-GLUON_DEVICE_DESCRIPTORS = False
+# per call). Measured on an H200 (results/launch_cost/descriptors/descriptors_gluon_log.txt): host
+# time per call 15-18 us instead of 27-36, GPU time the same (graph ratio 1.000-1.016), so True.
+GLUON_DEVICE_DESCRIPTORS = True
 _I32 = 2**31
 _SK_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 _RETIRED: list = []  # outgrown workspaces: a captured CUDA graph may still use them
