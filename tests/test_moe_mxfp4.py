@@ -248,6 +248,29 @@ def test_kernel_switches_and_tiles(cfg):
     _check(_run(p, cfg, out=out), p)
 
 
+@pytest.mark.parametrize("I_", [128, 256], ids=["4steps", "8steps"])
+@pytest.mark.parametrize("la", [1, 2, 3])
+def test_kernel_load_ahead_is_exact(la, I_):
+    """LOAD_AHEAD rotates register slots over the unrolled K steps: with 4 and 8 steps of 32
+    (every slot refilled, at I = 256 the last slot too) the result stays within the bound
+    of the plain loop, on poisoned outputs; a4w4 and the deterministic mode included."""
+    for a_fp4, det in ((False, False), (True, True)):
+        p = _problem(5, I_=I_, a_fp4=a_fp4, seed=11 + la)
+        cfg = MoeMxfp4Config(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, num_warps=1, LOAD_AHEAD=la, DETERMINISTIC=det)
+        _run(p, cfg)
+        _poison_workspaces()
+        out = torch.full((5, H), float("nan"), dtype=torch.bfloat16, device=DEV)
+        _check(_run(p, cfg, out=out), p)
+
+
+def test_load_ahead_config_validates_and_labels():
+    with pytest.raises(ValueError, match="LOAD_AHEAD must be 0, 1, 2 or 3"):
+        MoeMxfp4Config(LOAD_AHEAD=4).validate(512)
+    assert MoeMxfp4Config(LOAD_AHEAD=2).label().endswith("_la2")
+    assert "_la" not in MoeMxfp4Config().label()
+    assert default_config(4, 9, 385, 512).LOAD_AHEAD == 0          # the default is unchanged until measured
+
+
 def test_kernel_accumulates_into_out():
     p = _problem(5, seed=3)
     cfg = default_config(5, TOP_K, E, I, interpreter=not ON_GPU)
@@ -355,6 +378,7 @@ _SM90_CONFIGS = {
     "bm16_bits": (dict(EXPAND="bits"), False),
     "bm16_early_off": (dict(EARLY_LOADS=False), False),
     "bm16_prefetch_off": (dict(PREFETCH_EPILOGUE=False), False),
+    "bm16_la3": (dict(NT=True, LOAD_AHEAD=3), False),
 }
 
 # One child process (the interpreter off) compiles every config: one import instead of six.
@@ -387,7 +411,7 @@ def sm90(tmp_path_factory):
     ops = {name: Counter(m.group(1) for m in map(_OP.search, t["sass"].splitlines()) if m)
            for name, t in texts.items()}
     ops["ptx"] = texts["bm16_nt_atomic"]["ptx"]
-    for name in ("bm16_nt_atomic", "bm16_early_off", "bm16_prefetch_off"):
+    for name in ("bm16_nt_atomic", "bm16_early_off", "bm16_prefetch_off", "bm16_la3"):
         ops[name + "_seq"] = [m.group(1) for m in map(_OP.search, texts[name]["sass"].splitlines()) if m]
     return ops
 
@@ -424,6 +448,17 @@ def test_sm90_latency_switches_move_the_loads(sm90):
     assert before(sm90["bm16_early_off_seq"], "LDG.E.EF.128", "EXIT") == 0
     assert before(sm90["bm16_nt_atomic_seq"], "LDG.E.64", "HGMMA") == 2
     assert before(sm90["bm16_prefetch_off_seq"], "LDG.E.64", "HGMMA") == 0
+
+
+def test_sm90_load_ahead_issues_every_weight_load_before_the_first_wgmma(sm90):
+    """LOAD_AHEAD=3 at I = 512 (4 K steps): all 4 x 4 evict-first 128-bit weight loads come
+    before the first HGMMA; without it only the first step's (and at most the second's)."""
+    def before(seq, what, marker):
+        stop = next(i for i, op in enumerate(seq) if op.startswith(marker))
+        return sum(1 for op in seq[:stop] if op == what)
+
+    assert before(sm90["bm16_la3_seq"], "LDG.E.EF.128", "HGMMA") >= 16
+    assert before(sm90["bm16_nt_atomic_seq"], "LDG.E.EF.128", "HGMMA") <= 8
 
 
 def test_sm90_weight_loads_are_128_bit(sm90):

@@ -20,6 +20,9 @@ class MoeMxfp4Config:
     workspace rows reduced in slot order instead of atomics (same bits every run).
     EXPAND: how E2M1 codes become bf16, "ptx" (inline PTX, two values per 32-bit op) or
     "bits" (Triton integer ops); both exact, the interpreter always uses its own fp32 path.
+    LOAD_AHEAD: K steps whose weight, scale and activation loads are issued before the
+    current step's expansion and dot (0: one step in flight at a time; 1-3: a rotation of
+    register slots keeps up to LOAD_AHEAD + 1 steps in flight per program).
     """
 
     BLOCK_M: int = 16
@@ -33,6 +36,7 @@ class MoeMxfp4Config:
     SWAP_AB: bool | None = None
     DETERMINISTIC: bool = False
     EXPAND: str = "ptx"
+    LOAD_AHEAD: int = 0
 
     @property
     def swap_ab(self) -> bool:
@@ -46,7 +50,8 @@ class MoeMxfp4Config:
                                           ("_prefetch", self.PREFETCH_EPILOGUE)) if on)
         mode = "det" if self.DETERMINISTIC else "atomic"
         return (f"bm{self.BLOCK_M}_bn{self.BLOCK_N}_bk{self.BLOCK_K}_w{self.num_warps}_s{self.num_stages}"
-                f"{flags}{'_swap' if self.swap_ab else ''}_{mode}{'' if self.EXPAND == 'ptx' else '_' + self.EXPAND}")
+                f"{flags}{'_swap' if self.swap_ab else ''}_{mode}{'' if self.EXPAND == 'ptx' else '_' + self.EXPAND}"
+                f"{f'_la{self.LOAD_AHEAD}' if self.LOAD_AHEAD else ''}")
 
     def replace(self, **kw) -> "MoeMxfp4Config":
         return replace(self, **kw)
@@ -68,6 +73,8 @@ class MoeMxfp4Config:
             raise ValueError(f"moe_mxfp4: num_warps must be 1, 2, 4 or 8, got {self.num_warps}")
         if self.EXPAND not in ("ptx", "bits"):
             raise ValueError(f"moe_mxfp4: EXPAND must be 'ptx' or 'bits', got {self.EXPAND!r}")
+        if self.LOAD_AHEAD not in (0, 1, 2, 3):
+            raise ValueError(f"moe_mxfp4: LOAD_AHEAD must be 0, 1, 2 or 3, got {self.LOAD_AHEAD!r}")
         if self.num_stages < 1:
             raise ValueError(f"moe_mxfp4: num_stages must be >= 1, got {self.num_stages}")
 
@@ -90,6 +97,9 @@ def default_config(M: int, top_k: int, num_experts: int, K: int, *, interpreter:
     """
     if interpreter:
         return INTERPRET_CONFIG.replace(BLOCK_K=64 if K % 64 == 0 else 32, DETERMINISTIC=deterministic)
+    for max_m, cfg in _BY_M_RANGE:
+        if M <= max_m:
+            return cfg.replace(DETERMINISTIC=deterministic)
     per_expert = M * top_k / max(num_experts, 1)
     bm = 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64 if per_expert <= 160 else 128
     return config_for_block_m(bm, K, deterministic=deterministic)
@@ -118,3 +128,9 @@ _BY_BLOCK_M = {
     64: MoeMxfp4Config(BLOCK_M=64, NT=False),
     128: MoeMxfp4Config(BLOCK_M=128, BLOCK_N=256, num_warps=8, NT=False),
 }
+
+# Per-M-range overrides of the heuristic, (largest M, config) in increasing M, checked first by
+# default_config (not by the launcher's no-config path, which knows only the routing's BLOCK_M
+# and uses _BY_BLOCK_M). Empty until measured: experiments/run_moe_mxfp4_variants.py picks a
+# config per range (M <= 11, 12-47, 48-191, 192-4095) at M 4, 16, 64, 256 (picks.csv).
+_BY_M_RANGE: tuple = ()

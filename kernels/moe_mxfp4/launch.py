@@ -131,7 +131,8 @@ def _build_plan(a, a_scale, w, w_scale, routing, out, accumulate, config) -> _Pl
                       EARLY_LOADS=config.EARLY_LOADS, PREFETCH_EPILOGUE=config.PREFETCH_EPILOGUE,
                       SWAP_AB=config.swap_ab, EVEN_N=H % config.BLOCK_N == 0,
                       EXPAND="fp32" if interpreter.active() else config.EXPAND, K=K, BM=config.BLOCK_M,
-                      BN=config.BLOCK_N, BK=config.BLOCK_K, num_warps=config.num_warps,
+                      BN=config.BLOCK_N, BK=config.BLOCK_K, LOAD_AHEAD=config.LOAD_AHEAD,
+                      num_warps=config.num_warps,
                       num_stages=config.num_stages)
     reduce_grid = reduce_constexprs = None
     if det:
@@ -242,7 +243,7 @@ def compile_for_target(config: MoeMxfp4Config | None = None, *, a_fp4: bool = Fa
     constexprs = dict(TOP_K=top_k, A_FP4=a_fp4, ATOMIC=not cfg.DETERMINISTIC, NT=cfg.NT,
                       EARLY_LOADS=cfg.EARLY_LOADS, PREFETCH_EPILOGUE=cfg.PREFETCH_EPILOGUE, SWAP_AB=cfg.swap_ab,
                       EVEN_N=H % cfg.BLOCK_N == 0, EXPAND=cfg.EXPAND, K=K, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N,
-                      BK=cfg.BLOCK_K)
+                      BK=cfg.BLOCK_K, LOAD_AHEAD=cfg.LOAD_AHEAD)
     return cross_compile(_moe_mxfp4_down_kernel, target, signature=sig, constexprs=constexprs,
                          divisible=divisible, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                          cache_dir=cache_dir)

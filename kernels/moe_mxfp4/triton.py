@@ -73,6 +73,21 @@ expansion, the scale broadcast and the shared-memory pass to wgmma's register
 layout), against 0.56 bytes of HBM traffic per weight; at small M the issue
 rate, not HBM, may set the latency. experiments/run_moe_mxfp4.py measures it.
 
+Where the time goes at small M (issue 17; cross-compiled for sm_90, the heuristic's BM16 x
+BN64 x BK128 tile, which M = 4, 32 and 256 all run): 1,744 SASS instructions per thread for
+256 weights (6.8 per weight): PRMT 352, IMAD 322 and LOP3 289 (bit placement, byte gathers and
+address math), HMUL2 256 (two per bf16 pair: 2**126 and the scale), ISETP 69 + SEL 64 (scale
+bytes to bf16 per element), and the shared-memory pass to wgmma's register layout and the scale
+broadcast: STS 36, LDS 81 (LDS.U16 byte pairs), 21 BAR.SYNC; 80 registers, 6 programs per SM.
+The K steps ran one at a time: each step's two LDG.E.EF.128 of weights (4 KB per program) were
+issued only after the previous step's wgmma had retired, so a program had at most 4 KB of
+weights in flight and paid four memory round trips in series; 6 programs x 4 KB = 24 KB per SM
+at best, against the ~30 KB per SM (4.2 TB/s x ~1 us over 132 SMs) that HBM needs, and far
+less on average since the programs spend most of their time expanding. ``LOAD_AHEAD`` (config)
+issues the loads of the next 1-3 K steps before the current step's expansion: at LOAD_AHEAD=3
+all 16 KB of a BN64 program are requested before its first HGMMA (118 registers and 4 programs
+per SM at LOAD_AHEAD=1, 151 and 3 at 3: 32-48 KB per SM requested at once), same instructions.
+
 The K steps are unrolled (I is a constexpr; 4 steps at I = 512), loads stay
 plain 128-bit LDGs into registers (Triton's cp.async pipeliner, num_stages > 1,
 narrowed the packed-weight copies to 4 bytes and read the scales back byte by
@@ -238,10 +253,11 @@ def _moe_mxfp4_down_kernel(
     TOP_K: tl.constexpr, A_FP4: tl.constexpr, ATOMIC: tl.constexpr, NT: tl.constexpr,
     EARLY_LOADS: tl.constexpr, PREFETCH_EPILOGUE: tl.constexpr, SWAP_AB: tl.constexpr,
     EVEN_N: tl.constexpr, EXPAND: tl.constexpr, K: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LOAD_AHEAD: tl.constexpr = 0,
 ):
     """One BM x BN tile of the down-projection; out is [M, H] (ATOMIC) or the
     per-pair workspace [pairs, H]. K % BK == 0 (checked by the launcher)."""
+    NSTEPS: tl.constexpr = K // BK
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BM + tl.arange(0, BM)
@@ -276,12 +292,48 @@ def _moe_mxfp4_down_kernel(
     # expansion and dot are straight-line code the scheduler can overlap, and the expanded
     # weights go from registers straight into wgmma (a loop-carried tile was staged
     # through shared memory instead).
-    acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK)
-    for k0 in tl.static_range(BK, K, BK):
-        a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK)
-        w, w_s = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
-                         NT, EVEN_N, BK)
-        acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK)
+    if LOAD_AHEAD == 0:
+        acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK)
+        for k0 in tl.static_range(BK, K, BK):
+            a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK)
+            w, w_s = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
+                             NT, EVEN_N, BK)
+            acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK)
+    else:
+        # LOAD_AHEAD = L: the loads of steps s + 1 .. s + L are in flight while step s expands
+        # and multiplies (slots 0..3 hold steps s..s+3; the unrolled code rotates them), so a
+        # program keeps up to (L + 1) steps of weight bytes in flight instead of one.
+        a1, as1, w1, ws1 = a0, as0, w0, ws0
+        a2, as2, w2, ws2 = a0, as0, w0, ws0
+        a3, as3, w3, ws3 = a0, as0, w0, ws0
+        if LOAD_AHEAD >= 1 and NSTEPS > 1:
+            a1, as1 = _load_a(a_ptr, a_scale_ptr, rows, ok, BK, stride_am, stride_asm, A_FP4, BM, BK)
+            w1, ws1 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, BK, stride_we, stride_wn, stride_wse,
+                              stride_wsn, NT, EVEN_N, BK)
+        if LOAD_AHEAD >= 2 and NSTEPS > 2:
+            a2, as2 = _load_a(a_ptr, a_scale_ptr, rows, ok, 2 * BK, stride_am, stride_asm, A_FP4, BM, BK)
+            w2, ws2 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, 2 * BK, stride_we, stride_wn, stride_wse,
+                              stride_wsn, NT, EVEN_N, BK)
+        if LOAD_AHEAD >= 3 and NSTEPS > 3:
+            a3, as3 = _load_a(a_ptr, a_scale_ptr, rows, ok, 3 * BK, stride_am, stride_asm, A_FP4, BM, BK)
+            w3, ws3 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, 3 * BK, stride_we, stride_wn, stride_wse,
+                              stride_wsn, NT, EVEN_N, BK)
+        for s in tl.static_range(NSTEPS):
+            acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK)
+            a0, as0, w0, ws0 = a1, as1, w1, ws1
+            a1, as1, w1, ws1 = a2, as2, w2, ws2
+            a2, as2, w2, ws2 = a3, as3, w3, ws3
+            if s + LOAD_AHEAD + 1 < NSTEPS:        # the step that now enters the last slot
+                kn = (s + LOAD_AHEAD + 1) * BK
+                an, asn = _load_a(a_ptr, a_scale_ptr, rows, ok, kn, stride_am, stride_asm, A_FP4, BM, BK)
+                wn, wsn = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, kn, stride_we, stride_wn, stride_wse,
+                                  stride_wsn, NT, EVEN_N, BK)
+                if LOAD_AHEAD == 1:
+                    a1, as1, w1, ws1 = an, asn, wn, wsn
+                elif LOAD_AHEAD == 2:
+                    a2, as2, w2, ws2 = an, asn, wn, wsn
+                else:
+                    a3, as3, w3, ws3 = an, asn, wn, wsn
     if SWAP_AB:
         acc = tl.trans(acc)
 
