@@ -451,17 +451,3 @@ def test_script_started_plainly_launches_the_world_and_fails_with_it(tmp_path, m
     monkeypatch.setattr(dist, "launch_rows", lambda *a, **k: ([check(ok=False)], ""))
     assert s.main(["--world-sizes", "2", "--out", str(tmp_path / "c")]) == 1
 
-
-def test_notebook_measures_through_datasource():
-    import nbformat
-
-    nb = nbformat.read(REPO / "notebooks" / "05_all_gather_gemm.ipynb", as_version=4)
-    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-    measure = [c for c in nb.cells if "measure" in c.metadata.get("tags", [])]
-    assert len(params) == 1 and 'measure = "auto"' in params[0].source and "run_gpu" not in params[0].source
-    assert len(measure) == 1
-    src = measure[0].source
-    assert 'datasource.plan("ag_gemm"' in src and "run_ag_gemm.py" in src and "--budget-s" in src
-    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    assert ".show()" not in code and "data.compare(" in code
-    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")

@@ -307,17 +307,3 @@ def test_quick_grid_is_within_the_committed_run():
     assert {(p["study"], p["M"], p["N"]) for p in quick} <= committed
     assert {p["M"] for p in quick} == {128, 512, 2048}  # 2, 8 and 32 MiB per rank
 
-
-def test_notebook_measures_through_datasource():
-    import nbformat
-
-    nb = nbformat.read(REPO / "notebooks" / "03_all_gather.ipynb", as_version=4)
-    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-    measure = [c for c in nb.cells if "measure" in c.metadata.get("tags", [])]
-    assert len(params) == 1 and 'measure = "auto"' in params[0].source and "run_gpu" not in params[0].source
-    assert len(measure) == 1
-    src = measure[0].source
-    assert 'datasource.plan("all_gather"' in src and "run_all_gather.py" in src and "--timeout" in src
-    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    assert ".show()" not in code and "data.compare(" in code  # every figure labelled through data.show
-    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")

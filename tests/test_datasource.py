@@ -629,3 +629,31 @@ def test_study_measure_cells_get_quick_and_full(study, tmp_path, monkeypatch, tm
         assert any("quick" in t for t in shlex.split(quick)), f"{study.name}: the quick command has no quick flag: {quick}"
         assert not any("quick" in t for t in shlex.split(full)), f"{study.name}: the full command is quick: {full}"
     assert not (tmp_path / "fresh").exists()  # nothing measured on a CPU
+
+
+# Every study notebook: one `parameters` cell with measure = "auto", one `measure` cell that plans
+# through workbench.datasource (and runs its study's script), figures shown only through data.show,
+# a fresh-vs-committed comparison, outputs cleared.
+STUDIES = [("01_isa_hints", "isa_hints", None), ("02_gemm_tiling", "gemm_tiling", "run_gemm_h200.py"),
+           ("03_all_gather", "all_gather", "run_all_gather.py"),
+           ("04_grouped_gemm", "grouped_gemm", "run_grouped_gemm_h200.py"),
+           ("05_all_gather_gemm", "ag_gemm", "run_ag_gemm.py"),
+           ("06_gemm_all_scatter", "gemm_scatter", "run_gemm_scatter.py"), ("07_moe_mxfp4", "moe_mxfp4", "run_moe_mxfp4.py")]
+
+
+@pytest.mark.parametrize("name,study,script", STUDIES, ids=[s[0] for s in STUDIES])
+def test_study_notebook_measures_through_datasource(name, study, script):
+    import nbformat
+
+    nb = nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4)
+    tagged = lambda tag: [c for c in nb.cells if tag in c.metadata.get("tags", [])]
+    params, measure = tagged("parameters"), tagged("measure")
+    assert len(params) == 1 and 'measure = "auto"' in params[0].source
+    assert not re.search(r"^(run_gpu|time_on_gpu)\b", params[0].source, re.M)  # the old switches are gone
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert len(measure) == 1 and f'datasource.plan("{study}"' in code and "data." in measure[0].source
+    if script:
+        assert script in measure[0].source
+    assert ".show()" not in code and "data.compare(" in code
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")
+

@@ -459,20 +459,6 @@ def test_script_started_plainly_launches_each_world_and_fails_with_it(tmp_path, 
     assert r.main(["--world-sizes", "4", "--out", "x"]) == 1  # nothing could run
 
 
-def test_notebook_measures_through_datasource():
-    import nbformat
-
-    nb = nbformat.read(REPO / "notebooks" / "06_gemm_all_scatter.ipynb", as_version=4)
-    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-    measure = [c for c in nb.cells if "measure" in c.metadata.get("tags", [])]
-    assert len(params) == 1 and 'measure = "auto"' in params[0].source
-    assert len(measure) == 1
-    src = measure[0].source
-    assert 'datasource.plan("gemm_scatter"' in src and "run_gemm_scatter.py" in src and "--budget-s" in src
-    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    assert ".show()" not in code and "data.compare(" in code
-    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")
-
 
 def test_quick_spec_is_within_the_full_spec():
     r = _script()
