@@ -105,14 +105,19 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def interpreter_results():
-    """All interpreter cases in one subprocess (TRITON_INTERPRET=1 before triton is imported)."""
+def _interpret(cases, *mode):
+    """All `cases` in one subprocess (TRITON_INTERPRET=1 before triton is imported); mode "device":
+    DEVICE_DESCRIPTORS on, else off."""
     env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=str(ROOT)), json.dumps(CASES)],
+    r = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=str(ROOT)), json.dumps(cases), *mode],
                        capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def interpreter_results():
+    return _interpret(CASES)
 
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
@@ -133,11 +138,7 @@ DD_CASES = [c for c in CASES if c[5] and c[5].get("tma")] + [
 
 @pytest.fixture(scope="module")
 def interpreter_results_dd():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=str(ROOT)), json.dumps(DD_CASES), "device"],
-                       capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return _interpret(DD_CASES, "device")
 
 
 @pytest.mark.parametrize("case", [c[0] for c in DD_CASES])

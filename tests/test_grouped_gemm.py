@@ -139,16 +139,21 @@ _RUNNER = textwrap.dedent(r'''
 ''')
 
 
-@pytest.fixture(scope="module")
-def interpreter_results():
+def _interpret(cases, seed, *mode):
+    """All `cases` in one interpreter subprocess; mode "device": DEVICE_DESCRIPTORS on, else off."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, "-c", _RUNNER, str(ROOT), str(SEED)], input=json.dumps(CASES),
+    proc = subprocess.run([sys.executable, "-c", _RUNNER, str(ROOT), str(seed), *mode], input=json.dumps(cases),
                           capture_output=True, text=True, env=env, timeout=900)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS")), None)
     if line is None:
         pytest.fail(f"interpreter subprocess failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n"
                     f"{proc.stderr[-5000:]}")
     return json.loads(line[len("RESULTS"):])
+
+
+@pytest.fixture(scope="module")
+def interpreter_results():
+    return _interpret(CASES, SEED)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -166,14 +171,7 @@ DD_CASES = {name: case for name, case in CASES.items() if case[5].get("USE_TMA")
 
 @pytest.fixture(scope="module")
 def interpreter_results_dd():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, "-c", _RUNNER, str(ROOT), str(SEED + 7919), "device"],
-                          input=json.dumps(DD_CASES), capture_output=True, text=True, env=env, timeout=900)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS")), None)
-    if line is None:
-        pytest.fail(f"interpreter subprocess failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                    f"{proc.stderr[-5000:]}")
-    return json.loads(line[len("RESULTS"):])
+    return _interpret(DD_CASES, SEED + 7919, "device")
 
 
 @pytest.mark.parametrize("name", sorted(DD_CASES))
