@@ -423,10 +423,8 @@ def test_gpu_stream_k_repeated_calls_stay_right():
             assert ((c.float() - ref).norm() / ref.norm()).item() <= gsweep.tolerance(torch.bfloat16)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("M,N,K,dtype,cfg", GPU_CASES)
-def test_gpu_correct(M, N, K, dtype, cfg):
-    g = torch.Generator(device="cuda").manual_seed(M * 7 + N * 3 + K)
+def _gpu_check(M, N, K, dtype, cfg, g):
+    """One matmul on fresh inputs into a NaN-poisoned output, against float64; returns the operands."""
     a = torch.randn(M, K, device="cuda", generator=g).to(dtype)
     b = torch.randn(K, N, device="cuda", generator=g).to(dtype)
     c = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
@@ -436,6 +434,13 @@ def test_gpu_correct(M, N, K, dtype, cfg):
     assert torch.isfinite(c).all()
     err = ((c.double() - ref).norm() / ref.norm()).item()
     assert err <= gsweep.tolerance(dtype), err
+    return a, b, c
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,dtype,cfg", GPU_CASES)
+def test_gpu_correct(M, N, K, dtype, cfg):
+    _gpu_check(M, N, K, dtype, cfg, torch.Generator(device="cuda").manual_seed(M * 7 + N * 3 + K))
 
 
 @pytest.mark.gpu
@@ -448,15 +453,7 @@ def test_gpu_device_descriptors_correct(M, N, K, dtype, cfg, monkeypatch):
     monkeypatch.setattr(glaunch, "DEVICE_DESCRIPTORS", True)
     g = torch.Generator(device="cuda").manual_seed(M * 5 + N * 11 + K)
     for _ in range(2):
-        a = torch.randn(M, K, device="cuda", generator=g).to(dtype)
-        b = torch.randn(K, N, device="cuda", generator=g).to(dtype)
-        c = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
-        gemm.matmul(a, b, cfg, out=c)
-        torch.cuda.synchronize()
-        ref = a.double() @ b.double()
-        assert torch.isfinite(c).all()
-        err = ((c.double() - ref).norm() / ref.norm()).item()
-        assert err <= gsweep.tolerance(dtype), err
+        a, b, c = _gpu_check(M, N, K, dtype, cfg, g)
     p = glaunch.plan_for(a, b, cfg, c)
     assert p.device_desc == (p.kind in ("tma", "splitk") and bool(p.launch.kwargs.get("USE_TMA", True)))
     assert triton.runtime._allocation._allocator.get() is triton.runtime._allocation._NULL_ALLOCATOR
