@@ -271,6 +271,63 @@ def test_load_ahead_config_validates_and_labels():
     assert default_config(4, 9, 385, 512).LOAD_AHEAD == 0          # the default is unchanged until measured
 
 
+def test_prepack_round_trip_and_validation():
+    from kernels.moe_mxfp4 import prepack_mxfp4, unprepack_mxfp4
+
+    g = torch.Generator().manual_seed(21)
+    w = torch.randint(0, 256, (3, 128, 128), generator=g, dtype=torch.uint8)
+    s = torch.randint(0, 256, (3, 128, 8), generator=g, dtype=torch.uint8)
+    wp, sp = prepack_mxfp4(w, s)
+    assert wp.shape == w.shape and sp.shape == s.shape and not torch.equal(wp, w)
+    assert all(torch.equal(x, y) for x, y in zip(unprepack_mxfp4(wp, sp), (w, s)))
+    # thread t = 32 * warp + lane of the warpgroup reads bytes [16 t, 16 t + 16) of each tile half:
+    # lane 5 of warp 1 holds rows 16 + 1 (+ 8) and the byte columns 2 * (5 % 4) + {0, 1} (+ 8, 16, ...)
+    tile = torch.arange(64 * 64, dtype=torch.int32).reshape(64, 64)
+    idx = tile.reshape(1, 64, 64)
+    flat = prepack_mxfp4((idx % 256).to(torch.uint8), torch.zeros(1, 64, 4, dtype=torch.uint8))[0].reshape(-1)
+    t = 32 + 5
+    got = flat[16 * t:16 * t + 16].tolist()
+    want = [int(tile[17, c]) % 256 for c in (2, 3, 10, 11, 18, 19, 26, 27, 34, 35, 42, 43, 50, 51, 58, 59)]
+    assert got == want
+    with pytest.raises(ValueError, match="H % 64 == 0 and I % 128 == 0"):
+        prepack_mxfp4(w[:, :96], s[:, :96])
+    with pytest.raises(ValueError, match="PREPACK needs SWAP_AB"):
+        MoeMxfp4Config(BLOCK_N=64, BLOCK_K=64, PREPACK=True).validate(512)
+    assert MoeMxfp4Config(BLOCK_N=64, PREPACK=True).label().endswith("_prepack")
+    assert not default_config(4, 9, 385, 512).PREPACK              # the default is unchanged until measured
+
+
+@pytest.mark.parametrize("a_fp4,det,bn,I_", [(False, False, 64, 256), (True, True, 128, 256), (False, False, 64, 512)],
+                         ids=["w4a16_bn64", "a4w4_det_bn128", "w4a16_la1_4steps"])
+def test_kernel_prepack_is_exact(a_fp4, det, bn, I_):
+    """quantize -> prepack -> kernel (PREPACK): on poisoned outputs, within the reference bound and
+    bit-identical to the plain layout's kernel on the same weights, scale bytes 0, 1, 254 and 255
+    (NaN) included in a second pass (NaN where the plain kernel has NaN, the same bits elsewhere)."""
+    from kernels.moe_mxfp4 import prepack_mxfp4
+
+    H_ = 256
+    p = _problem(5, H_=H_, I_=I_, a_fp4=a_fp4, seed=31 + bn)
+    la = 1 if I_ == 512 else 0
+    plain = MoeMxfp4Config(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=128, num_warps=4, DETERMINISTIC=det, LOAD_AHEAD=la)
+    pre = plain.replace(PREPACK=True)
+    q = dict(p)
+    q["w"], q["w_scale"] = prepack_mxfp4(p["w"], p["w_scale"])
+    _run(q, pre)
+    _poison_workspaces()
+    out = torch.full((5, H_), float("nan"), dtype=torch.bfloat16, device=DEV)
+    got = _run(q, pre, out=out)
+    _check(got, p)
+    assert torch.equal(got, _run(p, plain))
+    ws = p["w_scale"].clone()
+    ws[0, 0, 0], ws[1, 3, 1], ws[3, 70, 2], ws[4, 200, 3], ws[5, 129, 0] = 0, 1, 254, 255, 200
+    p2 = dict(p, w_scale=ws)
+    q2 = dict(q)
+    q2["w"], q2["w_scale"] = prepack_mxfp4(p2["w"], ws)
+    a, b = _run(q2, pre).float(), _run(p2, plain).float()
+    assert torch.equal(a.isnan(), b.isnan()) and a.isnan().any()
+    assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+
+
 def test_kernel_accumulates_into_out():
     p = _problem(5, seed=3)
     cfg = default_config(5, TOP_K, E, I, interpreter=not ON_GPU)

@@ -23,6 +23,10 @@ class MoeMxfp4Config:
     LOAD_AHEAD: K steps whose weight, scale and activation loads are issued before the
     current step's expansion and dot (0: one step in flight at a time; 1-3: a rotation of
     register slots keeps up to LOAD_AHEAD + 1 steps in flight per program).
+    PREPACK: the weights and scales come in ``quant.prepack_mxfp4``'s layout (each 64-row x
+    128-K tile stored in the order of wgmma's register operand): no shared-memory pass before
+    the expansion. The caller passes prepacked tensors (same shapes); needs SWAP_AB, 4 warps,
+    BLOCK_N % 64 == 0, BLOCK_K % 128 == 0 and H % BLOCK_N == 0.
     """
 
     BLOCK_M: int = 16
@@ -37,6 +41,7 @@ class MoeMxfp4Config:
     DETERMINISTIC: bool = False
     EXPAND: str = "ptx"
     LOAD_AHEAD: int = 0
+    PREPACK: bool = False
 
     @property
     def swap_ab(self) -> bool:
@@ -51,7 +56,7 @@ class MoeMxfp4Config:
         mode = "det" if self.DETERMINISTIC else "atomic"
         return (f"bm{self.BLOCK_M}_bn{self.BLOCK_N}_bk{self.BLOCK_K}_w{self.num_warps}_s{self.num_stages}"
                 f"{flags}{'_swap' if self.swap_ab else ''}_{mode}{'' if self.EXPAND == 'ptx' else '_' + self.EXPAND}"
-                f"{f'_la{self.LOAD_AHEAD}' if self.LOAD_AHEAD else ''}")
+                f"{f'_la{self.LOAD_AHEAD}' if self.LOAD_AHEAD else ''}{'_prepack' if self.PREPACK else ''}")
 
     def replace(self, **kw) -> "MoeMxfp4Config":
         return replace(self, **kw)
@@ -75,6 +80,10 @@ class MoeMxfp4Config:
             raise ValueError(f"moe_mxfp4: EXPAND must be 'ptx' or 'bits', got {self.EXPAND!r}")
         if self.LOAD_AHEAD not in (0, 1, 2, 3):
             raise ValueError(f"moe_mxfp4: LOAD_AHEAD must be 0, 1, 2 or 3, got {self.LOAD_AHEAD!r}")
+        if self.PREPACK and not (self.swap_ab and self.num_warps == 4 and self.BLOCK_N % 64 == 0
+                                 and self.BLOCK_K % 128 == 0):
+            raise ValueError(f"moe_mxfp4: PREPACK needs SWAP_AB, num_warps=4, BLOCK_N % 64 == 0 and "
+                             f"BLOCK_K % 128 == 0, got {self.label()}")
         if self.num_stages < 1:
             raise ValueError(f"moe_mxfp4: num_stages must be >= 1, got {self.num_stages}")
 

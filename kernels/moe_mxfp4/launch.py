@@ -119,6 +119,8 @@ def _build_plan(a, a_scale, w, w_scale, routing, out, accumulate, config) -> _Pl
     if not isinstance(config, MoeMxfp4Config):
         _fail(f"config must be a MoeMxfp4Config, got {type(config).__name__}")
     config.validate(K)
+    if config.PREPACK and H % config.BLOCK_N:
+        _fail(f"PREPACK needs H % BLOCK_N == 0 (H={H}, BLOCK_N={config.BLOCK_N})")
     if config.BLOCK_M != routing.block_m:
         _fail(f"config.BLOCK_M={config.BLOCK_M} but the routing was padded to {routing.block_m} rows; "
               f"call prepare_routing(..., block_m={config.BLOCK_M})")
@@ -131,7 +133,7 @@ def _build_plan(a, a_scale, w, w_scale, routing, out, accumulate, config) -> _Pl
                       EARLY_LOADS=config.EARLY_LOADS, PREFETCH_EPILOGUE=config.PREFETCH_EPILOGUE,
                       SWAP_AB=config.swap_ab, EVEN_N=H % config.BLOCK_N == 0,
                       EXPAND="fp32" if interpreter.active() else config.EXPAND, K=K, BM=config.BLOCK_M,
-                      BN=config.BLOCK_N, BK=config.BLOCK_K, LOAD_AHEAD=config.LOAD_AHEAD,
+                      BN=config.BLOCK_N, BK=config.BLOCK_K, LOAD_AHEAD=config.LOAD_AHEAD, PREPACK=config.PREPACK,
                       num_warps=config.num_warps,
                       num_stages=config.num_stages)
     reduce_grid = reduce_constexprs = None
@@ -243,7 +245,7 @@ def compile_for_target(config: MoeMxfp4Config | None = None, *, a_fp4: bool = Fa
     constexprs = dict(TOP_K=top_k, A_FP4=a_fp4, ATOMIC=not cfg.DETERMINISTIC, NT=cfg.NT,
                       EARLY_LOADS=cfg.EARLY_LOADS, PREFETCH_EPILOGUE=cfg.PREFETCH_EPILOGUE, SWAP_AB=cfg.swap_ab,
                       EVEN_N=H % cfg.BLOCK_N == 0, EXPAND=cfg.EXPAND, K=K, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N,
-                      BK=cfg.BLOCK_K, LOAD_AHEAD=cfg.LOAD_AHEAD)
+                      BK=cfg.BLOCK_K, LOAD_AHEAD=cfg.LOAD_AHEAD, PREPACK=cfg.PREPACK)
     return cross_compile(_moe_mxfp4_down_kernel, target, signature=sig, constexprs=constexprs,
                          divisible=divisible, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                          cache_dir=cache_dir)

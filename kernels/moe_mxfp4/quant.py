@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BLOCK", "E2M1_VALUES", "dequantize_mxfp4", "quantize_mxfp4"]
+__all__ = ["BLOCK", "E2M1_VALUES", "PREPACK_ROWS", "PREPACK_K", "dequantize_mxfp4", "prepack_mxfp4",
+           "quantize_mxfp4", "unprepack_mxfp4"]
 
 BLOCK = 32
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -97,3 +98,70 @@ def dequantize_mxfp4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     out = torch.ldexp(vals, (s - 127).unsqueeze(-1).to(torch.float32))
     out = torch.where((s == _SCALE_NAN).unsqueeze(-1), float("nan"), out)
     return out.reshape(*packed.shape[:-1], K).to(dtype)
+
+
+# ---------------------------------------------------------------------------
+# "prepacked" weight layout: the bytes in the order wgmma's register operand wants
+# ---------------------------------------------------------------------------
+
+PREPACK_ROWS = 64    # one warpgroup's 64 rows (wgmma's M)
+PREPACK_K = 128      # K values per tile: 64 packed bytes, 4 scale blocks
+
+# A 64-row x 64-byte tile of packed weights (rows r = r5..r0, byte columns c = c5..c0) as the
+# 4 warps x 32 lanes of a warpgroup hold it in wgmma's A-operand registers (the expanded tile's
+# layout with 2 bf16 per register): warp = r5 r4, lane = r2 r1 r0 c2 c1, and the 32 bytes of
+# one thread are r3 (two halves of 16) x c5 c4 c3 c0. Stored thread-major, [r3, r5r4, r2r1r0,
+# c2c1, c5c4c3, c0]: every thread reads its 16 + 16 bytes with two 128-bit loads and they
+# already sit in the registers the expansion and the dot use (no shared-memory pass).
+_W_TILE = (2, 4, 8, 4, 8, 2)
+# The tile's 4 x 64 scale bytes (rows r, blocks g = c5 c4): a thread needs rows r, r + 8 of
+# its lane group, all 4 blocks: stored [r5r4, r2r1r0, r3, g], 8 bytes per thread (the four
+# lanes c2 c1 read the same 8).
+
+
+def _prepack_check(w, w_scale, what):
+    for name, t in (("w", w), ("w_scale", w_scale)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() < 2:
+            raise ValueError(f"{what}: {name} must be a uint8 tensor [..., H, ...], got "
+                             f"{getattr(t, 'dtype', type(t).__name__)}")
+    H, K2 = w.shape[-2], w.shape[-1]
+    if H % PREPACK_ROWS or (2 * K2) % PREPACK_K:
+        raise ValueError(f"{what}: needs H % {PREPACK_ROWS} == 0 and I % {PREPACK_K} == 0, got H={H}, I={2 * K2}")
+    if tuple(w_scale.shape) != tuple(w.shape[:-1]) + (K2 // 16,):
+        raise ValueError(f"{what}: w_scale must be {tuple(w.shape[:-1]) + (K2 // 16,)}, got {tuple(w_scale.shape)}")
+    return H, K2
+
+
+def prepack_mxfp4(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 weights (packed uint8 [..., H, I / 2], scales uint8 [..., H, I / 32], as
+    ``quantize_mxfp4`` gives them) -> the same bytes in the kernel's ``PREPACK`` layout, same
+    shapes. Each block of 64 rows keeps its memory range; inside it, each K tile of 128
+    values (64 x 64 packed bytes, 64 x 4 scales) is stored contiguously in the order of
+    wgmma's register operand (see ``_W_TILE``). H % 64 == 0 and I % 128 == 0.
+    ``unprepack_mxfp4`` inverts it."""
+    H, K2 = _prepack_check(w, w_scale, "prepack_mxfp4")
+    lead = w.shape[:-2]
+    nb, kb = H // PREPACK_ROWS, K2 // 64
+    # w[..., nb, (r54, r3, r210), kb, (c543, c21, c0)] -> [..., nb, kb, r3, r54, r210, c21, c543, c0]
+    t = w.reshape(*lead, nb, 4, 2, 8, kb, 8, 4, 2)
+    n = len(lead)
+    d = lambda *i: [n + j for j in i]
+    wp = t.permute(*range(n), *d(0, 4, 2, 1, 3, 6, 5, 7)).reshape(w.shape)
+    # scales[..., nb, (r54, r3, r210), kb, g] -> [..., nb, kb, r54, r210, r3, g]
+    s = w_scale.reshape(*lead, nb, 4, 2, 8, kb, 4)
+    sp = s.permute(*range(n), *d(0, 4, 1, 3, 2, 5)).reshape(w_scale.shape)
+    return wp.contiguous(), sp.contiguous()
+
+
+def unprepack_mxfp4(wp: torch.Tensor, sp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of ``prepack_mxfp4``."""
+    H, K2 = _prepack_check(wp, sp, "unprepack_mxfp4")
+    lead = wp.shape[:-2]
+    nb, kb = H // PREPACK_ROWS, K2 // 64
+    n = len(lead)
+    d = lambda *i: [n + j for j in i]
+    t = wp.reshape(*lead, nb, kb, 2, 4, 8, 4, 8, 2)            # nb, kb, r3, r54, r210, c21, c543, c0
+    w = t.permute(*range(n), *d(0, 3, 2, 4, 1, 6, 5, 7)).reshape(wp.shape)
+    s = sp.reshape(*lead, nb, kb, 4, 8, 2, 4)                  # nb, kb, r54, r210, r3, g
+    ws = s.permute(*range(n), *d(0, 2, 4, 3, 1, 5)).reshape(sp.shape)
+    return w.contiguous(), ws.contiguous()

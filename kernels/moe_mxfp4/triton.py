@@ -174,6 +174,89 @@ def _e2m1_halves(packed, scale, R: tl.constexpr, C: tl.constexpr, EXPAND: tl.con
 
 
 @triton.jit
+def _e2m1_halves_bits(packed, f, EXPAND: tl.constexpr):
+    """As _e2m1_halves, with the scales already as bit patterns broadcast to packed's shape
+    (``_scale_bits``: int32 fp32 patterns for EXPAND="fp32", int16 bf16 patterns otherwise)."""
+    if EXPAND == "fp32":
+        p = packed.to(tl.int32)
+        lo = ((p & 0x7) << 22) | ((p & 0x8) << 28)
+        hi = ((p & 0x70) << 18) | ((p & 0x80) << 24)
+        f = f.to(tl.float32, bitcast=True)
+        lo = (lo.to(tl.float32, bitcast=True) * 8.507059173023462e37 * f).to(tl.bfloat16)
+        hi = (hi.to(tl.float32, bitcast=True) * 8.507059173023462e37 * f).to(tl.bfloat16)
+    else:
+        if EXPAND == "ptx":
+            lo, hi = tl.inline_asm_elementwise(
+                asm=_E2M1_PATTERNS_PTX, constraints="=r,=r,=r,=r,r", args=[packed],
+                dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        else:
+            p = packed.to(tl.int16)
+            lo = (((p & 0x7) << 6) | ((p & 0x8) << 12)).to(tl.bfloat16, bitcast=True)
+            hi = (((p & 0x70) << 2) | ((p & 0x80) << 8)).to(tl.bfloat16, bitcast=True)
+        f = f.to(tl.bfloat16, bitcast=True)
+        lo = lo * 8.507059173023462e37 * f
+        hi = hi * 8.507059173023462e37 * f
+    return lo, hi
+
+
+@triton.jit
+def _scale_bits(s, EXPAND: tl.constexpr):
+    """e8m0 bytes -> the bit patterns of 2**(s - 127): fp32 (int32) for EXPAND="fp32", else bf16
+    (int16); byte 0 is the subnormal 2**-127, byte 255 NaN (as in _e2m1_halves)."""
+    if EXPAND == "fp32":
+        s = s.to(tl.int32)
+        bits = tl.where(s == 0, 0x400000, tl.where(s == 255, 0x7FC00000, s << 23))
+    else:
+        s = s.to(tl.int16)
+        bits = tl.where(s == 0, 0x40, tl.where(s == 255, 0x7FC0, s << 7)).to(tl.int16)
+    return bits
+
+
+@triton.jit
+def _load_w_prepacked(w_ptr, w_scale_ptr, e, pid_n, k0, stride_we, stride_wn, stride_wse, stride_wsn,
+                      NT: tl.constexpr, EXPAND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Step k0 of expert e's weights in the PREPACK layout (quant.prepack_mxfp4): packed [BN, BK/2]
+    and the scales' bit patterns broadcast to [BN, BK/2]. Each thread loads its bytes of a
+    64 x 64-byte tile as two 16-byte vectors and its 8 scale bytes as one 8-byte vector; the
+    reshapes and permutes below only rename registers (the loaded layout is wgmma's)."""
+    NB: tl.constexpr = BN // 64
+    KB: tl.constexpr = BK // 128
+    # Dimension order: Triton's load layout gives lanes and warps to the dimensions after the
+    # contiguous (last) one in increasing order, so the thread dimension comes first and the
+    # tile counts (registers) after it.
+    i_t = tl.arange(0, 128)[:, None, None, None, None]
+    i_h = tl.arange(0, 2)[None, :, None, None, None]
+    i_nb = tl.arange(0, NB)[None, None, :, None, None]
+    i_kb = tl.arange(0, KB)[None, None, None, :, None]
+    i_j = tl.arange(0, 16)[None, None, None, None, :]
+    base = w_ptr + e * stride_we + (pid_n * BN) * stride_wn + (k0 // 128) * 4096
+    w_ptrs = base + i_nb * (64 * stride_wn) + i_kb * 4096 + i_h * 2048 + i_t * 16 + i_j
+    s_d = tl.arange(0, 4)[:, None, None, None, None, None]      # the lanes c2 c1 share a row's scales
+    s_l = tl.arange(0, 8)[None, :, None, None, None, None]
+    s_w = tl.arange(0, 4)[None, None, :, None, None, None]
+    s_nb = tl.arange(0, NB)[None, None, None, :, None, None]
+    s_kb = tl.arange(0, KB)[None, None, None, None, :, None]
+    s_j = tl.arange(0, 8)[None, None, None, None, None, :]
+    s_base = w_scale_ptr + e * stride_wse + (pid_n * BN) * stride_wsn + (k0 // 128) * 256
+    s_ptrs = s_base + s_nb * (64 * stride_wsn) + s_kb * 256 + s_w * 64 + s_l * 8 + s_d * 0 + s_j
+    if NT:
+        w = tl.load(w_ptrs, eviction_policy="evict_first")
+        w_s = tl.load(s_ptrs, eviction_policy="evict_first")
+    else:
+        w = tl.load(w_ptrs)
+        w_s = tl.load(s_ptrs)
+    # [(r54, r210, c21), r3, nb, kb, (c543, c0)] -> [nb, r54, r3, r210, kb, c543, c21, c0]
+    w = tl.reshape(w, (4, 8, 4, 2, NB, KB, 8, 2))
+    w = tl.reshape(tl.permute(w, (4, 0, 3, 1, 5, 6, 2, 7)), (BN, BK // 2))
+    f = _scale_bits(w_s, EXPAND)
+    # [c21, r210, r54, nb, kb, (r3, g)] + (c3, c0) -> [nb, r54, r3, r210, kb, g, c3, c21, c0]
+    f = tl.reshape(f, (4, 8, 4, NB, KB, 2, 4, 1, 1))
+    f = tl.broadcast_to(f, (4, 8, 4, NB, KB, 2, 4, 2, 2))
+    f = tl.reshape(tl.permute(f, (3, 2, 5, 1, 4, 6, 7, 0, 8)), (BN, BK // 2))
+    return w, f
+
+
+@triton.jit
 def _e2m1_to_bf16(packed, scale, R: tl.constexpr, C: tl.constexpr, EXPAND: tl.constexpr):
     """As _e2m1_halves, interleaved back into K order: bf16 [R, 2C]."""
     lo, hi = _e2m1_halves(packed, scale, R, C, EXPAND)
@@ -198,39 +281,49 @@ def _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm,
 
 @triton.jit
 def _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
-            NT: tl.constexpr, EVEN_N: tl.constexpr, BK: tl.constexpr):
-    """Step k0 of expert e's packed weights [BN, BK/2] and scales [BN, BK/32]."""
-    rkp = k0 // 2 + tl.arange(0, BK // 2)
-    rks = k0 // 32 + tl.arange(0, BK // 32)
-    w_ptrs = w_ptr + e * stride_we + rn[:, None] * stride_wn + rkp[None, :]
-    s_ptrs = w_scale_ptr + e * stride_wse + rn[:, None] * stride_wsn + rks[None, :]
-    # NT: the weights are read once per token block; evict_first keeps them from pushing
-    # the activations and the output rows out of L2.
-    if EVEN_N:
-        if NT:
-            w = tl.load(w_ptrs, eviction_policy="evict_first")
-            w_s = tl.load(s_ptrs, eviction_policy="evict_first")
-        else:
-            w = tl.load(w_ptrs)
-            w_s = tl.load(s_ptrs)
+            NT: tl.constexpr, EVEN_N: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr = False,
+            EXPAND: tl.constexpr = "ptx", BN: tl.constexpr = 64):
+    """Step k0 of expert e's packed weights [BN, BK/2] and scales [BN, BK/32] (PREPACK: the
+    scales' bit patterns, broadcast to [BN, BK/2])."""
+    if PREPACK:
+        w, w_s = _load_w_prepacked(w_ptr, w_scale_ptr, e, tl.program_id(1), k0, stride_we, stride_wn,
+                                   stride_wse, stride_wsn, NT, EXPAND, BN, BK)
     else:
-        if NT:
-            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0, eviction_policy="evict_first")
-            w_s = tl.load(s_ptrs, mask=n_ok[:, None], other=127, eviction_policy="evict_first")
+        rkp = k0 // 2 + tl.arange(0, BK // 2)
+        rks = k0 // 32 + tl.arange(0, BK // 32)
+        w_ptrs = w_ptr + e * stride_we + rn[:, None] * stride_wn + rkp[None, :]
+        s_ptrs = w_scale_ptr + e * stride_wse + rn[:, None] * stride_wsn + rks[None, :]
+        # NT: the weights are read once per token block; evict_first keeps them from pushing
+        # the activations and the output rows out of L2.
+        if EVEN_N:
+            if NT:
+                w = tl.load(w_ptrs, eviction_policy="evict_first")
+                w_s = tl.load(s_ptrs, eviction_policy="evict_first")
+            else:
+                w = tl.load(w_ptrs)
+                w_s = tl.load(s_ptrs)
         else:
-            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0)
-            w_s = tl.load(s_ptrs, mask=n_ok[:, None], other=127)
+            if NT:
+                w = tl.load(w_ptrs, mask=n_ok[:, None], other=0, eviction_policy="evict_first")
+                w_s = tl.load(s_ptrs, mask=n_ok[:, None], other=127, eviction_policy="evict_first")
+            else:
+                w = tl.load(w_ptrs, mask=n_ok[:, None], other=0)
+                w_s = tl.load(s_ptrs, mask=n_ok[:, None], other=127)
     return w, w_s
 
 
 @triton.jit
 def _mma(acc, a, a_s, w, w_s, A_FP4: tl.constexpr, SWAP_AB: tl.constexpr, EXPAND: tl.constexpr,
-         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr = False):
     """acc += one K step. The sum over K does not care about order, so the step is two dots
     over its even and its odd K indices: the weights' low and high nibbles expand into two
     tiles that need no interleaving, and bf16 activations split into their even and odd
-    columns (a register-only split of adjacent pairs)."""
-    w_even, w_odd = _e2m1_halves(w, w_s, BN, BK // 2, EXPAND)
+    columns (a register-only split of adjacent pairs). PREPACK: w_s holds the scales' bit
+    patterns already broadcast to w's shape (_load_w_prepacked)."""
+    if PREPACK:
+        w_even, w_odd = _e2m1_halves_bits(w, w_s, EXPAND)
+    else:
+        w_even, w_odd = _e2m1_halves(w, w_s, BN, BK // 2, EXPAND)
     if A_FP4:
         a_even, a_odd = _e2m1_halves(a, a_s, BM, BK // 2, EXPAND)
     else:
@@ -254,6 +347,7 @@ def _moe_mxfp4_down_kernel(
     EARLY_LOADS: tl.constexpr, PREFETCH_EPILOGUE: tl.constexpr, SWAP_AB: tl.constexpr,
     EVEN_N: tl.constexpr, EXPAND: tl.constexpr, K: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LOAD_AHEAD: tl.constexpr = 0,
+    PREPACK: tl.constexpr = False,
 ):
     """One BM x BN tile of the down-projection; out is [M, H] (ATOMIC) or the
     per-pair workspace [pairs, H]. K % BK == 0 (checked by the launcher)."""
@@ -270,7 +364,7 @@ def _moe_mxfp4_down_kernel(
         e = tl.maximum(tl.load(expert_ids_ptr + pid_m), 0).to(tl.int64)
         a0, as0 = _load_a(a_ptr, a_scale_ptr, rows, ok, 0, stride_am, stride_asm, A_FP4, BM, BK)
         w0, ws0 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, 0, stride_we, stride_wn, stride_wse, stride_wsn,
-                          NT, EVEN_N, BK)
+                          NT, EVEN_N, BK, PREPACK, EXPAND, BN)
     if PREFETCH_EPILOGUE:
         wts = tl.load(sorted_weights_ptr + rm)
     if pid_m * BM >= tl.load(num_rows_ptr):
@@ -282,7 +376,7 @@ def _moe_mxfp4_down_kernel(
         e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
         a0, as0 = _load_a(a_ptr, a_scale_ptr, rows, ok, 0, stride_am, stride_asm, A_FP4, BM, BK)
         w0, ws0 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, 0, stride_we, stride_wn, stride_wse, stride_wsn,
-                          NT, EVEN_N, BK)
+                          NT, EVEN_N, BK, PREPACK, EXPAND, BN)
 
     if SWAP_AB:
         acc = tl.zeros((BN, BM), dtype=tl.float32)
@@ -293,12 +387,12 @@ def _moe_mxfp4_down_kernel(
     # weights go from registers straight into wgmma (a loop-carried tile was staged
     # through shared memory instead).
     if LOAD_AHEAD == 0:
-        acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK)
+        acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK)
         for k0 in tl.static_range(BK, K, BK):
             a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK)
             w, w_s = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
-                             NT, EVEN_N, BK)
-            acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK)
+                             NT, EVEN_N, BK, PREPACK, EXPAND, BN)
+            acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK)
     else:
         # LOAD_AHEAD = L: the loads of steps s + 1 .. s + L are in flight while step s expands
         # and multiplies (slots 0..3 hold steps s..s+3; the unrolled code rotates them), so a
@@ -309,17 +403,17 @@ def _moe_mxfp4_down_kernel(
         if LOAD_AHEAD >= 1 and NSTEPS > 1:
             a1, as1 = _load_a(a_ptr, a_scale_ptr, rows, ok, BK, stride_am, stride_asm, A_FP4, BM, BK)
             w1, ws1 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, BK, stride_we, stride_wn, stride_wse,
-                              stride_wsn, NT, EVEN_N, BK)
+                              stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN)
         if LOAD_AHEAD >= 2 and NSTEPS > 2:
             a2, as2 = _load_a(a_ptr, a_scale_ptr, rows, ok, 2 * BK, stride_am, stride_asm, A_FP4, BM, BK)
             w2, ws2 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, 2 * BK, stride_we, stride_wn, stride_wse,
-                              stride_wsn, NT, EVEN_N, BK)
+                              stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN)
         if LOAD_AHEAD >= 3 and NSTEPS > 3:
             a3, as3 = _load_a(a_ptr, a_scale_ptr, rows, ok, 3 * BK, stride_am, stride_asm, A_FP4, BM, BK)
             w3, ws3 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, 3 * BK, stride_we, stride_wn, stride_wse,
-                              stride_wsn, NT, EVEN_N, BK)
+                              stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN)
         for s in tl.static_range(NSTEPS):
-            acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK)
+            acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK)
             a0, as0, w0, ws0 = a1, as1, w1, ws1
             a1, as1, w1, ws1 = a2, as2, w2, ws2
             a2, as2, w2, ws2 = a3, as3, w3, ws3
@@ -327,7 +421,7 @@ def _moe_mxfp4_down_kernel(
                 kn = (s + LOAD_AHEAD + 1) * BK
                 an, asn = _load_a(a_ptr, a_scale_ptr, rows, ok, kn, stride_am, stride_asm, A_FP4, BM, BK)
                 wn, wsn = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, kn, stride_we, stride_wn, stride_wse,
-                                  stride_wsn, NT, EVEN_N, BK)
+                                  stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN)
                 if LOAD_AHEAD == 1:
                     a1, as1, w1, ws1 = an, asn, wn, wsn
                 elif LOAD_AHEAD == 2:
