@@ -277,9 +277,10 @@ def test_prepack_round_trip_and_validation():
     g = torch.Generator().manual_seed(21)
     w = torch.randint(0, 256, (3, 128, 128), generator=g, dtype=torch.uint8)
     s = torch.randint(0, 256, (3, 128, 8), generator=g, dtype=torch.uint8)
-    wp, sp = prepack_mxfp4(w, s)
-    assert wp.shape == w.shape and sp.shape == s.shape and not torch.equal(wp, w)
-    assert all(torch.equal(x, y) for x, y in zip(unprepack_mxfp4(wp, sp), (w, s)))
+    for level in (1, 2):
+        wp, sp = prepack_mxfp4(w, s, level)
+        assert wp.shape == w.shape and sp.shape == s.shape and not torch.equal(wp, w)
+        assert all(torch.equal(x, y) for x, y in zip(unprepack_mxfp4(wp, sp, level), (w, s)))
     # thread t = 32 * warp + lane of the warpgroup reads bytes [16 t, 16 t + 16) of each tile half:
     # lane 5 of warp 1 holds rows 16 + 1 (+ 8) and the byte columns 2 * (5 % 4) + {0, 1} (+ 8, 16, ...)
     tile = torch.arange(64 * 64, dtype=torch.int32).reshape(64, 64)
@@ -291,15 +292,18 @@ def test_prepack_round_trip_and_validation():
     assert got == want
     with pytest.raises(ValueError, match="H % 64 == 0 and I % 128 == 0"):
         prepack_mxfp4(w[:, :96], s[:, :96])
+    with pytest.raises(ValueError, match="PREPACK=2 needs EXPAND='ptx'"):
+        MoeMxfp4Config(BLOCK_N=64, PREPACK=2, EXPAND="bits").validate(512)
     with pytest.raises(ValueError, match="PREPACK needs SWAP_AB"):
         MoeMxfp4Config(BLOCK_N=64, BLOCK_K=64, PREPACK=True).validate(512)
-    assert MoeMxfp4Config(BLOCK_N=64, PREPACK=True).label().endswith("_prepack")
+    assert MoeMxfp4Config(BLOCK_N=64, PREPACK=2).label().endswith("_prepack2")
     assert not default_config(4, 9, 385, 512).PREPACK              # the default is unchanged until measured
 
 
+@pytest.mark.parametrize("level", [1, 2])
 @pytest.mark.parametrize("a_fp4,det,bn,I_", [(False, False, 64, 256), (True, True, 128, 256), (False, False, 64, 512)],
                          ids=["w4a16_bn64", "a4w4_det_bn128", "w4a16_la1_4steps"])
-def test_kernel_prepack_is_exact(a_fp4, det, bn, I_):
+def test_kernel_prepack_is_exact(a_fp4, det, bn, I_, level):
     """quantize -> prepack -> kernel (PREPACK): on poisoned outputs, within the reference bound and
     bit-identical to the plain layout's kernel on the same weights, scale bytes 0, 1, 254 and 255
     (NaN) included in a second pass (NaN where the plain kernel has NaN, the same bits elsewhere)."""
@@ -309,9 +313,9 @@ def test_kernel_prepack_is_exact(a_fp4, det, bn, I_):
     p = _problem(5, H_=H_, I_=I_, a_fp4=a_fp4, seed=31 + bn)
     la = 1 if I_ == 512 else 0
     plain = MoeMxfp4Config(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=128, num_warps=4, DETERMINISTIC=det, LOAD_AHEAD=la)
-    pre = plain.replace(PREPACK=True)
+    pre = plain.replace(PREPACK=level)
     q = dict(p)
-    q["w"], q["w_scale"] = prepack_mxfp4(p["w"], p["w_scale"])
+    q["w"], q["w_scale"] = prepack_mxfp4(p["w"], p["w_scale"], level)
     _run(q, pre)
     _poison_workspaces()
     out = torch.full((5, H_), float("nan"), dtype=torch.bfloat16, device=DEV)
@@ -322,10 +326,74 @@ def test_kernel_prepack_is_exact(a_fp4, det, bn, I_):
     ws[0, 0, 0], ws[1, 3, 1], ws[3, 70, 2], ws[4, 200, 3], ws[5, 129, 0] = 0, 1, 254, 255, 200
     p2 = dict(p, w_scale=ws)
     q2 = dict(q)
-    q2["w"], q2["w_scale"] = prepack_mxfp4(p2["w"], ws)
+    q2["w"], q2["w_scale"] = prepack_mxfp4(p2["w"], ws, level)
     a, b = _run(q2, pre).float(), _run(p2, plain).float()
     assert torch.equal(a.isnan(), b.isnan()) and a.isnan().any()
     assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+
+
+def _run_ptx(text: str, regs: dict) -> dict:
+    """A model of the few b32 PTX instructions the expansion uses (and, or, shl, shr, prmt in
+    the default mode, shf.l.wrap), run over numpy uint32 arrays: $N operands come from regs."""
+    import numpy as np
+
+    env = dict(regs)
+    val = lambda t: env[t] if t in env else np.uint32(int(t, 0))
+    for line in text.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line[0] in "{}." or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        a = [x.strip() for x in args.split(",")]
+        v = [val(x) for x in a[1:]]
+        if op == "and.b32":
+            r = v[0] & v[1]
+        elif op == "or.b32":
+            r = v[0] | v[1]
+        elif op == "shl.b32":
+            r = v[0] << v[1]
+        elif op == "shf.l.wrap.b32":          # funnel shift of (hi = v[1], lo = v[0]) left by v[2] % 32
+            k = np.uint32(int(v[2]) % 32)
+            r = (v[1] << k) | (v[0] >> np.uint32(32 - k)) if k else v[1]
+        elif op == "prmt.b32":                # default mode, selector nibble bit 3 unused here
+            pool = [(v[0] >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)] + \
+                   [(np.uint32(v[1]) >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)]
+            sel = int(v[2])
+            assert all(not (sel >> (4 * i + 3)) & 1 for i in range(4))
+            r = sum(pool[(sel >> (4 * i)) & 7] << np.uint32(8 * i) for i in range(4))
+        else:
+            raise AssertionError(f"unmodelled PTX op {op}")
+        env[a[0]] = np.asarray(r, dtype=np.uint32)
+    return env
+
+
+def test_rot_ptx_expansion_matches_plain_patterns():
+    """PREPACK=2's inline PTX (modelled instruction by instruction) on every prepacked register
+    word gives the same four bf16x2 patterns as the plain layout's PTX on the plain bytes: the
+    GPU path is exact wherever the plain one is (the interpreter runs neither)."""
+    import numpy as np
+
+    from kernels.moe_mxfp4.quant import _regroup_bits
+    from kernels.moe_mxfp4.triton import _E2M1_PATTERNS_PTX, _E2M1_ROT_PTX
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randint(0, 256, (1, 16, 2 * 4096), generator=g, dtype=torch.uint8)
+    w[0, 0, 0], w[0, 0, 1], w[0, 8, 0], w[0, 8, 1] = 0xFF, 0x88, 0x00, 0x7F
+    wr = _regroup_bits(w, inverse=False)
+
+    def words(t):        # the register groups: bytes (r, c), (r, c + 1), (r + 8, c), (r + 8, c + 1)
+        t = t.reshape(2, 8, -1, 2).to(torch.int64)
+        b = [t[q // 2, :, :, q % 2] for q in range(4)]
+        return (b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24).reshape(-1).numpy().astype(np.uint32)
+
+    plain = _run_ptx(_E2M1_PATTERNS_PTX.value, {"$4": words(w)})
+    rot = _run_ptx(_E2M1_ROT_PTX.value, {"$4": words(wr)})
+    x = words(w).astype(np.int64)          # the model itself, against the patterns' definition
+    pat = lambda b, sh: (((b >> sh) & 7) << 6) | (((b >> sh) & 8) << 12)
+    assert np.array_equal(plain["$0"], (pat(x & 0xFF, 0) | pat((x >> 8) & 0xFF, 0) << 16).astype(np.uint32))
+    assert np.array_equal(plain["$3"], (pat(x >> 16 & 0xFF, 4) | pat((x >> 24) & 0xFF, 4) << 16).astype(np.uint32))
+    for r in ("$0", "$1", "$2", "$3"):
+        assert np.array_equal(plain[r], rot[r]), r
 
 
 def test_kernel_accumulates_into_out():

@@ -23,10 +23,11 @@ class MoeMxfp4Config:
     LOAD_AHEAD: K steps whose weight, scale and activation loads are issued before the
     current step's expansion and dot (0: one step in flight at a time; 1-3: a rotation of
     register slots keeps up to LOAD_AHEAD + 1 steps in flight per program).
-    PREPACK: the weights and scales come in ``quant.prepack_mxfp4``'s layout (each 64-row x
-    128-K tile stored in the order of wgmma's register operand): no shared-memory pass before
-    the expansion. The caller passes prepacked tensors (same shapes); needs SWAP_AB, 4 warps,
-    BLOCK_N % 64 == 0, BLOCK_K % 128 == 0 and H % BLOCK_N == 0.
+    PREPACK: 0, or the level of ``quant.prepack_mxfp4`` the weights and scales come in (same
+    shapes): 1, each 64-row x 128-K tile stored in the order of wgmma's register operand (no
+    shared-memory pass before the expansion); 2, also the code bits of each 4-byte register
+    group placed so that every bf16x2 pattern is one rotation and one mask (EXPAND="ptx").
+    Needs SWAP_AB, 4 warps, BLOCK_N % 64 == 0, BLOCK_K % 128 == 0 and H % BLOCK_N == 0.
     """
 
     BLOCK_M: int = 16
@@ -41,7 +42,7 @@ class MoeMxfp4Config:
     DETERMINISTIC: bool = False
     EXPAND: str = "ptx"
     LOAD_AHEAD: int = 0
-    PREPACK: bool = False
+    PREPACK: int = 0
 
     @property
     def swap_ab(self) -> bool:
@@ -56,7 +57,7 @@ class MoeMxfp4Config:
         mode = "det" if self.DETERMINISTIC else "atomic"
         return (f"bm{self.BLOCK_M}_bn{self.BLOCK_N}_bk{self.BLOCK_K}_w{self.num_warps}_s{self.num_stages}"
                 f"{flags}{'_swap' if self.swap_ab else ''}_{mode}{'' if self.EXPAND == 'ptx' else '_' + self.EXPAND}"
-                f"{f'_la{self.LOAD_AHEAD}' if self.LOAD_AHEAD else ''}{'_prepack' if self.PREPACK else ''}")
+                f"{f'_la{self.LOAD_AHEAD}' if self.LOAD_AHEAD else ''}{f'_prepack{self.PREPACK}' if self.PREPACK else ''}")
 
     def replace(self, **kw) -> "MoeMxfp4Config":
         return replace(self, **kw)
@@ -80,6 +81,10 @@ class MoeMxfp4Config:
             raise ValueError(f"moe_mxfp4: EXPAND must be 'ptx' or 'bits', got {self.EXPAND!r}")
         if self.LOAD_AHEAD not in (0, 1, 2, 3):
             raise ValueError(f"moe_mxfp4: LOAD_AHEAD must be 0, 1, 2 or 3, got {self.LOAD_AHEAD!r}")
+        if self.PREPACK not in (0, 1, 2):
+            raise ValueError(f"moe_mxfp4: PREPACK must be 0, 1 or 2, got {self.PREPACK!r}")
+        if self.PREPACK == 2 and self.EXPAND != "ptx":
+            raise ValueError("moe_mxfp4: PREPACK=2 needs EXPAND='ptx'")
         if self.PREPACK and not (self.swap_ab and self.num_warps == 4 and self.BLOCK_N % 64 == 0
                                  and self.BLOCK_K % 128 == 0):
             raise ValueError(f"moe_mxfp4: PREPACK needs SWAP_AB, num_warps=4, BLOCK_N % 64 == 0 and "

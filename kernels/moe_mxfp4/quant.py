@@ -132,14 +132,64 @@ def _prepack_check(w, w_scale, what):
     return H, K2
 
 
-def prepack_mxfp4(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+# Level 2: the bits of each 4-byte register group are rearranged too. A thread's register holds
+# the bytes B0 = W[r, c], B1 = W[r, c + 1], B2 = W[r + 8, c], B3 = W[r + 8, c + 1] (c even) and
+# the expansion makes four bf16x2 patterns of them, R0 = the low nibbles of B0, B1, R1 = the low
+# nibbles of B2, B3, R2 / R3 = the high nibbles: each half holds its code's e1 e0 m at bits
+# 8..6 and its sign at bit 15 (the value times 2**-126). The stored word places the 32 code
+# bits so that R0 = w & M, R1 = rotl(w, 4) & M, R2 = rotl(w, 10) & M and
+# R3 = (rotl(w, 6) & 0x80C080C0) | (rotl(w, 14) & 0x01000100), M = 0x81C081C0: about 9
+# instructions for 8 weights instead of 18 (three rotations tile the 32 bits; no fourth does).
+ROT_MASK = 0x81C081C0
+ROT_SHIFTS = ((0, ROT_MASK), (4, ROT_MASK), (10, ROT_MASK), (6, 0x80C080C0), (14, 0x01000100))
+
+
+def _rot_bit_map() -> list[tuple[int, int]]:
+    """(source bit in the plain word B0 | B1 << 8 | B2 << 16 | B3 << 24, bit in the stored word)."""
+    out = []
+    pieces = {0: [ROT_SHIFTS[0]], 1: [ROT_SHIFTS[1]], 2: [ROT_SHIFTS[2]], 3: list(ROT_SHIFTS[3:])}
+    for j in range(4):                          # pattern R_j
+        for h in range(2):                      # its half h
+            q = (2 if j in (1, 3) else 0) + h   # the byte
+            nib = 4 if j >= 2 else 0            # the nibble in it
+            for i, p in ((0, 6), (1, 7), (2, 8), (3, 15)):     # m, e0, e1 -> bits 6..8, sign -> 15
+                p += 16 * h
+                shift = next(sh for sh, mask in pieces[j] if mask >> p & 1)
+                out.append((8 * q + nib + i, (p - shift) % 32))
+    assert sorted(d for _, d in out) == list(range(32)) and sorted(s for s, _ in out) == list(range(32))
+    return out
+
+
+def _regroup_bits(w: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """Rearrange the bits of each register group (rows r, r + 8 x byte columns c, c + 1 of every
+    16-row block) by _rot_bit_map (inverse: back)."""
+    lead, (H, K2) = w.shape[:-2], w.shape[-2:]
+    t = w.reshape(*lead, H // 16, 2, 8, K2 // 2, 2).to(torch.int64)      # [..., r3, r210, c/2, c0]
+    b = [t[..., q // 2, :, :, q % 2] for q in range(4)]
+    word = b[0] | (b[1] << 8) | (b[2] << 16) | (b[3] << 24)
+    new = torch.zeros_like(word)
+    for src, dst in _rot_bit_map():
+        if inverse:
+            src, dst = dst, src
+        new |= ((word >> src) & 1) << dst
+    out = torch.stack([torch.stack([(new >> (8 * (2 * r3 + c0))) & 0xFF for c0 in range(2)], dim=-1)
+                       for r3 in range(2)], dim=-4)
+    return out.to(torch.uint8).reshape(w.shape)
+
+
+def prepack_mxfp4(w: torch.Tensor, w_scale: torch.Tensor, level: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP4 weights (packed uint8 [..., H, I / 2], scales uint8 [..., H, I / 32], as
     ``quantize_mxfp4`` gives them) -> the same bytes in the kernel's ``PREPACK`` layout, same
     shapes. Each block of 64 rows keeps its memory range; inside it, each K tile of 128
     values (64 x 64 packed bytes, 64 x 4 scales) is stored contiguously in the order of
-    wgmma's register operand (see ``_W_TILE``). H % 64 == 0 and I % 128 == 0.
-    ``unprepack_mxfp4`` inverts it."""
+    wgmma's register operand (see ``_W_TILE``). H % 64 == 0 and I % 128 == 0. level=2 also
+    rearranges the bits of every 4-byte register group (``_rot_bit_map``) for the kernel's
+    ``PREPACK=2`` expansion. ``unprepack_mxfp4`` inverts either."""
     H, K2 = _prepack_check(w, w_scale, "prepack_mxfp4")
+    if level not in (1, 2):
+        raise ValueError(f"prepack_mxfp4: level must be 1 or 2, got {level!r}")
+    if level == 2:
+        w = _regroup_bits(w, inverse=False)
     lead = w.shape[:-2]
     nb, kb = H // PREPACK_ROWS, K2 // 64
     # w[..., nb, (r54, r3, r210), kb, (c543, c21, c0)] -> [..., nb, kb, r3, r54, r210, c21, c543, c0]
@@ -153,8 +203,8 @@ def prepack_mxfp4(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor,
     return wp.contiguous(), sp.contiguous()
 
 
-def unprepack_mxfp4(wp: torch.Tensor, sp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The inverse of ``prepack_mxfp4``."""
+def unprepack_mxfp4(wp: torch.Tensor, sp: torch.Tensor, level: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of ``prepack_mxfp4`` (the same level)."""
     H, K2 = _prepack_check(wp, sp, "unprepack_mxfp4")
     lead = wp.shape[:-2]
     nb, kb = H // PREPACK_ROWS, K2 // 64
@@ -164,4 +214,6 @@ def unprepack_mxfp4(wp: torch.Tensor, sp: torch.Tensor) -> tuple[torch.Tensor, t
     w = t.permute(*range(n), *d(0, 3, 2, 4, 1, 6, 5, 7)).reshape(wp.shape)
     s = sp.reshape(*lead, nb, kb, 4, 8, 2, 4)                  # nb, kb, r54, r210, r3, g
     ws = s.permute(*range(n), *d(0, 2, 4, 3, 1, 5)).reshape(sp.shape)
+    if level == 2:
+        w = _regroup_bits(w, inverse=True)
     return w.contiguous(), ws.contiguous()

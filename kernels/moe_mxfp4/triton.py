@@ -136,6 +136,60 @@ or.b32 $3, u, v;
 """)
 
 
+# PREPACK=2 (quant.prepack_mxfp4(level=2)): the 32 code bits of the four bytes are stored so
+# that each bf16x2 pattern of _E2M1_PATTERNS_PTX is one rotation and one mask of the word
+# (quant.ROT_SHIFTS): R0 = w & M, R1 = rotl(w, 4) & M, R2 = rotl(w, 10) & M, R3 from two
+# rotations; shf.l.wrap is one SHF in SASS, so 9 instructions instead of 18 per 8 weights.
+_E2M1_ROT_PTX = tl.constexpr("""
+{
+.reg .b32 x, y;
+and.b32 $0, $4, 0x81C081C0;
+shf.l.wrap.b32 x, $4, $4, 4;
+and.b32 $1, x, 0x81C081C0;
+shf.l.wrap.b32 x, $4, $4, 10;
+and.b32 $2, x, 0x81C081C0;
+shf.l.wrap.b32 x, $4, $4, 6;
+shf.l.wrap.b32 y, $4, $4, 14;
+and.b32 x, x, 0x80C080C0;
+and.b32 y, y, 0x01000100;
+or.b32 $3, x, y;
+}
+""")
+
+
+@triton.jit
+def _rotl32(x, k: tl.constexpr):
+    return ((x << k) | (x >> (32 - k))) & 0xFFFFFFFF
+
+
+@triton.jit
+def _rot_code(r, h: tl.constexpr):
+    """The E2M1 code held by half h of a bf16x2 pattern (e1 e0 m at bits 8..6, sign at 15)."""
+    return ((r >> (6 + 16 * h)) & 7) | (((r >> (15 + 16 * h)) & 1) << 3)
+
+
+@triton.jit
+def _unrot_bytes(w, NB: tl.constexpr, KB: tl.constexpr):
+    """Interpreter path of PREPACK=2: the loaded tile [128, 2 (r3), NB, KB, 16 (c543, c0)] with
+    rearranged bits -> the plain bytes, through the same rotations and masks as _E2M1_ROT_PTX."""
+    x = tl.permute(tl.reshape(w, (128, 2, NB, KB, 8, 2)).to(tl.int64), (0, 2, 3, 4, 5, 1))
+    lo_row, hi_row = tl.split(x)               # r3 = 0, 1: [128, NB, KB, 8, 2 (c0)]
+    b0, b1 = tl.split(lo_row)
+    b2, b3 = tl.split(hi_row)
+    word = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
+    r0 = word & 0x81C081C0
+    r1 = _rotl32(word, 4) & 0x81C081C0
+    r2 = _rotl32(word, 10) & 0x81C081C0
+    r3 = (_rotl32(word, 6) & 0x80C080C0) | (_rotl32(word, 14) & 0x01000100)
+    c0 = _rot_code(r0, 0) | (_rot_code(r2, 0) << 4)
+    c1 = _rot_code(r0, 1) | (_rot_code(r2, 1) << 4)
+    c2 = _rot_code(r1, 0) | (_rot_code(r3, 0) << 4)
+    c3 = _rot_code(r1, 1) | (_rot_code(r3, 1) << 4)
+    x = tl.join(tl.join(c0, c1), tl.join(c2, c3))          # [128, NB, KB, 8, c0, r3]
+    x = tl.permute(x, (0, 5, 1, 2, 3, 4))
+    return tl.reshape(x, (128, 2, NB, KB, 16)).to(tl.uint8)
+
+
 @triton.jit
 def _e2m1_halves(packed, scale, R: tl.constexpr, C: tl.constexpr, EXPAND: tl.constexpr):
     """packed uint8 [R, C] (two E2M1 per byte, low nibble first) and e8m0 scales uint8
@@ -174,9 +228,10 @@ def _e2m1_halves(packed, scale, R: tl.constexpr, C: tl.constexpr, EXPAND: tl.con
 
 
 @triton.jit
-def _e2m1_halves_bits(packed, f, EXPAND: tl.constexpr):
+def _e2m1_halves_bits(packed, f, EXPAND: tl.constexpr, ROT: tl.constexpr = False):
     """As _e2m1_halves, with the scales already as bit patterns broadcast to packed's shape
-    (``_scale_bits``: int32 fp32 patterns for EXPAND="fp32", int16 bf16 patterns otherwise)."""
+    (``_scale_bits``: int32 fp32 patterns for EXPAND="fp32", int16 bf16 patterns otherwise).
+    ROT: the bytes carry PREPACK=2's rearranged bits (EXPAND="ptx" only)."""
     if EXPAND == "fp32":
         p = packed.to(tl.int32)
         lo = ((p & 0x7) << 22) | ((p & 0x8) << 28)
@@ -186,9 +241,14 @@ def _e2m1_halves_bits(packed, f, EXPAND: tl.constexpr):
         hi = (hi.to(tl.float32, bitcast=True) * 8.507059173023462e37 * f).to(tl.bfloat16)
     else:
         if EXPAND == "ptx":
-            lo, hi = tl.inline_asm_elementwise(
-                asm=_E2M1_PATTERNS_PTX, constraints="=r,=r,=r,=r,r", args=[packed],
-                dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+            if ROT:
+                lo, hi = tl.inline_asm_elementwise(
+                    asm=_E2M1_ROT_PTX, constraints="=r,=r,=r,=r,r", args=[packed],
+                    dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+            else:
+                lo, hi = tl.inline_asm_elementwise(
+                    asm=_E2M1_PATTERNS_PTX, constraints="=r,=r,=r,=r,r", args=[packed],
+                    dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
         else:
             p = packed.to(tl.int16)
             lo = (((p & 0x7) << 6) | ((p & 0x8) << 12)).to(tl.bfloat16, bitcast=True)
@@ -214,7 +274,8 @@ def _scale_bits(s, EXPAND: tl.constexpr):
 
 @triton.jit
 def _load_w_prepacked(w_ptr, w_scale_ptr, e, pid_n, k0, stride_we, stride_wn, stride_wse, stride_wsn,
-                      NT: tl.constexpr, EXPAND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                      NT: tl.constexpr, EXPAND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                      PREPACK: tl.constexpr = 1):
     """Step k0 of expert e's weights in the PREPACK layout (quant.prepack_mxfp4): packed [BN, BK/2]
     and the scales' bit patterns broadcast to [BN, BK/2]. Each thread loads its bytes of a
     64 x 64-byte tile as two 16-byte vectors and its 8 scale bytes as one 8-byte vector; the
@@ -245,6 +306,8 @@ def _load_w_prepacked(w_ptr, w_scale_ptr, e, pid_n, k0, stride_we, stride_wn, st
     else:
         w = tl.load(w_ptrs)
         w_s = tl.load(s_ptrs)
+    if PREPACK == 2 and EXPAND != "ptx":
+        w = _unrot_bytes(w, NB, KB)
     # [(r54, r210, c21), r3, nb, kb, (c543, c0)] -> [nb, r54, r3, r210, kb, c543, c21, c0]
     w = tl.reshape(w, (4, 8, 4, 2, NB, KB, 8, 2))
     w = tl.reshape(tl.permute(w, (4, 0, 3, 1, 5, 6, 2, 7)), (BN, BK // 2))
@@ -281,13 +344,13 @@ def _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm,
 
 @triton.jit
 def _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
-            NT: tl.constexpr, EVEN_N: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr = False,
+            NT: tl.constexpr, EVEN_N: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr = 0,
             EXPAND: tl.constexpr = "ptx", BN: tl.constexpr = 64):
     """Step k0 of expert e's packed weights [BN, BK/2] and scales [BN, BK/32] (PREPACK: the
     scales' bit patterns, broadcast to [BN, BK/2])."""
     if PREPACK:
         w, w_s = _load_w_prepacked(w_ptr, w_scale_ptr, e, tl.program_id(1), k0, stride_we, stride_wn,
-                                   stride_wse, stride_wsn, NT, EXPAND, BN, BK)
+                                   stride_wse, stride_wsn, NT, EXPAND, BN, BK, PREPACK)
     else:
         rkp = k0 // 2 + tl.arange(0, BK // 2)
         rks = k0 // 32 + tl.arange(0, BK // 32)
@@ -314,14 +377,14 @@ def _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_ws
 
 @triton.jit
 def _mma(acc, a, a_s, w, w_s, A_FP4: tl.constexpr, SWAP_AB: tl.constexpr, EXPAND: tl.constexpr,
-         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr = False):
+         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr = 0):
     """acc += one K step. The sum over K does not care about order, so the step is two dots
     over its even and its odd K indices: the weights' low and high nibbles expand into two
     tiles that need no interleaving, and bf16 activations split into their even and odd
     columns (a register-only split of adjacent pairs). PREPACK: w_s holds the scales' bit
     patterns already broadcast to w's shape (_load_w_prepacked)."""
     if PREPACK:
-        w_even, w_odd = _e2m1_halves_bits(w, w_s, EXPAND)
+        w_even, w_odd = _e2m1_halves_bits(w, w_s, EXPAND, PREPACK == 2)
     else:
         w_even, w_odd = _e2m1_halves(w, w_s, BN, BK // 2, EXPAND)
     if A_FP4:
@@ -347,7 +410,7 @@ def _moe_mxfp4_down_kernel(
     EARLY_LOADS: tl.constexpr, PREFETCH_EPILOGUE: tl.constexpr, SWAP_AB: tl.constexpr,
     EVEN_N: tl.constexpr, EXPAND: tl.constexpr, K: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LOAD_AHEAD: tl.constexpr = 0,
-    PREPACK: tl.constexpr = False,
+    PREPACK: tl.constexpr = 0,
 ):
     """One BM x BN tile of the down-projection; out is [M, H] (ATOMIC) or the
     per-pair workspace [pairs, H]. K % BK == 0 (checked by the launcher)."""
