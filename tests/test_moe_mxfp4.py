@@ -348,6 +348,12 @@ def _run_ptx(text: str, regs: dict) -> dict:
         v = [val(x) for x in a[1:]]
         if op == "and.b32":
             r = v[0] & v[1]
+        elif op == "add.u32":
+            r = v[0] + v[1]
+        elif op == "not.b32":
+            r = ~v[0]
+        elif op == "shr.b32":
+            r = v[0] >> v[1]
         elif op == "or.b32":
             r = v[0] | v[1]
         elif op == "shl.b32":
@@ -394,6 +400,26 @@ def test_rot_ptx_expansion_matches_plain_patterns():
     assert np.array_equal(plain["$3"], (pat(x >> 16 & 0xFF, 4) | pat((x >> 24) & 0xFF, 4) << 16).astype(np.uint32))
     for r in ("$0", "$1", "$2", "$3"):
         assert np.array_equal(plain[r], rot[r]), r
+
+
+def test_scale_ptx_matches_scale_bits():
+    """The prepacked path's scale PTX (two bytes per 32-bit op, no compares), modelled, gives
+    the bf16 pattern of 2**(s - 127) for all 256 bytes: 0 -> 0x0040 (2**-127), 255 -> 0x7FC0."""
+    import numpy as np
+
+    from kernels.moe_mxfp4.triton import _SCALE_PATTERNS_PTX
+
+    b = np.arange(256, dtype=np.uint32)
+    words = b | np.roll(b, 1) << 8 | np.roll(b, 2) << 16 | np.roll(b, 3) << 24
+    out = _run_ptx(_SCALE_PATTERNS_PTX.value, {"$2": words.astype(np.uint32)})
+    want = lambda s: np.where(s == 0, 0x40, np.where(s == 255, 0x7FC0, s << 7)).astype(np.uint32)
+    assert np.array_equal(out["$0"], want(b) | want(np.roll(b, 1)) << 16)
+    assert np.array_equal(out["$1"], want(np.roll(b, 2)) | want(np.roll(b, 3)) << 16)
+    # the same patterns as the plain path's conversion (and the fp32 decode used by the interpreter)
+    assert torch.equal(torch.from_numpy(want(b).astype(np.int64)).view(torch.int64).to(torch.int16).view(torch.bfloat16)
+                       .float().nan_to_num(7.0),
+                       torch.ldexp(torch.ones(256), torch.arange(256) - 127.0).where(torch.arange(256) < 255,
+                                                                                     torch.tensor(7.0)))
 
 
 def test_kernel_accumulates_into_out():
@@ -504,6 +530,9 @@ _SM90_CONFIGS = {
     "bm16_early_off": (dict(EARLY_LOADS=False), False),
     "bm16_prefetch_off": (dict(PREFETCH_EPILOGUE=False), False),
     "bm16_la3": (dict(NT=True, LOAD_AHEAD=3), False),
+    "bm16_bn64": (dict(BLOCK_N=64), False),
+    "bm16_bn64_prepack1": (dict(BLOCK_N=64, PREPACK=1), False),
+    "bm16_bn64_prepack2": (dict(BLOCK_N=64, PREPACK=2), False),
 }
 
 # One child process (the interpreter off) compiles every config: one import instead of six.
@@ -551,7 +580,8 @@ def test_sm90_main_loop_uses_wgmma_with_expansion_in_registers(sm90):
             continue
         assert _count(ops, "HGMMA.64x16x16.F32.BF16" if "bm16" in name else "HGMMA.64x32x16.F32.BF16") >= 32, name
         assert _count(ops, "HMMA") == 0, name                     # no mma.sync fallback
-        assert _count(ops, "HMUL2.BF16_V2") >= 4 * 128, name      # bf16x2 expansion, 4 K steps
+        bn = 64 if "bn64" in name else 128
+        assert _count(ops, "HMUL2.BF16_V2") >= 4 * bn, name       # bf16x2 expansion, 4 K steps
 
 
 def test_sm90_inline_ptx_expansion_is_used_and_cheaper(sm90):
@@ -584,6 +614,23 @@ def test_sm90_load_ahead_issues_every_weight_load_before_the_first_wgmma(sm90):
 
     assert before(sm90["bm16_la3_seq"], "LDG.E.EF.128", "HGMMA") >= 16
     assert before(sm90["bm16_nt_atomic_seq"], "LDG.E.EF.128", "HGMMA") <= 8
+
+
+def test_sm90_prepack_needs_fewer_instructions_per_weight(sm90):
+    """At the heuristic's small-M tile (BM16 x BN64 x BK128, 4 warps; 64 x 512 weights over 128
+    threads = 256 per thread): PREPACK=1 drops the shared-memory pass of the weights (no LDS of
+    byte pairs, no byte-gathering PRMTs) and the per-scale compares; PREPACK=2 also halves the
+    bit placement. Cross-compiled 2026-11-25: 6.81 -> 5.19 -> 4.06 SASS instructions per weight."""
+    per_w = {n: sum(sm90[n].values()) / 256 for n in ("bm16_bn64", "bm16_bn64_prepack1", "bm16_bn64_prepack2")}
+    assert per_w["bm16_bn64_prepack1"] < per_w["bm16_bn64"] - 1.0, per_w
+    assert per_w["bm16_bn64_prepack2"] < 4.5 and per_w["bm16_bn64_prepack2"] < per_w["bm16_bn64_prepack1"] - 0.8, per_w
+    for n in ("bm16_bn64_prepack1", "bm16_bn64_prepack2"):
+        ops = sm90[n]
+        assert _count(ops, "LDS") <= 2 and _count(ops, "ISETP") <= 8 and _count(ops, "SEL") == 0, n
+        assert _count(ops, "HGMMA.64x16x16.F32.BF16") == 32 and _count(ops, "HMUL2.BF16_V2") == 256, n
+        assert _count(ops, "LDG.E.EF.128") == 8 and _count(ops, "LDG.E.EF.64") == 4, n  # 2 + 1 per K step
+    assert _count(sm90["bm16_bn64"], "LDS") >= 64
+    assert _count(sm90["bm16_bn64_prepack2"], "SHF") >= 4 * 8 * 4                   # 4 rotations per word
 
 
 def test_sm90_weight_loads_are_128_bit(sm90):

@@ -157,6 +157,34 @@ or.b32 $3, x, y;
 """)
 
 
+# Four e8m0 bytes ($2) -> the bf16 patterns of 2**(s - 127) ($0: bytes 0, 1; $1: bytes 2, 3),
+# two per 32-bit op and without compares: s << 7, with bit 6 set for the bytes 0 (the subnormal
+# 0x0040 = 2**-127) and 255 (0x7FC0, NaN), the bytes whose s + 1 has no bit in 0xFE.
+_SCALE_PATTERNS_PTX = tl.constexpr("""
+{
+.reg .b32 h, g;
+prmt.b32 h, $2, 0, 0x4140;
+add.u32 g, h, 0x00010001;
+and.b32 g, g, 0x00FE00FE;
+add.u32 g, g, 0x00FF00FF;
+shr.b32 g, g, 2;
+not.b32 g, g;
+and.b32 g, g, 0x00400040;
+shl.b32 h, h, 7;
+or.b32 $0, h, g;
+prmt.b32 h, $2, 0, 0x4342;
+add.u32 g, h, 0x00010001;
+and.b32 g, g, 0x00FE00FE;
+add.u32 g, g, 0x00FF00FF;
+shr.b32 g, g, 2;
+not.b32 g, g;
+and.b32 g, g, 0x00400040;
+shl.b32 h, h, 7;
+or.b32 $1, h, g;
+}
+""")
+
+
 @triton.jit
 def _rotl32(x, k: tl.constexpr):
     return ((x << k) | (x >> (32 - k))) & 0xFFFFFFFF
@@ -311,7 +339,11 @@ def _load_w_prepacked(w_ptr, w_scale_ptr, e, pid_n, k0, stride_we, stride_wn, st
     # [(r54, r210, c21), r3, nb, kb, (c543, c0)] -> [nb, r54, r3, r210, kb, c543, c21, c0]
     w = tl.reshape(w, (4, 8, 4, 2, NB, KB, 8, 2))
     w = tl.reshape(tl.permute(w, (4, 0, 3, 1, 5, 6, 2, 7)), (BN, BK // 2))
-    f = _scale_bits(w_s, EXPAND)
+    if EXPAND == "ptx":
+        f = tl.inline_asm_elementwise(asm=_SCALE_PATTERNS_PTX, constraints="=r,=r,r", args=[w_s],
+                                      dtype=tl.int16, is_pure=True, pack=4)
+    else:
+        f = _scale_bits(w_s, EXPAND)
     # [c21, r210, r54, nb, kb, (r3, g)] + (c3, c0) -> [nb, r54, r3, r210, kb, g, c3, c21, c0]
     f = tl.reshape(f, (4, 8, 4, NB, KB, 2, 4, 1, 1))
     f = tl.broadcast_to(f, (4, 8, 4, NB, KB, 2, 4, 2, 2))
