@@ -20,6 +20,11 @@ held-out M {8, 32, 128} are then scored with the pick of their range against the
 variant there (``regret``), and printed separately. M = 16384 keeps the BM128 default unless
 one of its own LOAD_AHEAD variants is faster (no pick from the small-M table).
 
+Prepacked variants (``PREPACK`` 1 and 2, issue 17): the same weights in quant.prepack_mxfp4's
+layouts, made once before the sweep (not timed); same bytes, so the same HBM bound. A PREPACK
+pick cannot go into config.py's heuristic as is: the launcher cannot tell prepacked weights from
+plain ones, so adopting one means the model loader prepacks (and the caller passes the config).
+
 Time guard: ``--budget-s`` (default 320 s) stops starting new timings once spent (the rest is
 written as skipped), and a watchdog (faulthandler, ``--point-timeout-s``) ends the process
 with a traceback if one point hangs; rows.csv then holds every point measured before.
@@ -48,7 +53,7 @@ import torch  # noqa: E402
 import run_moe_mxfp4 as base  # noqa: E402
 from kernels.moe_mxfp4 import MoeMxfp4Config, default_config, moe_mxfp4_down, prepare_routing  # noqa: E402
 from kernels.moe_mxfp4 import baselines as bl  # noqa: E402
-from kernels.moe_mxfp4 import dequantize_weights_bf16, metrics  # noqa: E402
+from kernels.moe_mxfp4 import dequantize_weights_bf16, metrics, prepack_mxfp4  # noqa: E402
 from workbench import bench  # noqa: E402
 
 M_LIST = (4, 8, 16, 32, 64, 128, 256, 16384)
@@ -77,8 +82,25 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             "BM16 BN32 w2 la3": C(BLOCK_M=16, BLOCK_N=32, num_warps=2, NT=True, LOAD_AHEAD=3),
             "BM16 BN64 w4 la3 noNT": C(BLOCK_M=16, BLOCK_N=64, NT=False, LOAD_AHEAD=3),
             "BM32 BN64 la3": C(BLOCK_M=32, BLOCK_N=64, NT=True, LOAD_AHEAD=3),
+            # issue 17: weights prepacked in wgmma's register order (quant.prepack_mxfp4): level 1 has
+            # no shared-memory pass and no per-scale compares (5.19 SASS instructions per weight at
+            # BM16 x BN64 x BK128 against the default's 6.81), level 2 also stores the code bits so
+            # that each bf16x2 pattern is one rotation and one mask (4.06; 66 registers, 7 programs/SM)
+            "BM16 BN64 prepack1": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=1),
+            "BM16 BN64 prepack2": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2),
+            "BM16 BN64 prepack2 la1": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1),
+            "BM16 BN128 prepack2": C(BLOCK_M=16, BLOCK_N=128, NT=True, PREPACK=2),
+            "BM32 BN64 prepack2": C(BLOCK_M=32, BLOCK_N=64, NT=True, PREPACK=2),
         })
     return v
+
+
+def prepacked(w: torch.Tensor, w_scale: torch.Tensor, level: int, chunk: int = 32):
+    """quant.prepack_mxfp4 a few experts at a time (its int64 temporaries stay small)."""
+    out_w, out_s = torch.empty_like(w), torch.empty_like(w_scale)
+    for e0 in range(0, w.shape[0], chunk):
+        out_w[e0:e0 + chunk], out_s[e0:e0 + chunk] = prepack_mxfp4(w[e0:e0 + chunk], w_scale[e0:e0 + chunk], level)
+    return out_w, out_s
 
 
 def range_of(M: int):
@@ -147,6 +169,10 @@ def main(argv=None) -> int:
     w, w_scale = base.quantized_weights(g)
     w_bf16 = dequantize_weights_bf16(w, w_scale)
     w_buf = torch.empty_like(w_bf16)
+    # the PREPACK variants read the same weights in quant.prepack_mxfp4's layouts (same bytes)
+    packed = {0: (w, w_scale)}
+    if not args.small:
+        packed.update({lvl: prepacked(w, w_scale, lvl) for lvl in (1, 2)})
     log("weights ready")
 
     over = False
@@ -166,14 +192,16 @@ def main(argv=None) -> int:
         fns = {}
         for name, cfg in variants(M, TOP_K, E, I).items():
             if args.small:
+                if cfg.PREPACK:          # needs H % 64 and I % 128: not at the smoke run's shapes
+                    continue
                 cfg = cfg.replace(BLOCK_N=32, BLOCK_K=32, num_warps=1)
             arm(f"M={M} {name} check")
             if cfg.BLOCK_M not in routings:
                 routings[cfg.BLOCK_M] = prepare_routing(ids, wts, E, cfg.BLOCK_M)
             r = routings[cfg.BLOCK_M]
 
-            def run(r=r, cfg=cfg):
-                return moe_mxfp4_down(a, w, w_scale, r, config=cfg, out=out)
+            def run(r=r, cfg=cfg, wq=packed[cfg.PREPACK]):
+                return moe_mxfp4_down(a, wq[0], wq[1], r, config=cfg, out=out)
 
             try:
                 run()

@@ -88,6 +88,23 @@ issues the loads of the next 1-3 K steps before the current step's expansion: at
 all 16 KB of a BN64 program are requested before its first HGMMA (118 registers and 4 programs
 per SM at LOAD_AHEAD=1, 151 and 3 at 3: 32-48 KB per SM requested at once), same instructions.
 
+Prepacked weights (``PREPACK``, config; ``quant.prepack_mxfp4`` stores them, same shapes): each
+64-row x 128-K tile of packed bytes is stored thread-major in the order of wgmma's register
+operand (warp = rows 16w.., lane = 3 row bits + 2 byte-column bits, 32 bytes per thread), so a
+thread's two LDG.E.128 land in the registers the expansion and HGMMA use: the reshapes and
+permutes in ``_load_w_prepacked`` only rename registers (TTGIR: the convert_layouts left differ
+in register order only; SASS: no LDS for the weights, 16 STS = the activations' tiles). The
+tile's scales are stored 8 bytes per thread (one LDG.E.64; the four lanes of a row group share
+an address) and converted two per 32-bit op by ``_SCALE_PATTERNS_PTX`` (no ISETP/SEL).
+PREPACK=2 also rearranges the 32 code bits of each 4-byte register group (``_E2M1_ROT_PTX``:
+one rotation and one mask per bf16x2 pattern). Same values as the plain path, bit for bit
+(tests: interpreter, and a model of both PTX sequences). Cross-compiled for sm_90 at BM16 x
+BN64 x BK128 (2026-11-25; experiments/sass_moe_mxfp4_variants.py), SASS instructions per weight
+6.81 (plain) -> 5.19 (PREPACK=1, 74 registers) -> 4.06 (PREPACK=2, 66 registers, 7 programs
+per SM). What stays: two HMUL2 per pair (1.0 per weight; one multiply is not exact for scale
+bytes above 128 with these patterns, see results/moe_mxfp4/README.md) and the activations'
+even/odd split (PRMT) and shared-memory tile.
+
 The K steps are unrolled (I is a constexpr; 4 steps at I = 512), loads stay
 plain 128-bit LDGs into registers (Triton's cp.async pipeliner, num_stages > 1,
 narrowed the packed-weight copies to 4 bytes and read the scales back byte by

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""SASS instructions per weight of the MXFP4 down-projection's variants, cross-compiled for sm_90
+on the CPU (no GPU): the issue-17 yardstick for the expansion's cost.
+
+For each variant (KIMI-K2.5 shapes: H = 7168, I = 512, top-9, w4a16, atomic epilogue) prints the
+SASS instructions per thread divided by the weights each thread expands (BLOCK_N * I / threads),
+by class, with registers, programs per SM and the shared-memory traffic (STS / LDS / BAR).
+
+    python3 experiments/sass_moe_mxfp4_variants.py [--csv out.csv]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kernels.moe_mxfp4 import MoeMxfp4Config  # noqa: E402
+from kernels.moe_mxfp4.launch import compile_for_target  # noqa: E402
+
+_OP = re.compile(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]+)")
+C = MoeMxfp4Config
+VARIANTS = {
+    "default (BM16 BN64)": C(BLOCK_M=16, BLOCK_N=64),
+    "BM16 BN64 prepack1": C(BLOCK_M=16, BLOCK_N=64, PREPACK=1),
+    "BM16 BN64 prepack2": C(BLOCK_M=16, BLOCK_N=64, PREPACK=2),
+    "BM16 BN64 prepack2 la1": C(BLOCK_M=16, BLOCK_N=64, PREPACK=2, LOAD_AHEAD=1),
+    "BM16 BN128 prepack2": C(BLOCK_M=16, BLOCK_N=128, PREPACK=2),
+    "BM32 BN64 prepack2": C(BLOCK_M=32, BLOCK_N=64, PREPACK=2),
+}
+CLASSES = {  # class -> opcode prefixes
+    "bit ops (LOP3 SHF PRMT IMAD LEA IADD3 VIADD)": ("LOP3", "SHF", "PRMT", "IMAD", "LEA", "IADD3", "VIADD"),
+    "HMUL2": ("HMUL2",),
+    "ISETP+SEL": ("ISETP", "SEL"),
+    "STS+LDS+BAR": ("STS", "LDS", "BAR"),
+    "HGMMA+LDG": ("HGMMA", "LDG"),
+}
+
+
+def count(cfg: MoeMxfp4Config, cache: str, I: int = 512) -> dict:
+    e = compile_for_target(cfg, cache_dir=cache)[0]
+    ops = Counter(m.group(1).split(".")[0] for m in map(_OP.search, e.text("sass").splitlines()) if m)
+    per_thread = cfg.BLOCK_N * I / (32 * cfg.num_warps)
+    res = e.resources()
+    row = {"config": cfg.label(), "instr": sum(ops.values()), "per_weight": sum(ops.values()) / per_thread}
+    for cls, prefixes in CLASSES.items():
+        row[cls] = sum(v for k, v in ops.items() if k.startswith(prefixes)) / per_thread
+    row.update(registers=res["registers"], programs_per_sm=res["blocks_per_sm"],
+               STS=ops["STS"], LDS=ops["LDS"], BAR=ops["BAR"])
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--csv", default=None)
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as cache:
+        rows = {name: count(cfg, cache) for name, cfg in VARIANTS.items()}
+    import pandas as pd
+
+    df = pd.DataFrame.from_dict(rows, orient="index")
+    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.precision", 2):
+        print(df.drop(columns=["config"]))
+    if args.csv:
+        df.to_csv(args.csv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
