@@ -722,6 +722,29 @@ def test_gpu_deterministic_bit_identical_and_graph_capturable():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M", [4, 256])
+def test_gpu_prepack_bit_identical_to_plain(M):
+    """PREPACK 1 and 2 (the inline PTX the CPU tests only model) at KIMI-K2.5's shapes give the
+    plain layout's bits, deterministic mode, on NaN-poisoned outputs; scale bytes 0, 1, 254,
+    255 in a few blocks (NaN where the plain kernel has NaN)."""
+    from kernels.moe_mxfp4 import prepack_mxfp4
+
+    p = _kimi_problem(M)
+    ws = p["w_scale"].clone()
+    ws[:, 0, 0], ws[:, 1, 1], ws[:, 70, 2], ws[:, 129, 3] = 0, 1, 254, 255
+    plain = default_config(M, 9, 385, 512, deterministic=True)
+    assert plain.BLOCK_N == 64 and plain.BLOCK_K == 128 and plain.num_warps == 4
+    r = prepare_routing(p["ids"], p["wts"], 385, plain.BLOCK_M)
+    want = moe_mxfp4_down(p["a"], p["w"], ws, r, config=plain).float()
+    for level in (1, 2):
+        wq, sq = prepack_mxfp4(p["w"], ws, level)
+        out = torch.full_like(want, float("nan")).bfloat16()
+        got = moe_mxfp4_down(p["a"], wq, sq, r, config=plain.replace(PREPACK=level), out=out).float()
+        assert torch.equal(got.isnan(), want.isnan()), level
+        assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want)), level
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("expand", ["ptx", "bits"])
 def test_gpu_expansion_exact_at_kimi_size(expand):
     p = _kimi_problem(4)
