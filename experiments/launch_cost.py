@@ -587,13 +587,7 @@ def _gluon_breakdown(rows, bench, log, calls) -> None:
             parts[f"gluon {v}: launch with ready descriptors"] = (v, lambda p=p, d=descs: p.launch(*d, *p.args))
     parts["gluon: current context check"] = (None, lambda: cuda_context.ensure_current(A.device))
     log("gluon breakdown (512^3 bf16, ping-pong):")
-    for name, (v, fn) in parts.items():
-        if v:
-            _set_gluon_variant(v)
-        h = bench.host_time_us(fn, calls=calls)
-        rows.append(_row(f"breakdown: {name}", "ours", h))
-        log(f"  {name:<44} {h['median_us']:6.1f} us")
-    _set_gluon_variant("host")
+    _time_parts(parts, _set_gluon_variant, rows, bench, log, calls, width=44)
 
 
 def _desc_breakdown(rows, bench, log, calls) -> None:
@@ -631,13 +625,18 @@ def _desc_breakdown(rows, bench, log, calls) -> None:
                                                                           dtype=torch.bfloat16))
     parts["output allocation: a.new_empty"] = (None, lambda: A.new_empty((512, 512)))
     log("breakdown (512^3 bf16):")
+    _time_parts(parts, _set_variant, rows, bench, log, calls, width=40)
+
+
+def _time_parts(parts: dict, setter, rows, bench, log, calls, width: int) -> None:
+    """Host time of each breakdown part {name: (variant or None, fn)}, under its variant; host after."""
     for name, (v, fn) in parts.items():
         if v:
-            _set_variant(v)
+            setter(v)
         h = bench.host_time_us(fn, calls=calls)
         rows.append(_row(f"breakdown: {name}", "ours", h))
-        log(f"  {name:<40} {h['median_us']:6.1f} us")
-    _set_variant("host")
+        log(f"  {name:<{width}} {h['median_us']:6.1f} us")
+    setter("host")
 
 
 def _summary(rows, log) -> None:

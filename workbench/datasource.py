@@ -129,9 +129,9 @@ class StudyData:
         cmd = [sys.executable, *map(str, args)]
         shown = " ".join(shlex.quote(_rel(Path(a)) if a.endswith(".py") else a) for a in map(str, args))
         if not self.fresh or self.run_dir is None:
-            _display_note(f"**Not measured here:** {self.note} A {self._would()} run would be: "
+            _display_note(f"**Not measured here:** {self.note} A {self.grid} run would be: "
                           f"`python {shown}`", {"kind": "measure-skipped", "study": self.study,
-                                                "mode": self._would(), "command": shown})
+                                                "mode": self.grid, "command": shown})
             return None
         env_cap = os.environ.get(ENV_TIMEOUT, "").strip()
         if env_cap:
@@ -165,9 +165,6 @@ class StudyData:
     def grid(self) -> str:
         """"quick" or "full": the grid measured here, or the one a GPU run would measure (committed mode)."""
         return self.mode if self.fresh else ("full" if self.asked == "full" else "quick")
-
-    def _would(self) -> str:
-        return self.grid
 
     def _start_provenance(self, shown: str, world_size: int, timeout_s: float) -> dict[str, Any]:
         from . import provenance
