@@ -1,0 +1,148 @@
+"""Probe the zoo shapes where kernels.gemm is furthest behind cuBLAS: which cuBLAS
+kernel runs them, and how other tilings of ours fare there.
+
+    PYTHONUNBUFFERED=1 python experiments/probe_gemm_gaps.py --out results/gemm_zoo/gaps
+
+1. ``cublas_kernels.csv``: for every shape, the kernels ``torch.matmul`` launches
+   (names from ``torch.profiler``; cuBLAS names carry the tile, cluster and
+   whether it splits K or streams), with their mean GPU time.
+2. ``configs.csv``: extra configurations of ours (tilings the heuristic does not
+   offer, and fp32 tilings that fit shared memory with several stages), each
+   checked against the fp32 reference on a NaN-poisoned output, then timed
+   against cuBLAS by ``workbench.bench.interleave`` (CUDA-graph replays, L2
+   flushed, taking turns). fp32 runs on the tensor cores (tf32) in both.
+Rows carry provenance; a shape whose budget is spent is skipped and said so.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# The zoo's worst held-out and fit shapes (results/gemm_zoo/final.csv, run 4).
+EDGE = [(1539, 2824, 4224), (771, 2352, 4280), (2958, 3120, 2144), (909, 4152, 2912), (519, 5920, 6856),
+        (1024, 4608, 3584), (2440, 4112, 6736), (128, 37888, 3584), (256, 24576, 1536)]
+SMALL = [(64, 2048, 768), (32, 7168, 16384), (1, 57344, 8192), (43, 72, 360), (12075, 8, 896)]
+FP32 = [(1024, 8192, 8192), (2958, 3120, 2144), (128, 4096, 4096), (16384, 128, 2880), (64, 3584, 3584),
+        (1, 3584, 3584), (10, 7770, 11683)]
+
+_ST = dict(tma_store=False, group_m=8)
+EDGE_CONFIGS = {
+    "t128x128sk": dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=6, stream_k=True, **_ST),
+    "t128x256sk_st": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, stream_k=True, **_ST),
+    "t256x128": dict(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=4, **_ST),
+    "t64x256": dict(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=5, **_ST),
+    "t128x256": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, **_ST),
+}
+FP32_CONFIGS = {
+    "f128x256x32s2": dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=2, **_ST),
+    "f128x128x32s3": dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=3, **_ST),
+    "f128x128x32s4w4": dict(block_m=128, block_n=128, block_k=32, num_warps=4, num_stages=4, **_ST),
+    "f128x128x64s2": dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=2, **_ST),
+    "f64x128x32s4": dict(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=4, **_ST),
+    "f128x64x32s4": dict(block_m=128, block_n=64, block_k=32, num_warps=4, num_stages=4, **_ST),
+    "f64x256x32s3": dict(block_m=64, block_n=256, block_k=32, num_warps=4, num_stages=3, **_ST),
+    "f128x128x16s6": dict(block_m=128, block_n=128, block_k=16, num_warps=8, num_stages=6, **_ST),
+}
+
+
+def cublas_kernels(shapes, dtype, prov) -> list[dict]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    rows = []
+    for M, N, K in shapes:
+        a = torch.randn(M, K, device="cuda").to(dtype)
+        b = torch.randn(K, N, device="cuda").to(dtype)
+        torch.matmul(a, b)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                torch.matmul(a, b)
+            torch.cuda.synchronize()
+        for ev in prof.key_averages():
+            if ev.device_type.name == "CUDA" and ev.count:
+                rows.append(dict(M=M, N=N, K=K, dtype=str(dtype).split(".")[-1], kernel=ev.key[:300],
+                                 calls=ev.count, mean_us=ev.device_time_total / ev.count, **prov))
+    return rows
+
+
+def time_configs(shapes, dtype, configs: dict, args, prov) -> list[dict]:
+    import torch
+
+    from kernels import gemm
+    from kernels.gemm import launch as glaunch, sweep as gsweep
+    from workbench import bench
+
+    rows, t0 = [], time.time()
+    for i, (M, N, K) in enumerate(shapes):
+        if time.time() - t0 > args.budget_s:
+            print(f"budget spent: {len(shapes) - i} {dtype} shapes not run", flush=True)
+            break
+        shape = dict(M=M, N=N, K=K)
+        inp = gsweep.make_inputs(shape, dtype, "cuda", seed=77 + i)
+        ref = gemm.reference(inp)
+        a, b, c = inp.a, inp.b, inp.out
+        fns = {"cublas": lambda: gemm.cublas(a, b, out=c), "heuristic": lambda: gemm.matmul(a, b, out=c)}
+        fns.update({n: (lambda p=p: gemm.matmul(a, b, p, out=c)) for n, p in configs.items()})
+        status, labels = {}, {}
+        for name, fn in list(fns.items()):
+            c.fill_(float("nan"))
+            try:
+                fn()
+                torch.cuda.synchronize()
+                labels[name] = "cuBLAS" if name == "cublas" else glaunch.plan_for(
+                    a, b, None if name == "heuristic" else configs[name], c).config.label()
+                err = float((c.float() - ref).norm() / ref.norm())
+                status[name] = "ok" if err <= gsweep.tolerance(dtype) else f"wrong: rel_err {err:.2e}"
+            except Exception as exc:
+                status[name] = f"error: {type(exc).__name__}: {str(exc)[:160]}"
+            if status[name] != "ok":
+                del fns[name]
+        t = bench.interleave(fns, warmup_ms=20, rep_ms=args.rep_ms, min_reps=10, max_reps=100, mode="graph")
+        base = t["cublas"].median_ms if "cublas" in t else float("nan")
+        for name in list(configs) + ["heuristic", "cublas"]:
+            tm = t.get(name)
+            ms = tm.median_ms if tm else float("nan")
+            rows.append(dict(M=M, N=N, K=K, dtype=str(dtype).split(".")[-1], variant=name,
+                             config=labels.get(name, ""), status=status.get(name, "not timed"), mode="graph",
+                             median_ms=ms, tflops=2 * M * N * K / ms / 1e9 if tm else float("nan"),
+                             ratio_vs_cublas=base / ms if tm else float("nan"), cublas_ms=base, **prov))
+            print(f"{M}x{N}x{K} {dtype} {name:16s} {labels.get(name, ''):40s} {ms * 1e3:9.1f} us "
+                  f"{base / ms if tm else float('nan'):6.3f}x  {status.get(name, '')}", flush=True)
+        del ref, inp
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=150.0, help="per part: no new shape starts after this")
+    ap.add_argument("--rep-ms", type=float, default=15.0)
+    args = ap.parse_args(argv)
+    import pandas as pd
+    import torch
+
+    from workbench import provenance
+
+    if not torch.cuda.is_available():
+        raise SystemExit("probe_gemm_gaps needs a CUDA GPU (H200 or other sm_90)")
+    torch.backends.cuda.matmul.allow_tf32 = True  # fp32 baseline on the tensor cores, as ours
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prov = provenance.flat(provenance.collect())
+    names = cublas_kernels(EDGE + SMALL, torch.bfloat16, prov) + cublas_kernels(FP32, torch.float32, prov)
+    pd.DataFrame(names).to_csv(out / "cublas_kernels.csv", index=False)
+    print(pd.DataFrame(names)[["M", "N", "K", "dtype", "kernel", "mean_us"]].to_string(), flush=True)
+    rows = time_configs(EDGE, torch.bfloat16, EDGE_CONFIGS, args, prov)
+    rows += time_configs(FP32, torch.float32, FP32_CONFIGS, args, prov)
+    pd.DataFrame(rows).to_csv(out / "configs.csv", index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
