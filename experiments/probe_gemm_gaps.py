@@ -7,7 +7,8 @@ kernel runs them, and how other tilings of ours fare there.
    (names from ``torch.profiler``; cuBLAS names carry the tile, cluster and
    whether it splits K or streams), with their mean GPU time.
 2. ``configs.csv``: extra configurations of ours (tilings the heuristic does not
-   offer, and fp32 tilings that fit shared memory with several stages), each
+   offer, "two-tile" stream-K, fp32 tilings with B copied K-major or not), and
+   the heuristic with B K-major (``x @ w.t()``, an nn.Linear weight), each
    checked against the fp32 reference on a NaN-poisoned output, then timed
    against cuBLAS by ``workbench.bench.interleave`` (CUDA-graph replays, L2
    flushed, taking turns). fp32 runs on the tensor cores (tf32) in both.
@@ -37,17 +38,29 @@ EDGE_CONFIGS = {
     "t256x128": dict(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=4, **_ST),
     "t64x256": dict(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=5, **_ST),
     "t128x256": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, **_ST),
+    "t128x256sk2_st": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, stream_k=2, **_ST),
+    "t128x128sk2": dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=6, stream_k=2, **_ST),
+    "t128x256sk2": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, stream_k=2, group_m=8,
+                        epilogue_split=2),
 }
+# fp32 on the persistent kernel copies B K-major first (transpose_b, the default for fp32);
+# "ntb": the same tile reading B N-major (the tiles' re-layout through registers).
 FP32_CONFIGS = {
     "f128x256x32s2": dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=2, **_ST),
-    "f128x128x32s3": dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=3, **_ST),
+    "f128x256x32s2ntb": dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=2, transpose_b=False,
+                             **_ST),
+    "f128x256x32s2sk2": dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=2, stream_k=2, **_ST),
+    "f128x128x32s4": dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=4, **_ST),
     "f128x128x32s4w4": dict(block_m=128, block_n=128, block_k=32, num_warps=4, num_stages=4, **_ST),
     "f128x128x64s2": dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=2, **_ST),
-    "f64x128x32s4": dict(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=4, **_ST),
-    "f128x64x32s4": dict(block_m=128, block_n=64, block_k=32, num_warps=4, num_stages=4, **_ST),
-    "f64x256x32s3": dict(block_m=64, block_n=256, block_k=32, num_warps=4, num_stages=3, **_ST),
-    "f128x128x16s6": dict(block_m=128, block_n=128, block_k=16, num_warps=8, num_stages=6, **_ST),
+    "f64x128x64s3": dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3, **_ST),
+    "f128x64x64s3": dict(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3, **_ST),
+    "f64x256x32s4": dict(block_m=64, block_n=256, block_k=32, num_warps=4, num_stages=4, **_ST),
+    "f128x128x32s4tma": dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=4, group_m=8),
 }
+# B as x @ w.t() passes an nn.Linear weight: K-major (bf16, real-model layers of the zoo).
+LINEAR = [(4096, 14336, 4096), (1024, 8192, 8192), (512, 128256, 4096), (2048, 4096, 4096), (256, 24576, 4096),
+          (16, 4096, 14336), (1, 57344, 8192), (64, 6144, 4096), (16384, 4608, 3584)]
 
 
 def cublas_kernels(shapes, dtype, prov) -> list[dict]:
@@ -71,7 +84,7 @@ def cublas_kernels(shapes, dtype, prov) -> list[dict]:
     return rows
 
 
-def time_configs(shapes, dtype, configs: dict, args, prov) -> list[dict]:
+def time_configs(shapes, dtype, configs: dict, args, prov, b_layout: str = "row") -> list[dict]:
     import torch
 
     from kernels import gemm
@@ -87,6 +100,8 @@ def time_configs(shapes, dtype, configs: dict, args, prov) -> list[dict]:
         inp = gsweep.make_inputs(shape, dtype, "cuda", seed=77 + i)
         ref = gemm.reference(inp)
         a, b, c = inp.a, inp.b, inp.out
+        if b_layout == "t":   # same values, K-major: the transposed view of an (N, K) tensor
+            b = b.t().contiguous().t()
         fns = {"cublas": lambda: gemm.cublas(a, b, out=c), "heuristic": lambda: gemm.matmul(a, b, out=c)}
         fns.update({n: (lambda p=p: gemm.matmul(a, b, p, out=c)) for n, p in configs.items()})
         status, labels = {}, {}
@@ -108,7 +123,7 @@ def time_configs(shapes, dtype, configs: dict, args, prov) -> list[dict]:
         for name in list(configs) + ["heuristic", "cublas"]:
             tm = t.get(name)
             ms = tm.median_ms if tm else float("nan")
-            rows.append(dict(M=M, N=N, K=K, dtype=str(dtype).split(".")[-1], variant=name,
+            rows.append(dict(M=M, N=N, K=K, dtype=str(dtype).split(".")[-1], b_layout=b_layout, variant=name,
                              config=labels.get(name, ""), status=status.get(name, "not timed"), mode="graph",
                              median_ms=ms, tflops=2 * M * N * K / ms / 1e9 if tm else float("nan"),
                              ratio_vs_cublas=base / ms if tm else float("nan"), cublas_ms=base, **prov))
@@ -123,6 +138,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=150.0, help="per part: no new shape starts after this")
     ap.add_argument("--rep-ms", type=float, default=15.0)
+    ap.add_argument("--skip-names", action="store_true", help="leave out part 1 (cuBLAS kernel names)")
     args = ap.parse_args(argv)
     import pandas as pd
     import torch
@@ -135,11 +151,13 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prov = provenance.flat(provenance.collect())
-    names = cublas_kernels(EDGE + SMALL, torch.bfloat16, prov) + cublas_kernels(FP32, torch.float32, prov)
-    pd.DataFrame(names).to_csv(out / "cublas_kernels.csv", index=False)
-    print(pd.DataFrame(names)[["M", "N", "K", "dtype", "kernel", "mean_us"]].to_string(), flush=True)
+    if not args.skip_names:
+        names = cublas_kernels(EDGE + SMALL, torch.bfloat16, prov) + cublas_kernels(FP32, torch.float32, prov)
+        pd.DataFrame(names).to_csv(out / "cublas_kernels.csv", index=False)
+        print(pd.DataFrame(names)[["M", "N", "K", "dtype", "kernel", "mean_us"]].to_string(), flush=True)
     rows = time_configs(EDGE, torch.bfloat16, EDGE_CONFIGS, args, prov)
     rows += time_configs(FP32, torch.float32, FP32_CONFIGS, args, prov)
+    rows += time_configs(LINEAR, torch.bfloat16, {}, args, prov, b_layout="t")
     pd.DataFrame(rows).to_csv(out / "configs.csv", index=False)
     return 0
 

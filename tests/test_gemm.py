@@ -52,6 +52,13 @@ CASES = [
     ("64x64x512-fp32-tma-sk8", 64, 64, 512, "float32", dict(SMALL, tma=True, stream_k=True, num_sms=8)),
     ("130x264x256-bf16-tma-sk7-again", 130, 264, 256, "bfloat16",
      dict(SMALL, tma=True, stream_k=True, num_sms=7, group_m=2)),
+    # "Two-tile" stream-K (stream_k=2): the partial round and one whole round streamed, so a
+    # program's range spans 1-2 tiles (a whole tile in the middle of a range is stored directly).
+    ("130x264x256-bf16-tma-sk2-7", 130, 264, 256, "bfloat16",
+     dict(SMALL, tma=True, stream_k=2, num_sms=7, tma_store=False)),
+    ("130x264x256-fp16-tma-sk2-4-split", 130, 264, 256, "float16",
+     dict(SMALL, tma=True, stream_k=2, num_sms=4, epilogue_split=2)),
+    ("100x200x320-fp32-tma-sk2-6", 100, 200, 320, "float32", dict(SMALL, tma=True, stream_k=2, num_sms=6)),
     # Split-K kernel (pieces of K meeting in the fp32 workspace), swapped (C^T = B^T A^T) or
     # not, pointer loads (unaligned rows) and TMA; the cases share the arrival counters too.
     ("1x7x64-fp16-swap", 1, 7, 64, "float16", dict(SPLIT, swap_ab=True, split_k=2)),
@@ -73,6 +80,22 @@ CASES = [
     ("3x4097x95-fp32-pad", 3, 4097, 95, "float32", dict(SPLIT, block_n=256, split_k=2, tma=True, pad=True)),
     ("70x64x123-bf16-pad-sk", 70, 64, 123, "bfloat16",
      dict(SMALL, tma=True, tma_store=False, stream_k=True, num_sms=3, pad=True)),
+    # B as a transposed view (K-major, x @ w.t() with an nn.Linear weight w (N, K)): read
+    # through a descriptor over w; fp32 row-major B copied K-major first (transpose_b).
+    ("130x264x96-bf16-tma-bT", 130, 264, 96, "bfloat16", dict(SMALL, tma=True, _b="t")),
+    ("130x264x256-fp16-tma-sk7-bT", 130, 264, 256, "float16",
+     dict(SMALL, tma=True, stream_k=True, num_sms=7, tma_store=False, _b="t")),
+    ("17x40x8200-bf16-split-tma-bT", 17, 40, 8200, "bfloat16", dict(SPLIT, block_k=128, split_k=5, tma=True,
+                                                                   _b="t")),
+    ("17x72x8200-fp16-swap-tma-bT", 17, 72, 8200, "float16", dict(SPLIT, block_k=128, swap_ab=True, split_k=4,
+                                                                 tma=True, _b="t")),
+    ("130x264x96-fp32-tma-bT", 130, 264, 96, "float32", dict(SMALL, tma=True, _b="t")),
+    ("130x264x96-fp32-tma-transpose-b", 130, 264, 96, "float32", dict(SMALL, tma=True)),
+    ("70x264x200-fp32-tma-sk-transpose-b", 70, 264, 200, "float32",
+     dict(SMALL, tma=True, stream_k=True, num_sms=5, epilogue_split=2)),
+    ("130x264x95-bf16-bT-unaligned-pad", 130, 264, 95, "bfloat16", dict(SMALL, tma=True, tma_store=False, pad=True,
+                                                                       _b="t")),
+    ("130x257x96-fp16-bT-ptr", 130, 257, 96, "float16", dict(SMALL, _b="t")),
 ]
 
 _SCRIPT = textwrap.dedent("""
@@ -89,7 +112,11 @@ _SCRIPT = textwrap.dedent("""
         dtype = getattr(torch, dt)
         g = torch.Generator().manual_seed(1000 + i + 500 * glaunch.DEVICE_DESCRIPTORS)   # fresh inputs per case
         a = torch.randn(M, K, generator=g).to(dtype)
-        b = torch.randn(K, N, generator=g).to(dtype)
+        cfg = dict(cfg) if cfg else cfg
+        if cfg and cfg.pop("_b", None) == "t":   # B (K, N) as the transposed view of an (N, K) tensor
+            b = torch.randn(N, K, generator=g).to(dtype).t()
+        else:
+            b = torch.randn(K, N, generator=g).to(dtype)
         c = torch.full((M, N), float("nan"), dtype=dtype)   # poisoned
         try:
             gemm.matmul(a, b, cfg, out=c)
@@ -98,7 +125,7 @@ _SCRIPT = textwrap.dedent("""
             err = float((c.double() - ref).norm() / ref.norm())
             p = glaunch.plan_for(a, b, cfg, c)
             out[name] = {{"finite": finite, "err": err, "tol": gsweep.tolerance(dtype), "kind": p.kind,
-                          "device_desc": p.device_desc}}
+                          "device_desc": p.device_desc, "b_kmajor": p.b_kmajor, "trans_b": p.trans_b}}
         except Exception as exc:
             out[name] = {{"error": f"{{type(exc).__name__}}: {{exc}}"}}
     print(json.dumps(out))
@@ -126,6 +153,19 @@ def test_interpreter_correct(interpreter_results, case):
     assert "error" not in res, res.get("error")
     assert res["finite"], "unwritten (still NaN-poisoned) or non-finite outputs"
     assert res["err"] <= res["tol"], f"relative error {res['err']:.2e} > {res['tol']:.0e}"
+
+
+@pytest.mark.parametrize("case,b_kmajor,trans_b", [
+    ("130x264x96-bf16-tma-bT", True, False), ("17x72x8200-fp16-swap-tma-bT", True, False),
+    ("130x264x96-fp32-tma-bT", True, False), ("130x264x96-fp32-tma-transpose-b", True, True),
+    ("130x264x96-bf16-tma", False, False), ("17x40x8200-fp32-swap-tma", False, False),
+    ("130x264x95-bf16-bT-unaligned-pad", False, False), ("130x257x96-fp16-bT-ptr", False, False),
+])
+def test_interpreter_b_layout_path(interpreter_results, case, b_kmajor, trans_b):
+    """The plan reads a K-major B through a descriptor over B^T (no copy), copies a row-major
+    fp32 B K-major for the persistent kernel only, and leaves unaligned or pointer-path B alone."""
+    res = interpreter_results[case]
+    assert (res["b_kmajor"], res["trans_b"]) == (b_kmajor, trans_b), res
 
 
 # The TMA cases again with DEVICE_DESCRIPTORS on: the kernels build their descriptors
@@ -501,12 +541,45 @@ def test_gpu_device_descriptors_streams_and_graphs(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_strided_operands_take_the_pointer_path():
+def test_gpu_transposed_b_is_read_k_major_and_strided_operands_take_the_pointer_path():
     a = torch.randn(300, 200, device="cuda").to(torch.bfloat16)
     w = torch.randn(100, 200, device="cuda").to(torch.bfloat16)
-    c = gemm.matmul(a, w.t())  # b is column-major
+    c = gemm.matmul(a, w.t())  # b is K-major: a descriptor over w, no copy
+    assert glaunch.plan_for(a, w.t()).b_kmajor
     ref = a.double() @ w.t().double()
     assert ((c.double() - ref).norm() / ref.norm()).item() <= gsweep.tolerance(torch.bfloat16)
+    wide = torch.randn(200, 200, device="cuda").to(torch.bfloat16)
+    b = wide[:, ::2]   # no unit stride either way
+    assert glaunch.plan_for(a, b).kind == "ptr"
+    ref = a.double() @ b.double()
+    assert ((gemm.matmul(a, b).double() - ref).norm() / ref.norm()).item() <= gsweep.tolerance(torch.bfloat16)
+
+
+_SK2 = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, tma_store=False, stream_k=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,dtype,cfg,b_t", [
+    (4096, 4096, 4096, torch.bfloat16, None, True), (16, 4096, 14336, torch.bfloat16, None, True),
+    (1, 57344, 8192, torch.bfloat16, None, True), (130, 8200, 1032, torch.float16, None, True),
+    (1024, 8192, 8192, torch.float32, None, False), (2958, 3120, 2144, torch.float32, None, False),
+    (1000, 3000, 2000, torch.float32, None, True), (64, 3584, 3584, torch.float32, None, True),
+    (1539, 2824, 4224, torch.bfloat16, _SK2, False), (771, 2352, 4280, torch.bfloat16, _SK2, True),
+    (2958, 3120, 2144, torch.float32, dict(_SK2, block_k=32, num_stages=2), False),
+])
+def test_gpu_b_layouts_and_two_tile_stream_k(M, N, K, dtype, cfg, b_t):
+    """B K-major (x @ w.t()), fp32 B copied K-major, two-tile stream-K: fresh inputs,
+    poisoned outputs, twice in a row (the stream-K counters reset themselves)."""
+    g = torch.Generator(device="cuda").manual_seed(M + 3 * N + 7 * K)
+    a = torch.randn(M, K, device="cuda", generator=g).to(dtype)
+    b = torch.randn(N, K, device="cuda", generator=g).to(dtype).t() if b_t else \
+        torch.randn(K, N, device="cuda", generator=g).to(dtype)
+    ref = a.double() @ b.double()
+    for _ in range(2):
+        c = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+        gemm.matmul(a, b, cfg, out=c)
+        assert torch.isfinite(c).all()
+        assert ((c.double() - ref).norm() / ref.norm()).item() <= gsweep.tolerance(dtype)
 
 
 @pytest.mark.gpu
@@ -532,6 +605,23 @@ def test_stream_k_plan_covers_the_tail_once(tiles, programs, k_steps):
     assert sum(ranges) == tail * k_steps  # every K-step of every tail tile, exactly once
     assert min(ranges) >= gconfig.SK_MIN_STEPS and plan.sk_programs <= programs
     assert plan.sk_programs <= tail * gconfig.SK_MAX_SPLIT
+
+
+@pytest.mark.parametrize("tiles,programs,k_steps", [(156, 132, 66), (312, 132, 34), (45, 7, 8), (45, 4, 8),
+                                                    (70, 132, 67), (264, 132, 64)])
+def test_two_tile_stream_k_plan(tiles, programs, k_steps):
+    """rounds=2 streams the partial round and one whole round: every K-step of those tiles
+    once, each program 1-2 tiles' worth; no partial round (or under one round): as rounds=1."""
+    plan = gconfig.stream_k_plan(tiles, programs, k_steps, rounds=2)
+    tail = tiles % programs if tiles > programs else tiles
+    if tail == 0 or tiles <= programs:
+        assert plan == gconfig.stream_k_plan(tiles, programs, k_steps)
+        return
+    sk_tiles = tiles - plan.dp_tiles
+    assert sk_tiles == tail + programs and plan.sk_programs == programs
+    ranges = [plan.sk_iters_per + (p < plan.sk_extra) for p in range(plan.sk_programs)]
+    assert sum(ranges) == sk_tiles * k_steps
+    assert k_steps <= min(ranges) and max(ranges) < 2 * k_steps
 
 
 def test_stream_k_plan_skips_whole_rounds_and_short_k():

@@ -53,6 +53,11 @@ class GemmConfig:
     # bytes, e.g. K or N odd in bf16; or not unit-stride) into a fresh aligned buffer
     # first, so the TMA kernels run on it instead of the pointer kernel.
     pad: bool = False
+    # Copy a row-major B K-major before the persistent TMA kernel (one pass over B):
+    # tf32 wgmma reads B only K-major, and Triton otherwise moves each B tile through
+    # registers, which serialises the pipeline. None: for fp32 only. A K-major B (a
+    # transposed view such as ``x @ w.t()``) runs as it is, with or without this.
+    transpose_b: bool | None = None
 
     def label(self) -> str:
         if self.gluon:
@@ -71,13 +76,15 @@ class GemmConfig:
         if self.tma is False:
             s += " ptr"
         if self.stream_k:
-            s += " sk"
+            s += " sk2" if self.stream_k == 2 else " sk"
         if self.split_k is not None:
             s += f" k{self.split_k}"
         if self.swap_ab:
             s += " swap"
         if self.pad:
             s += " pad"
+        if self.transpose_b is not None:
+            s += " tb" if self.transpose_b else " ntb"
         return s
 
     def as_params(self) -> dict:
@@ -106,13 +113,18 @@ def smem_bytes(config: GemmConfig, elem_bytes: int = 2, tma: bool = True) -> int
     if c.gluon:   # the Gluon kernel's ring, C buffers, barriers and partition state
         return ws_smem_bytes(c.ws_config(), elem_bytes)
     stages = (c.block_m * c.block_k + c.block_k * c.block_n) * elem_bytes * c.num_stages
-    if elem_bytes == 4:
-        # tf32 wgmma reads both operands K-major: Triton copies the B tile (N-major in
-        # memory) into one more shared buffer (seen on an H200: 128x256x64, 2 stages,
-        # asked for 196,608 + 65,560 bytes)
+    if elem_bytes == 4 and (c.transpose_b is False or c.split_k is not None):
+        # tf32 wgmma reads both operands K-major: with B N-major in memory Triton copies
+        # each B tile into one more shared buffer (seen on an H200: 128x256x64, 2 stages,
+        # asked for 196,608 + 65,560 bytes). The persistent kernel copies B K-major first
+        # instead (``transpose_b``), unless told not to.
         stages += c.block_k * c.block_n * elem_bytes
     if c.split_k is not None:  # plain stores; swap_ab transposes the fp32 tile through shared memory
         return stages + (c.block_m * c.block_n * 4 if c.swap_ab else 0)
+    if elem_bytes == 4 and not (tma and c.tma_store):
+        # fp32 C by plain stores: the accumulator is re-laid out through shared memory
+        # (sm_90 cross-compiles, 8 warps: 128x128 +65,568 bytes, 128x256 +131,096)
+        return stages + c.block_m * c.block_n * 4
     epilogue = c.block_m * c.block_n * elem_bytes // c.epilogue_split if tma and c.tma_store else 0
     return stages + epilogue
 
@@ -132,6 +144,9 @@ def validate_config(c: GemmConfig) -> None:
         raise ValueError(f"gemm: num_sms={c.num_sms!r} must be None or an int from 1 to 4096")
     if c.epilogue_split not in (1, 2):
         raise ValueError(f"gemm: epilogue_split={c.epilogue_split!r} must be 1 or 2")
+    if c.stream_k not in (False, True, 2):
+        raise ValueError(f"gemm: stream_k={c.stream_k!r} must be False, True (the last partial round "
+                         f"streamed) or 2 (that round and one whole round before it)")
     if c.stream_k and (c.warp_specialize or c.tma is False):
         raise ValueError("gemm: stream_k=True runs on the TMA path without warp specialisation "
                          "(set tma=None or True and warp_specialize=False)")
@@ -148,6 +163,11 @@ def validate_config(c: GemmConfig) -> None:
         if c.stream_k or c.gluon or c.warp_specialize:
             raise ValueError("gemm: split_k runs its own kernel (kernels.gemm.triton._gemm_splitk_kernel): "
                              "leave stream_k, gluon and warp_specialize at their defaults")
+    if c.transpose_b not in (None, True, False):
+        raise ValueError(f"gemm: transpose_b={c.transpose_b!r} must be None (fp32 only), True or False")
+    if c.transpose_b and (c.split_k is not None or c.gluon):
+        raise ValueError("gemm: transpose_b=True belongs to the persistent Triton kernel; leave split_k and "
+                         "gluon at None")
     if c.swap_ab and c.split_k is None:
         raise ValueError("gemm: swap_ab=True belongs to the split-K kernel; set split_k (1 = no split) too")
     if c.swap_ab and c.block_n < 64:
@@ -415,24 +435,30 @@ class StreamKPlan:
     sk_extra: int
 
 
-def stream_k_plan(tiles: int, programs: int, k_steps: int) -> StreamKPlan:
+def stream_k_plan(tiles: int, programs: int, k_steps: int, rounds: int = 1) -> StreamKPlan:
     """A persistent kernel runs ``ceil(tiles / programs)`` rounds of whole tiles,
     so a last round of ``tiles % programs`` tiles leaves the other SMs idle
     (8192^3 in 128x256 tiles on 132 SMs: 15.5 rounds of work take 16). Here the
     whole rounds stay data-parallel and the last round's K-steps are spread over
     up to ``SK_MAX_SPLIT`` programs per tile. Returns a plan with
     ``sk_programs == 0`` when there is nothing to gain (no partial round, or too
-    few K-steps to split)."""
+    few K-steps to split).
+
+    ``rounds=2`` ("two-tile" stream-K) streams one whole round more with the
+    partial one, when there is one: each program then takes 1-2 tiles' worth of
+    K-steps, so a tile is cut in at most two pieces (one partial sum written and
+    read back per cut tile) instead of up to ``SK_MAX_SPLIT`` thin ones."""
     tail = tiles % programs if tiles > programs else tiles
     none = StreamKPlan(tiles, 0, 1, 0)
     if tail == 0:
         return none
-    steps = tail * k_steps
-    sk_programs = min(programs, tail * SK_MAX_SPLIT, steps // SK_MIN_STEPS)
+    sk_tiles = tail + programs if rounds == 2 and tiles > programs else tail
+    steps = sk_tiles * k_steps
+    sk_programs = min(programs, sk_tiles * SK_MAX_SPLIT, steps // SK_MIN_STEPS)
     if sk_programs <= tail:
         return none
     per, extra = divmod(steps, sk_programs)
-    return StreamKPlan(tiles - tail, sk_programs, per, extra)
+    return StreamKPlan(tiles - sk_tiles, sk_programs, per, extra)
 
 
 

@@ -101,6 +101,12 @@ def _tma_ok(t: torch.Tensor) -> bool:
             and t.shape[0] > 0 and t.shape[1] > 0)
 
 
+def _kmajor_ok(b: torch.Tensor) -> bool:
+    """B (K, N) stored K-major (a transposed view of a row-major (N, K) tensor,
+    as ``x @ w.t()`` passes an nn.Linear weight) with B^T's rows TMA-addressable."""
+    return b.stride(0) == 1 and b.stride(1) != 1 and _tma_ok(b.t())
+
+
 def device_desc_ok(t: torch.Tensor | None, rows: int = 0, cols: int = 0, row_stride: int = 0,
                    elem_bytes: int = 2) -> bool:
     """Whether the kernel may encode a TMA descriptor of ``t`` itself: a 16-byte
@@ -182,6 +188,8 @@ class _GemmPlan:
     blocks: tuple = ()  # the descriptors' boxes (A, B, C), or their layouts too (Gluon)
     pad_a: int = 0  # > 0: copy A into a buffer of this many columns first (TMA needs aligned rows)
     pad_b: int = 0  # the same for B
+    b_kmajor: bool = False  # B's descriptor is over B^T (N, K): a K-major B (or the copy trans_b makes)
+    trans_b: bool = False  # copy a row-major B K-major first (fp32: tf32 wgmma reads B only K-major)
     device_desc: bool = False  # kinds "tma"/"splitk"/"gluon": the kernel encodes its TMA descriptors itself
 
 
@@ -205,16 +213,20 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
     sm90 = on_gpu and _capability(dev_index)[0] == 9
     sms = _sm_count(dev_index) if on_gpu else 4
     # A fresh C is contiguous: its rows are aligned when N's are; a given one is judged by itself.
-    a_ok, b_ok = _tma_ok(a), _tma_ok(b)
+    b_km = not _tma_ok(b) and _kmajor_ok(b)
+    a_ok, b_ok = _tma_ok(a), _tma_ok(b) or b_km
     c_ok = _tma_ok(out) if out is not None else (N * a.element_size()) % 16 == 0
     have_desc = TensorDescriptor is not None
     aligned = have_desc and a_ok and b_ok and c_ok
     cfg = _as_config(config)
-    if cfg is None:
-        cfg = heuristic(M, N, K, a.dtype, sms, hopper=hopper, gluon=aligned and sm90, tma=aligned,
+    if cfg is None:   # the Gluon kernel reads B row-major only
+        cfg = heuristic(M, N, K, a.dtype, sms, hopper=hopper, gluon=aligned and sm90 and not b_km, tma=aligned,
                         c_aligned=c_ok)
     validate_config(cfg)
     if cfg.gluon:
+        if b_km:
+            raise ValueError(f"gemm: gluon={cfg.gluon!r} reads B row-major; this B is a transposed view "
+                             f"(strides {tuple(b.stride())}). Pass b.contiguous(), or use gluon=None")
         if not (sm90 and aligned and a.dtype in WS_DTYPES):
             raise ValueError(f"gemm: gluon={cfg.gluon!r} runs the Gluon kernel (kernels.gemm.gluon), which needs "
                              f"bf16/fp16 operands on an sm_90 GPU with 16-byte aligned rows (K, N multiples of 8); "
@@ -231,25 +243,36 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
     pads = {}
     if cfg.pad and tma_wanted and have_desc:
         pads = dict(pad_a=0 if a_ok else _aligned_cols(K, a), pad_b=0 if b_ok else _aligned_cols(N, b))
-    ops_ok = have_desc and (a_ok or bool(pads.get("pad_a"))) and (b_ok or bool(pads.get("pad_b")))
     es = a.element_size()
+    # fp32 on the persistent TMA kernel: a row-major B is copied K-major once per call
+    # (tf32 wgmma reads B only K-major; Triton would re-lay every B tile through
+    # registers and serialise the pipeline: 0.16-0.35x cuBLAS on an H200).
+    trans = (cfg.transpose_b if cfg.transpose_b is not None else a.dtype == torch.float32)
+    trans_b = bool(trans and tma_wanted and have_desc and cfg.split_k is None and not b_km
+                   and not pads.get("pad_b") and (K * es) % 16 == 0)
+    b_km = b_km or trans_b
+    ops_ok = have_desc and (a_ok or bool(pads.get("pad_a"))) and (b_ok or bool(pads.get("pad_b")))
     # Device descriptors: legal for A and B as given, or for the aligned copies that pads make.
-    dev_ops = device_descriptors and all(
-        device_desc_ok(None, rows, cols, pad, es) if pad else device_desc_ok(t)
-        for t, rows, cols, pad in ((a, M, K, pads.get("pad_a", 0)), (b, K, N, pads.get("pad_b", 0))))
+    pad_a, pad_b = pads.get("pad_a", 0), pads.get("pad_b", 0)
+    a_dev = device_desc_ok(None, M, K, pad_a, es) if pad_a else device_desc_ok(a)
+    if trans_b or pad_b:
+        b_dev = device_desc_ok(None, N, K, K, es) if trans_b else device_desc_ok(None, K, N, pad_b, es)
+    else:
+        b_dev = device_desc_ok(b.t() if b_km else b)
+    dev_ops = device_descriptors and a_dev and b_dev
     if cfg.split_k is not None:  # C leaves through plain stores
         if cfg.tma and not ops_ok:
             raise ValueError("gemm: tma=True needs unit stride in the last dimension and 16-byte aligned "
                              "rows and base pointers (K and N multiples of 8 for 16-bit types), or pad=True")
         use = bool(tma_wanted and ops_ok)
-        return _splitk_plan(M, N, K, cfg, use, pads, use and dev_ops)
+        return _splitk_plan(M, N, K, cfg, use, pads, use and dev_ops, use and b_km)
     tma_ok = ops_ok and (c_ok or not cfg.tma_store)
     if cfg.tma and not tma_ok:
         raise ValueError("gemm: tma=True needs unit stride in the last dimension and 16-byte aligned "
                          "rows and base pointers (K and N multiples of 8 for 16-bit types)")
     use_tma = bool(tma_wanted and tma_ok)
     if not use_tma:
-        pads = {}
+        pads, b_km, trans_b = {}, False, False
 
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     if cfg.stream_k and not use_tma and config is None:  # the heuristic's choice, on unaligned operands
@@ -263,7 +286,8 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
                                dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FLATTEN=cfg.flatten),
                                dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
         return _GemmPlan("ptr", M, N, K, cfg, launch, (programs, cfg.group_m), programs=programs)
-    sk = stream_k_plan(tiles, programs, triton.cdiv(K, cfg.block_k)) if cfg.stream_k else None
+    sk = stream_k_plan(tiles, programs, triton.cdiv(K, cfg.block_k), 2 if cfg.stream_k == 2 else 1) \
+        if cfg.stream_k else None
     if sk is None or sk.sk_programs == 0:
         sk = StreamKPlan(tiles, 0, 1, 0)
         programs = min(programs, tiles)
@@ -272,15 +296,23 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
     launch = PlannedLaunch(_gemm_tma_dev_kernel if dev else _gemm_tma_kernel, (programs,),
                            dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, TMA_STORE=cfg.tma_store,
                                 EPILOGUE_SPLIT=cfg.epilogue_split, FLATTEN=cfg.flatten,
-                                WARP_SPECIALIZE=cfg.warp_specialize, STREAM_K=sk.sk_programs > 0),
+                                WARP_SPECIALIZE=cfg.warp_specialize, STREAM_K=sk.sk_programs > 0, B_KMAJOR=b_km),
                            dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     args = (M, N, K, programs, cfg.group_m, sk.dp_tiles, sk.sk_programs, sk.sk_iters_per, sk.sk_extra)
     if dev:   # the row strides of A, B (as launched: padded copies have pad_* columns) and C
-        args = (pads.get("pad_a") or a.stride(0), pads.get("pad_b") or b.stride(0), stride_cm) + args
-    blocks = ([cfg.block_m, cfg.block_k], [cfg.block_k, cfg.block_n],
+        args = (pads.get("pad_a") or a.stride(0), _b_row_stride(b, K, pads, b_km, trans_b), stride_cm) + args
+    blocks = ([cfg.block_m, cfg.block_k], [cfg.block_n, cfg.block_k] if b_km else [cfg.block_k, cfg.block_n],
               [cfg.block_m, cfg.block_n // cfg.epilogue_split] if cfg.tma_store else None)
     return _GemmPlan("tma", M, N, K, cfg, launch, args, tiles - sk.dp_tiles if sk.sk_programs else 0, programs,
-                     blocks, **pads, device_desc=dev)
+                     blocks, **pads, b_kmajor=b_km, trans_b=trans_b, device_desc=dev)
+
+
+def _b_row_stride(b: torch.Tensor, K: int, pads: dict, b_km: bool, trans_b: bool) -> int:
+    """The row stride of the matrix B's descriptor is over: B^T's (K-major B, or the
+    contiguous copy trans_b makes), the padded copy's, or B's own."""
+    if trans_b:
+        return K
+    return b.stride(1) if b_km else (pads.get("pad_b") or b.stride(0))
 
 
 def _aligned_cols(cols: int, t: torch.Tensor) -> int:
@@ -297,16 +329,18 @@ def _padded(t: torch.Tensor, cols: int) -> torch.Tensor:
 
 
 def _splitk_plan(M: int, N: int, K: int, cfg: GemmConfig, tma_ok: bool, pads: dict,
-                 device_desc: bool = False) -> _GemmPlan:
+                 device_desc: bool = False, b_kmajor: bool = False) -> _GemmPlan:
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     pieces, per = split_pieces(triton.cdiv(K, cfg.block_k), cfg.split_k)
     launch = PlannedLaunch(_gemm_splitk_kernel, (tiles, pieces),
                            dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                USE_TMA=bool(tma_ok), SWAP_AB=cfg.swap_ab, DEVICE_DESC=bool(device_desc)),
+                                USE_TMA=bool(tma_ok), SWAP_AB=cfg.swap_ab, DEVICE_DESC=bool(device_desc),
+                                B_KMAJOR=bool(b_kmajor)),
                            dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-    blocks = ([cfg.block_m, cfg.block_k], [cfg.block_k, cfg.block_n]) if tma_ok and not device_desc else ()
+    b_block = [cfg.block_n, cfg.block_k] if b_kmajor else [cfg.block_k, cfg.block_n]
+    blocks = ([cfg.block_m, cfg.block_k], b_block) if tma_ok and not device_desc else ()
     return _GemmPlan("splitk", M, N, K, cfg, launch, (pieces, per), tiles if pieces > 1 else 0, pieces, blocks,
-                     **(pads if tma_ok else {}), device_desc=bool(device_desc))
+                     **(pads if tma_ok else {}), b_kmajor=bool(b_kmajor), device_desc=bool(device_desc))
 
 
 def plan_for(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | None = None) -> _GemmPlan:
@@ -344,6 +378,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
         a = _padded(a, p.pad_a)
     if p.pad_b:
         b = _padded(b, p.pad_b)
+    if p.trans_b:
+        b = b.t().contiguous().t()   # same (K, N) matrix, now K-major
     if p.kind == "tma":
         if p.sk_tiles:
             cfg = p.config
@@ -355,7 +391,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
         else:
             ab, bb, cb = p.blocks
             c_desc = TensorDescriptor.from_tensor(out, cb) if cb else None
-            p.launch(TensorDescriptor.from_tensor(a, ab), TensorDescriptor.from_tensor(b, bb), c_desc, out,
+            p.launch(TensorDescriptor.from_tensor(a, ab), TensorDescriptor.from_tensor(b.t() if p.b_kmajor else b, bb),
+                     c_desc, out,
                      out.stride(0), *p.args, ws, cnt)
     elif p.kind == "splitk":
         _launch_splitk(p, a, b, out)
@@ -376,7 +413,8 @@ def _launch_splitk(p: _GemmPlan, a: torch.Tensor, b: torch.Tensor, out: torch.Te
     else:
         ws, cnt = out, out  # never touched
     if p.blocks:
-        a_desc, b_desc = TensorDescriptor.from_tensor(a, p.blocks[0]), TensorDescriptor.from_tensor(b, p.blocks[1])
+        a_desc = TensorDescriptor.from_tensor(a, p.blocks[0])
+        b_desc = TensorDescriptor.from_tensor(b.t() if p.b_kmajor else b, p.blocks[1])
     else:
         a_desc = b_desc = None
     p.launch(a_desc, b_desc, a, b, out, ws, cnt, p.M, p.N, p.K, a.stride(0), a.stride(1),
@@ -565,7 +603,8 @@ def compile_args_ws(config: WsConfig | Mapping[str, Any] | None = None, dtype: t
 
 
 def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: torch.dtype = torch.bfloat16,
-                 shape: Mapping[str, int] | None = None, device_desc: bool = False) -> dict:
+                 shape: Mapping[str, int] | None = None, device_desc: bool = False,
+                 b_kmajor: bool | None = None) -> dict:
     """Keyword arguments for ``workbench.asm.compile.cross_compile`` that build
     the TMA kernel ``matmul`` launches for ``config`` (``fn`` included)::
 
@@ -574,22 +613,28 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
     ``shape`` (M, N, K) only decides which sizes count as multiples of 16.
     ``device_desc``: the variant that encodes its descriptors in the kernel
     (row-major operands and C, as ``matmul`` allocates it).
+    ``b_kmajor``: the variant reading B^T (N, K) (a transposed view of B, or the
+    copy ``transpose_b`` makes); None: as ``matmul`` runs row-major operands
+    (fp32 persistent configs copy B K-major unless ``transpose_b=False``).
     """
     cfg = _as_config(config) or heuristic(*(_mnk(shape) if shape else (8192, 8192, 8192)), dtype)
     validate_config(cfg)
     if cfg.gluon:
         return compile_args_ws(cfg.ws_config(), dtype, _mnk(shape) if shape else None, device_desc)
     if cfg.split_k is not None:
-        return _compile_args_splitk(cfg, dtype, device_desc)
+        return _compile_args_splitk(cfg, dtype, device_desc, bool(b_kmajor))
+    if b_kmajor is None:
+        b_kmajor = cfg.transpose_b if cfg.transpose_b is not None else dtype == torch.float32
     t = triton_type(dtype)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    sig = {"a_desc": f"tensordesc<{t}[{bm}, {bk}]>", "b_desc": f"tensordesc<{t}[{bk}, {bn}]>",
+    b_box = f"[{bn}, {bk}]" if b_kmajor else f"[{bk}, {bn}]"
+    sig = {"a_desc": f"tensordesc<{t}[{bm}, {bk}]>", "b_desc": f"tensordesc<{t}{b_box}>",
            "c_ptr": f"*{t}", "stride_cm": "i32", "M": "i32", "N": "i32", "K": "i32",
            "num_sms": "i32", "group_m": "i32", "dp_tiles": "i32", "sk_programs": "i32",
            "sk_iters_per": "i32", "sk_extra": "i32", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "TMA_STORE": cfg.tma_store,
                   "EPILOGUE_SPLIT": cfg.epilogue_split, "FLATTEN": cfg.flatten,
-                  "WARP_SPECIALIZE": cfg.warp_specialize, "STREAM_K": cfg.stream_k}
+                  "WARP_SPECIALIZE": cfg.warp_specialize, "STREAM_K": bool(cfg.stream_k), "B_KMAJOR": bool(b_kmajor)}
     if cfg.tma_store:
         sig["c_desc"] = f"tensordesc<{t}[{bm}, {bn // cfg.epilogue_split}]>"
     else:
@@ -608,19 +653,25 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
 
 
 
-def _compile_args_splitk(cfg: GemmConfig, dtype: torch.dtype, device_desc: bool = False) -> dict:
-    """The split-K kernel on the TMA path (row-major operands, C stride a multiple of 16)."""
+def _compile_args_splitk(cfg: GemmConfig, dtype: torch.dtype, device_desc: bool = False,
+                         b_kmajor: bool = False) -> dict:
+    """The split-K kernel on the TMA path (row-major operands, or B K-major; C stride a multiple of 16)."""
     t = triton_type(dtype)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    sig = {"a_desc": f"tensordesc<{t}[{bm}, {bk}]>", "b_desc": f"tensordesc<{t}[{bk}, {bn}]>",
+    b_box = f"[{bn}, {bk}]" if b_kmajor else f"[{bk}, {bn}]"
+    sig = {"a_desc": f"tensordesc<{t}[{bm}, {bk}]>", "b_desc": f"tensordesc<{t}{b_box}>",
            "a_ptr": f"*{t}", "b_ptr": f"*{t}", "c_ptr": f"*{t}", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
            "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32",
            "split_k": "i32", "steps_per_split": "i32"}
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "USE_TMA": True, "SWAP_AB": cfg.swap_ab,
-                  "stride_ak": 1, "stride_bn": 1, "stride_cn": 1}
+                  "stride_ak": 1, "stride_cn": 1, "B_KMAJOR": b_kmajor,
+                  **({"stride_bk": 1} if b_kmajor else {"stride_bn": 1})}
+    b_row = "stride_bn" if b_kmajor else "stride_bk"   # B's row stride (of B^T when K-major)
+    if b_kmajor:
+        sig = {("stride_bn" if k == "stride_bk" else k): v for k, v in sig.items()}
     if device_desc:
         del sig["a_desc"], sig["b_desc"]
         constexprs.update(a_desc=None, b_desc=None, DEVICE_DESC=True)
     return {"fn": _gemm_splitk_kernel, "signature": sig, "constexprs": constexprs,
-            "divisible": ["a_ptr", "b_ptr", "c_ptr", "ws_ptr", "stride_am", "stride_bk", "stride_cm"],
+            "divisible": ["a_ptr", "b_ptr", "c_ptr", "ws_ptr", "stride_am", b_row, "stride_cm"],
             "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}

@@ -36,6 +36,18 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, group_m):
 
 
 @triton.jit
+def _load_b(b_desc, k, off_n, B_KMAJOR: tl.constexpr):
+    """B's (BLOCK_K, BLOCK_N) tile at (k, off_n). B_KMAJOR: the descriptor is over
+    B^T (N, K) with K contiguous (a transposed view, e.g. an nn.Linear weight),
+    so the tile is read as (BLOCK_N, BLOCK_K) and transposed in shared memory,
+    which wgmma takes as it is (tf32 needs it: it reads B only K-major)."""
+    if B_KMAJOR:
+        return tl.trans(b_desc.load([off_n, k]))
+    else:
+        return b_desc.load([k, off_n])
+
+
+@triton.jit
 def _store_tile(acc, off_m, off_n, c_desc, c_ptr, stride_cm, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr):
     """C[off_m:, off_n:] = acc: through C's descriptor (whole, or in two column
@@ -69,12 +81,12 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms,
                      dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
-                     WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr):
+                     WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr = False):
     """Host descriptors: A, B (and C with TMA_STORE) arrive as TMA descriptors
     encoded by the launcher on every call."""
     _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m, dp_tiles, sk_programs,
               sk_iters_per, sk_extra, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, EPILOGUE_SPLIT,
-              FLATTEN, WARP_SPECIALIZE, STREAM_K)
+              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR)
 
 
 @triton.jit(do_not_specialize=["num_sms", "group_m", "dp_tiles", "sk_programs", "sk_iters_per", "sk_extra"])
@@ -82,21 +94,25 @@ def _gemm_tma_dev_kernel(a_ptr, b_ptr, c_ptr, stride_am, stride_bk, stride_cm, M
                          dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
-                         WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr):
+                         WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr = False):
     """Device descriptors: the same kernel, but each program encodes the TMA
     descriptors of A, B (and C) itself from plain pointers and strides, into its
     slot of the global scratch buffer the launcher passes (128 bytes each), so
     the host launches with pointers and integers only. Needs 16-byte aligned
-    bases, unit inner strides and 16-byte aligned row strides (the plan checks)."""
+    bases, unit inner strides and 16-byte aligned row strides (the plan checks).
+    B_KMAJOR: b_ptr holds B^T (N, K) with row stride ``stride_bk``."""
     a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K])
-    b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N])
+    if B_KMAJOR:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [stride_bk, 1], [BLOCK_N, BLOCK_K])
+    else:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N])
     if TMA_STORE:
         c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [stride_cm, 1], [BLOCK_M, BLOCK_N // EPILOGUE_SPLIT])
     else:
         c_desc = None
     _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m, dp_tiles, sk_programs,
               sk_iters_per, sk_extra, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, EPILOGUE_SPLIT,
-              FLATTEN, WARP_SPECIALIZE, STREAM_K)
+              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR)
 
 
 @triton.jit
@@ -104,7 +120,7 @@ def _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_
               dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
-              WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr):
+              WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr):
     """The persistent TMA GEMM, whichever side made its descriptors."""
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
@@ -119,7 +135,7 @@ def _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kk in range(k_steps):
             a = a_desc.load([off_m, kk * BLOCK_K])
-            b = b_desc.load([kk * BLOCK_K, off_n])
+            b = _load_b(b_desc, kk * BLOCK_K, off_n, B_KMAJOR)
             acc = tl.dot(a, b, acc)
         _store_tile(acc, off_m, off_n, c_desc, c_ptr, stride_cm, M, N, BLOCK_M, BLOCK_N, TMA_STORE,
                     EPILOGUE_SPLIT)
@@ -151,7 +167,7 @@ def _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 for kk in range(k_lo, k_hi):
                     a = a_desc.load([off_m, kk * BLOCK_K])
-                    b = b_desc.load([kk * BLOCK_K, off_n])
+                    b = _load_b(b_desc, kk * BLOCK_K, off_n, B_KMAJOR)
                     acc = tl.dot(a, b, acc)
                 # Programs holding the tile's first and last K-step.
                 s_first = t * k_steps
@@ -234,7 +250,8 @@ def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M,
                         stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                         split_k, steps_per_split,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, DEVICE_DESC: tl.constexpr = False):
+                        USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, DEVICE_DESC: tl.constexpr = False,
+                        B_KMAJOR: tl.constexpr = False):
     """One output tile per program column, its K range cut into ``split_k`` pieces
     (grid: tiles x split_k). For few tiles (small M, or a short wide problem): the
     split puts every SM to work on B, which small-M products only read once.
@@ -251,10 +268,17 @@ def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M,
 
     DEVICE_DESC (with USE_TMA): a_desc and b_desc come as None and every program
     encodes them itself from a_ptr, b_ptr and the row strides (unit inner
-    strides), in its slot of the launcher's global scratch buffer."""
+    strides), in its slot of the launcher's global scratch buffer.
+
+    B_KMAJOR (with USE_TMA): B's descriptor is over B^T (N, K), row stride
+    ``stride_bn`` (see ``_load_b``); the pointer path needs nothing, its
+    strides say it."""
     if USE_TMA and DEVICE_DESC:
         a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K])
-        b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N])
+        if B_KMAJOR:
+            b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [stride_bn, 1], [BLOCK_N, BLOCK_K])
+        else:
+            b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N])
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
@@ -280,7 +304,7 @@ def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M,
     for kk in range(k_lo, k_hi):
         if USE_TMA:
             a = a_desc.load([off_m, kk * BLOCK_K])
-            b = b_desc.load([kk * BLOCK_K, off_n])
+            b = _load_b(b_desc, kk * BLOCK_K, off_n, B_KMAJOR)
         else:
             k_left = K - kk * BLOCK_K
             a = tl.load(a_ptrs, mask=lane_k[None, :] < k_left, other=0.0)
