@@ -7,7 +7,7 @@ kernel runs them, and how other tilings of ours fare there.
    (names from ``torch.profiler``; cuBLAS names carry the tile, cluster and
    whether it splits K or streams), with their mean GPU time.
 2. ``configs.csv``: extra configurations of ours (tilings the heuristic does not
-   offer, "two-tile" stream-K, fp32 tilings with B copied K-major or not), and
+   offer, fp32 tilings with B copied K-major or not), and
    the heuristic with B K-major (``x @ w.t()``, an nn.Linear weight), each
    checked against the fp32 reference on a NaN-poisoned output, then timed
    against cuBLAS by ``workbench.bench.interleave`` (CUDA-graph replays, L2
@@ -38,10 +38,6 @@ EDGE_CONFIGS = {
     "t256x128": dict(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=4, **_ST),
     "t64x256": dict(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=5, **_ST),
     "t128x256": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, **_ST),
-    "t128x256sk2_st": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, stream_k=2, **_ST),
-    "t128x128sk2": dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=6, stream_k=2, **_ST),
-    "t128x256sk2": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, stream_k=2, group_m=8,
-                        epilogue_split=2),
 }
 # fp32 on the persistent kernel copies B K-major first (transpose_b, the default for fp32);
 # "ntb": the same tile reading B N-major (the tiles' re-layout through registers).
@@ -49,7 +45,6 @@ FP32_CONFIGS = {
     "f128x256x32s2": dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=2, **_ST),
     "f128x256x32s2ntb": dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=2, transpose_b=False,
                              **_ST),
-    "f128x256x32s2sk2": dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=2, stream_k=2, **_ST),
     "f128x128x32s4": dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=4, **_ST),
     "f128x128x32s4w4": dict(block_m=128, block_n=128, block_k=32, num_warps=4, num_stages=4, **_ST),
     "f128x128x64s2": dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=2, **_ST),

@@ -13,7 +13,8 @@ Phases (``--phase``, default both):
 * ``final``: on every shape (bf16, fp16, fp32), ``kernels.gemm.matmul`` with no
   config (the heuristic's choice, as a user calls it), cuBLAS and, with
   ``--best-from`` a sweep.csv, the sweep's fastest candidate, the same way; plus
-  the host time per call of ours and cuBLAS's. -> final.csv
+  the host time per call of ours and cuBLAS's. -> final.csv (``--b-layout t``:
+  B K-major, as ``x @ w.t()`` passes an nn.Linear weight -> final_bt.csv)
 
 Also ceilings.json (measured copy bandwidth and cuBLAS bf16/fp16 TFLOP/s). fp32
 runs on the tensor cores (tf32) in both ours and cuBLAS (allow_tf32 set for the
@@ -101,11 +102,14 @@ def run_shapes(shapes: list[dict], phase: str, args, prov, out_csv: Path, best: 
         inp = gsweep.make_inputs(s, dt, args.device, seed=1000 + i)
         ref = gemm.reference(inp)
         a, b, c = inp.a, inp.b, inp.out
-        aligned = on_gpu and glaunch._tma_ok(a) and glaunch._tma_ok(b)
+        if args.b_layout == "t":   # the same B K-major: x @ w.t() with an nn.Linear weight w (N, K)
+            b = b.t().contiguous().t()
+        aligned = on_gpu and glaunch._tma_ok(a) and (glaunch._tma_ok(b) or glaunch._kmajor_ok(b))
         c_aligned = on_gpu and glaunch._tma_ok(c)
         configs = {}
         if phase == "sweep":
-            configs = gconfig.candidates(M, N, K, dt, sms, aligned=aligned, gluon=aligned and c_aligned,
+            configs = gconfig.candidates(M, N, K, dt, sms, aligned=aligned,
+                                         gluon=aligned and c_aligned and args.b_layout == "row",
                                          c_aligned=c_aligned)
         else:
             configs["heuristic"] = None
@@ -149,7 +153,7 @@ def run_shapes(shapes: list[dict], phase: str, args, prov, out_csv: Path, best: 
             for mode in ("graph", "eager"):
                 t = timings[mode].get(name)
                 cub = timings[mode].get("cublas")
-                row = dict(s, phase=phase, variant=name, config=labels.get(name, ""),
+                row = dict(s, phase=phase, b_layout=args.b_layout, variant=name, config=labels.get(name, ""),
                            params=json.dumps(plan_cfg[name].as_params()) if name in plan_cfg else "",
                            status=status[name], rel_err=errs.get(name, math.nan), mode=mode,
                            median_ms=t.median_ms if t else math.nan, q25_ms=t.q25_ms if t else math.nan,
@@ -231,6 +235,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-reps", type=int, default=120)
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new shape after this many seconds "
                                                                 "(per phase)")
+    ap.add_argument("--b-layout", choices=("row", "t"), default="row",
+                    help="B row-major (K, N), or t: K-major, the transposed view of an (N, K) tensor as "
+                         "x @ w.t() passes an nn.Linear weight (final phase -> final_bt.csv)")
     ap.add_argument("--limit", type=int, default=0, help="only the first N shapes (smoke test)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: three tiny shapes in Triton's interpreter "
                                                           "(TRITON_INTERPRET=1), to test this script")
@@ -267,7 +274,7 @@ def main(argv=None) -> int:
         n = run_shapes([s for s in shapes if s["dtype"] == "bfloat16"], "sweep", args, prov, csv)
         print(f"sweep: {n} shapes -> {csv}", flush=True)
     if args.phase in ("final", "both"):
-        csv = out / "final.csv"
+        csv = out / ("final.csv" if args.b_layout == "row" else f"final_b{args.b_layout}.csv")
         csv.unlink(missing_ok=True)
         best = _best_from(Path(args.best_from)) if args.best_from else None
         n = run_shapes(shapes, "final", args, prov, csv, best)

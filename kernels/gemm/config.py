@@ -76,7 +76,7 @@ class GemmConfig:
         if self.tma is False:
             s += " ptr"
         if self.stream_k:
-            s += " sk2" if self.stream_k == 2 else " sk"
+            s += " sk"
         if self.split_k is not None:
             s += f" k{self.split_k}"
         if self.swap_ab:
@@ -144,9 +144,6 @@ def validate_config(c: GemmConfig) -> None:
         raise ValueError(f"gemm: num_sms={c.num_sms!r} must be None or an int from 1 to 4096")
     if c.epilogue_split not in (1, 2):
         raise ValueError(f"gemm: epilogue_split={c.epilogue_split!r} must be 1 or 2")
-    if c.stream_k not in (False, True, 2):
-        raise ValueError(f"gemm: stream_k={c.stream_k!r} must be False, True (the last partial round "
-                         f"streamed) or 2 (that round and one whole round before it)")
     if c.stream_k and (c.warp_specialize or c.tma is False):
         raise ValueError("gemm: stream_k=True runs on the TMA path without warp specialisation "
                          "(set tma=None or True and warp_specialize=False)")
@@ -403,10 +400,16 @@ def cost_model_rule(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16,
 
 def _fit_smem(cfg: GemmConfig, elem_bytes: int, limit: int = SMEM_LIMIT_SM90) -> GemmConfig:
     """Shrink a config until its shared memory fits (wider types need it):
-    split the epilogue, then fewer stages (down to 2), then a smaller BLOCK_K."""
+    split the epilogue, then fewer stages down to 3, then BLOCK_K down to 32,
+    then stages down to 2, then BLOCK_K again. (fp32 on an H200: 128x128x32 with
+    4 stages ran 1.4x as fast as 128x128x64 with 2, results/gemm_zoo/gaps/.)"""
     while smem_bytes(cfg, elem_bytes) > limit:
         if cfg.tma_store and cfg.epilogue_split == 1:
             cfg = dataclasses.replace(cfg, epilogue_split=2)
+        elif cfg.num_stages > 3:
+            cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+        elif cfg.block_k > 32:
+            cfg = dataclasses.replace(cfg, block_k=cfg.block_k // 2)
         elif cfg.num_stages > 2:
             cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
         elif cfg.block_k > 16:
@@ -435,7 +438,7 @@ class StreamKPlan:
     sk_extra: int
 
 
-def stream_k_plan(tiles: int, programs: int, k_steps: int, rounds: int = 1) -> StreamKPlan:
+def stream_k_plan(tiles: int, programs: int, k_steps: int) -> StreamKPlan:
     """A persistent kernel runs ``ceil(tiles / programs)`` rounds of whole tiles,
     so a last round of ``tiles % programs`` tiles leaves the other SMs idle
     (8192^3 in 128x256 tiles on 132 SMs: 15.5 rounds of work take 16). Here the
@@ -444,21 +447,20 @@ def stream_k_plan(tiles: int, programs: int, k_steps: int, rounds: int = 1) -> S
     ``sk_programs == 0`` when there is nothing to gain (no partial round, or too
     few K-steps to split).
 
-    ``rounds=2`` ("two-tile" stream-K) streams one whole round more with the
-    partial one, when there is one: each program then takes 1-2 tiles' worth of
-    K-steps, so a tile is cut in at most two pieces (one partial sum written and
-    read back per cut tile) instead of up to ``SK_MAX_SPLIT`` thin ones."""
+    Streaming one whole round more with the partial one ("two-tile" stream-K,
+    each program 1-2 tiles' worth, at most two pieces per tile) was measured on
+    an H200 and ran 0-10% slower on the zoo's 1-3 round shapes
+    (results/gemm_zoo/gaps/)."""
     tail = tiles % programs if tiles > programs else tiles
     none = StreamKPlan(tiles, 0, 1, 0)
     if tail == 0:
         return none
-    sk_tiles = tail + programs if rounds == 2 and tiles > programs else tail
-    steps = sk_tiles * k_steps
+    steps = tail * k_steps
     sk_programs = min(programs, sk_tiles * SK_MAX_SPLIT, steps // SK_MIN_STEPS)
     if sk_programs <= tail:
         return none
     per, extra = divmod(steps, sk_programs)
-    return StreamKPlan(tiles - sk_tiles, sk_programs, per, extra)
+    return StreamKPlan(tiles - tail, sk_programs, per, extra)
 
 
 

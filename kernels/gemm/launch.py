@@ -286,8 +286,7 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
                                dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FLATTEN=cfg.flatten),
                                dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
         return _GemmPlan("ptr", M, N, K, cfg, launch, (programs, cfg.group_m), programs=programs)
-    sk = stream_k_plan(tiles, programs, triton.cdiv(K, cfg.block_k), 2 if cfg.stream_k == 2 else 1) \
-        if cfg.stream_k else None
+    sk = stream_k_plan(tiles, programs, triton.cdiv(K, cfg.block_k)) if cfg.stream_k else None
     if sk is None or sk.sk_programs == 0:
         sk = StreamKPlan(tiles, 0, 1, 0)
         programs = min(programs, tiles)
