@@ -456,7 +456,7 @@ def stream_k_plan(tiles: int, programs: int, k_steps: int) -> StreamKPlan:
     if tail == 0:
         return none
     steps = tail * k_steps
-    sk_programs = min(programs, sk_tiles * SK_MAX_SPLIT, steps // SK_MIN_STEPS)
+    sk_programs = min(programs, tail * SK_MAX_SPLIT, steps // SK_MIN_STEPS)
     if sk_programs <= tail:
         return none
     per, extra = divmod(steps, sk_programs)
