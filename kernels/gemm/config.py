@@ -709,4 +709,9 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_
         out = {name: dataclasses.replace(c, pad=True) for name, c in out.items()}
         out["ptr"] = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3, group_m=8,
                                 tma=False)
-    return {name: _fit_smem(c, elem) for name, c in out.items()}
+    fitted = {name: _fit_smem(c, elem) for name, c in out.items()}
+    # A persistent tile squeezed to two stages cannot overlap its loads with its MMAs
+    # (fp32 on an H200: 128x256x32 with 2 stages ran at 0.50-0.84x the speed of 128x128x32
+    # with 4, results/gemm_zoo/gaps/): leave it out when another tile remains.
+    deep = {name: c for name, c in fitted.items() if c.split_k is not None or c.gluon or c.num_stages >= 3}
+    return deep or fitted
