@@ -238,6 +238,9 @@ def main(argv=None) -> int:
     ap.add_argument("--b-layout", choices=("row", "t"), default="row",
                     help="B row-major (K, N), or t: K-major, the transposed view of an (N, K) tensor as "
                          "x @ w.t() passes an nn.Linear weight (final phase -> final_bt.csv)")
+    ap.add_argument("--host-descriptors", action="store_true",
+                    help="the kernels' host-descriptor variants (TMA descriptors encoded by the launcher on "
+                         "every call) instead of the default device descriptors (final phase -> final_host.csv)")
     ap.add_argument("--limit", type=int, default=0, help="only the first N shapes (smoke test)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: three tiny shapes in Triton's interpreter "
                                                           "(TRITON_INTERPRET=1), to test this script")
@@ -256,7 +259,11 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = True  # fp32 baseline on the tensor cores, as ours
-    prov = provenance.collect()
+    if args.host_descriptors:
+        from kernels.gemm import launch as glaunch
+
+        glaunch.DEVICE_DESCRIPTORS = glaunch.GLUON_DEVICE_DESCRIPTORS = False
+    prov = provenance.collect(knobs={"descriptors": "host" if args.host_descriptors else "device"})
     print(f"device {prov['device_name']}, torch {prov['torch_version']}, triton {prov['triton_version']}, "
           f"git {prov['git_sha']} (dirty={prov['git_dirty']})", flush=True)
     ceil = roofline.measure_ceilings(save=False, rep_ms=100)
@@ -274,7 +281,8 @@ def main(argv=None) -> int:
         n = run_shapes([s for s in shapes if s["dtype"] == "bfloat16"], "sweep", args, prov, csv)
         print(f"sweep: {n} shapes -> {csv}", flush=True)
     if args.phase in ("final", "both"):
-        csv = out / ("final.csv" if args.b_layout == "row" else f"final_b{args.b_layout}.csv")
+        csv = out / ("final" + ("" if args.b_layout == "row" else f"_b{args.b_layout}")
+                     + ("_host" if args.host_descriptors else "") + ".csv")
         csv.unlink(missing_ok=True)
         best = _best_from(Path(args.best_from)) if args.best_from else None
         n = run_shapes(shapes, "final", args, prov, csv, best)
