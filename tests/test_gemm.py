@@ -484,6 +484,7 @@ def test_gpu_device_descriptors_correct(M, N, K, dtype, cfg, monkeypatch):
     import triton
 
     monkeypatch.setattr(glaunch, "DEVICE_DESCRIPTORS", True)
+    monkeypatch.setattr(glaunch, "DEVICE_DESC_MAX_US", float("inf"))   # at every size
     g = torch.Generator(device="cuda").manual_seed(M * 5 + N * 11 + K)
     for _ in range(2):
         a, b, c = _gpu_check(M, N, K, dtype, cfg, g)
@@ -499,6 +500,7 @@ def test_gpu_device_descriptors_streams_and_graphs(monkeypatch):
     from kernels.common import launcher
 
     monkeypatch.setattr(glaunch, "DEVICE_DESCRIPTORS", True)
+    monkeypatch.setattr(glaunch, "DEVICE_DESC_MAX_US", float("inf"))
     a = torch.randn(1000, 2000, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2000, 3000, device="cuda", dtype=torch.bfloat16)
     ref = a.double() @ b.double()
@@ -522,6 +524,8 @@ def test_gpu_device_descriptors_streams_and_graphs(monkeypatch):
     torch.cuda.synchronize()
     with torch.cuda.graph(graph):
         gemm.matmul(a, b, cfg, out=c)
+        captured = glaunch.plan_for(a, b, cfg, c)
+    assert not captured.device_desc and glaunch.plan_for(a, b, cfg, c).device_desc   # host descriptors in graphs
     # Grow every buffer (a program count far above the graph's), then replay with new inputs.
     for key in list(launcher._SCRATCH):
         launcher.scratch(*key, 1 << 24)
@@ -738,6 +742,29 @@ def test_plan_cache_is_bounded(monkeypatch):
         a, b = torch.randn(m, 16, generator=g).half(), torch.randn(16, 8, generator=g).half()
         _check(gemm.matmul(a, b, TINY), a, b)
     assert len(glaunch._PLANS) == 3
+
+
+def test_device_descriptors_only_for_short_eager_kernels(monkeypatch):
+    """Device descriptors where switched on, for kernels under DEVICE_DESC_MAX_US by the
+    bound, never while a CUDA graph is captured (host descriptors go into the graph once);
+    each outcome is its own plan."""
+    monkeypatch.setattr(glaunch, "_PLANS", glaunch.PlanCache())
+    monkeypatch.setattr(glaunch, "DEVICE_DESCRIPTORS", True)
+    tma = dict(SMALL, tma=True)
+    a, b = torch.randn(64, 96).half(), torch.randn(96, 48).half()
+    assert glaunch._descriptors_on_device(a, b) == (True, True)
+    assert glaunch.plan_for(a, b, tma).device_desc
+    big = torch.empty(8192, 8192, dtype=torch.float16)
+    assert gconfig.bound_us(8192, 8192, 8192, 2) > gconfig.DEVICE_DESC_MAX_US
+    assert glaunch._descriptors_on_device(big, big) == (False, False)
+    monkeypatch.setattr(glaunch, "capturing", lambda t: True)
+    assert glaunch._descriptors_on_device(a, b) == (False, False)
+    p = glaunch.plan_for(a, b, tma)
+    assert not p.device_desc and p.kind == "tma"
+    assert len(glaunch._PLANS) == 2
+    monkeypatch.setattr(glaunch, "DEVICE_DESCRIPTORS", False)
+    monkeypatch.setattr(glaunch, "capturing", lambda t: False)
+    assert glaunch._descriptors_on_device(a, b) == (False, True)
 
 
 def test_device_descriptors_only_where_legal(monkeypatch):

@@ -424,6 +424,7 @@ _GPU_DD_SCRIPT = textwrap.dedent("""
     from kernels.gemm import launch as glaunch, sweep as gsweep
     from kernels.gemm.config import GemmConfig
     glaunch.GLUON_DEVICE_DESCRIPTORS = True
+    glaunch.DEVICE_DESC_MAX_US = float("inf")   # matmul: device descriptors at every size
     cases, matmul_cases = json.loads(sys.argv[1]), json.loads(sys.argv[2])
     out = {{}}
 
@@ -469,8 +470,9 @@ _GPU_DD_SCRIPT = textwrap.dedent("""
         except Exception as exc:
             out[name] = {{"error": f"{{type(exc).__name__}}: {{exc}}"[:800]}}
 
-    # A CUDA graph of matmul (Gluon, device descriptors), captured on a side stream, replayed
-    # after the scratch pool has grown (the old buffer is kept) with new operands copied in.
+    # A CUDA graph of matmul (Gluon), captured on a side stream (under capture the plan encodes
+    # host descriptors into the graph), replayed after the scratch pool has grown, with new
+    # operands copied in; the record is of the eager plan (device descriptors).
     try:
         M, N, K = 1000, 3000, 2000
         cfg = dict(gluon="coop", block_n=256, block_k=32, num_stages=6, num_warps=8)

@@ -64,6 +64,14 @@ def tensor_signature(t: torch.Tensor) -> tuple:
     return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
 
 
+def capturing(t: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on the current stream of ``t``'s device.
+    A plan made under capture may encode TMA descriptors on the host: they are
+    encoded once, at capture, and baked into the graph, so its replays pay neither
+    the host cost nor the in-kernel encoding (part of the plan key)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def config_key(config) -> Any:
     """A hashable form of an explicit config (None, a dataclass, or a dict of fields)."""
     try:

@@ -438,6 +438,21 @@ class StreamKPlan:
     sk_extra: int
 
 
+# Device descriptors (the kernel encodes its TMA descriptors) save the launcher
+# 10-30 us of host time per call but add a few microseconds to the kernel (21 us
+# kernels took 23 us on an H200). Worth it only where the host is the bottleneck:
+# kernels shorter than this bound, in eager calls. Chosen on the zoo's fit half
+# (results/gemm_zoo/descriptors.csv: eager regret 1.078 at 20 us against 1.090 with
+# device descriptors everywhere; held out: 1.047 against 1.066).
+DEVICE_DESC_MAX_US = 20.0
+_PEAK_FLOPS, _PEAK_BYTES = 660e12, 3.3e12   # the bound below: H200-like 16-bit MMA and HBM rates
+
+
+def bound_us(M: int, N: int, K: int, elem_bytes: int) -> float:
+    """A lower bound of the product's GPU time (compute or one pass over A, B, C)."""
+    return max(2.0 * M * N * K / _PEAK_FLOPS, (M * K + K * N + M * N) * elem_bytes / _PEAK_BYTES) * 1e6
+
+
 def stream_k_plan(tiles: int, programs: int, k_steps: int) -> StreamKPlan:
     """A persistent kernel runs ``ceil(tiles / programs)`` rounds of whole tiles,
     so a last round of ``tiles % programs`` tiles leaves the other SMs idle

@@ -13,9 +13,12 @@ The TMA descriptors of the Triton kernels are encoded either on the host (a
 into a ``CUtensorMap`` each time: about 2 + 2 us of host time per descriptor)
 or, with ``DEVICE_DESCRIPTORS``, by the kernel itself (``tl.make_tensor_descriptor``
 into a global scratch buffer that ``kernels.common.launcher`` keeps per stream),
-so the launch passes pointers and integers only. A plan takes device
-descriptors only where they are legal (``device_desc_ok``); the setting is part
-of the plan key, so flipping it at run time makes new plans.
+so the launch passes pointers and integers only. Device descriptors cost the
+kernel a few microseconds, so a plan takes them only for short kernels in eager
+calls, where the host is what a call waits for, and only where they are legal
+(``device_desc_ok``); under CUDA-graph capture host descriptors are encoded
+once, into the graph (``_descriptors_on_device``). The outcome is part of the
+plan key, so flipping the setting at run time makes new plans.
 
 The Gluon kernel (``kernels.gemm.gluon``) has the same two variants, under a
 switch of its own, ``GLUON_DEVICE_DESCRIPTORS``: host descriptors (Gluon's
@@ -36,12 +39,12 @@ import triton
 
 from kernels.common import cuda_context, interpreter
 from kernels.common.launcher import PlannedLaunch
-from kernels.common.plans import PLAN_CACHE_SIZE, PlanCache, config_key, tensor_signature  # noqa: F401
+from kernels.common.plans import PLAN_CACHE_SIZE, PlanCache, capturing, config_key, tensor_signature  # noqa: F401
 from kernels.common.plans import capability as _capability, sm_count as _sm_count
 from kernels.gemm import gluon
 from kernels.gemm.config import (
-    DTYPES, MAXNREG, WS_DTYPES, GemmConfig, StreamKPlan, WsConfig, _as_config, _refuse_ws_on_gpu, heuristic,
-    num_warps, split_pieces, stream_k_plan, validate_config, validate_ws, ws_device_desc_fits,
+    DEVICE_DESC_MAX_US, DTYPES, MAXNREG, WS_DTYPES, GemmConfig, StreamKPlan, WsConfig, _as_config,
+    _refuse_ws_on_gpu, bound_us, heuristic, num_warps, split_pieces, stream_k_plan, validate_config, validate_ws, ws_device_desc_fits,
 )
 from kernels.gemm.metrics import _mnk
 from kernels.gemm.triton import _gemm_ptr_kernel, _gemm_splitk_kernel, _gemm_tma_dev_kernel, _gemm_tma_kernel
@@ -343,18 +346,30 @@ def _splitk_plan(M: int, N: int, K: int, cfg: GemmConfig, tma_ok: bool, pads: di
 
 
 def plan_for(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | None = None) -> _GemmPlan:
-    """The plan ``matmul(a, b, config, out)`` runs (made once per call signature and
-    ``DEVICE_DESCRIPTORS`` / ``GLUON_DEVICE_DESCRIPTORS`` setting)."""
-    dd, gdd = DEVICE_DESCRIPTORS, GLUON_DEVICE_DESCRIPTORS
+    """The plan ``matmul(a, b, config, out)`` runs (made once per call signature,
+    ``DEVICE_DESCRIPTORS`` / ``GLUON_DEVICE_DESCRIPTORS`` setting and whether a
+    CUDA graph is being captured: see ``_descriptors_on_device``)."""
     try:
+        dd, gdd = _descriptors_on_device(a, b)
         key = (tensor_signature(a), tensor_signature(b), None if out is None else tensor_signature(out),
                config_key(config), dd, gdd)
-    except AttributeError:   # not tensors: planning says what is wrong (and raises)
-        return _plan(a, b, out, config, dd, gdd)
+    except (AttributeError, IndexError):   # not 2-D tensors: planning says what is wrong (and raises)
+        return _plan(a, b, out, config, DEVICE_DESCRIPTORS, GLUON_DEVICE_DESCRIPTORS)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS.put(key, _plan(a, b, out, config, dd, gdd))
     return plan
+
+
+def _descriptors_on_device(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, bool]:
+    """(Triton, Gluon) kernels encode their own TMA descriptors: where switched on,
+    not under CUDA-graph capture (host descriptors are then encoded once, at
+    capture) and only for kernels shorter than ``DEVICE_DESC_MAX_US``, where the
+    host's launch cost is what an eager call waits for."""
+    if capturing(a):
+        return False, False
+    short = bound_us(a.shape[0], b.shape[1], a.shape[1], a.element_size()) < DEVICE_DESC_MAX_US
+    return DEVICE_DESCRIPTORS and short, GLUON_DEVICE_DESCRIPTORS and short
 
 
 # --------------------------------------------------------------------------

@@ -42,7 +42,7 @@ import triton
 
 from kernels.common import cuda_context, interpreter
 from kernels.common.launcher import LAUNCH_OPTIONS, PlannedLaunch
-from kernels.common.plans import PlanCache, config_key, tensor_signature
+from kernels.common.plans import PlanCache, capturing, config_key, tensor_signature
 from kernels.common.plans import capability as _capability, sm_count as _sm_count
 from kernels.gemm.launch import _tma_ok
 from kernels.moe import gluon, triton as kernels
@@ -390,8 +390,10 @@ def _plan_ws(x, w, group_sizes, trans_w: bool, config, out, gluon_device_descrip
 
 def plan_for(x, w, group_sizes, *, trans_w: bool = False, config=None, out=None) -> _Plan:
     """The plan ``grouped_gemm(x, w, group_sizes, trans_w=..., config=..., out=...)`` runs
-    (made once per call signature and descriptor settings)."""
-    dd, gdd = DEVICE_DESCRIPTORS, GLUON_DEVICE_DESCRIPTORS
+    (made once per call signature and descriptor settings; under CUDA-graph capture the
+    descriptors are encoded on the host, once, into the graph)."""
+    cap = isinstance(x, torch.Tensor) and capturing(x)
+    dd, gdd = DEVICE_DESCRIPTORS and not cap, GLUON_DEVICE_DESCRIPTORS and not cap
     key = (_signature("grouped_gemm", "x", x), _signature("grouped_gemm", "w", w),
            _signature("grouped_gemm", "group_sizes", group_sizes), bool(trans_w), config_key(config),
            None if out is None else _signature("grouped_gemm", "out", out), dd, gdd)
@@ -401,7 +403,7 @@ def plan_for(x, w, group_sizes, *, trans_w: bool = False, config=None, out=None)
 def plan_for_wgrad(x, dy, group_sizes, *, config=None, out=None) -> _Plan:
     """The plan ``grouped_gemm_wgrad(x, dy, group_sizes, config=..., out=...)`` runs."""
     who = "grouped_gemm_wgrad"
-    dd = DEVICE_DESCRIPTORS
+    dd = DEVICE_DESCRIPTORS and not (isinstance(x, torch.Tensor) and capturing(x))
     key = (_signature(who, "x", x), _signature(who, "dy", dy), _signature(who, "group_sizes", group_sizes),
            config_key(config), None if out is None else _signature(who, "out", out), dd)
     return _WGRAD_PLANS.get(key) or _WGRAD_PLANS.put(key, _plan_wgrad(x, dy, group_sizes, config, out, dd))
