@@ -442,7 +442,7 @@ class StreamKPlan:
 # 10-30 us of host time per call but add a few microseconds to the kernel (21 us
 # kernels took 23 us on an H200). Worth it only where the host is the bottleneck:
 # kernels shorter than this bound, in eager calls. Chosen on the zoo's fit half
-# (results/gemm_zoo/descriptors.csv: eager regret 1.078 at 20 us against 1.090 with
+# (results/gemm_zoo/descriptors/: eager regret 1.078 at 20 us against 1.090 with
 # device descriptors everywhere; held out: 1.047 against 1.066).
 DEVICE_DESC_MAX_US = 20.0
 _PEAK_FLOPS, _PEAK_BYTES = 660e12, 3.3e12   # the bound below: H200-like 16-bit MMA and HBM rates
