@@ -24,10 +24,13 @@ atomic epilogue); at M <= 256 BM16 NT with 64-wide column tiles (``BN64``) and w
 expansion in Triton integer ops instead of inline PTX (``bits``); at M <= 32 BM16 NT with
 each latency switch off (``early-off``/``prefetch-off``/``both-off``); the heuristic's
 config (``default``), its deterministic mode (``det``) and the a4w4 form of both;
-BM64/BM128 at M = 16384. Baselines: ``dequant+grouped_gemm`` and ``dequant+grouped_mm``
-(dequantize all experts to bf16, gather rows, grouped GEMM, weighted sum), ``bf16
-grouped_gemm`` (bf16 weights, same pipeline) and the GEMMs alone on pre-gathered rows
-(``bf16 grouped_gemm (gemm only)``, ``bf16 grouped_mm (gemm only)``).
+BM64/BM128 at M = 16384; ``prepacked default``: what a model loader that prepacks its weights
+once gets at every M (``moe_mxfp4_down(a, prepare_weights(w, w_scale), routing)``, the
+heuristic's config for prepacked weights; not in --small, whose H and I the layout does not
+allow). Baselines: ``dequant+grouped_gemm`` and ``dequant+grouped_mm`` (dequantize all experts
+to bf16, gather rows, grouped GEMM, weighted sum), ``bf16 grouped_gemm`` (bf16 weights, same
+pipeline) and the GEMMs alone on pre-gathered rows (``bf16 grouped_gemm (gemm only)``,
+``bf16 grouped_mm (gemm only)``).
 
 Usage on a GPU node (about 1-2 minutes on an H200; the committed run took 47 s):
     python3 experiments/run_moe_mxfp4.py --out results/moe_mxfp4
@@ -50,7 +53,8 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.moe_mxfp4 import (MoeMxfp4Config, default_config, dequantize_mxfp4,  # noqa: E402
-                               dequantize_weights_bf16, moe_mxfp4_down, prepare_routing, quantize_mxfp4)
+                               dequantize_weights_bf16, moe_mxfp4_down, prepare_routing, prepare_weights,
+                               quantize_mxfp4)
 from kernels.moe_mxfp4 import baselines as bl  # noqa: E402
 from kernels.moe_mxfp4 import launch as mx_launch  # noqa: E402
 from kernels.moe_mxfp4 import metrics  # noqa: E402
@@ -131,7 +135,14 @@ def variants(M: int) -> dict[str, tuple[MoeMxfp4Config, bool]]:
     v["a4w4 det"] = (d.replace(DETERMINISTIC=True), True)
     if DEV == "cpu":        # --small in the interpreter: tiles that fit H = 96, I = 64
         v = {n: (c.replace(BLOCK_N=32, BLOCK_K=min(c.BLOCK_K, I), num_warps=1), fp4) for n, (c, fp4) in v.items()}
+    if prepackable():       # weights prepacked once (prepare_weights, level 2), the default config for them
+        v["prepacked default"] = (default_config(M, TOP_K, E, I, prepacked=2), False)
     return v
+
+
+def prepackable() -> bool:
+    """Whether the shapes allow the prepacked layout (H % 64 == 0 and I % 128 == 0)."""
+    return H % 64 == 0 and I % 128 == 0
 
 
 def measured_ms(quick: bool) -> tuple[int, ...]:
@@ -191,6 +202,8 @@ def main(argv=None) -> int:
     g = torch.Generator(device=DEV).manual_seed(SEED)
     w, w_scale = quantized_weights(g)
     w_bf16 = dequantize_weights_bf16(w, w_scale)                     # exact: the bf16-weight baseline's weights
+    # the weights as a loader keeps them: plain, and prepacked once (not timed) where the shapes allow
+    weights = {0: prepare_weights(w, w_scale, 0), **({2: prepare_weights(w, w_scale, 2)} if prepackable() else {})}
     w_buf = torch.empty_like(w_bf16)                                  # the dequantize baselines write here
     log(f"weights quantized ({time.time() - t_start:.0f} s)")
 
@@ -217,8 +230,8 @@ def main(argv=None) -> int:
             r = routings[cfg.BLOCK_M]
             aa, asc = (a4, a4_s) if fp4 else (a, None)
 
-            def run(aa=aa, asc=asc, r=r, cfg=cfg):
-                return moe_mxfp4_down(aa, w, w_scale, r, a_scale=asc, config=cfg, out=out)
+            def run(aa=aa, asc=asc, r=r, cfg=cfg, wq=weights[cfg.PREPACK]):
+                return moe_mxfp4_down(aa, wq, routing=r, a_scale=asc, config=cfg, out=out)
 
             try:
                 run()                                   # compile, build the plan (and its workspace)
@@ -239,7 +252,8 @@ def main(argv=None) -> int:
             fns[name] = run
             meta[name] = dict(kind="ours", config=cfg.label(), form="a4w4" if fp4 else "w4a16",
                               block_m=cfg.BLOCK_M, nt=cfg.NT, early_loads=cfg.EARLY_LOADS,
-                              prefetch_epilogue=cfg.PREFETCH_EPILOGUE, deterministic=cfg.DETERMINISTIC)
+                              prefetch_epilogue=cfg.PREFETCH_EPILOGUE, deterministic=cfg.DETERMINISTIC,
+                              prepack=cfg.PREPACK)
 
         x_sorted = a.index_select(0, srt.order)
         base = {
@@ -303,12 +317,14 @@ def summary(df: pd.DataFrame) -> str:
     """Latency (us, graph replay) per M for the main variants and baselines, plus the goal ratios."""
     g = df[df.method == "graph"].pivot_table(index="M", columns="name", values="median_us")
     cols = [c for c in ("BM16 NT", "BM16", "BM32 NT", "BM32", "default", "default det", "a4w4 default",
-                        "dequant+grouped_gemm", "dequant+grouped_mm", "bf16 grouped_gemm",
+                        "prepacked default", "dequant+grouped_gemm", "dequant+grouped_mm", "bf16 grouped_gemm",
                         "bf16 grouped_gemm (gemm only)") if c in g.columns]
     t = g[cols].copy()
     bound = df[(df.method == "graph") & (df.name == "default")].set_index("M").hbm_bound_us
     t["HBM bound"] = bound
     t["default/bound"] = bound / g["default"]
+    if "prepacked default" in g:
+        t["prepacked/bound"] = bound / g["prepacked default"]
     if "dequant+grouped_gemm" in g:
         t["speedup vs dequant+gg"] = g["dequant+grouped_gemm"] / g["default"]
     if "bf16 grouped_gemm (gemm only)" in g:

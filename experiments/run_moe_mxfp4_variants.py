@@ -3,8 +3,8 @@
 
 KIMI-K2.5 (385 experts, hidden 7168, intermediate 512, top-9, w4a16, atomic epilogue). For
 every M in {4, 8, 16, 32, 64, 128, 256, 16384} and every variant (the heuristic's current
-default, the default with LOAD_AHEAD 1-3, and at M <= 256 other BM16 tiles with the loads of
-later K steps issued ahead), the sweep
+default, the default with LOAD_AHEAD 1-3, the prepacked default, and below large M other BM16
+tiles, with the loads of later K steps issued ahead or prepacked weights), the sweep
 
 1. checks the variant against the fp32 reference (output poisoned with NaN first; the bound
    of run_moe_mxfp4.py); a variant that fails is reported and not timed;
@@ -20,19 +20,32 @@ held-out M {8, 32, 128} are then scored with the pick of their range against the
 variant there (``regret``), and printed separately. M = 16384 keeps the BM128 default unless
 one of its own LOAD_AHEAD variants is faster (no pick from the small-M table).
 
-Prepacked variants (``PREPACK`` 1 and 2, issue 17): the same weights in quant.prepack_mxfp4's
-layouts, made once before the sweep (not timed); same bytes, so the same HBM bound. A PREPACK
-pick cannot go into config.py's heuristic as is: the launcher cannot tell prepacked weights from
-plain ones, so adopting one means the model loader prepacks (and the caller passes the config).
+Prepacked variants (``PREPACK`` 1 and 2, issue 17): the same weights as ``Mxfp4Weights`` of
+level 1 and 2 (``prepare_weights``), made once before the sweep (not timed); same bytes, so the
+same HBM bound. ``prepacked default`` is what a loader that prepacks gets at every M
+(``default_config(..., prepacked=2)``: config.py's ``_BY_BLOCK_M_PREPACKED``, fit at M 4, 16,
+64, 256 in the run of commit efb9efe); at large M (the heuristic's row tile 64 or 128: M =
+16384 here) the sweep adds large-tile prepacked variants (BM64/BM128 with SWAP_AB) and the plain
+layout's kernel with the prepacked default's tile, in place of the small-M tiles.
+``prepacked_defaults.csv`` (and the summary) score that default at every M measured: against
+the best variant there (``regret``; the held-out M 8, 32, 128 and 16384 are the test of the
+fit), against the best prepacked variant, and against the plain default.
 
 Time guard: ``--budget-s`` (default 320 s) stops starting new timings once spent (the rest is
 written as skipped), and a watchdog (faulthandler, ``--point-timeout-s``) ends the process
 with a traceback if one point hangs; rows.csv then holds every point measured before.
 
-Writes under --out: rows.csv, checks.csv, picks.csv, summary.md, run_log.txt, info.json.
+Writes under --out: rows.csv, checks.csv, picks.csv, prepacked_defaults.csv, summary.md,
+run_log.txt, info.json.
 
     python3 experiments/run_moe_mxfp4_variants.py --out results/moe_mxfp4_variants
+    python3 experiments/run_moe_mxfp4_variants.py --out results/moe_mxfp4/variants_prepack \
+        --m 8 32 128 16384 --budget-s 200          # the prepacked defaults at the held-out M
     TRITON_INTERPRET=1 python3 experiments/run_moe_mxfp4_variants.py --out /tmp/v --small   # CPU smoke run
+
+``--small``: E 6, H 128, I 128, top-3 (H and I allow the prepacked layout) at M 4, 8 and 100
+(100 plays the large M: 50 rows per expert, the BM64/BM128 variants), about 3.5 minutes on two
+CPU cores; timings mean nothing.
 """
 from __future__ import annotations
 
@@ -51,9 +64,9 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 import run_moe_mxfp4 as base  # noqa: E402
-from kernels.moe_mxfp4 import MoeMxfp4Config, default_config, moe_mxfp4_down, prepare_routing  # noqa: E402
+from kernels.moe_mxfp4 import MoeMxfp4Config, block_m_for, default_config, moe_mxfp4_down, prepare_routing  # noqa: E402
 from kernels.moe_mxfp4 import baselines as bl  # noqa: E402
-from kernels.moe_mxfp4 import dequantize_weights_bf16, metrics, prepack_mxfp4  # noqa: E402
+from kernels.moe_mxfp4 import dequantize_weights_bf16, metrics, prepare_weights  # noqa: E402
 from workbench import bench  # noqa: E402
 
 M_LIST = (4, 8, 16, 32, 64, 128, 256, 16384)
@@ -61,7 +74,10 @@ FIT_M = (4, 16, 64, 256)
 HELD_OUT_M = (8, 32, 128)
 # (lowest M, highest M, fitting point) of each range the new default is picked for
 RANGES = ((1, 11, 4), (12, 47, 16), (48, 191, 64), (192, 4095, 256))
-SMALL_M_MAX = 256
+# --small (Triton's interpreter): H and I that the prepacked layout allows (H % 64, I % 128)
+SMALL = dict(base.SMALL, H=128, I=128)
+SMALL_M = (4, 8, 100)
+BASELINES = ("dequant+grouped_gemm", "bf16 grouped_gemm")
 
 
 def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
@@ -70,8 +86,26 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
     v = {"default": d}
     for la in (1, 2, 3):
         v[f"default la{la}"] = d.replace(LOAD_AHEAD=la)
-    if M <= SMALL_M_MAX:
-        C = MoeMxfp4Config
+    # what moe_mxfp4_down(a, prepare_weights(w, w_scale), routing) runs with no config
+    pdef = v["prepacked default"] = default_config(M, top_k, E, I, prepacked=2)
+    C = MoeMxfp4Config
+    if is_large(M, top_k, E):
+        # large M on the one prepacked layout: row tiles 64 and 128 need SWAP_AB (4 warps, BN % 64).
+        # Cross-compiled for sm_90 (KIMI shapes): BM128 BN64 220 registers, no spills (2 programs
+        # per SM); BM128 BN64 la1 and BM128 BN128 spill a little; BM64 BN64 126 registers (4 per SM).
+        sw = dict(SWAP_AB=True, num_warps=4, BLOCK_K=128)
+        v.update({
+            "BM128 BN64 prepack1": C(BLOCK_M=128, BLOCK_N=64, NT=False, PREPACK=1, **sw),
+            "BM128 BN64 prepack2": C(BLOCK_M=128, BLOCK_N=64, NT=False, PREPACK=2, **sw),
+            "BM128 BN64 prepack2 la1": C(BLOCK_M=128, BLOCK_N=64, NT=False, PREPACK=2, LOAD_AHEAD=1, **sw),
+            "BM128 BN64 prepack2 NT": C(BLOCK_M=128, BLOCK_N=64, NT=True, PREPACK=2, **sw),
+            "BM128 BN128 prepack2": C(BLOCK_M=128, BLOCK_N=128, NT=False, PREPACK=2, **sw),
+            "BM64 BN64 prepack2": C(BLOCK_M=64, BLOCK_N=64, NT=False, PREPACK=2, **sw),
+            "BM64 BN128 prepack2": C(BLOCK_M=64, BLOCK_N=128, NT=False, PREPACK=2, **sw),
+            # the prepacked default's tile on the plain layout: what the layout alone changes
+            "prepacked default tile, plain": pdef.replace(PREPACK=0),
+        })
+    else:
         v.update({
             # BM16 x BN64 (the current small-M default) with K steps of 256 (2 steps, 1 ahead: all
             # of K in flight) and BN128 / BN32 tiles (BN32 falls back to mma.sync with 2 warps)
@@ -91,16 +125,14 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             "BM16 BN64 prepack2 la1": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1),
             "BM16 BN128 prepack2": C(BLOCK_M=16, BLOCK_N=128, NT=True, PREPACK=2),
             "BM32 BN64 prepack2": C(BLOCK_M=32, BLOCK_N=64, NT=True, PREPACK=2),
+            # (while BM16 is the row tile, the prepacked default is "BM16 BN64 prepack2 la1": a repeat)
         })
     return v
 
 
-def prepacked(w: torch.Tensor, w_scale: torch.Tensor, level: int, chunk: int = 32):
-    """quant.prepack_mxfp4 a few experts at a time (its int64 temporaries stay small)."""
-    out_w, out_s = torch.empty_like(w), torch.empty_like(w_scale)
-    for e0 in range(0, w.shape[0], chunk):
-        out_w[e0:e0 + chunk], out_s[e0:e0 + chunk] = prepack_mxfp4(w[e0:e0 + chunk], w_scale[e0:e0 + chunk], level)
-    return out_w, out_s
+def is_large(M: int, top_k: int, E: int) -> bool:
+    """Large M: the heuristic pads to 64- or 128-row tiles (more than 48 rows per expert)."""
+    return block_m_for(M, top_k, E) >= 64
 
 
 def range_of(M: int):
@@ -132,8 +164,8 @@ def main(argv=None) -> int:
 
     m_list = tuple(args.m) if args.m else M_LIST
     if args.small:
-        base.E, base.H, base.I, base.TOP_K = (base.SMALL[k] for k in ("E", "H", "I", "TOP_K"))
-        m_list = tuple(args.m) if args.m else (4, 8, 16)
+        base.E, base.H, base.I, base.TOP_K = (SMALL[k] for k in ("E", "H", "I", "TOP_K"))
+        m_list = tuple(args.m) if args.m else SMALL_M
     if not torch.cuda.is_available():
         from kernels.common.interpreter import active
 
@@ -169,10 +201,9 @@ def main(argv=None) -> int:
     w, w_scale = base.quantized_weights(g)
     w_bf16 = dequantize_weights_bf16(w, w_scale)
     w_buf = torch.empty_like(w_bf16)
-    # the PREPACK variants read the same weights in quant.prepack_mxfp4's layouts (same bytes)
-    packed = {0: (w, w_scale)}
-    if not args.small:
-        packed.update({lvl: prepacked(w, w_scale, lvl) for lvl in (1, 2)})
+    # the PREPACK variants read the same weights in quant.prepack_mxfp4's layouts (same bytes),
+    # as a model loader keeps them: Mxfp4Weights, whose level the launcher checks against PREPACK
+    packed = {lvl: prepare_weights(w, w_scale, lvl) for lvl in (0, 1, 2)}
     log("weights ready")
 
     over = False
@@ -191,9 +222,7 @@ def main(argv=None) -> int:
         bound_us = nbytes / (copy_gbps * 1e9) * 1e6
         fns = {}
         for name, cfg in variants(M, TOP_K, E, I).items():
-            if args.small:
-                if cfg.PREPACK:          # needs H % 64 and I % 128: not at the smoke run's shapes
-                    continue
+            if args.small and not cfg.PREPACK:      # prepacked tiles are already the smallest allowed
                 cfg = cfg.replace(BLOCK_N=32, BLOCK_K=32, num_warps=1)
             arm(f"M={M} {name} check")
             if cfg.BLOCK_M not in routings:
@@ -201,7 +230,7 @@ def main(argv=None) -> int:
             r = routings[cfg.BLOCK_M]
 
             def run(r=r, cfg=cfg, wq=packed[cfg.PREPACK]):
-                return moe_mxfp4_down(a, wq[0], wq[1], r, config=cfg, out=out)
+                return moe_mxfp4_down(a, wq, routing=r, config=cfg, out=out)
 
             try:
                 run()
@@ -209,7 +238,7 @@ def main(argv=None) -> int:
                 res = base.check(run(), ref, mag)
             except Exception as exc:  # noqa: BLE001 - a variant that cannot run is reported, the sweep goes on
                 res = dict(ok=False, error=f"{type(exc).__name__}: {str(exc)[:200]}")
-            checks.append(dict(M=M, name=name, config=cfg.label(), **res))
+            checks.append(dict(M=M, name=name, config=cfg.label(), prepack=cfg.PREPACK, **res))
             log(f"M={M} {name:24s} {cfg.label():60s} {'ok' if res['ok'] else 'FAILED ' + str(res)[:200]}")
             if res["ok"]:
                 fns[name] = (run, cfg)
@@ -233,6 +262,7 @@ def main(argv=None) -> int:
                 continue
             rows.append(dict(M=M, name=name, method="graph", kind="ours" if cfg else "baseline",
                              config=cfg.label() if cfg else "", load_ahead=cfg.LOAD_AHEAD if cfg else None,
+                             prepack=cfg.PREPACK if cfg else None,
                              median_us=t.median_ms * 1e3, q25_us=t.q25_ms * 1e3, q75_us=t.q75_ms * 1e3, n_runs=t.n,
                              active_experts=active, hbm_bytes=nbytes, hbm_bound_us=bound_us,
                              frac_hbm_bound=bound_us / (t.median_ms * 1e3), copy_gbps=copy_gbps,
@@ -246,7 +276,8 @@ def main(argv=None) -> int:
                 for name, t in et.items():
                     cfg = fns[name][1]
                     rows.append(dict(M=M, name=name, method="eager", kind="ours", config=cfg.label(),
-                                     load_ahead=cfg.LOAD_AHEAD, median_us=t.median_ms * 1e3, q25_us=t.q25_ms * 1e3,
+                                     load_ahead=cfg.LOAD_AHEAD, prepack=cfg.PREPACK, median_us=t.median_ms * 1e3,
+                                     q25_us=t.q25_ms * 1e3,
                                      q75_us=t.q75_ms * 1e3, n_runs=t.n, active_experts=active, hbm_bytes=nbytes,
                                      hbm_bound_us=bound_us, frac_hbm_bound=bound_us / (t.median_ms * 1e3),
                                      copy_gbps=copy_gbps, timing_method=t.method))
@@ -272,6 +303,11 @@ def main(argv=None) -> int:
     return 0
 
 
+def role_of(M: int) -> str:
+    return ("fit" if M in FIT_M else "held-out" if M in HELD_OUT_M
+            else "held-out, large M" if is_large(M, base.TOP_K, base.E) else "not fit")
+
+
 def summarize(df: pd.DataFrame, ck: pd.DataFrame, out_dir: Path) -> str:
     if df.empty or "median_us" not in df:
         return "no timings"
@@ -279,58 +315,111 @@ def summarize(df: pd.DataFrame, ck: pd.DataFrame, out_dir: Path) -> str:
     gr = df[df.method == "graph"].pivot_table(index="M", columns="name", values="median_us")
     ea = df[df.method == "eager"].pivot_table(index="M", columns="name", values="median_us")
     bound = df[df.method == "graph"].groupby("M").hbm_bound_us.first()
-    ours = [c for c in gr.columns if c not in ("dequant+grouped_gemm", "bf16 grouped_gemm")]
+    ours = [c for c in gr.columns if c not in BASELINES]
+    # the layout a variant reads, from its config label (older rows.csv have no prepack column)
+    labels = df[df.kind == "ours"].groupby("name").config.first()
+    prepacked_names = {n for n, lab in labels.items() if "_prepack" in str(lab)}
+    layouts = {"plain": ([c for c in ours if c not in prepacked_names], "default", "_BY_M_RANGE or _BY_BLOCK_M"),
+               "prepacked": ([c for c in ours if c in prepacked_names], "prepacked default",
+                             "_BY_BLOCK_M_PREPACKED")}
     lines = ["Latency in us, CUDA-graph replay, L2 flushed (eager in eager_table below).", "",
              "Every variant, graph (us):", "", gr.round(1).to_string(), "",
              "Every variant, eager (us):", "", ea.round(1).to_string() if not ea.empty else "(none)", ""]
+    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    col = lambda M, name: gr.loc[M, name] if name in gr.columns else float("nan")  # noqa: E731
 
-    # picks: fastest correct variant at each fitting M; applied to its range
-    picks = {}
-    for lo, hi, fit in RANGES:
-        if fit in gr.index:
-            r = gr.loc[fit, ours].dropna()
-            if not r.empty:
-                picks[fit] = r.idxmin()
-    big = None
-    if 16384 in gr.index:
-        r = gr.loc[16384, [c for c in ours if c.startswith("default")]].dropna()
-        big = r.idxmin() if not r.empty else None
-
-    def row(M, name, role):
-        t = gr.loc[M, name] if (M in gr.index and name in gr.columns) else float("nan")
-        d = gr.loc[M, "default"] if "default" in gr.columns else float("nan")
-        best = gr.loc[M, ours].dropna()
-        dq = gr.loc[M, "dequant+grouped_gemm"] if "dequant+grouped_gemm" in gr.columns else float("nan")
-        bf = gr.loc[M, "bf16 grouped_gemm"] if "bf16 grouped_gemm" in gr.columns else float("nan")
+    def row(M, name, role, cands, default_name):
+        t = col(M, name)
+        d = col(M, default_name)
+        best = gr.loc[M, cands].dropna()
         return dict(M=M, role=role, pick=name, pick_us=t, default_us=d, pick_vs_default=d / t,
                     hbm_bound_us=bound.get(M), pick_frac_bound=bound.get(M) / t, default_frac_bound=bound.get(M) / d,
-                    best_variant=best.idxmin() if not best.empty else "", best_us=best.min() if not best.empty else float("nan"),
+                    best_variant=best.idxmin() if not best.empty else "",
+                    best_us=best.min() if not best.empty else float("nan"),
                     regret=t / best.min() if not best.empty else float("nan"),
                     eager_us=ea.loc[M, name] if (M in ea.index and name in ea.columns) else float("nan"),
-                    speedup_vs_dequant=dq / t, vs_bf16_grouped_gemm=bf / t)
+                    speedup_vs_dequant=col(M, BASELINES[0]) / t, vs_bf16_grouped_gemm=col(M, BASELINES[1]) / t)
 
+    # picks, per layout (a loader keeps one): the fastest correct variant at each fitting M,
+    # applied to its range; M = 16384 from its own variants (plain: the default's LOAD_AHEAD ones)
     prow = []
-    for M in gr.index:
-        fit = range_of(M)
-        if M == 16384 or fit is None:
-            if big is not None:
-                prow.append(row(M, big, "own (BM128 + LOAD_AHEAD variants)"))
-        elif fit in picks:
-            prow.append(row(M, picks[fit], "fit" if M in FIT_M else f"held-out (pick of M={fit})"
-                            if M in HELD_OUT_M else f"range of M={fit}"))
+    for layout, (cands, default_name, table) in layouts.items():
+        if not cands:
+            continue
+        picks = {}
+        for lo, hi, fit in RANGES:
+            if fit in gr.index:
+                r = gr.loc[fit, cands].dropna()
+                if not r.empty:
+                    picks[fit] = r.idxmin()
+        big = None
+        if 16384 in gr.index:
+            own = [c for c in cands if c.startswith("default")] if layout == "plain" else cands
+            r = gr.loc[16384, own].dropna() if own else pd.Series(dtype=float)
+            big = r.idxmin() if not r.empty else None
+        for M in gr.index:
+            fit = range_of(M)
+            if M == 16384 or fit is None:
+                if big is not None:
+                    prow.append(dict(layout=layout, **row(M, big, "own variants", cands, default_name)))
+            elif fit in picks:
+                role = ("fit" if M in FIT_M else f"held-out (pick of M={fit})" if M in HELD_OUT_M
+                        else f"range of M={fit}")
+                prow.append(dict(layout=layout, **row(M, picks[fit], role, cands, default_name)))
     pk = pd.DataFrame(prow)
     pk.to_csv(out_dir / "picks.csv", index=False)
-    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    no_fit = not any(M in gr.index for M in FIT_M)
+    if no_fit:
+        lines += ["No fitting M (4, 16, 64, 256) in this run: no new picks below M = 16384; the held-out M "
+                  "score config.py's defaults (PREPACKED DEFAULTS below).", ""]
     if not pk.empty:
-        fit_rows = pk[~pk.role.str.startswith("held-out")]
-        held = pk[pk.role.str.startswith("held-out")]
-        lines += ["New default per M range, picked at M in {4, 16, 64, 256} only "
-                  f"(ranges {', '.join(f'{lo}-{hi} <- M={f}' for lo, hi, f in RANGES)}); M = 16384 from its own "
-                  "LOAD_AHEAD variants:", "", fit_rows.to_string(index=False, float_format=fmt), "",
-                  "HELD-OUT M {8, 32, 128} (not used for the picks; regret = pick / best variant at that M):", "",
-                  held.to_string(index=False, float_format=fmt) if not held.empty else "(none measured)", "",
-                  "Goal: pick_frac_bound >= 0.75 at M 4-256, speedup_vs_dequant >= 2, at 16384 vs_bf16_grouped_gemm >= 0.85.",
-                  "To adopt: set kernels/moe_mxfp4/config.py _BY_M_RANGE (per M range) or _BY_BLOCK_M from `pick`."]
+        for layout, (cands, default_name, table) in layouts.items():
+            sel = pk[pk.layout == layout].drop(columns="layout")
+            if sel.empty:
+                continue
+            fit_rows = sel[~sel.role.str.startswith("held-out")]
+            held = sel[sel.role.str.startswith("held-out")]
+            lines += [f"{layout.upper()} weights: new default per M range, picked among the {layout} layout's "
+                      f"variants at M in {{4, 16, 64, 256}} only (ranges "
+                      f"{', '.join(f'{lo}-{hi} <- M={f}' for lo, hi, f in RANGES)}); M = 16384 from its own "
+                      f"variants; default = `{default_name}`:", "",
+                      fit_rows.to_string(index=False, float_format=fmt) if not fit_rows.empty else "(none)", "",
+                      "HELD-OUT M {8, 32, 128} (not used for the picks; regret = pick / best variant of the "
+                      "layout at that M):", "",
+                      held.to_string(index=False, float_format=fmt) if not held.empty
+                      else "(no fitting M in this run)" if no_fit else "(none measured)", "",
+                      f"To adopt: kernels/moe_mxfp4/config.py {table} from `pick`.", ""]
+
+    # the prepacked defaults as config.py has them now (fit at M 4, 16, 64, 256 at commit efb9efe),
+    # at every M measured: the held-out M are the test of that fit
+    pre_rows = []
+    pre_cands = layouts["prepacked"][0]
+    for M in gr.index:
+        t = col(M, "prepacked default")
+        if t != t:                       # not measured at this M
+            continue
+        best = gr.loc[M, ours].dropna()
+        best_pre = gr.loc[M, pre_cands].dropna()
+        cfg = df[(df.M == M) & (df.name == "prepacked default")].config.iloc[0]
+        pre_rows.append(dict(
+            M=M, role=role_of(M), config=cfg, prepacked_default_us=t,
+            best_variant=best.idxmin(), best_us=best.min(), regret=t / best.min(),
+            best_prepacked=best_pre.idxmin(), regret_prepacked=t / best_pre.min(),
+            plain_default_us=col(M, "default"), vs_plain_default=col(M, "default") / t,
+            hbm_bound_us=bound.get(M), frac_bound=bound.get(M) / t,
+            eager_us=ea.loc[M, "prepacked default"] if (M in ea.index and "prepacked default" in ea.columns)
+            else float("nan"),
+            speedup_vs_dequant=col(M, BASELINES[0]) / t, vs_bf16_grouped_gemm=col(M, BASELINES[1]) / t))
+    pre = pd.DataFrame(pre_rows)
+    pre.to_csv(out_dir / "prepacked_defaults.csv", index=False)
+    if not pre.empty:
+        lines += ["PREPACKED DEFAULTS (config.py _BY_BLOCK_M_PREPACKED: what moe_mxfp4_down(a, prepare_weights(w, "
+                  "w_scale), routing) runs; fit at M 4, 16, 64, 256 at commit efb9efe) at every M measured; "
+                  "regret = prepacked default / best variant at that M (any layout), regret_prepacked = / best "
+                  "prepacked variant, vs_plain_default = plain default / prepacked default (> 1: prepacking pays):",
+                  "", pre.drop(columns="config").to_string(index=False, float_format=fmt), "",
+                  "configs: " + "; ".join(f"M={r.M}: {r.config}" for r in pre.itertuples()), ""]
+    lines += ["Goal: frac_bound >= 0.75 at M 4-256, speedup_vs_dequant >= 2, at 16384 vs_bf16_grouped_gemm >= 0.85."]
     bad = ck[~ck.ok] if not ck.empty else ck
     lines += ["", f"checks: {len(ck) - len(bad)}/{len(ck)} ok" + ("" if bad.empty else "; FAILED: " +
                                                                    ", ".join(f"M={r.M} {r.name}" for r in bad.itertuples()))]

@@ -32,6 +32,9 @@ VARIANTS = {
     "BM16 BN64 prepack2 la1": C(BLOCK_M=16, BLOCK_N=64, PREPACK=2, LOAD_AHEAD=1),
     "BM16 BN128 prepack2": C(BLOCK_M=16, BLOCK_N=128, PREPACK=2),
     "BM32 BN64 prepack2": C(BLOCK_M=32, BLOCK_N=64, PREPACK=2),
+    # the prepacked defaults at large M (config.py _BY_BLOCK_M_PREPACKED): the swapped kernel
+    "BM64 BN64 prepack2 swap": C(BLOCK_M=64, BLOCK_N=64, SWAP_AB=True, NT=False, PREPACK=2),
+    "BM128 BN64 prepack2 swap": C(BLOCK_M=128, BLOCK_N=64, SWAP_AB=True, NT=False, PREPACK=2),
 }
 CLASSES = {  # class -> opcode prefixes
     "bit ops (LOP3 SHF PRMT IMAD LEA IADD3 VIADD)": ("LOP3", "SHF", "PRMT", "IMAD", "LEA", "IADD3", "VIADD"),
@@ -50,7 +53,7 @@ def count(cfg: MoeMxfp4Config, cache: str, I: int = 512) -> dict:
     row = {"config": cfg.label(), "instr": sum(ops.values()), "per_weight": sum(ops.values()) / per_thread}
     for cls, prefixes in CLASSES.items():
         row[cls] = sum(v for k, v in ops.items() if k.startswith(prefixes)) / per_thread
-    row.update(registers=res["registers"], programs_per_sm=res["blocks_per_sm"],
+    row.update(registers=res["registers"], spills=res["spill_stores"], programs_per_sm=res["blocks_per_sm"],
                STS=ops["STS"], LDS=ops["LDS"], BAR=ops["BAR"])
     return row
 

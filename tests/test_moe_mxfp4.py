@@ -24,8 +24,9 @@ from collections import Counter
 import pytest
 import torch
 
-from kernels.moe_mxfp4 import (MoeMxfp4Config, default_config, dequantize_mxfp4, dequantize_weights_bf16,
-                               moe_mxfp4_down, prepare_routing, quantize_mxfp4, reference_rows)
+from kernels.moe_mxfp4 import (MoeMxfp4Config, Mxfp4Weights, config_for_block_m, default_config, dequantize_mxfp4,
+                               dequantize_weights_bf16, moe_mxfp4_down, prepare_routing, prepare_weights,
+                               quantize_mxfp4, reference_rows)
 from kernels.moe_mxfp4 import launch as mx_launch
 from kernels.moe_mxfp4 import metrics
 from kernels.moe_mxfp4.quant import E2M1_VALUES
@@ -215,8 +216,11 @@ def _check(out, p, *, slack=1.0, ref=None):
 
 
 def _run(p, cfg, **kw):
-    r = prepare_routing(p["ids"], p["wts"], p["w"].shape[0], cfg.BLOCK_M)
-    return moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, a_scale=p["a_scale"], config=cfg, **kw)
+    """p["w"]: plain weights (with p["w_scale"]) or Mxfp4Weights (p["w_scale"] None)."""
+    w = p["w"]
+    E_ = w.num_experts if isinstance(w, Mxfp4Weights) else w.shape[0]
+    r = prepare_routing(p["ids"], p["wts"], E_, cfg.BLOCK_M)
+    return moe_mxfp4_down(p["a"], w, p["w_scale"], r, a_scale=p["a_scale"], config=cfg, **kw)
 
 
 def _poison_workspaces():
@@ -314,8 +318,7 @@ def test_kernel_prepack_is_exact(a_fp4, det, bn, I_, level):
     la = 1 if I_ == 512 else 0
     plain = MoeMxfp4Config(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=128, num_warps=4, DETERMINISTIC=det, LOAD_AHEAD=la)
     pre = plain.replace(PREPACK=level)
-    q = dict(p)
-    q["w"], q["w_scale"] = prepack_mxfp4(p["w"], p["w_scale"], level)
+    q = dict(p, w=Mxfp4Weights(*prepack_mxfp4(p["w"], p["w_scale"], level), level), w_scale=None)
     _run(q, pre)
     _poison_workspaces()
     out = torch.full((5, H_), float("nan"), dtype=torch.bfloat16, device=DEV)
@@ -325,11 +328,114 @@ def test_kernel_prepack_is_exact(a_fp4, det, bn, I_, level):
     ws = p["w_scale"].clone()
     ws[0, 0, 0], ws[1, 3, 1], ws[3, 70, 2], ws[4, 200, 3], ws[5, 129, 0] = 0, 1, 254, 255, 200
     p2 = dict(p, w_scale=ws)
-    q2 = dict(q)
-    q2["w"], q2["w_scale"] = prepack_mxfp4(p2["w"], ws, level)
+    q2 = dict(q, w=Mxfp4Weights(*prepack_mxfp4(p2["w"], ws, level), level))
     a, b = _run(q2, pre).float(), _run(p2, plain).float()
     assert torch.equal(a.isnan(), b.isnan()) and a.isnan().any()
     assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+
+
+@pytest.mark.parametrize("level,a_fp4,det", [(1, False, False), (2, False, False), (2, True, True)],
+                         ids=["level1", "level2", "level2_a4w4_det"])
+def test_prepared_weights_default_path_equals_plain(level, a_fp4, det):
+    """A model loader's path: prepare_weights once, then moe_mxfp4_down(a, weights, routing) with no
+    config runs the prepacked default (BM16 BN64 BK128 PREPACK=level LOAD_AHEAD=1 at small M): on
+    poisoned outputs, within the reference bound and bit-identical to the plain layout's kernel with
+    the same tile (the deterministic mode through default_config(..., prepacked=level))."""
+    H_, I_, M = 128, 256, 5
+    p = _problem(M, H_=H_, I_=I_, a_fp4=a_fp4, seed=40 + level + 2 * a_fp4)
+    weights = prepare_weights(p["w"], p["w_scale"], level)
+    assert weights.level == level and not torch.equal(weights.w, p["w"])
+    assert all(torch.equal(x, y) for x, y in zip(weights.plain(), (p["w"], p["w_scale"])))
+    cfg = default_config(M, TOP_K, E, I_, prepacked=level, deterministic=det)
+    assert (cfg.PREPACK, cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, cfg.LOAD_AHEAD) == (level, 16, 64, 128, 1)
+    r = prepare_routing(p["ids"], p["wts"], E, cfg.BLOCK_M)
+    kw = dict(a_scale=p["a_scale"], config=cfg if det else None)
+    out = torch.empty((M, H_), dtype=torch.bfloat16, device=DEV)
+    moe_mxfp4_down(p["a"], weights, r, out=out, **kw)           # builds the plan (and its workspace)
+    _poison_workspaces()
+    out.fill_(float("nan"))
+    got = moe_mxfp4_down(p["a"], weights, r, out=out, **kw).clone()
+    _check(got, p)
+    want = moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, a_scale=p["a_scale"], config=cfg.replace(PREPACK=0))
+    assert torch.equal(got, want)
+    assert torch.equal(moe_mxfp4_down(p["a"], weights, routing=r, **kw), got)       # keyword form
+
+
+@pytest.mark.parametrize("block_m", [64, 128])
+def test_prepared_weights_large_m(block_m):
+    """Every M runs on the one prepacked layout: at large M the prepacked defaults for BLOCK_M 64 and
+    128 (SWAP_AB forced, BN64; the plain defaults do not swap there), several row blocks per expert
+    and a partial last one, on poisoned outputs: within the reference bound and the plain layout's
+    bits with the same tile; at BLOCK_M 64 (the heuristic's pick here) the deterministic mode too."""
+    H_, I_, M = 128, 256, 300                      # 900 pairs over 5 experts: ~180 rows each
+    p = _problem(M, H_=H_, I_=I_, seed=60 + block_m)
+    weights = prepare_weights(p["w"], p["w_scale"], 2)
+    assert default_config(M, TOP_K, E, I_, prepacked=2).BLOCK_M == 64
+    cfg = config_for_block_m(block_m, I_, prepacked=2)
+    assert cfg.swap_ab and cfg.PREPACK == 2 and cfg.BLOCK_M == block_m
+    r = prepare_routing(p["ids"], p["wts"], E, block_m)
+    ref = _reference(p)
+    out = torch.full((M, H_), float("nan"), dtype=torch.bfloat16, device=DEV)
+    got = moe_mxfp4_down(p["a"], weights, r, out=out)                     # no config: the prepacked default
+    _check(got, p, ref=ref)
+    assert torch.equal(got, moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg.replace(PREPACK=0)))
+    if block_m == 64:
+        det = cfg.replace(DETERMINISTIC=True)
+        moe_mxfp4_down(p["a"], weights, r, config=det)
+        _poison_workspaces()
+        got = moe_mxfp4_down(p["a"], weights, r, config=det)
+        _check(got, p, ref=ref)
+        assert torch.equal(got, moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=det.replace(PREPACK=0)))
+
+
+def test_prepared_weights_refuse_a_wrong_layout():
+    """A config must read the layout the weights are in: every mismatch is a ValueError that says
+    what to do (no kernel runs), and prepare_weights / Mxfp4Weights check their inputs."""
+    p = _problem(5, H_=128, I_=128, seed=50)
+    w2 = prepare_weights(p["w"], p["w_scale"], 2)
+    cfg = default_config(5, TOP_K, E, 128, prepacked=2)
+    r = prepare_routing(p["ids"], p["wts"], E, cfg.BLOCK_M)
+    with pytest.raises(ValueError, match=r"prepacked at level 2 \(Mxfp4Weights\) but config.PREPACK=0: "
+                                         r"pass config=None"):
+        moe_mxfp4_down(p["a"], w2, r, config=cfg.replace(PREPACK=0))
+    with pytest.raises(ValueError, match="prepacked at level 2 .* config.PREPACK=1"):
+        moe_mxfp4_down(p["a"], w2, r, config=cfg.replace(PREPACK=1))
+    with pytest.raises(ValueError, match=r"config.PREPACK=2 reads prepacked weights, but w and w_scale are plain "
+                                         r"tensors .* prepare_weights\(w, w_scale, level=2\)"):
+        moe_mxfp4_down(p["a"], w2.w, w2.w_scale, r, config=cfg)              # prepacked bytes passed bare
+    with pytest.raises(ValueError, match="without w_scale"):
+        moe_mxfp4_down(p["a"], w2, p["w_scale"], r)
+    with pytest.raises(ValueError, match="H % 64 == 0 and I % 128 == 0, got H=96, I=128; level=0 keeps"):
+        prepare_weights(p["w"][:, :96], p["w_scale"][:, :96])
+    with pytest.raises(ValueError, match="level must be 0"):
+        Mxfp4Weights(p["w"], p["w_scale"], 3)
+    with pytest.raises(ValueError, match="w_scale must be"):
+        Mxfp4Weights(p["w"], p["w_scale"][:, :, :2], 0)
+    wide = torch.zeros(E, 128, 128, dtype=torch.uint8)[:, :, :64]           # rows 128 bytes apart, 64 used
+    with pytest.raises(ValueError, match="contiguous rows"):
+        Mxfp4Weights(wide, p["w_scale"], 2)
+    with pytest.raises(ValueError, match="I % 128 == 0"):
+        config_for_block_m(16, 64, prepacked=2)
+    assert prepare_weights(p["w"], p["w_scale"], 0).w is p["w"]               # level 0: no copy
+    assert default_config(4, 9, 385, 512).PREPACK == 0                        # plain weights: plain defaults
+    assert default_config(16384, 9, 385, 512) == config_for_block_m(128, 512)
+
+
+def test_prepared_weights_plan_key_has_the_layout():
+    """Plain and prepacked weights have the same shapes, strides and dtypes: the level is part of
+    the plan's key, so each gets its own plan (and config); bare tensors are level 0."""
+    p = _problem(1, H_=128, I_=128, seed=52)
+    r = prepare_routing(p["ids"], p["wts"], E, 16)
+    key = lambda w, s, level: mx_launch._plan_key(p["a"], None, w, s, level, r, None, False, None)
+    same = [key(p["w"], p["w_scale"], lvl) for lvl in (0, 1, 2)]
+    assert len(set(same)) == 3
+    w2 = prepare_weights(p["w"], p["w_scale"], 2)
+    assert mx_launch._unwrap_weights(p["w"], p["w_scale"], r)[3] == 0
+    assert mx_launch._unwrap_weights(w2, r, None)[1:] == (w2.w_scale, r, 2)          # (a, weights, routing)
+    moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r)
+    moe_mxfp4_down(p["a"], w2, r)
+    assert mx_launch._PLANS.get(key(p["w"], p["w_scale"], 0)).config.PREPACK == 0
+    assert mx_launch._PLANS.get(key(w2.w, w2.w_scale, 2)).config.PREPACK == 2
 
 
 def _run_ptx(text: str, regs: dict) -> dict:
@@ -533,6 +639,8 @@ _SM90_CONFIGS = {
     "bm16_bn64": (dict(BLOCK_N=64), False),
     "bm16_bn64_prepack1": (dict(BLOCK_N=64, PREPACK=1), False),
     "bm16_bn64_prepack2": (dict(BLOCK_N=64, PREPACK=2), False),
+    # the prepacked default at large M (config_for_block_m(128, 512, prepacked=2)): the swapped kernel
+    "bm128_bn64_prepack2_swap": (dict(BLOCK_M=128, BLOCK_N=64, SWAP_AB=True, NT=False, PREPACK=2), False),
 }
 
 # One child process (the interpreter off) compiles every config: one import instead of six.
@@ -578,7 +686,8 @@ def test_sm90_main_loop_uses_wgmma_with_expansion_in_registers(sm90):
     for name, ops in sm90.items():
         if name == "ptx" or name.endswith("_seq"):
             continue
-        assert _count(ops, "HGMMA.64x16x16.F32.BF16" if "bm16" in name else "HGMMA.64x32x16.F32.BF16") >= 32, name
+        bm = int(re.match(r"bm(\d+)", name).group(1))
+        assert _count(ops, f"HGMMA.64x{bm}x16.F32.BF16") >= 32, name
         assert _count(ops, "HMMA") == 0, name                     # no mma.sync fallback
         bn = 64 if "bn64" in name else 128
         assert _count(ops, "HMUL2.BF16_V2") >= 4 * bn, name       # bf16x2 expansion, 4 K steps
@@ -631,6 +740,23 @@ def test_sm90_prepack_needs_fewer_instructions_per_weight(sm90):
         assert _count(ops, "LDG.E.EF.128") == 8 and _count(ops, "LDG.E.EF.64") == 4, n  # 2 + 1 per K step
     assert _count(sm90["bm16_bn64"], "LDS") >= 64
     assert _count(sm90["bm16_bn64_prepack2"], "SHF") >= 4 * 8 * 4                   # 4 rotations per word
+
+
+def test_sm90_prepacked_large_m_default_compiles_without_spills(sm90):
+    """The prepacked default at BLOCK_M 128 (what M = 16384 runs on prepacked weights) is the swapped
+    kernel: wgmma 64 x 128 x 16 with the weights from registers (2 dots x 4 per K step, 4 steps),
+    the scales in one 64-bit load per step (the weights' two 128-bit loads per step are among the
+    activations' LDG.E.128), no evict-first (NT off), two HMUL2 per weight pair, and no register
+    spills (cross-compiled with Triton 3.6: 220 registers)."""
+    from kernels.moe_mxfp4 import config_for_block_m
+
+    kw = _SM90_CONFIGS["bm128_bn64_prepack2_swap"][0]
+    assert config_for_block_m(128, 512, prepacked=2) == MoeMxfp4Config(**kw)
+    ops = sm90["bm128_bn64_prepack2_swap"]
+    assert _count(ops, "HGMMA.64x128x16.F32.BF16") == 32
+    assert _count(ops, "LDG.E.128") >= 8 and _count(ops, "LDG.E.64") == 4 and _count(ops, "LDG.E.EF") == 0
+    assert _count(ops, "HMUL2.BF16_V2") == 256
+    assert _count(ops, "STL") == 0 and _count(ops, "LDL") == 0
 
 
 def test_sm90_weight_loads_are_128_bit(sm90):
@@ -727,8 +853,6 @@ def test_gpu_prepack_bit_identical_to_plain(M):
     """PREPACK 1 and 2 (the inline PTX the CPU tests only model) at KIMI-K2.5's shapes give the
     plain layout's bits, deterministic mode, on NaN-poisoned outputs; scale bytes 0, 1, 254,
     255 in a few blocks (NaN where the plain kernel has NaN)."""
-    from kernels.moe_mxfp4 import prepack_mxfp4
-
     p = _kimi_problem(M)
     ws = p["w_scale"].clone()
     ws[:, 0, 0], ws[:, 1, 1], ws[:, 70, 2], ws[:, 129, 3] = 0, 1, 254, 255
@@ -737,11 +861,37 @@ def test_gpu_prepack_bit_identical_to_plain(M):
     r = prepare_routing(p["ids"], p["wts"], 385, plain.BLOCK_M)
     want = moe_mxfp4_down(p["a"], p["w"], ws, r, config=plain).float()
     for level in (1, 2):
-        wq, sq = prepack_mxfp4(p["w"], ws, level)
+        weights = prepare_weights(p["w"], ws, level)
         out = torch.full_like(want, float("nan")).bfloat16()
-        got = moe_mxfp4_down(p["a"], wq, sq, r, config=plain.replace(PREPACK=level), out=out).float()
+        got = moe_mxfp4_down(p["a"], weights, r, config=plain.replace(PREPACK=level), out=out).float()
         assert torch.equal(got.isnan(), want.isnan()), level
         assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want)), level
+
+
+@functools.lru_cache(maxsize=1)
+def _kimi_prepacked():
+    return prepare_weights(*_kimi_weights(), 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [4, 32, 256, 16384])
+def test_gpu_prepacked_default_every_m(M):
+    """A loader's single layout at every M (KIMI-K2.5): moe_mxfp4_down(a, prepare_weights(w, w_scale),
+    routing) with no config (BM16 at M <= 256, BM128 with SWAP_AB at 16384) within the reference
+    bound on poisoned outputs, and its deterministic mode bit-identical to the plain layout's
+    kernel with the same tile."""
+    p = _kimi_problem(M)
+    weights = _kimi_prepacked()
+    cfg = default_config(M, 9, 385, 512, prepacked=2)
+    assert cfg.BLOCK_M == (16 if M <= 256 else 128)
+    r = prepare_routing(p["ids"], p["wts"], 385, cfg.BLOCK_M)
+    out = torch.full((M, 7168), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _check(moe_mxfp4_down(p["a"], weights, r, out=out), p)
+    det = cfg.replace(DETERMINISTIC=True)
+    moe_mxfp4_down(p["a"], weights, r, config=det)
+    _poison_workspaces()
+    got = moe_mxfp4_down(p["a"], weights, r, config=det)
+    assert torch.equal(got, moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=det.replace(PREPACK=0)))
 
 
 @pytest.mark.gpu
@@ -788,3 +938,49 @@ def test_quick_run_measures_committed_token_counts():
     assert run.measured_ms(True) == (4, 32) and run.measured_ms(False) == run.M_LIST
     committed = set(pd.read_csv(root / "results" / "moe_mxfp4" / "rows.csv").M)
     assert set(run.measured_ms(True)) <= committed and set(run.M_LIST) == committed
+
+
+def test_variants_script_scores_the_prepacked_defaults(tmp_path):
+    """run_moe_mxfp4_variants.py: every variant's config is valid at KIMI-K2.5's shapes (the prepacked
+    default and, at large M, the BM64/BM128 prepacked tiles among them), and its summary scores the
+    prepacked default at held-out M against the best variant, the best prepacked one and the plain
+    default (synthetic timings)."""
+    import importlib.util
+    from pathlib import Path
+
+    import pandas as pd
+
+    script = Path(__file__).resolve().parents[1] / "experiments" / "run_moe_mxfp4_variants.py"
+    spec = importlib.util.spec_from_file_location("run_moe_mxfp4_variants", script)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    for M in (8, 16384):
+        v = run.variants(M, 9, 385, 512)
+        assert v["prepacked default"] == default_config(M, 9, 385, 512, prepacked=2)
+        for cfg in v.values():
+            cfg.validate(512)
+            assert 7168 % cfg.BLOCK_N == 0 or not cfg.PREPACK
+    big = run.variants(16384, 9, 385, 512)
+    assert {"BM128 BN128 prepack2", "BM64 BN64 prepack2"} <= set(big) and big["prepacked default"].BLOCK_M == 128
+    assert big["prepacked default tile, plain"] == big["prepacked default"].replace(PREPACK=0)
+
+    pre, plain = "_prepack2", ""
+    times = {8: {"default": (90.0, plain), "prepacked default": (60.0, pre), "BM16 BN64 prepack2": (58.0, pre),
+                 "dequant+grouped_gemm": (1200.0, None), "bf16 grouped_gemm": (220.0, None)},
+             16384: {"default": (5300.0, plain), "prepacked default": (6000.0, pre),
+                     "BM128 BN128 prepack2": (5000.0, pre), "dequant+grouped_gemm": (5800.0, None),
+                     "bf16 grouped_gemm": (4800.0, None)}}
+    rows = [dict(M=M, name=n, method="graph", kind="baseline" if lab is None else "ours",
+                 config="" if lab is None else f"cfg{lab}", median_us=t, hbm_bound_us=30.0 if M == 8 else 270.0)
+            for M, d in times.items() for n, (t, lab) in d.items()]
+    checks = pd.DataFrame([dict(M=8, name="default", ok=True)])
+    text = run.summarize(pd.DataFrame(rows), checks, tmp_path)
+    got = pd.read_csv(tmp_path / "prepacked_defaults.csv").set_index("M")
+    assert list(got.role) == ["held-out", "held-out, large M"]
+    assert got.loc[8, "best_prepacked"] == "BM16 BN64 prepack2" and got.loc[8, "regret"] == pytest.approx(60 / 58)
+    assert got.loc[16384, "regret"] == pytest.approx(6000 / 5000)
+    assert got.loc[16384, "vs_plain_default"] == pytest.approx(5300 / 6000)
+    assert got.loc[16384, "vs_bf16_grouped_gemm"] == pytest.approx(4800 / 6000)
+    assert "PREPACKED DEFAULTS" in text and "No fitting M" in text
+    picks = pd.read_csv(tmp_path / "picks.csv")
+    assert picks[(picks.layout == "prepacked") & (picks.M == 16384)].pick.item() == "BM128 BN128 prepack2"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-__all__ = ["MoeMxfp4Config", "config_for_block_m", "default_config", "INTERPRET_CONFIG"]
+__all__ = ["MoeMxfp4Config", "block_m_for", "config_for_block_m", "default_config", "INTERPRET_CONFIG"]
 
 _BLOCK_M = (16, 32, 64, 128)
 
@@ -27,7 +27,8 @@ class MoeMxfp4Config:
     shapes): 1, each 64-row x 128-K tile stored in the order of wgmma's register operand (no
     shared-memory pass before the expansion); 2, also the code bits of each 4-byte register
     group placed so that every bf16x2 pattern is one rotation and one mask (EXPAND="ptx").
-    Needs SWAP_AB, 4 warps, BLOCK_N % 64 == 0, BLOCK_K % 128 == 0 and H % BLOCK_N == 0.
+    Needs SWAP_AB, 4 warps, BLOCK_N % 64 == 0, BLOCK_K % 128 == 0 and H % BLOCK_N == 0. The
+    launcher runs a PREPACK config only on ``Mxfp4Weights`` of that level (``prepare_weights``).
     """
 
     BLOCK_M: int = 16
@@ -98,7 +99,7 @@ INTERPRET_CONFIG = MoeMxfp4Config(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, num_warps=
 
 
 def default_config(M: int, top_k: int, num_experts: int, K: int, *, interpreter: bool = False,
-                   deterministic: bool = False) -> MoeMxfp4Config:
+                   deterministic: bool = False, prepacked: int = 0) -> MoeMxfp4Config:
     """The heuristic, from host-side sizes only.
 
     The row tile follows the mean rows per expert, M * top_k / E (KIMI-K2.5: 0.09 at
@@ -108,20 +109,40 @@ def default_config(M: int, top_k: int, num_experts: int, K: int, *, interpreter:
     128 rows, where each expanded weight tile serves more rows and NT is off (the row
     blocks of an expert reread its weights from L2). experiments/run_moe_mxfp4.py
     times the alternatives; results/moe_mxfp4/ has the measurements.
+
+    prepacked: the level of the weights' layout (``Mxfp4Weights.level``; 0 = plain). For 1
+    and 2 the same row tile, from ``_BY_BLOCK_M_PREPACKED`` (those tiles are also the
+    smallest the prepacked layout allows, so ``interpreter`` changes nothing there).
     """
+    if prepacked:
+        return config_for_block_m(block_m_for(M, top_k, num_experts), K, deterministic=deterministic,
+                                  prepacked=prepacked)
     if interpreter:
         return INTERPRET_CONFIG.replace(BLOCK_K=64 if K % 64 == 0 else 32, DETERMINISTIC=deterministic)
     for max_m, cfg in _BY_M_RANGE:
         if M <= max_m:
             return cfg.replace(DETERMINISTIC=deterministic)
+    return config_for_block_m(block_m_for(M, top_k, num_experts), K, deterministic=deterministic)
+
+
+def block_m_for(M: int, top_k: int, num_experts: int) -> int:
+    """The heuristic's row tile (what ``prepare_routing`` pads to): see ``default_config``."""
     per_expert = M * top_k / max(num_experts, 1)
-    bm = 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64 if per_expert <= 160 else 128
-    return config_for_block_m(bm, K, deterministic=deterministic)
+    return 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64 if per_expert <= 160 else 128
 
 
-def config_for_block_m(block_m: int, K: int, *, deterministic: bool = False) -> MoeMxfp4Config:
+def config_for_block_m(block_m: int, K: int, *, deterministic: bool = False, prepacked: int = 0) -> MoeMxfp4Config:
     """The heuristic's config for a given row tile (what the launcher runs for a routing padded to
-    block_m when no config is passed)."""
+    block_m when no config is passed); prepacked: the weights' layout level (0 = plain)."""
+    if prepacked:
+        if prepacked not in (1, 2):
+            raise ValueError(f"moe_mxfp4: prepacked must be 0, 1 or 2, got {prepacked!r}")
+        if K % 128:
+            raise ValueError(f"moe_mxfp4: prepacked weights need I % 128 == 0, got I={K}")
+        cfg = _BY_BLOCK_M_PREPACKED.get(block_m)
+        if cfg is None:
+            raise ValueError(f"moe_mxfp4: BLOCK_M must be one of {_BLOCK_M}, got {block_m!r}")
+        return cfg.replace(PREPACK=prepacked, DETERMINISTIC=deterministic)
     bk = 128
     while K % bk and bk > 32:
         bk //= 2
@@ -148,3 +169,36 @@ _BY_BLOCK_M = {
 # and uses _BY_BLOCK_M). Empty until measured: experiments/run_moe_mxfp4_variants.py picks a
 # config per range (M <= 11, 12-47, 48-191, 192-4095) at M 4, 16, 64, 256 (picks.csv).
 _BY_M_RANGE: tuple = ()
+
+# Weights prepacked at level 1 or 2 (quant.prepare_weights; the launcher's no-config path for
+# Mxfp4Weights). One layout serves every M, so every row tile needs a PREPACK config: SWAP_AB
+# (also at BM64/128, where the plain default does not swap), 4 warps, BLOCK_N 64 (H % 64 == 0 is
+# all the layout guarantees), BLOCK_K 128. PREPACK is set to the weights' level; the tiles were
+# measured at level 2.
+# Measured: results/moe_mxfp4/README.md, "Prepacked weights on the H200" (commit efb9efe, one
+# H200, graph replay, L2 flushed: `python3 experiments/run_moe_mxfp4_variants.py --budget-s 150
+# --m 4 16 64 256`), fit at M 4, 16, 64, 256 only; M 8, 32, 128 and 16384 are held out (to be
+# measured: run_moe_mxfp4_variants.py --m 8 32 128 16384 scores these picks there).
+_BY_BLOCK_M_PREPACKED = {
+    # BM16 BN64 PREPACK=2 LOAD_AHEAD=1: the fastest variant at all four fitted M (33.8, 94.9,
+    # 228.4, 290.4 us; 1.54-1.64x the plain default; LOAD_AHEAD=1 1-2% ahead of 0). KIMI-K2.5
+    # runs BM16 up to M = 684.
+    16: MoeMxfp4Config(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1),
+    # BM32 BN64 PREPACK=2: the one BM32 prepacked tile measured (1.23-1.30x slower than BM16 at
+    # M 4-256, where BM16 is the pick); its own range (16-48 rows per expert, M 685-2053 at
+    # KIMI-K2.5) is not measured.
+    32: MoeMxfp4Config(BLOCK_M=32, BLOCK_N=64, NT=True, PREPACK=2),
+    # BM64 / BM128: not measured yet; chosen so that they are correct (interpreter tests: the
+    # plain layout's bits), valid for every prepacked shape (BN64) and compile without spills for
+    # sm_90 (cross-compiled, KIMI shapes: BM64 126 registers, 4 programs per SM, HGMMA.64x64x16;
+    # BM128 220 registers, 2 per SM, HGMMA.64x128x16). NT off: an expert's row blocks reread its
+    # weights from L2, as in _BY_BLOCK_M. M = 16384 at KIMI-K2.5 runs BM128. SASS instructions per
+    # weight and 128 rows (experiments/sass_moe_mxfp4_variants.py): 7.6 here against 6.3 for the
+    # plain BM128 default (the activations' even/odd split and shared-memory tile are paid per 64
+    # columns) and 6.0 for BM128 BN128 PREPACK=2 (255 registers, 12 spill stores; 35 in the
+    # deterministic mode; needs H % 128 == 0): if M = 16384 stays issue-bound, BN128 is the
+    # faster. run_moe_mxfp4_variants.py --m 16384 times both ("prepacked default", "BM128 BN128
+    # prepack2").
+    64: MoeMxfp4Config(BLOCK_M=64, BLOCK_N=64, SWAP_AB=True, NT=False, PREPACK=2),
+    128: MoeMxfp4Config(BLOCK_M=128, BLOCK_N=64, SWAP_AB=True, NT=False, PREPACK=2),
+}

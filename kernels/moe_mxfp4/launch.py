@@ -5,6 +5,18 @@
     routing = prepare_routing(topk_ids, topk_weights, E, cfg.BLOCK_M)   # no host sync
     out = moe_mxfp4_down(a, w, w_scale, routing, config=cfg)           # [M, H] bf16
 
+Prepacked weights (the fast path; a model loader prepacks once and serves every M with them):
+
+    from kernels.moe_mxfp4 import block_m_for, prepare_weights
+    weights = prepare_weights(w, w_scale)                               # at load time: Mxfp4Weights, level 2
+    routing = prepare_routing(topk_ids, topk_weights, E, block_m_for(M, top_k, E))
+    out = moe_mxfp4_down(a, weights, routing)                           # the prepacked default config
+
+The layout level travels with the weights (``Mxfp4Weights``), so the plan knows it (it is part
+of the plan's key): without a config the launcher runs the prepacked default for the routing's
+BLOCK_M (``config_for_block_m(..., prepacked=level)``), and a config whose PREPACK differs from
+the weights' level is refused (ValueError), as is a PREPACK config with plain tensors.
+
 Everything that depends only on the call's signature (shapes, strides, dtypes,
 device, 16-byte alignment of every pointer, the config, the mode) is checked
 and decided once and kept in a plan: config, grid, constexprs and, for the
@@ -26,6 +38,7 @@ from kernels.common import interpreter
 from kernels.common.plans import PlanCache, config_key, tensor_signature
 
 from .config import MoeMxfp4Config, config_for_block_m, default_config
+from .quant import Mxfp4Weights
 from .routing import Routing
 from .triton import _dequant_kernel, _moe_mxfp4_down_kernel, _reduce_topk_kernel
 
@@ -109,16 +122,45 @@ def _validate(a, a_scale, w, w_scale, routing, out, accumulate) -> tuple[int, in
     return M, H, K, E
 
 
-def _build_plan(a, a_scale, w, w_scale, routing, out, accumulate, config) -> _Plan:
+def _unwrap_weights(w, w_scale, routing):
+    """(w, w_scale, routing, layout level): Mxfp4Weights carry their level, plain tensors are level 0.
+    ``moe_mxfp4_down(a, weights, routing)`` puts the routing where w_scale goes; it is moved back."""
+    if not isinstance(w, Mxfp4Weights):
+        return w, w_scale, routing, 0
+    if routing is None and isinstance(w_scale, Routing):
+        w_scale, routing = None, w_scale
+    if w_scale is not None:
+        _fail("w is Mxfp4Weights, which holds its scales: call moe_mxfp4_down(a, weights, routing) "
+              "without w_scale")
+    return w.w, w.w_scale, routing, w.level
+
+
+def _check_layout(config: MoeMxfp4Config, level: int) -> None:
+    """The config must read the layout the weights are in: nothing silently wrong."""
+    if config.PREPACK == level:
+        return
+    if level:
+        _fail(f"the weights are prepacked at level {level} (Mxfp4Weights) but config.PREPACK={config.PREPACK}: "
+              f"pass config=None (the prepacked default for the routing's BLOCK_M), or a config with "
+              f"PREPACK={level} (default_config(..., prepacked={level}) or config.replace(PREPACK={level}))")
+    _fail(f"config.PREPACK={config.PREPACK} reads prepacked weights, but w and w_scale are plain tensors "
+          f"(read as the plain layout): pass prepare_weights(w, w_scale, level={config.PREPACK}) in place of "
+          f"(w, w_scale), or Mxfp4Weights(w, w_scale, {config.PREPACK}) for tensors already prepacked at that level")
+
+
+def _build_plan(a, a_scale, w, w_scale, level, routing, out, accumulate, config) -> _Plan:
     M, H, K, E = _validate(a, a_scale, w, w_scale, routing, out, accumulate)
     if config is None:
-        if interpreter.active():
+        if level:
+            config = config_for_block_m(routing.block_m, K, prepacked=level)
+        elif interpreter.active():
             config = default_config(M, routing.top_k, E, K, interpreter=True).replace(BLOCK_M=routing.block_m)
         else:
             config = config_for_block_m(routing.block_m, K)
     if not isinstance(config, MoeMxfp4Config):
         _fail(f"config must be a MoeMxfp4Config, got {type(config).__name__}")
     config.validate(K)
+    _check_layout(config, level)
     if config.PREPACK and H % config.BLOCK_N:
         _fail(f"PREPACK needs H % BLOCK_N == 0 (H={H}, BLOCK_N={config.BLOCK_N})")
     if config.BLOCK_M != routing.block_m:
@@ -145,23 +187,34 @@ def _build_plan(a, a_scale, w, w_scale, routing, out, accumulate, config) -> _Pl
     return _Plan(config, grid, constexprs, M, H, workspace, reduce_grid, reduce_constexprs)
 
 
-def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, routing: Routing, *,
-                   a_scale: torch.Tensor | None = None, config: MoeMxfp4Config | None = None,
-                   out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+def _plan_key(a, a_scale, w, w_scale, level, routing, out, accumulate, config) -> tuple:
+    """Everything a plan depends on; the weights' layout level included (same shapes either way)."""
+    return (_sig(a), _sig(a_scale), _sig(w), _sig(w_scale), level, _sig(out), _sig(routing.sorted_ids),
+            routing.num_pairs, routing.top_k, routing.num_experts, routing.block_m, routing.max_blocks,
+            bool(accumulate), config_key(config))
+
+
+def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: torch.Tensor | None = None,
+                   routing: Routing | None = None, *, a_scale: torch.Tensor | None = None,
+                   config: MoeMxfp4Config | None = None, out: torch.Tensor | None = None,
+                   accumulate: bool = False) -> torch.Tensor:
     """MoE down-projection with MXFP4 weights: out[t] = sum_k w_tk * a[t*top_k+k] @ W[e_tk].T.
 
     a: bf16 [M * top_k, I] (w4a16), or packed MXFP4 uint8 [M * top_k, I / 2] with
     a_scale uint8 [M * top_k, I / 32] (a4w4); row t * top_k + k is token t's k-th slot.
     w / w_scale: MXFP4 weights uint8 [E, H, I / 2] / [E, H, I / 32] (``quantize_mxfp4``
-    of a [E, H, I] tensor). routing: ``prepare_routing(topk_ids, topk_weights, E, BM)``
-    with BM = config.BLOCK_M. Returns out bf16 [M, H] (written, or added to with
-    ``accumulate=True``). Without a config, ``default_config``'s choice with the
-    routing's BLOCK_M runs. No host synchronization.
+    of a [E, H, I] tensor, plain layout); or w = ``Mxfp4Weights`` (``prepare_weights``:
+    the weights with their layout level, prepacked by default) and no w_scale, called as
+    ``moe_mxfp4_down(a, weights, routing)``. routing: ``prepare_routing(topk_ids,
+    topk_weights, E, BM)`` with BM = config.BLOCK_M. Returns out bf16 [M, H] (written, or
+    added to with ``accumulate=True``). Without a config, the heuristic's config for the
+    routing's BLOCK_M and the weights' layout runs (``config_for_block_m(BM, I,
+    prepacked=level)``); a config must read the weights' layout (config.PREPACK == level,
+    else ValueError). No host synchronization.
     """
+    w, w_scale, routing, level = _unwrap_weights(w, w_scale, routing)
     try:
-        key = (_sig(a), _sig(a_scale), _sig(w), _sig(w_scale), _sig(out), _sig(routing.sorted_ids),
-               routing.num_pairs, routing.top_k, routing.num_experts, routing.block_m, routing.max_blocks,
-               bool(accumulate), config_key(config))
+        key = _plan_key(a, a_scale, w, w_scale, level, routing, out, accumulate, config)
     except AttributeError:       # not tensors / not a Routing: let validation say what is wrong
         _validate(a, a_scale, w, w_scale, routing, out, accumulate)
         raise
@@ -169,7 +222,7 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, rout
     if plan is None:
         if interpreter.active():
             interpreter.patch()
-        plan = _PLANS.put(key, _build_plan(a, a_scale, w, w_scale, routing, out, accumulate, config))
+        plan = _PLANS.put(key, _build_plan(a, a_scale, w, w_scale, level, routing, out, accumulate, config))
     if out is None:
         out = (torch.zeros if plan.workspace is None else torch.empty)(
             (plan.M, plan.H), dtype=torch.bfloat16, device=a.device)

@@ -28,10 +28,12 @@ the kernels expand weights to bf16 in registers and lose nothing.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["BLOCK", "E2M1_VALUES", "PREPACK_ROWS", "PREPACK_K", "dequantize_mxfp4", "prepack_mxfp4",
-           "quantize_mxfp4", "unprepack_mxfp4"]
+__all__ = ["BLOCK", "E2M1_VALUES", "PREPACK_ROWS", "PREPACK_K", "Mxfp4Weights", "dequantize_mxfp4",
+           "prepack_mxfp4", "prepare_weights", "quantize_mxfp4", "unprepack_mxfp4"]
 
 BLOCK = 32
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -217,3 +219,85 @@ def unprepack_mxfp4(wp: torch.Tensor, sp: torch.Tensor, level: int = 1) -> tuple
     if level == 2:
         w = _regroup_bits(w, inverse=True)
     return w.contiguous(), ws.contiguous()
+
+
+# ---------------------------------------------------------------------------
+# weights with their layout: what a model loader keeps and the launcher reads
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Mxfp4Weights:
+    """MXFP4 expert weights together with the layout their bytes are in.
+
+    w: uint8 [E, H, I / 2], w_scale: uint8 [E, H, I / 32]; level: 0 for the plain layout
+    (``quantize_mxfp4``'s), 1 or 2 for ``prepack_mxfp4(..., level)``'s (same shapes, other
+    byte order). The prepacked layouts and the plain one cannot be told apart from the
+    tensors, so the level travels with them: ``moe_mxfp4_down(a, weights, routing)`` reads
+    it, picks a config of that layout when none is given, and refuses a config of another.
+
+    Make one with ``prepare_weights`` (once, at load time); wrap tensors that were prepacked
+    elsewhere (a saved checkpoint) with ``Mxfp4Weights(w, w_scale, level)`` and the level they
+    were prepacked with: that is the one statement the launcher cannot check.
+    """
+
+    w: torch.Tensor
+    w_scale: torch.Tensor
+    level: int = 0
+
+    def __post_init__(self):
+        w, s = self.w, self.w_scale
+        if self.level not in (0, 1, 2):
+            raise ValueError(f"Mxfp4Weights: level must be 0 (plain), 1 or 2 (prepack_mxfp4), got {self.level!r}")
+        for name, t in (("w", w), ("w_scale", s)):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 3:
+                raise ValueError(f"Mxfp4Weights: {name} must be a 3-D uint8 tensor, got "
+                                 f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+        E, H, K2 = w.shape
+        if tuple(s.shape) != (E, H, K2 // 16) or K2 % 16:
+            raise ValueError(f"Mxfp4Weights: w {tuple(w.shape)} holds I={2 * K2} values per row, so w_scale must be "
+                             f"{(E, H, K2 // 16)} and I a multiple of {BLOCK}; got w_scale {tuple(s.shape)}")
+        if w.device != s.device:
+            raise ValueError(f"Mxfp4Weights: w and w_scale must be on one device, got {w.device} and {s.device}")
+        if self.level:
+            _prepack_check(w, s, "Mxfp4Weights")
+            # the kernel reads each 64-row block of the prepacked layout as one contiguous range
+            if w.stride(2) != 1 or w.stride(1) != K2 or s.stride(2) != 1 or s.stride(1) != K2 // 16:
+                raise ValueError(f"Mxfp4Weights: prepacked w and w_scale need contiguous rows (strides (.., {K2}, 1) "
+                                 f"and (.., {K2 // 16}, 1)), got {tuple(w.stride())} and {tuple(s.stride())}; "
+                                 f"call .contiguous()")
+
+    @property
+    def num_experts(self) -> int:
+        return self.w.shape[0]
+
+    def plain(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w, w_scale) in the plain layout (``unprepack_mxfp4`` when prepacked; for references)."""
+        return (self.w, self.w_scale) if self.level == 0 else unprepack_mxfp4(self.w, self.w_scale, self.level)
+
+
+def prepare_weights(w: torch.Tensor, w_scale: torch.Tensor, level: int = 2, *,
+                    experts_per_chunk: int = 32) -> Mxfp4Weights:
+    """Plain MXFP4 weights (``quantize_mxfp4``'s uint8 [E, H, I / 2] and [E, H, I / 32]) -> the
+    ``Mxfp4Weights`` a model loader keeps and passes to ``moe_mxfp4_down`` at every M.
+
+    level 2 (the default): ``prepack_mxfp4(..., 2)``, the fastest layout measured (issue 17;
+    results/moe_mxfp4/README.md); 1: tile order only; 0: the tensors as they are (no copy).
+    Prepacking needs H % 64 == 0 and I % 128 == 0 (use level 0 otherwise) and writes a copy,
+    ``experts_per_chunk`` experts at a time (its int64 temporaries stay a few times that slice).
+    """
+    if level not in (0, 1, 2):
+        raise ValueError(f"prepare_weights: level must be 0 (plain), 1 or 2, got {level!r}")
+    if level == 0:
+        return Mxfp4Weights(w, w_scale, 0)
+    Mxfp4Weights(w, w_scale, 0)                       # checks shapes, dtypes and device
+    try:
+        _prepack_check(w, w_scale, "prepare_weights")
+    except ValueError as exc:
+        raise ValueError(f"{exc}; level=0 keeps the plain layout") from None
+    wp = torch.empty_like(w, memory_format=torch.contiguous_format)
+    sp = torch.empty_like(w_scale, memory_format=torch.contiguous_format)
+    step = max(1, experts_per_chunk)
+    for e0 in range(0, w.shape[0], step):
+        wp[e0:e0 + step], sp[e0:e0 + step] = prepack_mxfp4(w[e0:e0 + step], w_scale[e0:e0 + step], level)
+    return Mxfp4Weights(wp, sp, level)
