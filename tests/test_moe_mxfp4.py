@@ -364,7 +364,7 @@ def test_prepared_weights_default_path_equals_plain(level, a_fp4, det):
 @pytest.mark.parametrize("block_m", [64, 128])
 def test_prepared_weights_large_m(block_m):
     """Every M runs on the one prepacked layout: at large M the prepacked defaults for BLOCK_M 64 and
-    128 (SWAP_AB forced, BN64; the plain defaults do not swap there), several row blocks per expert
+    128 (SWAP_AB forced, BN64 / BN128; the plain defaults do not swap there), several row blocks per expert
     and a partial last one, on poisoned outputs: within the reference bound and the plain layout's
     bits with the same tile; at BLOCK_M 64 (the heuristic's pick here) the deterministic mode too."""
     H_, I_, M = 128, 256, 300                      # 900 pairs over 5 experts: ~180 rows each
@@ -373,6 +373,9 @@ def test_prepared_weights_large_m(block_m):
     assert default_config(M, TOP_K, E, I_, prepacked=2).BLOCK_M == 64
     cfg = config_for_block_m(block_m, I_, prepacked=2)
     assert cfg.swap_ab and cfg.PREPACK == 2 and cfg.BLOCK_M == block_m
+    if block_m == 128:   # 128 columns where H allows, else 64
+        assert (config_for_block_m(128, I_, prepacked=2, H=256).BLOCK_N,
+                config_for_block_m(128, I_, prepacked=2, H=192).BLOCK_N) == (128, 64)
     r = prepare_routing(p["ids"], p["wts"], E, block_m)
     ref = _reference(p)
     out = torch.full((M, H_), float("nan"), dtype=torch.bfloat16, device=DEV)
@@ -639,7 +642,7 @@ _SM90_CONFIGS = {
     "bm16_bn64": (dict(BLOCK_N=64), False),
     "bm16_bn64_prepack1": (dict(BLOCK_N=64, PREPACK=1), False),
     "bm16_bn64_prepack2": (dict(BLOCK_N=64, PREPACK=2), False),
-    # the prepacked default at large M (config_for_block_m(128, 512, prepacked=2)): the swapped kernel
+    # the prepacked large-M tile where H % 128 != 0 (config_for_block_m(128, 512, prepacked=2, H=...)): swapped
     "bm128_bn64_prepack2_swap": (dict(BLOCK_M=128, BLOCK_N=64, SWAP_AB=True, NT=False, PREPACK=2), False),
 }
 
@@ -743,15 +746,16 @@ def test_sm90_prepack_needs_fewer_instructions_per_weight(sm90):
 
 
 def test_sm90_prepacked_large_m_default_compiles_without_spills(sm90):
-    """The prepacked default at BLOCK_M 128 (what M = 16384 runs on prepacked weights) is the swapped
-    kernel: wgmma 64 x 128 x 16 with the weights from registers (2 dots x 4 per K step, 4 steps),
+    """The prepacked BLOCK_M 128 tile where H % 128 != 0 (BN64; elsewhere BN128, which ran 1.4x as
+    fast at M = 16384 with a few spill stores) is the swapped kernel: wgmma 64 x 128 x 16 with the weights from registers (2 dots x 4 per K step, 4 steps),
     the scales in one 64-bit load per step (the weights' two 128-bit loads per step are among the
     activations' LDG.E.128), no evict-first (NT off), two HMUL2 per weight pair, and no register
     spills (cross-compiled with Triton 3.6: 220 registers)."""
     from kernels.moe_mxfp4 import config_for_block_m
 
     kw = _SM90_CONFIGS["bm128_bn64_prepack2_swap"][0]
-    assert config_for_block_m(128, 512, prepacked=2) == MoeMxfp4Config(**kw)
+    assert config_for_block_m(128, 512, prepacked=2, H=7168 + 64) == MoeMxfp4Config(**kw)
+    assert config_for_block_m(128, 512, prepacked=2, H=7168).BLOCK_N == 128
     ops = sm90["bm128_bn64_prepack2_swap"]
     assert _count(ops, "HGMMA.64x128x16.F32.BF16") == 32
     assert _count(ops, "LDG.E.128") >= 8 and _count(ops, "LDG.E.64") == 4 and _count(ops, "LDG.E.EF") == 0

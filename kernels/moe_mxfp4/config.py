@@ -131,9 +131,12 @@ def block_m_for(M: int, top_k: int, num_experts: int) -> int:
     return 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64 if per_expert <= 160 else 128
 
 
-def config_for_block_m(block_m: int, K: int, *, deterministic: bool = False, prepacked: int = 0) -> MoeMxfp4Config:
+def config_for_block_m(block_m: int, K: int, *, deterministic: bool = False, prepacked: int = 0,
+                       H: int | None = None) -> MoeMxfp4Config:
     """The heuristic's config for a given row tile (what the launcher runs for a routing padded to
-    block_m when no config is passed); prepacked: the weights' layout level (0 = plain)."""
+    block_m when no config is passed); prepacked: the weights' layout level (0 = plain). H (the
+    output columns), when given: a prepacked tile wider than 64 columns that does not divide H
+    falls back to 64 (every prepacked H is a multiple of 64)."""
     if prepacked:
         if prepacked not in (1, 2):
             raise ValueError(f"moe_mxfp4: prepacked must be 0, 1 or 2, got {prepacked!r}")
@@ -142,6 +145,8 @@ def config_for_block_m(block_m: int, K: int, *, deterministic: bool = False, pre
         cfg = _BY_BLOCK_M_PREPACKED.get(block_m)
         if cfg is None:
             raise ValueError(f"moe_mxfp4: BLOCK_M must be one of {_BLOCK_M}, got {block_m!r}")
+        if H is not None and H % cfg.BLOCK_N:
+            cfg = cfg.replace(BLOCK_N=64)
         return cfg.replace(PREPACK=prepacked, DETERMINISTIC=deterministic)
     bk = 128
     while K % bk and bk > 32:
@@ -199,6 +204,11 @@ _BY_BLOCK_M_PREPACKED = {
     # deterministic mode; needs H % 128 == 0): if M = 16384 stays issue-bound, BN128 is the
     # faster. run_moe_mxfp4_variants.py --m 16384 times both ("prepacked default", "BM128 BN128
     # prepack2").
+    # Measured at M = 16384 (commit 11452a2, results/moe_mxfp4/variants_prepack/, graph replay):
+    # BM128 BN128 PREPACK=2 4,051 us against 5,659 for BN64 and 5,265 for the plain default, 1.18x
+    # the bf16-weight grouped GEMM (4,776 us); so BM128 takes BN128 (BN64 where H % 128 != 0). This
+    # pick is made at the M it is reported at (as the plain BM128 default was); BM64's own range
+    # (M 2054-6844 at KIMI-K2.5) is not measured (at M = 16384 its BN128 ran 4,363 us, BN64 5,210).
     64: MoeMxfp4Config(BLOCK_M=64, BLOCK_N=64, SWAP_AB=True, NT=False, PREPACK=2),
-    128: MoeMxfp4Config(BLOCK_M=128, BLOCK_N=64, SWAP_AB=True, NT=False, PREPACK=2),
+    128: MoeMxfp4Config(BLOCK_M=128, BLOCK_N=128, SWAP_AB=True, NT=False, PREPACK=2),
 }

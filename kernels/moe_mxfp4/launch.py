@@ -152,7 +152,7 @@ def _build_plan(a, a_scale, w, w_scale, level, routing, out, accumulate, config)
     M, H, K, E = _validate(a, a_scale, w, w_scale, routing, out, accumulate)
     if config is None:
         if level:
-            config = config_for_block_m(routing.block_m, K, prepacked=level)
+            config = config_for_block_m(routing.block_m, K, prepacked=level, H=H)
         elif interpreter.active():
             config = default_config(M, routing.top_k, E, K, interpreter=True).replace(BLOCK_M=routing.block_m)
         else:
