@@ -128,12 +128,72 @@ def time_configs(shapes, dtype, configs: dict, args, prov, b_layout: str = "row"
     return rows
 
 
+# Stream-K on 1-3 round shapes: the split of the partial round's tiles (SK_MAX_SPLIT programs per
+# tile at most), against the data-parallel kernel and one exactly full round (1536x2816: 132 tiles).
+SK_SHAPES = [(1539, 2824, 4224), (1536, 2816, 4224), (771, 2352, 4280), (2958, 3120, 2144), (909, 4152, 2912)]
+SK_SPLITS = (2, 4, 8, 16)
+
+
+def time_stream_k(args, prov) -> list[dict]:
+    """Each SK_MAX_SPLIT gets its own plan cache (plans are keyed by call signature,
+    not by this module constant), swapped in before its calls."""
+    import torch
+
+    from kernels import gemm
+    from kernels.gemm import config as gconfig, launch as glaunch, sweep as gsweep
+    from workbench import bench
+
+    base = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, tma_store=False)
+    default_split, rows = gconfig.SK_MAX_SPLIT, []
+    for i, (M, N, K) in enumerate(SK_SHAPES):
+        inp = gsweep.make_inputs(dict(M=M, N=N, K=K), torch.bfloat16, "cuda", seed=300 + i)
+        ref = gemm.reference(inp)
+        a, b, c = inp.a, inp.b, inp.out
+        caches = {split: glaunch.PlanCache() for split in SK_SPLITS}
+
+        def run(cfg, split=None):
+            if split is not None:
+                gconfig.SK_MAX_SPLIT, glaunch._PLANS = split, caches[split]
+            gemm.matmul(a, b, cfg, out=c)
+
+        fns = {"cublas": lambda: gemm.cublas(a, b, out=c), "dp": lambda: run(base)}
+        fns.update({f"sk{split}": (lambda split=split: run(dict(base, stream_k=True), split)) for split in SK_SPLITS})
+        status = {}
+        saved = glaunch._PLANS
+        for name, fn in list(fns.items()):
+            c.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            err = float((c.float() - ref).norm() / ref.norm())
+            status[name] = "ok" if err <= gsweep.tolerance(torch.bfloat16) else f"wrong: rel_err {err:.2e}"
+            if status[name] != "ok":
+                del fns[name]
+        t = bench.interleave(fns, warmup_ms=20, rep_ms=args.rep_ms, min_reps=10, max_reps=100, mode="graph")
+        gconfig.SK_MAX_SPLIT, glaunch._PLANS = default_split, saved
+        base_ms = t["cublas"].median_ms
+        for name in fns:
+            plan = None
+            if name.startswith("sk"):
+                gconfig.SK_MAX_SPLIT = int(name[2:])
+                plan = glaunch._plan(a, b, c, dict(base, stream_k=True))
+                gconfig.SK_MAX_SPLIT = default_split
+            ms = t[name].median_ms
+            rows.append(dict(M=M, N=N, K=K, dtype="bfloat16", variant=name, status=status[name], mode="graph",
+                             median_ms=ms, tflops=2 * M * N * K / ms / 1e9, ratio_vs_cublas=base_ms / ms,
+                             cublas_ms=base_ms, sk_tiles=plan.sk_tiles if plan else 0,
+                             sk_programs=plan.args[6] if plan and plan.sk_tiles else 0, **prov))
+            print(f"{M}x{N}x{K} {name:8s} {ms * 1e3:8.1f} us {base_ms / ms:6.3f}x  {status[name]}", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=150.0, help="per part: no new shape starts after this")
     ap.add_argument("--rep-ms", type=float, default=15.0)
     ap.add_argument("--skip-names", action="store_true", help="leave out part 1 (cuBLAS kernel names)")
+    ap.add_argument("--stream-k", action="store_true",
+                    help="only the stream-K split probe (SK_MAX_SPLIT 2-16 on 1-3 round shapes) -> stream_k.csv")
     args = ap.parse_args(argv)
     import pandas as pd
     import torch
@@ -146,6 +206,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prov = provenance.flat(provenance.collect())
+    if args.stream_k:
+        pd.DataFrame(time_stream_k(args, prov)).to_csv(out / "stream_k.csv", index=False)
+        return 0
     if not args.skip_names:
         names = cublas_kernels(EDGE + SMALL, torch.bfloat16, prov) + cublas_kernels(FP32, torch.float32, prov)
         pd.DataFrame(names).to_csv(out / "cublas_kernels.csv", index=False)

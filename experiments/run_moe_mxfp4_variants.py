@@ -125,6 +125,15 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             "BM16 BN64 prepack2 la1": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1),
             "BM16 BN128 prepack2": C(BLOCK_M=16, BLOCK_N=128, NT=True, PREPACK=2),
             "BM32 BN64 prepack2": C(BLOCK_M=32, BLOCK_N=64, NT=True, PREPACK=2),
+            # more of each program's weights in flight on the prepacked layout (after the first
+            # prepacked run: 49-62% of the HBM bound): loads of 2-3 K steps ahead, all of K=512 in
+            # two steps, and 128 columns per program
+            "BM16 BN64 prepack2 la2": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=2),
+            "BM16 BN64 prepack2 la3": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=3),
+            "BM16 BN64 BK256 prepack2 la1": C(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, NT=True, PREPACK=2,
+                                              LOAD_AHEAD=1),
+            "BM16 BN128 prepack2 la1": C(BLOCK_M=16, BLOCK_N=128, NT=True, PREPACK=2, LOAD_AHEAD=1),
+            "BM16 BN128 prepack2 la3": C(BLOCK_M=16, BLOCK_N=128, NT=True, PREPACK=2, LOAD_AHEAD=3),
             # (while BM16 is the row tile, the prepacked default is "BM16 BN64 prepack2 la1": a repeat)
         })
     return v
