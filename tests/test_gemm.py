@@ -562,12 +562,14 @@ _SK = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, tma_
     (1, 57344, 8192, torch.bfloat16, None, True), (130, 8200, 1032, torch.float16, None, True),
     (1024, 8192, 8192, torch.float32, None, False), (2958, 3120, 2144, torch.float32, None, False),
     (1000, 3000, 2000, torch.float32, None, True), (64, 3584, 3584, torch.float32, None, True),
+    (1000, 3000, 2000, torch.bfloat16, dict(gluon="pingpong", block_n=128, num_stages=5, num_warps=4), True),
+    (777, 520, 4104, torch.float16, dict(gluon="coop", block_n=256, block_k=32, num_stages=6, num_warps=8), True),
     (1539, 2824, 4224, torch.bfloat16, _SK, True), (2958, 3120, 2144, torch.float32,
                                                     dict(_SK, block_k=32, num_stages=2), False),
 ])
 def test_gpu_b_layouts(M, N, K, dtype, cfg, b_t):
-    """B K-major (x @ w.t()), fp32 B copied K-major, with stream-K too: fresh inputs,
-    poisoned outputs, twice in a row (the stream-K counters reset themselves)."""
+    """B K-major (x @ w.t(); the Gluon kernels too), fp32 B copied K-major, with stream-K
+    too: fresh inputs, poisoned outputs, twice in a row (the stream-K counters reset themselves)."""
     g = torch.Generator(device="cuda").manual_seed(M + 3 * N + 7 * K)
     a = torch.randn(M, K, device="cuda", generator=g).to(dtype)
     b = torch.randn(N, K, device="cuda", generator=g).to(dtype).t() if b_t else \

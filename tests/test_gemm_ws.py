@@ -83,9 +83,32 @@ def test_compile_args_surface():
     # Gluon descriptors carry their shared-memory layout in the signature.
     assert args["signature"]["a_desc"].startswith("tensordesc<fp16[128, 64],NVMMASharedLayout(")
     assert args["signature"]["c_desc"].startswith("tensordesc<fp16[128, 128],")
-    assert args["constexprs"] == {"NUM_STAGES": 4, "COOPERATIVE": False, "CONSUMER_REGS": 232, "PRODUCER_REGS": 40}
+    assert args["constexprs"] == {"NUM_STAGES": 4, "COOPERATIVE": False, "CONSUMER_REGS": 232, "PRODUCER_REGS": 40,
+                                  "B_KMAJOR": False}
     with pytest.raises(ValueError, match="float16"):
         glaunch.compile_args_ws(dtype=torch.float32)
+
+
+# ------------------------------- B K-major (x @ w.t()), cross-compiled for sm_90 (CPU)
+def test_sm90_b_kmajor_reads_b_transposed_in_shared_memory(tmp_path):
+    """With B_KMAJOR the B boxes are (BLOCK_N, BLOCK_K) tiles of B^T and wgmma reads them
+    K-major (PTX imm-trans-b 0); row-major B is the transposed case (1). Both descriptor
+    variants, both schedules; same shared memory as the row-major kernel."""
+    import dataclasses
+    import re
+
+    cfgs = [WsConfig(num_stages=5), WsConfig(cooperative=True, block_n=256, block_k=32, num_stages=6)]
+    cases = [{"module": "gemm", "config": dataclasses.asdict(cfg), "dtype": "bfloat16",
+              "dir": str(tmp_path / f"km{i}{dd:d}{km:d}"),
+              "kwargs": {"shape": [4096, 4096, 4096], "device_desc": dd, "b_kmajor": km}}
+             for i, cfg in enumerate(cfgs) for dd in (False, True) for km in (False, True)]
+    entries = ws_checks.compile_ws(cases, ROOT)
+    trans_b = re.compile(r"wgmma\.mma_async[^;]*,\s*[01],\s*[01],\s*[01],\s*([01]);")
+    for case, e in zip(cases, entries):
+        flags = set(trans_b.findall(e.text("ptx")))
+        assert flags == ({"0"} if case["kwargs"]["b_kmajor"] else {"1"}), (case["dir"], flags)
+    for row, km in zip(entries[::2], entries[1::2]):
+        assert row.metadata["shared"] == km.metadata["shared"]
 
 
 # ------------------------- device descriptors, cross-compiled for sm_90 (CPU)
@@ -150,7 +173,7 @@ def test_compile_args_device_descriptors():
                                        "stride_cm", "group_m"]
     assert args["signature"]["a_ptr"] == "*fp16" and args["signature"]["M"] == "i32"
     assert args["constexprs"] == {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "NUM_STAGES": 4,
-                                  "COOPERATIVE": False, "CONSUMER_REGS": 232, "PRODUCER_REGS": 40}
+                                  "COOPERATIVE": False, "CONSUMER_REGS": 232, "PRODUCER_REGS": 40, "B_KMAJOR": False}
     # N = 4104 is not a multiple of 16: neither it nor the strides that equal it count as such.
     assert sorted(args["divisible"]) == sorted(["a_ptr", "b_ptr", "c_ptr", "K", "stride_am"])
     assert args["num_warps"] == 4 and args["options"] == {"maxnreg": 168}

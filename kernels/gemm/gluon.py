@@ -146,25 +146,28 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, group_m):
 
 
 @gluon.jit
-def _grid_sizes(a_desc, b_desc):
-    """(row blocks, column blocks, K-steps per tile), from the descriptors' shapes."""
+def _grid_sizes(a_desc, b_desc, B_KMAJOR: gl.constexpr):
+    """(row blocks, column blocks, K-steps per tile), from the descriptors' shapes
+    (B_KMAJOR: B's descriptor is over B^T, (N, K))."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0 if B_KMAJOR else 1]
     M = a_desc.shape[0]
     K = a_desc.shape[1]
-    N = b_desc.shape[1]
+    N = b_desc.shape[0 if B_KMAJOR else 1]
     return (M + BLOCK_M - 1) // BLOCK_M, (N + BLOCK_N - 1) // BLOCK_N, (K + BLOCK_K - 1) // BLOCK_K
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_m, NUM_STAGES: gl.constexpr):
-    """Every K-step of every tile of this CTA, in order, into the ring."""
+def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_m, NUM_STAGES: gl.constexpr,
+              B_KMAJOR: gl.constexpr):
+    """Every K-step of every tile of this CTA, in order, into the ring (B_KMAJOR: B's
+    tiles are (BLOCK_N, BLOCK_K) boxes of B^T)."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0 if B_KMAJOR else 1]
     STAGE_BYTES: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
-    num_pid_m, num_pid_n, k_steps = _grid_sizes(a_desc, b_desc)
+    num_pid_m, num_pid_n, k_steps = _grid_sizes(a_desc, b_desc, B_KMAJOR)
     counter = 0  # ring position: stage counter % NUM_STAGES, fill counter // NUM_STAGES
     for tile_id in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, group_m)
@@ -178,23 +181,31 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_m, NUM_STAGES:
             # TMA counts whole boxes, zero-filled past the edges: always STAGE_BYTES.
             mbarrier.expect(ready.index(s), STAGE_BYTES)
             tma.async_copy_global_to_shared(a_desc, [off_m, kk * BLOCK_K], ready.index(s), a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [kk * BLOCK_K, off_n], ready.index(s), b_bufs.index(s))
+            if B_KMAJOR:
+                tma.async_copy_global_to_shared(b_desc, [off_n, kk * BLOCK_K], ready.index(s), b_bufs.index(s))
+            else:
+                tma.async_copy_global_to_shared(b_desc, [kk * BLOCK_K, off_n], ready.index(s), b_bufs.index(s))
             counter += 1
 
 
 @gluon.jit
 def _mainloop(a_bufs, b_bufs, ready, empty, counter, k_steps, acc_layout: gl.constexpr,
-              NUM_STAGES: gl.constexpr):
+              NUM_STAGES: gl.constexpr, B_KMAJOR: gl.constexpr):
     """One tile's wgmma loop from ring position `counter`. One wgmma stays in
     flight; a stage is freed once the wgmma that read it is done. Returns the
-    accumulator with the last wgmma still pending (its stage not yet freed)."""
+    accumulator with the last wgmma still pending (its stage not yet freed).
+    B_KMAJOR: B's stages hold B^T tiles, which wgmma reads through a transposed
+    view (16-bit wgmma takes B either way)."""
     BLOCK_M: gl.constexpr = a_bufs.shape[1]
-    BLOCK_N: gl.constexpr = b_bufs.shape[2]
+    BLOCK_N: gl.constexpr = b_bufs.shape[1 if B_KMAJOR else 2]
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
     for kk in range(k_steps):
         s = counter % NUM_STAGES
         mbarrier.wait(ready.index(s), (counter // NUM_STAGES) & 1)
-        acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, is_async=True)
+        if B_KMAJOR:
+            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        else:
+            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, is_async=True)
         # Only the wgmma just issued may still run: the previous one has read
         # its operands, so its stage can be refilled.
         acc = warpgroup_mma_wait(1, deps=(acc,))
@@ -205,17 +216,18 @@ def _mainloop(a_bufs, b_bufs, ready, empty, counter, k_steps, acc_layout: gl.con
 
 @gluon.jit
 def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m,
-              WHICH: gl.constexpr, NUM_CONSUMERS: gl.constexpr, NUM_STAGES: gl.constexpr):
+              WHICH: gl.constexpr, NUM_CONSUMERS: gl.constexpr, NUM_STAGES: gl.constexpr, B_KMAJOR: gl.constexpr):
     """The CTA's tiles WHICH, WHICH + NUM_CONSUMERS, ...: mainloop, then epilogue.
     Ping-pong: two of these (one warpgroup each); cooperative: one (8 warps)."""
-    num_pid_m, num_pid_n, k_steps = _grid_sizes(a_desc, b_desc)
+    num_pid_m, num_pid_n, k_steps = _grid_sizes(a_desc, b_desc, B_KMAJOR)
     _consumer_tiles(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m, num_pid_m, num_pid_n, k_steps,
-                    WHICH, NUM_CONSUMERS, NUM_STAGES)
+                    WHICH, NUM_CONSUMERS, NUM_STAGES, B_KMAJOR)
 
 
 @gluon.jit
 def _consumer_tiles(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m, num_pid_m, num_pid_n, k_steps,
-                    WHICH: gl.constexpr, NUM_CONSUMERS: gl.constexpr, NUM_STAGES: gl.constexpr):
+                    WHICH: gl.constexpr, NUM_CONSUMERS: gl.constexpr, NUM_STAGES: gl.constexpr,
+                    B_KMAJOR: gl.constexpr):
     """``_consumer``'s work, given the grid of tiles and the K-steps per tile."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
@@ -231,7 +243,7 @@ def _consumer_tiles(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m
             # Wait for the other consumer to have issued its previous mainloop
             # (consumer 0's first wait, parity 1 of a fresh barrier, passes at once).
             mbarrier.wait(order.index(WHICH), (j & 1) ^ (1 - WHICH))
-        acc = _mainloop(a_bufs, b_bufs, ready, empty, start, k_steps, acc_layout, NUM_STAGES)
+        acc = _mainloop(a_bufs, b_bufs, ready, empty, start, k_steps, acc_layout, NUM_STAGES, B_KMAJOR)
         if NUM_CONSUMERS == 2:
             mbarrier.arrive(order.index(1 - WHICH))  # all our wgmma issued: the other may start
         acc = warpgroup_mma_wait(0, deps=(acc,))
@@ -275,7 +287,7 @@ def _barriers(NUM_STAGES: gl.constexpr):
 
 @gluon.jit
 def _gemm_ws_kernel(a_desc, b_desc, c_desc, group_m, NUM_STAGES: gl.constexpr, COOPERATIVE: gl.constexpr,
-                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, B_KMAJOR: gl.constexpr = False):
     NUM_CONSUMERS: gl.constexpr = 1 if COOPERATIVE else 2
     a_bufs, b_bufs, c_bufs, ready, empty, order = _shared_state(a_desc, b_desc, c_desc, NUM_STAGES, NUM_CONSUMERS)
 
@@ -284,18 +296,18 @@ def _gemm_ws_kernel(a_desc, b_desc, c_desc, group_m, NUM_STAGES: gl.constexpr, C
         # producer (1 warp, PRODUCER_REGS); the consumer gets the rest.
         gl.warp_specialize([
             (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m,
-                         0, NUM_CONSUMERS, NUM_STAGES)),
-            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_m, NUM_STAGES)),
+                         0, NUM_CONSUMERS, NUM_STAGES, B_KMAJOR)),
+            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_m, NUM_STAGES, B_KMAJOR)),
         ], [1], [PRODUCER_REGS])
     else:
         # Default partition (this kernel's 4 warps): consumer 0. Workers: consumer 1
         # (4 warps, CONSUMER_REGS) and the producer (1 warp, PRODUCER_REGS).
         gl.warp_specialize([
             (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m,
-                         0, NUM_CONSUMERS, NUM_STAGES)),
+                         0, NUM_CONSUMERS, NUM_STAGES, B_KMAJOR)),
             (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m,
-                         1, NUM_CONSUMERS, NUM_STAGES)),
-            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_m, NUM_STAGES)),
+                         1, NUM_CONSUMERS, NUM_STAGES, B_KMAJOR)),
+            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_m, NUM_STAGES, B_KMAJOR)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -311,35 +323,41 @@ def _smem_layout(block, dtype):
 
 @gluon.jit
 def _producer_dev(a_ptr, b_ptr, M, N, K, stride_am, stride_bk, a_bufs, b_bufs, ready, empty, group_m,
-                  NUM_STAGES: gl.constexpr):
+                  NUM_STAGES: gl.constexpr, B_KMAJOR: gl.constexpr):
     """``_producer``, with the descriptors of A and B encoded by this partition (its
     own slots of the global scratch: the warps that issue the TMA loads are the ones
-    that wrote and acquired the descriptors)."""
+    that wrote and acquired the descriptors). B_KMAJOR: ``stride_bk`` is B^T's row stride."""
     BLOCK_M: gl.constexpr = a_bufs.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
-    BLOCK_N: gl.constexpr = b_bufs.shape[2]
     a_desc = tma.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K], a_bufs.layout)
-    b_desc = tma.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N], b_bufs.layout)
-    _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_m, NUM_STAGES)
+    if B_KMAJOR:
+        BLOCK_N: gl.constexpr = b_bufs.shape[1]
+        b_desc = tma.make_tensor_descriptor(b_ptr, [N, K], [stride_bk, 1], [BLOCK_N, BLOCK_K], b_bufs.layout)
+    else:
+        BLOCK_N: gl.constexpr = b_bufs.shape[2]
+        b_desc = tma.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N], b_bufs.layout)
+    _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_m, NUM_STAGES, B_KMAJOR)
 
 
 @gluon.jit
 def _consumer_dev(c_ptr, M, N, K, stride_cm, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m,
-                  WHICH: gl.constexpr, NUM_CONSUMERS: gl.constexpr, NUM_STAGES: gl.constexpr):
+                  WHICH: gl.constexpr, NUM_CONSUMERS: gl.constexpr, NUM_STAGES: gl.constexpr,
+                  B_KMAJOR: gl.constexpr):
     """``_consumer``, with C's descriptor encoded by this consumer itself."""
     BLOCK_M: gl.constexpr = c_bufs.shape[1]
     BLOCK_N: gl.constexpr = c_bufs.shape[2]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     c_desc = tma.make_tensor_descriptor(c_ptr, [M, N], [stride_cm, 1], [BLOCK_M, BLOCK_N], c_bufs.layout)
     _consumer_tiles(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m, (M + BLOCK_M - 1) // BLOCK_M,
-                    (N + BLOCK_N - 1) // BLOCK_N, (K + BLOCK_K - 1) // BLOCK_K, WHICH, NUM_CONSUMERS, NUM_STAGES)
+                    (N + BLOCK_N - 1) // BLOCK_N, (K + BLOCK_K - 1) // BLOCK_K, WHICH, NUM_CONSUMERS, NUM_STAGES,
+                    B_KMAJOR)
 
 
 @gluon.jit(do_not_specialize=["M", "group_m"])
 def _gemm_ws_dev_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride_cm, group_m,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                         NUM_STAGES: gl.constexpr, COOPERATIVE: gl.constexpr,
-                        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, B_KMAJOR: gl.constexpr = False):
     """``_gemm_ws_kernel`` with device descriptors: A, B and C arrive as pointers and
     row strides (unit inner strides, 16-byte aligned bases and row strides: the plan
     checks), and every partition encodes the descriptors it issues TMA copies with
@@ -349,7 +367,12 @@ def _gemm_ws_dev_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stri
     NUM_CONSUMERS: gl.constexpr = 1 if COOPERATIVE else 2
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     a_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], _smem_layout([BLOCK_M, BLOCK_K], dtype))
-    b_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_K, BLOCK_N], _smem_layout([BLOCK_K, BLOCK_N], dtype))
+    if B_KMAJOR:   # stages of B^T tiles
+        b_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, BLOCK_K],
+                                           _smem_layout([BLOCK_N, BLOCK_K], dtype))
+    else:
+        b_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_K, BLOCK_N],
+                                           _smem_layout([BLOCK_K, BLOCK_N], dtype))
     c_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, BLOCK_M, BLOCK_N],
                                        _smem_layout([BLOCK_M, BLOCK_N], dtype))
     ready, empty, order = _barriers(NUM_STAGES)
@@ -357,16 +380,16 @@ def _gemm_ws_dev_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stri
     if COOPERATIVE:
         gl.warp_specialize([
             (_consumer_dev, (c_ptr, M, N, K, stride_cm, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m,
-                             0, NUM_CONSUMERS, NUM_STAGES)),
+                             0, NUM_CONSUMERS, NUM_STAGES, B_KMAJOR)),
             (_producer_dev, (a_ptr, b_ptr, M, N, K, stride_am, stride_bk, a_bufs, b_bufs, ready, empty, group_m,
-                             NUM_STAGES)),
+                             NUM_STAGES, B_KMAJOR)),
         ], [1], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer_dev, (c_ptr, M, N, K, stride_cm, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m,
-                             0, NUM_CONSUMERS, NUM_STAGES)),
+                             0, NUM_CONSUMERS, NUM_STAGES, B_KMAJOR)),
             (_consumer_dev, (c_ptr, M, N, K, stride_cm, a_bufs, b_bufs, c_bufs, ready, empty, order, group_m,
-                             1, NUM_CONSUMERS, NUM_STAGES)),
+                             1, NUM_CONSUMERS, NUM_STAGES, B_KMAJOR)),
             (_producer_dev, (a_ptr, b_ptr, M, N, K, stride_am, stride_bk, a_bufs, b_bufs, ready, empty, group_m,
-                             NUM_STAGES)),
+                             NUM_STAGES, B_KMAJOR)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

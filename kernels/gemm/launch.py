@@ -44,7 +44,8 @@ from kernels.common.plans import capability as _capability, sm_count as _sm_coun
 from kernels.gemm import gluon
 from kernels.gemm.config import (
     DEVICE_DESC_MAX_US, DTYPES, MAXNREG, WS_DTYPES, GemmConfig, StreamKPlan, WsConfig, _as_config,
-    _refuse_ws_on_gpu, bound_us, heuristic, num_warps, split_pieces, stream_k_plan, validate_config, validate_ws, ws_device_desc_fits,
+    _refuse_ws_on_gpu, bound_us, heuristic, num_warps, split_pieces, stream_k_plan, validate_config, validate_ws,
+    ws_device_desc_fits,
 )
 from kernels.gemm.metrics import _mnk
 from kernels.gemm.triton import _gemm_ptr_kernel, _gemm_splitk_kernel, _gemm_tma_dev_kernel, _gemm_tma_kernel
@@ -222,21 +223,18 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
     have_desc = TensorDescriptor is not None
     aligned = have_desc and a_ok and b_ok and c_ok
     cfg = _as_config(config)
-    if cfg is None:   # the Gluon kernel reads B row-major only
-        cfg = heuristic(M, N, K, a.dtype, sms, hopper=hopper, gluon=aligned and sm90 and not b_km, tma=aligned,
-                        c_aligned=c_ok)
+    if cfg is None:
+        cfg = heuristic(M, N, K, a.dtype, sms, hopper=hopper, gluon=aligned and sm90, tma=aligned, c_aligned=c_ok)
     validate_config(cfg)
     if cfg.gluon:
-        if b_km:
-            raise ValueError(f"gemm: gluon={cfg.gluon!r} reads B row-major; this B is a transposed view "
-                             f"(strides {tuple(b.stride())}). Pass b.contiguous(), or use gluon=None")
         if not (sm90 and aligned and a.dtype in WS_DTYPES):
             raise ValueError(f"gemm: gluon={cfg.gluon!r} runs the Gluon kernel (kernels.gemm.gluon), which needs "
                              f"bf16/fp16 operands on an sm_90 GPU with 16-byte aligned rows (K, N multiples of 8); "
                              f"got {a.dtype} on {a.device}. Use gluon=None (the Triton kernel) here")
         wcfg = cfg.ws_config()
         return _ws_plan(M, N, K, wcfg, sms, a.dtype, gluon_device_descriptors and _ws_device_desc_ok(a, b, out, wcfg),
-                        (a.stride(0), b.stride(0), out.stride(0) if out is not None else N))
+                        (a.stride(0), b.stride(1) if b_km else b.stride(0), out.stride(0) if out is not None else N),
+                        b_kmajor=b_km)
     if cfg.warp_specialize and on_gpu:
         _refuse_ws_on_gpu()
     tma_wanted = hopper if cfg.tma is None else cfg.tma
@@ -482,29 +480,32 @@ def _ws_device_desc_ok(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | Non
     rule (``device_desc_ok``) for A, B and C (a fresh C: contiguous (M, N)), and the
     config's shared memory with the descriptors' staging on top."""
     M, N = a.shape[0], b.shape[1]
-    return (device_desc_ok(a) and device_desc_ok(b)
+    b_ok = device_desc_ok(b.t()) if _kmajor_ok(b) and not _tma_ok(b) else device_desc_ok(b)
+    return (device_desc_ok(a) and b_ok
             and device_desc_ok(out, M, N, N, a.element_size()) and ws_device_desc_fits(cfg, a.element_size()))
 
 
 def _ws_plan(M: int, N: int, K: int, cfg: WsConfig, sms: int, dtype: torch.dtype, device_desc: bool = False,
-             row_strides: tuple[int, int, int] = ()) -> _GemmPlan:
+             row_strides: tuple[int, int, int] = (), b_kmajor: bool = False) -> _GemmPlan:
     """The Gluon kernel's plan: host descriptors (their boxes and layouts kept), or with
     ``device_desc`` the variant that encodes them itself from the row strides of A, B
-    and C (``row_strides``, which the plan's key fixes)."""
+    and C (``row_strides``, which the plan's key fixes). ``b_kmajor``: B's descriptor
+    is over B^T (N, K) (B's row stride in ``row_strides`` is then B^T's)."""
     grid = grid_size(M, N, cfg, sms)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     constexprs = dict(NUM_STAGES=cfg.num_stages, COOPERATIVE=cfg.cooperative, CONSUMER_REGS=cfg.consumer_regs,
-                      PRODUCER_REGS=cfg.producer_regs)
+                      PRODUCER_REGS=cfg.producer_regs, B_KMAJOR=bool(b_kmajor))
     options = dict(num_warps=num_warps(cfg), maxnreg=MAXNREG)
     if device_desc:
         launch = PlannedLaunch(gluon._gemm_ws_dev_kernel, (grid,), dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **constexprs),
                                options)
         return _GemmPlan("gluon", M, N, K, cfg, launch, (M, N, K, *row_strides, cfg.group_m), 0, grid,
-                         device_desc=True)
+                         b_kmajor=bool(b_kmajor), device_desc=True)
     launch = PlannedLaunch(gluon._gemm_ws_kernel, (grid,), constexprs, options)
     # Boxes with their shared-memory layouts, made once (building a layout costs more than the launch).
-    blocks = tuple((blk, gluon.layout(dtype, blk)) for blk in ([bm, bk], [bk, bn], [bm, bn]))
-    return _GemmPlan("gluon", M, N, K, cfg, launch, (cfg.group_m,), 0, grid, blocks)
+    b_box = [bn, bk] if b_kmajor else [bk, bn]
+    blocks = tuple((blk, gluon.layout(dtype, blk)) for blk in ([bm, bk], b_box, [bm, bn]))
+    return _GemmPlan("gluon", M, N, K, cfg, launch, (cfg.group_m,), 0, grid, blocks, b_kmajor=bool(b_kmajor))
 
 
 def _launch_ws(p: _GemmPlan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
@@ -514,7 +515,8 @@ def _launch_ws(p: _GemmPlan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
         return
     (ab, al), (bb, bl), (cb, cl) = p.blocks
     D = gluon.TensorDescriptor
-    p.launch(D.from_tensor(a, ab, al), D.from_tensor(b, bb, bl), D.from_tensor(out, cb, cl), *p.args)
+    p.launch(D.from_tensor(a, ab, al), D.from_tensor(b.t() if p.b_kmajor else b, bb, bl), D.from_tensor(out, cb, cl),
+             *p.args)
 
 
 _WS_PLANS = PlanCache()
@@ -577,7 +579,8 @@ def matmul_ws(a: torch.Tensor, b: torch.Tensor, *, config: WsConfig | Mapping[st
 # Cross-compilation (no GPU needed): arguments for workbench.asm.compile
 # --------------------------------------------------------------------------
 def compile_args_ws(config: WsConfig | Mapping[str, Any] | None = None, dtype: torch.dtype = torch.bfloat16,
-                 shape: Mapping[str, int] | tuple[int, int, int] | None = None, device_desc: bool = False) -> dict:
+                 shape: Mapping[str, int] | tuple[int, int, int] | None = None, device_desc: bool = False,
+                 b_kmajor: bool = False) -> dict:
     """Keyword arguments for ``workbench.asm.compile.cross_compile`` that build
     the kernel ``matmul_ws`` launches for ``config`` (``fn`` included)::
 
@@ -587,7 +590,8 @@ def compile_args_ws(config: WsConfig | Mapping[str, Any] | None = None, dtype: t
     only checks the alignment rule (and, with ``device_desc``, decides which
     sizes count as multiples of 16). ``device_desc``: the variant that encodes
     its descriptors in the kernel (``_gemm_ws_dev_kernel``; row-major A, B and C,
-    16-byte aligned bases and row strides).
+    16-byte aligned bases and row strides). ``b_kmajor``: B read through a
+    descriptor over B^T (a transposed view of B, as ``matmul`` runs one).
     """
     cfg = validate_ws(config)
     if dtype not in WS_DTYPES:
@@ -598,18 +602,20 @@ def compile_args_ws(config: WsConfig | Mapping[str, Any] | None = None, dtype: t
         check_alignment(M, N, K, dtype)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     constexprs = {"NUM_STAGES": cfg.num_stages, "COOPERATIVE": cfg.cooperative, "CONSUMER_REGS": cfg.consumer_regs,
-                  "PRODUCER_REGS": cfg.producer_regs}
+                  "PRODUCER_REGS": cfg.producer_regs, "B_KMAJOR": bool(b_kmajor)}
     out = {"fn": gluon._gemm_ws_kernel, "num_warps": num_warps(cfg), "options": {"maxnreg": MAXNREG}}
     if device_desc:
         t = triton_type(dtype)
         sig = {"a_ptr": f"*{t}", "b_ptr": f"*{t}", "c_ptr": f"*{t}", "M": "i32", "N": "i32", "K": "i32",
                "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32", "group_m": "i32"}
         divisible = ["a_ptr", "b_ptr", "c_ptr"] + [name for name, v in (("N", N), ("K", K), ("stride_am", K),
-                                                                       ("stride_bk", N), ("stride_cm", N))
+                                                                       ("stride_bk", K if b_kmajor else N),
+                                                                       ("stride_cm", N))
                                                    if v % 16 == 0]
         return {**out, "fn": gluon._gemm_ws_dev_kernel, "signature": sig,
                 "constexprs": {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **constexprs}, "divisible": divisible}
-    sig = {"a_desc": gluon.desc_type(dtype, [bm, bk]), "b_desc": gluon.desc_type(dtype, [bk, bn]),
+    sig = {"a_desc": gluon.desc_type(dtype, [bm, bk]),
+           "b_desc": gluon.desc_type(dtype, [bn, bk] if b_kmajor else [bk, bn]),
            "c_desc": gluon.desc_type(dtype, [bm, bn]), "group_m": "i32"}
     return {**out, "signature": sig, "constexprs": constexprs}
 
