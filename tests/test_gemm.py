@@ -607,54 +607,6 @@ def test_stream_k_plan_covers_the_tail_once(tiles, programs, k_steps):
     assert plan.sk_programs <= tail * gconfig.SK_MAX_SPLIT
 
 
-@pytest.mark.parametrize("tiles,programs,k_steps", [(156, 132, 66), (70, 132, 67), (45, 4, 8), (5, 132, 3),
-                                                    (100, 132, 200)])
-def test_stream_k_pieces_bound_every_tile(tiles, programs, k_steps):
-    """The fix-up unrolls SK_PIECES loads: no tile may be cut into more pieces."""
-    plan = gconfig.stream_k_plan(tiles, programs, k_steps)
-    if not plan.sk_programs:
-        return
-    bound = gconfig.stream_k_pieces(plan, k_steps)
-    owner = lambda step: next(p for p in range(plan.sk_programs)
-                              if step < sum(plan.sk_iters_per + (q < plan.sk_extra) for q in range(p + 1)))
-    for t in range(tiles - plan.dp_tiles):
-        first, last = owner(t * k_steps), owner(t * k_steps + k_steps - 1)
-        assert last - first + 1 <= bound, (t, first, last, bound)
-    assert bound & (bound - 1) == 0
-
-
-_XC_SK_SCRIPT = textwrap.dedent("""
-    import json, re, sys, tempfile
-    sys.path.insert(0, {root!r})
-    import torch
-    from kernels.gemm import launch as glaunch
-    from workbench.asm.compile import cross_compile
-    out = []
-    for cfg, pieces in json.loads(sys.argv[1]):
-        args = glaunch.compile_args(cfg, torch.bfloat16, dict(M=1539, N=2824, K=4224))
-        args["constexprs"]["SK_PIECES"] = pieces
-        e = cross_compile(targets="sm90", cache_dir=tempfile.mkdtemp(), **args)[0]
-        out.append(dict(problems=[str(p) for p in e.problems],
-                        spills=len(re.findall(r"\\b(?:STL|LDL)\\b", e.text("sass")))))
-    print(json.dumps(out))
-""")
-
-
-def test_sm90_stream_k_fixup_does_not_spill():
-    """The stream-K kernel, cross-compiled for sm_90 at an irregular 1-2 round shape with
-    2 and 8 pieces per tile in the fix-up: no local-memory spills (its offsets made before
-    the loop spilled the accumulator on an H200: 16,512 spill requests in ncu)."""
-    st = dict(block_k=64, tma_store=False, stream_k=True)
-    todo = [(dict(block_m=128, block_n=256, num_warps=8, num_stages=4, **st), p) for p in (2, 8)]
-    todo += [(dict(block_m=128, block_n=128, num_warps=4, num_stages=6, **st), p) for p in (2, 8)]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _XC_SK_SCRIPT.format(root=str(ROOT)), json.dumps(todo)],
-                       capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    for (cfg, pieces), res in zip(todo, json.loads(r.stdout.strip().splitlines()[-1])):
-        assert not res["problems"] and res["spills"] == 0, (cfg, pieces, res)
-
-
 def test_stream_k_plan_skips_whole_rounds_and_short_k():
     assert gconfig.stream_k_plan(264, 132, 64).sk_programs == 0  # no partial round
     assert gconfig.stream_k_plan(133, 132, 1).sk_programs == 0   # one K-step: nothing to split

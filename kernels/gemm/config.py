@@ -478,14 +478,6 @@ def stream_k_plan(tiles: int, programs: int, k_steps: int) -> StreamKPlan:
     return StreamKPlan(tiles - tail, sk_programs, per, extra)
 
 
-def stream_k_pieces(plan: StreamKPlan, k_steps: int) -> int:
-    """A power of two at least the most programs one stream-K tile is split
-    between (its K-steps over ranges of ``sk_iters_per`` or more, starting
-    anywhere in one): the fix-up unrolls that many loads."""
-    most = -(-(k_steps - 1) // max(1, plan.sk_iters_per)) + 1
-    return 1 << max(1, (most - 1).bit_length())
-
-
 
 
 # --------------------------------------------------------------------------

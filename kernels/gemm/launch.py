@@ -44,8 +44,8 @@ from kernels.common.plans import capability as _capability, sm_count as _sm_coun
 from kernels.gemm import gluon
 from kernels.gemm.config import (
     DEVICE_DESC_MAX_US, DTYPES, MAXNREG, WS_DTYPES, GemmConfig, StreamKPlan, WsConfig, _as_config,
-    _refuse_ws_on_gpu, bound_us, heuristic, num_warps, split_pieces, stream_k_pieces, stream_k_plan,
-    validate_config, validate_ws, ws_device_desc_fits,
+    _refuse_ws_on_gpu, bound_us, heuristic, num_warps, split_pieces, stream_k_plan, validate_config, validate_ws,
+    ws_device_desc_fits,
 )
 from kernels.gemm.metrics import _mnk
 from kernels.gemm.triton import _gemm_ptr_kernel, _gemm_splitk_kernel, _gemm_tma_dev_kernel, _gemm_tma_kernel
@@ -296,8 +296,7 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
     launch = PlannedLaunch(_gemm_tma_dev_kernel if dev else _gemm_tma_kernel, (programs,),
                            dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, TMA_STORE=cfg.tma_store,
                                 EPILOGUE_SPLIT=cfg.epilogue_split, FLATTEN=cfg.flatten,
-                                WARP_SPECIALIZE=cfg.warp_specialize, STREAM_K=sk.sk_programs > 0, B_KMAJOR=b_km,
-                                SK_PIECES=stream_k_pieces(sk, triton.cdiv(K, cfg.block_k))),
+                                WARP_SPECIALIZE=cfg.warp_specialize, STREAM_K=sk.sk_programs > 0, B_KMAJOR=b_km),
                            dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     args = (M, N, K, programs, cfg.group_m, sk.dp_tiles, sk.sk_programs, sk.sk_iters_per, sk.sk_extra)
     if dev:   # the row strides of A, B (as launched: padded copies have pad_* columns) and C
@@ -655,8 +654,7 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
            "sk_iters_per": "i32", "sk_extra": "i32", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "TMA_STORE": cfg.tma_store,
                   "EPILOGUE_SPLIT": cfg.epilogue_split, "FLATTEN": cfg.flatten,
-                  "WARP_SPECIALIZE": cfg.warp_specialize, "STREAM_K": bool(cfg.stream_k), "B_KMAJOR": bool(b_kmajor),
-                  "SK_PIECES": 8}
+                  "WARP_SPECIALIZE": cfg.warp_specialize, "STREAM_K": bool(cfg.stream_k), "B_KMAJOR": bool(b_kmajor)}
     if cfg.tma_store:
         sig["c_desc"] = f"tensordesc<{t}[{bm}, {bn // cfg.epilogue_split}]>"
     else:

@@ -81,13 +81,12 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms,
                      dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
-                     WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr = False,
-                     SK_PIECES: tl.constexpr = 8):
+                     WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr = False):
     """Host descriptors: A, B (and C with TMA_STORE) arrive as TMA descriptors
     encoded by the launcher on every call."""
     _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m, dp_tiles, sk_programs,
               sk_iters_per, sk_extra, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, EPILOGUE_SPLIT,
-              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR, SK_PIECES)
+              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR)
 
 
 @triton.jit(do_not_specialize=["num_sms", "group_m", "dp_tiles", "sk_programs", "sk_iters_per", "sk_extra"])
@@ -95,8 +94,7 @@ def _gemm_tma_dev_kernel(a_ptr, b_ptr, c_ptr, stride_am, stride_bk, stride_cm, M
                          dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
-                         WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr = False,
-                         SK_PIECES: tl.constexpr = 8):
+                         WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr = False):
     """Device descriptors: the same kernel, but each program encodes the TMA
     descriptors of A, B (and C) itself from plain pointers and strides, into its
     slot of the global scratch buffer the launcher passes (128 bytes each), so
@@ -114,35 +112,7 @@ def _gemm_tma_dev_kernel(a_ptr, b_ptr, c_ptr, stride_am, stride_bk, stride_cm, M
         c_desc = None
     _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m, dp_tiles, sk_programs,
               sk_iters_per, sk_extra, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, EPILOGUE_SPLIT,
-              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR, SK_PIECES)
-
-
-@triton.jit
-def _sk_fixup(ws_ptr, c_ptr, stride_cm, M, N, off_m, off_n, t, q_first, q_last, k_steps, sk_iters_per, sk_extra,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SK_PIECES: tl.constexpr):
-    """C's tile t = the sum of its pieces' fp32 partials (programs q_first ..
-    q_last, at most SK_PIECES), a column chunk at a time: every piece's loads of
-    a chunk are issued before they are summed (one memory latency per chunk, not
-    one per piece), and the chunks are narrow enough that SK_PIECES of them fit
-    in registers (wider ones spilled, seen cross-compiled for sm_90)."""
-    # The pieces' loads of a chunk together: at most half the dead accumulator's
-    # registers, and 8192 fp32; 8 columns (32 bytes, a sector) at the least.
-    CHUNK: tl.constexpr = max(8, min(BLOCK_N // (2 * SK_PIECES), 8192 // (BLOCK_M * SK_PIECES)))
-    rows = tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, CHUNK)
-    for h in tl.static_range(BLOCK_N // CHUNK):
-        offs = rows[:, None] * BLOCK_N + (h * CHUNK + cols)[None, :]
-        part = tl.zeros((BLOCK_M, CHUNK), dtype=tl.float32)
-        for j in tl.static_range(SK_PIECES):
-            q = q_first + j
-            q_start = q * sk_iters_per + tl.minimum(q, sk_extra)
-            q_slot = (t != q_start // k_steps).to(tl.int32)
-            part += tl.load(ws_ptr + (q * 2 + q_slot).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs,
-                            mask=q <= q_last, other=0.0, cache_modifier=".cg")
-        c_rows = off_m + rows
-        c_cols = off_n + h * CHUNK + cols
-        tl.store(c_ptr + c_rows[:, None] * stride_cm + c_cols[None, :], part.to(c_ptr.dtype.element_ty),
-                 mask=(c_rows[:, None] < M) & (c_cols[None, :] < N))
+              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR)
 
 
 @triton.jit
@@ -150,10 +120,8 @@ def _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_
               dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
-              WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr,
-              SK_PIECES: tl.constexpr):
-    """The persistent TMA GEMM, whichever side made its descriptors. SK_PIECES: the
-    most programs a stream-K tile is split between (the plan's bound)."""
+              WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr):
+    """The persistent TMA GEMM, whichever side made its descriptors."""
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     k_steps = (K + BLOCK_K - 1) // BLOCK_K
@@ -184,6 +152,10 @@ def _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_
         if pid < sk_programs:
             start = pid * sk_iters_per + tl.minimum(pid, sk_extra)
             end = start + sk_iters_per + (pid < sk_extra).to(tl.int32)
+            rows_t = tl.arange(0, BLOCK_M)
+            cols_t = tl.arange(0, BLOCK_N)
+            tile_offs = rows_t[:, None] * BLOCK_N + cols_t[None, :]
+            half_cols = tl.arange(0, BLOCK_N // 2)
             it = start
             while it < end:
                 t = it // k_steps
@@ -206,16 +178,26 @@ def _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_
                     _store_tile(acc, off_m, off_n, c_desc, c_ptr, stride_cm, M, N, BLOCK_M, BLOCK_N, TMA_STORE,
                                 EPILOGUE_SPLIT)
                 else:
-                    # The tile's offsets are made here, not before the loop: live across
-                    # the main loop next to the accumulator they spilled it (seen on an H200).
                     slot = (t != start // k_steps).to(tl.int32)
-                    tile_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
                     tl.store(ws_ptr + (pid * 2 + slot).to(tl.int64) * (BLOCK_M * BLOCK_N) + tile_offs, acc)
                     tl.debug_barrier()  # every thread's partial is written before the count
                     arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
                     if arrived == q_last - q_first:
-                        _sk_fixup(ws_ptr, c_ptr, stride_cm, M, N, off_m, off_n, t, q_first, q_last, k_steps,
-                                  sk_iters_per, sk_extra, BLOCK_M, BLOCK_N, SK_PIECES)
+                        # Sum the slots half a tile at a time (the accumulator is dead by
+                        # now): a whole second tile in registers would spill.
+                        for h in tl.static_range(2):
+                            half_offs = rows_t[:, None] * BLOCK_N + (h * (BLOCK_N // 2) + half_cols)[None, :]
+                            part = tl.zeros((BLOCK_M, BLOCK_N // 2), dtype=tl.float32)
+                            for q in range(q_first, q_last + 1):
+                                q_start = q * sk_iters_per + tl.minimum(q, sk_extra)
+                                q_slot = (t != q_start // k_steps).to(tl.int32)
+                                part += tl.load(ws_ptr + (q * 2 + q_slot).to(tl.int64) * (BLOCK_M * BLOCK_N)
+                                                + half_offs, cache_modifier=".cg")
+                            rows = off_m + rows_t
+                            cols = off_n + h * (BLOCK_N // 2) + half_cols
+                            tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :],
+                                     part.to(c_ptr.dtype.element_ty),
+                                     mask=(rows[:, None] < M) & (cols[None, :] < N))
                         tl.store(cnt_ptr + t, 0)
                 it += k_hi - k_lo
 
