@@ -12,11 +12,19 @@ kernel runs them, and how other tilings of ours fare there.
    checked against the fp32 reference on a NaN-poisoned output, then timed
    against cuBLAS by ``workbench.bench.interleave`` (CUDA-graph replays, L2
    flushed, taking turns). fp32 runs on the tensor cores (tf32) in both.
+3. ``--fp32-small`` alone -> ``fp32_small.csv``: the zoo's fp32 shapes with M <= 64,
+   B row-major and K-major: the FMA kernel as the heuristic configures it and
+   variants of it, the tf32 kernel the cost model picks without it (the split-K
+   "swap" kernel), cuBLAS with tf32 (as the zoo compares) and in true fp32; each
+   checked against float64 on a NaN-poisoned output (the FMA kernel and fp32
+   cuBLAS to 1e-5, tf32 to 2e-3), timed as CUDA-graph replays. ``--dry-run``
+   prints what it would time and needs no GPU.
 Rows carry provenance; a shape whose budget is spent is skipped and said so.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -186,6 +194,132 @@ def time_stream_k(args, prov) -> list[dict]:
     return rows
 
 
+# --fp32-small: the FMA kernel (GemmConfig.fma) at the zoo's fp32 shapes with M <= 64.
+FMA_TOL = 1e-5   # true fp32 against float64 (tests/test_gemm.py FMA_TOL says why)
+
+
+def fp32_small_shapes() -> list[tuple[int, int, int]]:
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from run_gemm_zoo import load_shapes
+
+    from kernels.gemm.config import FMA_MAX_M
+
+    return sorted({(s["M"], s["N"], s["K"]) for s in load_shapes() if s["dtype"] == "float32" and s["M"] <= FMA_MAX_M})
+
+
+def fp32_small_variants(M: int, N: int, K: int, num_sms: int, b_kmajor: bool, aligned: bool) -> dict:
+    """name -> config (None: the heuristic, which runs the FMA kernel here)."""
+    import torch
+
+    from kernels.gemm import config as gconfig
+
+    rule = gconfig.fma_config(M, N, K, num_sms, b_kmajor)
+    pieces = rule.split_k
+    dot_m = min(64, max(16, 1 << max(0, M - 1).bit_length()))
+    out = {
+        "fma": None,
+        "fma_split_half": dataclasses.replace(rule, split_k=max(1, pieces // 2)),
+        "fma_split_double": dataclasses.replace(rule, split_k=2 * pieces),
+        "fma_rows8": gconfig.GemmConfig(block_m=min(8, dot_m), block_n=512, block_k=4, num_warps=4, num_stages=1,
+                                        tma_store=False, fma=True),
+        "fma_dot_n128": gconfig.GemmConfig(block_m=dot_m, block_n=128, block_k=32, num_warps=4, num_stages=3,
+                                           tma_store=False, fma=True),
+        "fma_dot_n64": gconfig.GemmConfig(block_m=dot_m, block_n=64, block_k=32, num_warps=4, num_stages=4,
+                                          tma_store=False, fma=True),
+        # What the heuristic ran before the FMA kernel: the cost model's tf32 pick (the "swap" kernel).
+        "tf32_rule": gconfig.cost_model_rule(M, N, K, torch.float32, num_sms, gluon=False, tma=aligned),
+    }
+    return out
+
+
+def _cublas_fp32(a, b, c):
+    """cuBLAS without tf32 (its gemv at M = 1, an FFMA sgemm otherwise)."""
+    import torch
+
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        torch.matmul(a, b, out=c)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def time_fp32_small(args, prov) -> list[dict]:
+    import torch
+
+    from kernels import gemm
+    from kernels.gemm import config as gconfig, launch as glaunch
+    from workbench import bench
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows, t0 = [], time.time()
+    for i, (M, N, K) in enumerate(fp32_small_shapes()):
+        for b_layout in ("row", "t"):
+            if time.time() - t0 > args.budget_s:
+                print(f"budget spent: {M}x{N}x{K} {b_layout} and later not run", flush=True)
+                return rows
+            g = torch.Generator(device="cuda").manual_seed(500 + i)
+            a = torch.randn(M, K, device="cuda", generator=g)
+            b = torch.randn(K, N, device="cuda", generator=g)
+            if b_layout == "t":   # same values, K-major: the transposed view of an (N, K) tensor
+                b = b.t().contiguous().t()
+            c = torch.empty(M, N, device="cuda")
+            ref = a.double() @ b.double()
+            aligned = glaunch._tma_ok(a) and (glaunch._tma_ok(b) or glaunch._kmajor_ok(b))
+            configs = fp32_small_variants(M, N, K, sms, b_layout == "t", aligned)
+            fns = {"cublas": lambda: gemm.cublas(a, b, out=c), "cublas_fp32": lambda: _cublas_fp32(a, b, c)}
+            fns.update({n: (lambda p=p: gemm.matmul(a, b, p, out=c)) for n, p in configs.items()})
+            status, labels, errs = {}, {}, {}
+            for name, fn in list(fns.items()):
+                c.fill_(float("nan"))
+                try:
+                    fn()
+                    torch.cuda.synchronize()
+                    err = float((c.double() - ref).norm() / ref.norm())
+                    if name.startswith("cublas"):
+                        labels[name] = "cuBLAS" + (" fp32" if name == "cublas_fp32" else " tf32")
+                    else:
+                        p = glaunch.plan_for(a, b, configs[name], c)
+                        labels[name] = f"{p.kind}: {p.config.label()}"
+                    tol = 2e-3 if name in ("cublas", "tf32_rule") else FMA_TOL
+                    errs[name] = err
+                    status[name] = "ok" if err <= tol else f"wrong: rel_err {err:.2e} > {tol:.0e}"
+                except Exception as exc:
+                    status[name] = f"error: {type(exc).__name__}: {str(exc)[:160]}"
+                if status[name] != "ok":
+                    del fns[name]
+            t = bench.interleave(fns, warmup_ms=20, rep_ms=args.rep_ms, min_reps=10, max_reps=100, mode="graph")
+            base = t["cublas"].median_ms if "cublas" in t else float("nan")
+            bound_us = gconfig.fma_bound_us(M, N, K)
+            for name in ["cublas", "cublas_fp32"] + list(configs):
+                tm = t.get(name)
+                ms = tm.median_ms if tm else float("nan")
+                rows.append(dict(M=M, N=N, K=K, dtype="float32", b_layout=b_layout, variant=name,
+                                 config=labels.get(name, ""), status=status.get(name, "not timed"), mode="graph",
+                                 rel_err=errs.get(name, float("nan")), median_ms=ms,
+                                 b_gbps=K * N * 4 / ms / 1e6 if tm else float("nan"),
+                                 ratio_vs_cublas=base / ms if tm else float("nan"), cublas_ms=base,
+                                 b_bound_us=bound_us, **prov))
+                print(f"{M}x{N}x{K} {b_layout:3s} {name:17s} {labels.get(name, ''):44s} {ms * 1e3:8.1f} us "
+                      f"{base / ms if tm else float('nan'):6.3f}x cuBLAS  B bound {bound_us:6.1f} us  "
+                      f"{status.get(name, '')}", flush=True)
+    return rows
+
+
+def dry_run_fp32_small(num_sms: int = 132) -> None:
+    """What --fp32-small would time, with the configs an sm_90 GPU of ``num_sms`` SMs gets (no GPU used)."""
+    for M, N, K in fp32_small_shapes():
+        for b_layout in ("row", "t"):
+            for name, cfg in fp32_small_variants(M, N, K, num_sms, b_layout == "t", True).items():
+                if cfg is None:
+                    from kernels.gemm import config as gconfig
+                    import torch
+
+                    cfg = gconfig.heuristic(M, N, K, torch.float32, num_sms, b_kmajor=b_layout == "t")
+                print(f"{M}x{N}x{K} {b_layout:3s} {name:17s} {cfg.label()}")
+            print(f"{M}x{N}x{K} {b_layout:3s} cublas, cublas_fp32")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -194,7 +328,15 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-names", action="store_true", help="leave out part 1 (cuBLAS kernel names)")
     ap.add_argument("--stream-k", action="store_true",
                     help="only the stream-K split probe (SK_MAX_SPLIT 2-16 on 1-3 round shapes) -> stream_k.csv")
+    ap.add_argument("--fp32-small", action="store_true",
+                    help="only the fp32 M <= 64 probe (FMA kernel, tf32 swap kernel, cuBLAS) -> fp32_small.csv")
+    ap.add_argument("--dry-run", action="store_true", help="with --fp32-small: list what it would time, no GPU")
     args = ap.parse_args(argv)
+    if args.dry_run:
+        if not args.fp32_small:
+            ap.error("--dry-run goes with --fp32-small")
+        dry_run_fp32_small()
+        return 0
     import pandas as pd
     import torch
 
@@ -208,6 +350,9 @@ def main(argv=None) -> int:
     prov = provenance.flat(provenance.collect())
     if args.stream_k:
         pd.DataFrame(time_stream_k(args, prov)).to_csv(out / "stream_k.csv", index=False)
+        return 0
+    if args.fp32_small:
+        pd.DataFrame(time_fp32_small(args, prov)).to_csv(out / "fp32_small.csv", index=False)
         return 0
     if not args.skip_names:
         names = cublas_kernels(EDGE + SMALL, torch.bfloat16, prov) + cublas_kernels(FP32, torch.float32, prov)

@@ -110,7 +110,7 @@ def run_shapes(shapes: list[dict], phase: str, args, prov, out_csv: Path, best: 
         if phase == "sweep":
             configs = gconfig.candidates(M, N, K, dt, sms, aligned=aligned,
                                          gluon=aligned and c_aligned and args.b_layout == "row",
-                                         c_aligned=c_aligned)
+                                         c_aligned=c_aligned, b_kmajor=args.b_layout == "t")
         else:
             configs["heuristic"] = None
             hit = (best or {}).get((M, N, K, s["dtype"]))
@@ -202,7 +202,8 @@ def _best_from(path: Path) -> dict:
         es = getattr(torch, r.dtype).itemsize
         aligned = (r.K * es) % 16 == 0 and (r.N * es) % 16 == 0
         cfg = gconfig.candidates(int(r.M), int(r.N), int(r.K), getattr(torch, r.dtype), int(r.num_sms),
-                                 aligned=aligned, gluon=aligned, c_aligned=(r.N * es) % 16 == 0).get(r.variant)
+                                 aligned=aligned, gluon=aligned, c_aligned=(r.N * es) % 16 == 0,
+                                 b_kmajor=getattr(r, "b_layout", "row") == "t").get(r.variant)
         if cfg is not None:
             out[(int(r.M), int(r.N), int(r.K), r.dtype)] = cfg
     return out

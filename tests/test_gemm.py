@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
 TINY = dict(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1)
 SPLIT = dict(block_m=16, block_n=64, block_k=32, num_warps=4, num_stages=2, split_k=1)
+FMA = dict(block_m=4, block_n=32, block_k=8, num_warps=1, num_stages=1, fma=True)
 # (name, M, N, K, dtype, config)
 CASES = [
     ("6x42x123-fp16-tiny", 6, 42, 123, "float16", TINY),
@@ -89,7 +90,30 @@ CASES = [
     ("130x264x95-bf16-bT-unaligned-pad", 130, 264, 95, "bfloat16", dict(SMALL, tma=True, tma_store=False, pad=True,
                                                                        _b="t")),
     ("130x257x96-fp16-bT-ptr", 130, 257, 96, "float16", dict(SMALL, _b="t")),
+    # fp32 FMA kernel (fma=True): outer products per row of B (block_m < 16) or tl.dot in ieee
+    # precision (block_m >= 16); K pieces meet in the split-K workspace; B row-major or K-major.
+    ("1x7x64-fp32-fma", 1, 7, 64, "float32", dict(FMA, block_m=1)),
+    ("3x4097x96-fp32-fma-split", 3, 4097, 96, "float32", dict(FMA, block_n=512, num_warps=4, split_k=3)),
+    ("17x33x8200-fp32-fma-dot-split", 17, 33, 8200, "float32", dict(FMA, block_m=16, block_k=128, split_k=16)),
+    ("64x130x257-fp32-fma-dot", 64, 130, 257, "float32", dict(FMA, block_m=32, block_n=64, block_k=16, split_k=2)),
+    ("64x130x257-fp32-fma-rows-auto-split", 64, 130, 257, "float32", dict(FMA, block_m=8, block_n=64, num_warps=2)),
+    ("5x40x48-fp32-fma-bT", 5, 40, 48, "float32", dict(FMA, split_k=2, _b="t")),
+    ("5x40x48-fp32-fma-dot-bT", 5, 40, 48, "float32", dict(FMA, block_m=16, block_k=16, split_k=3, _b="t")),
+    # No config: the heuristic's FMA configs (fp32, M <= 64), K split for the interpreter's 4 "SMs".
+    ("1x7x64-fp32-default-fma", 1, 7, 64, "float32", None),
+    ("3x4097x96-fp32-default-fma", 3, 4097, 96, "float32", None),
+    ("17x33x8200-fp32-default-fma", 17, 33, 8200, "float32", None),
+    ("64x130x257-fp32-default-fma", 64, 130, 257, "float32", None),
+    ("5x40x48-fp32-default-fma-bT", 5, 40, 48, "float32", dict(_b="t")),
 ]
+FMA_CASES = [c[0] for c in CASES if "fma" in c[0]]
+# True fp32 (products and sums rounded to 24-bit mantissas, unit roundoff 6e-8): the norm-wise
+# error of a K-long dot product stays near sqrt(K) * 6e-8 (6e-6 at K = 11683) for random signs.
+# tf32 rounds every input to 11 significant bits (unit roundoff 4.9e-4), hence its 2e-3.
+FMA_TOL = 1e-5
+# The zoo's fp32 shapes at M <= 64 (results/gemm_zoo/final.csv: 0.39-0.86x cuBLAS on the tf32 "swap" kernel).
+FP32_SMALL_M = [(1, 3584, 3584), (10, 7770, 11683), (19, 6896, 2352), (12, 3744, 2464), (64, 2048, 768),
+                (64, 3584, 3584)]
 
 _SCRIPT = textwrap.dedent("""
     import json, os, sys
@@ -110,6 +134,7 @@ _SCRIPT = textwrap.dedent("""
             b = torch.randn(N, K, generator=g).to(dtype).t()
         else:
             b = torch.randn(K, N, generator=g).to(dtype)
+        cfg = cfg or None   # only _b given: no config (the heuristic)
         c = torch.full((M, N), float("nan"), dtype=dtype)   # poisoned
         try:
             gemm.matmul(a, b, cfg, out=c)
@@ -159,6 +184,16 @@ def test_interpreter_b_layout_path(interpreter_results, case, b_kmajor, trans_b)
     fp32 B K-major for the persistent kernel only, and leaves unaligned or pointer-path B alone."""
     res = interpreter_results[case]
     assert (res["b_kmajor"], res["trans_b"]) == (b_kmajor, trans_b), res
+
+
+@pytest.mark.parametrize("case", FMA_CASES)
+def test_interpreter_fma_is_true_fp32(interpreter_results, case):
+    """The FMA cases (explicit configs and the heuristic's) ran the FMA kernel, and to
+    fp32 accuracy, far inside tf32's tolerance."""
+    res = interpreter_results[case]
+    assert "error" not in res, res.get("error")
+    assert res["kind"] == "fma", res
+    assert res["err"] <= FMA_TOL, f"relative error {res['err']:.2e} > {FMA_TOL:.0e}"
 
 
 # The TMA cases again with DEVICE_DESCRIPTORS on: the kernels build their descriptors
@@ -227,6 +262,33 @@ def test_bad_config(cfg, match, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # validation happens before any launch
     with pytest.raises(ValueError, match=match):
         gemm.matmul(_t(4, 8), _t(8, 4), cfg)
+
+
+@pytest.mark.parametrize("cfg,match", [
+    (dict(fma=1), "fma=1 must be True"),
+    (dict(fma=True, swap_ab=True), "takes none of swap_ab"),
+    (dict(fma=True, stream_k=True), "takes none of stream_k"),
+    (dict(fma=True, tma=True, pad=True), "takes none of tma, pad"),
+    (dict(fma=True, transpose_b=True), "transpose_b"),
+    (dict(fma=True, gluon="coop", block_n=256, block_k=32, num_stages=6), "takes none of gluon"),
+    (dict(fma=True, block_m=3), "block_m=3 must be a power of two from 1"),
+    (dict(fma=True, block_n=8), "block_n=8 must be a power of two from 16"),
+    (dict(fma=True, block_m=8, block_k=64), "needs block_k <= 32"),
+    (dict(fma=True, block_m=16, block_k=8), "needs block_k >= 16"),
+    (dict(fma=True, split_k=0), "split_k=0"),
+    (dict(block_m=8), "from 16"),   # short blocks are the FMA kernel's only
+])
+def test_bad_fma_config(cfg, match, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    a, b = _t(4, 8, dtype=torch.float32), _t(8, 4, dtype=torch.float32)
+    with pytest.raises(ValueError, match=match):
+        gemm.matmul(a, b, cfg)
+
+
+def test_fma_refuses_16_bit_operands(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="fma=True is the fp32 kernel"):
+        gemm.matmul(_t(4, 8), _t(8, 4), dict(fma=True, block_m=4, block_k=8))
 
 
 def test_bad_out(monkeypatch):
@@ -395,6 +457,66 @@ def test_sm90_device_descriptors_compile_to_tma_from_global_memory(sm90_device_d
     assert c["wgmma"] > 0 and c["local"] == 0
     assert c["utmaldg"] > 0 and c["utmacctl"] >= 1      # TMA loads; descriptor-cache invalidation
     assert (c["utmastg"] > 0) == bool(cfg.get("tma_store", True) and "split_k" not in cfg)
+
+
+# The FMA kernel, cross-compiled for sm_90 as the heuristic configures it: FFMA and no
+# tensor-core instruction, nothing spilled; B arrives in 128-bit pieces, by LDG.E.128 into
+# registers (outer products, block_m < 16) or by LDGSTS.E.BYPASS.128, the asynchronous copy
+# into shared memory that tl.dot's pipeline uses (block_m >= 16; also for a K-major B, along K).
+_XC_FMA_SCRIPT = textwrap.dedent("""
+    import json, re, sys, tempfile
+    sys.path.insert(0, {root!r})
+    import torch
+    from kernels.gemm import launch as glaunch
+    from kernels.gemm.config import GemmConfig
+    from workbench.asm.compile import cross_compile
+    out = {{}}
+    for name, (params, shape, b_kmajor) in json.loads(sys.argv[1]).items():
+        e = cross_compile(targets="sm90", cache_dir=tempfile.mkdtemp(),
+                          **glaunch.compile_args(GemmConfig(**params), torch.float32, shape, b_kmajor=b_kmajor))[0]
+        sass = e.text("sass")
+        ops = re.findall(r"^\\s+/\\*[0-9a-f]+\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]+)", sass, re.M)
+        r = e.resources()
+        out[name] = dict(fn=e.name, ffma=ops.count("FFMA"), ldg128=ops.count("LDG.E.128"),
+                         ldgsts128=ops.count("LDGSTS.E.BYPASS.128"),
+                         mma=sum(o.startswith(("HMMA", "HGMMA")) for o in ops),
+                         spills=r.get("spill_stores"), local=r.get("local_bytes"), registers=r.get("registers"))
+    print(json.dumps(out))
+""")
+
+
+def _fma_xc_cases():
+    out = {}
+    for (M, N, K), b_t in [((1, 3584, 3584), False), ((4, 192, 224), False), ((8, 2048, 4096), False),
+                           ((12, 3744, 2464), False), ((64, 3584, 3584), False), ((1, 3584, 3584), True)]:
+        cfg = gemm.heuristic(M, N, K, torch.float32, 132, b_kmajor=b_t)
+        out[f"{M}x{N}x{K}{'-bT' if b_t else ''}"] = (dataclasses.asdict(cfg), dict(M=M, N=N, K=K), b_t)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sm90_fma():
+    try:
+        import workbench.asm.compile  # noqa: F401
+    except Exception as exc:  # the asm package is developed alongside
+        pytest.skip(f"workbench.asm.compile not available: {exc}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _XC_FMA_SCRIPT.format(root=str(ROOT)), json.dumps(_fma_xc_cases())],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", list(_fma_xc_cases()))
+def test_sm90_fma_kernel_uses_ffma_and_128_bit_loads_of_b(sm90_fma, name):
+    c, (params, _, _) = sm90_fma[name], _fma_xc_cases()[name]
+    assert c["fn"] == "_gemm_fma_kernel"
+    assert c["ffma"] > 0 and c["mma"] == 0              # FMA units, no tensor cores
+    assert c["spills"] == 0 and not c["local"], c        # nothing spilled to local memory
+    if params["block_m"] < 16:
+        assert c["ldg128"] >= params["block_k"], c       # a 128-bit load per row of B per K-step
+    else:
+        assert c["ldgsts128"] > 0, c                     # 128-bit asynchronous copies of A and B
 
 
 # ----------------------------------------------------------------------- GPU
@@ -583,6 +705,27 @@ def test_gpu_b_layouts(M, N, K, dtype, cfg, b_t):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K", FP32_SMALL_M)
+@pytest.mark.parametrize("b_t", [False, True])
+def test_gpu_fma_small_m_fp32(M, N, K, b_t):
+    """The zoo's fp32 small-M shapes through the heuristic (the FMA kernel), B row-major or
+    K-major: fresh inputs, poisoned outputs, twice (the split-K counters reset themselves),
+    against float64 within FMA_TOL (true fp32, not tf32: see FMA_TOL)."""
+    g = torch.Generator(device="cuda").manual_seed(M + 5 * N + 3 * K)
+    for _ in range(2):
+        a = torch.randn(M, K, device="cuda", generator=g)
+        b = torch.randn(N, K, device="cuda", generator=g).t() if b_t else torch.randn(K, N, device="cuda", generator=g)
+        c = torch.full((M, N), float("nan"), device="cuda")
+        gemm.matmul(a, b, out=c)
+        torch.cuda.synchronize()
+        assert glaunch.plan_for(a, b, None, c).kind == "fma"
+        ref = a.double() @ b.double()
+        assert torch.isfinite(c).all()
+        err = ((c.double() - ref).norm() / ref.norm()).item()
+        assert err <= FMA_TOL, err
+
+
+@pytest.mark.gpu
 def test_gpu_refuses_warp_specialization(monkeypatch):
     monkeypatch.delenv("WORKBENCH_ALLOW_WS", raising=False)
     a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
@@ -626,6 +769,9 @@ def test_heuristic_is_the_cost_models_argmin(M, N, K):
                 assert cfg == gconfig.tiling_rule(M, N, K, dtype, 132, gl)
                 continue
             cands = gconfig.candidates(M, N, K, dtype, 132, gluon=gl)
+            if dtype == torch.float32 and M <= gconfig.FMA_MAX_M:   # a stated rule, not the model
+                assert cfg == cands["fma"]
+                continue
             est = {n: gconfig.estimate_us(c, M, N, K, dtype, 132, gconfig.COST[n])
                    for n, c in cands.items() if n in gconfig.COST}
             assert cfg == cands[min(est, key=est.get)]
@@ -646,6 +792,43 @@ def test_heuristic_small_m_takes_the_split_k_kernel():
     for M, N, K in [(1, 4096, 4096), (16, 14336, 4096), (8, 8192, 28672)]:
         cfg = gemm.heuristic(M, N, K, num_sms=132)
         assert cfg.split_k is not None and cfg.block_m <= 64, cfg.label()
+
+
+def test_heuristic_fp32_small_m_takes_the_fma_kernel():
+    """fp32 with M <= FMA_MAX_M: the FMA kernel (outer products up to 8 rows of row-major B,
+    tl.dot in ieee precision beyond, and for a K-major B), on Hopper or not; 16-bit types
+    and larger M keep their rules; "fma" is a candidate exactly where the rule may pick it."""
+    for M, N, K in FP32_SMALL_M + [(3, 1678, 2150), (4, 192, 224)]:
+        for hopper in (True, False):
+            cfg = gemm.heuristic(M, N, K, torch.float32, 132, hopper=hopper)
+            assert cfg.fma and cfg == gconfig.candidates(M, N, K, torch.float32, 132)["fma"], (M, N, K)
+            assert (cfg.block_m < 16) == (M <= 8) and cfg.block_m >= min(M, 64)
+            assert cfg.split_k * cfg.block_m * math.ceil(M / cfg.block_m) <= max(1, K // 2)   # partials <= B
+            assert gconfig.smem_bytes(cfg, 4) <= gconfig.SMEM_LIMIT_SM90
+        assert gemm.heuristic(M, N, K, torch.float32, 132, b_kmajor=True).block_m >= 16   # tl.dot reads along K
+        assert not gemm.heuristic(M, N, K, torch.bfloat16, 132).fma
+        assert "fma" not in gconfig.candidates(M, N, K, torch.bfloat16, 132)
+    assert not gemm.heuristic(65, 3584, 3584, torch.float32, 132).fma
+    assert "fma" not in gconfig.candidates(65, 3584, 3584, torch.float32, 132)
+    cfg = gemm.heuristic(1, 3584, 3584, torch.float32, 132)
+    tiles = math.ceil(3584 / cfg.block_n)
+    assert cfg.split_k * tiles >= 132 and gconfig.fma_bound_us(1, 3584, 3584) == pytest.approx(12.0, abs=0.1)
+
+
+def test_probe_fp32_small_parses_and_dry_runs():
+    """experiments/probe_gemm_gaps.py --fp32-small (a GPU timing) lists what it would time
+    without a GPU: every fp32 zoo shape with M <= 64, both B layouts, the FMA kernel first."""
+    probe = str(ROOT / "experiments" / "probe_gemm_gaps.py")
+    r = subprocess.run([sys.executable, probe, "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "--fp32-small" in r.stdout and "--dry-run" in r.stdout, r.stderr
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, probe, "--out", "unused", "--fp32-small", "--dry-run"], capture_output=True,
+                       text=True, timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    fma = [line.split() for line in r.stdout.splitlines() if line.split()[2:3] == ["fma"]]
+    want = {(f"{M}x{N}x{K}", layout) for M, N, K in FP32_SMALL_M for layout in ("row", "t")}
+    assert want <= {(f[0], f[1]) for f in fma} and all(f[-1] == "fma" for f in fma)
+    assert "tf32_rule" in r.stdout and "swap" in r.stdout and "cublas_fp32" in r.stdout
 
 
 def test_heuristic_pads_unaligned_operands():

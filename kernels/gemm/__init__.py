@@ -40,6 +40,13 @@ in an fp32 workspace (the last to arrive adds them up and stores C). With
 becomes the MMA's narrow N side instead of a 64-row tile padded with zeros:
 the small-M (decode) path, bound by reading B once.
 
+fp32 at small M (``GemmConfig.fma``, ``_gemm_fma_kernel``): true fp32 on the
+FMA units, no tensor cores, K split over programs as above. Up to 8 rows of A,
+one outer product per row of B, read with 128-bit loads along N; more rows (or
+a K-major B) through ``tl.dot`` in ieee precision, which Triton builds from FMAs
+on tiles staged in shared memory. The heuristic takes it for fp32 with M <= 64
+(``config.FMA_MAX_M``; a stated rule, not yet measured: ``config.fma_config``).
+
 Unaligned rows (``GemmConfig.pad``): TMA needs 16-byte aligned row strides (K
 and N multiples of 8 in bf16); an operand without them is copied into a fresh
 aligned buffer at each call, and the TMA kernels run on the copy, instead of

@@ -2,7 +2,8 @@
 
 ``GemmConfig``: every knob of the Triton kernel (``kernels.gemm.triton``), and
 with ``gluon="pingpong"|"coop"`` the Gluon kernel's (``kernels.gemm.gluon``),
-which ``WsConfig`` describes in that kernel's own terms. ``heuristic`` is the
+which ``WsConfig`` describes in that kernel's own terms; ``fma=True`` runs the
+fp32 small-M kernel on the FMA units (``fma_config``). ``heuristic`` is the
 config ``matmul`` runs when none is given; ``stream_k_plan`` splits the last
 round of tiles along K.
 """
@@ -58,6 +59,11 @@ class GemmConfig:
     # registers, which serialises the pipeline. None: for fp32 only. A K-major B (a
     # transposed view such as ``x @ w.t()``) runs as it is, with or without this.
     transpose_b: bool | None = None
+    # fp32 only: run ``_gemm_fma_kernel`` (FMA units, true fp32 products, no tensor cores),
+    # the small-M path, bound by reading B once. block_m < 16: one outer product per row of
+    # B (block_k rows unrolled per K-step); block_m >= 16: tl.dot in ieee precision.
+    # split_k: K pieces, as for the split-K kernel; None: ``fma_split`` decides per device.
+    fma: bool = False
 
     def label(self) -> str:
         if self.gluon:
@@ -85,6 +91,8 @@ class GemmConfig:
             s += " pad"
         if self.transpose_b is not None:
             s += " tb" if self.transpose_b else " ntb"
+        if self.fma:
+            s += " fma"
         return s
 
     def as_params(self) -> dict:
@@ -112,6 +120,8 @@ def smem_bytes(config: GemmConfig, elem_bytes: int = 2, tma: bool = True) -> int
     c = _as_config(config)
     if c.gluon:   # the Gluon kernel's ring, C buffers, barriers and partition state
         return ws_smem_bytes(c.ws_config(), elem_bytes)
+    if c.fma:   # outer products in registers; tl.dot (block_m >= 16) stages A and B tiles
+        return 0 if c.block_m < 16 else (c.block_m * c.block_k + c.block_k * c.block_n) * elem_bytes * c.num_stages
     stages = (c.block_m * c.block_k + c.block_k * c.block_n) * elem_bytes * c.num_stages
     if elem_bytes == 4 and (c.transpose_b is False or c.split_k is not None):
         # tf32 wgmma reads both operands K-major: with B N-major in memory Triton copies
@@ -130,10 +140,13 @@ def smem_bytes(config: GemmConfig, elem_bytes: int = 2, tma: bool = True) -> int
 
 
 def validate_config(c: GemmConfig) -> None:
+    if not isinstance(c.fma, bool):
+        raise ValueError(f"gemm: fma={c.fma!r} must be True (the fp32 FMA kernel) or False")
     for name in ("block_m", "block_n", "block_k"):
         v = getattr(c, name)
-        if not isinstance(v, int) or v < 16 or v > 1024 or v & (v - 1):  # bounded: specs set these
-            raise ValueError(f"gemm: {name}={v!r} must be a power of two from 16 to 1024")
+        lo = 1 if c.fma and name != "block_n" else 16   # the FMA kernel takes short M blocks and K-steps
+        if not isinstance(v, int) or v < lo or v > 1024 or v & (v - 1):  # bounded: specs set these
+            raise ValueError(f"gemm: {name}={v!r} must be a power of two from {lo} to 1024")
     if c.num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"gemm: num_warps={c.num_warps!r} must be 1, 2, 4, 8 or 16")
     if not isinstance(c.num_stages, int) or not 1 <= c.num_stages <= 32:
@@ -144,6 +157,8 @@ def validate_config(c: GemmConfig) -> None:
         raise ValueError(f"gemm: num_sms={c.num_sms!r} must be None or an int from 1 to 4096")
     if c.epilogue_split not in (1, 2):
         raise ValueError(f"gemm: epilogue_split={c.epilogue_split!r} must be 1 or 2")
+    if c.fma:   # before the other kernels' rules: it names every knob it cannot take
+        _validate_fma(c)
     if c.stream_k and (c.warp_specialize or c.tma is False):
         raise ValueError("gemm: stream_k=True runs on the TMA path without warp specialisation "
                          "(set tma=None or True and warp_specialize=False)")
@@ -176,6 +191,23 @@ def validate_config(c: GemmConfig) -> None:
 
 
 GLUON_SCHEDULES = ("pingpong", "coop")
+FMA_MAX_UNROLL = 32  # block_k of the outer-product form (block_m < 16): rows of B unrolled per K-step
+
+
+def _validate_fma(c: GemmConfig) -> None:
+    """The knobs the FMA kernel (``_gemm_fma_kernel``) cannot take."""
+    other = [name for name, v in (("gluon", c.gluon), ("stream_k", c.stream_k), ("warp_specialize", c.warp_specialize),
+                                  ("swap_ab", c.swap_ab), ("tma", c.tma), ("pad", c.pad), ("transpose_b", c.transpose_b))
+             if v]
+    if other:
+        raise ValueError(f"gemm: fma=True runs kernels.gemm.triton._gemm_fma_kernel (pointer loads, FMA units, no "
+                         f"tensor cores), which takes none of {', '.join(other)}: leave them at their defaults")
+    if c.block_m < 16 and c.block_k > FMA_MAX_UNROLL:
+        raise ValueError(f"gemm: fma=True with block_m={c.block_m} (< 16: one outer product per row of B, block_k "
+                         f"rows unrolled per K-step) needs block_k <= {FMA_MAX_UNROLL}, got {c.block_k}")
+    if c.block_m >= 16 and c.block_k < 16:
+        raise ValueError(f"gemm: fma=True with block_m={c.block_m} (>= 16: tl.dot in ieee precision) needs "
+                         f"block_k >= 16, got {c.block_k}; or take block_m < 16")
 
 
 def _refuse_ws_on_gpu() -> None:
@@ -365,14 +397,19 @@ def tiling_rule(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num
 
 
 def heuristic(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
-              hopper: bool = True, gluon: bool = True, tma: bool = True, c_aligned: bool = True) -> GemmConfig:
+              hopper: bool = True, gluon: bool = True, tma: bool = True, c_aligned: bool = True,
+              b_kmajor: bool = False) -> GemmConfig:
     """The config ``matmul`` runs when none is given. Two rules, each where it was measured:
     large aligned 16-bit problems (``in_tiling_domain``) take the tiling study's ``tiling_rule``;
     everything else (small M, irregular and unaligned sizes, fp32) takes, of ``candidates``,
     the one ``estimate_us`` (constants ``COST``, fitted on the fit half of the shape zoo) says is
     fastest. ``tma=False``: some operand's rows are not 16-byte aligned (the candidates then
     copy it into an aligned buffer first, and the model charges the copy); ``gluon=False``
-    keeps to the Triton kernels; ``c_aligned=False``: C's rows are not aligned (no TMA stores)."""
+    keeps to the Triton kernels; ``c_aligned=False``: C's rows are not aligned (no TMA stores).
+    fp32 with M <= ``FMA_MAX_M`` takes the FMA kernel (``fma_config``; ``b_kmajor``: B is a
+    transposed view, K contiguous), on any GPU and in the interpreter."""
+    if dtype == torch.float32 and M <= FMA_MAX_M:
+        return fma_config(M, N, K, num_sms, b_kmajor)
     if not hopper:
         # Pointer path (interpreter, pre-Hopper): modest tiles.
         return GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3, group_m=8)
@@ -665,13 +702,15 @@ def _short_side(M: int) -> int:
 
 
 def candidates(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
-               aligned: bool = True, gluon: bool = True, c_aligned: bool = True) -> dict[str, GemmConfig]:
+               aligned: bool = True, gluon: bool = True, c_aligned: bool = True,
+               b_kmajor: bool = False) -> dict[str, GemmConfig]:
     """Named configurations worth trying on this problem (the zoo sweep times them
     all; ``heuristic`` estimates each one's time and takes the cheapest), for an
     sm_90 GPU. ``aligned``: A's and B's rows are 16-byte aligned (TMA takes them
     as they are; else every candidate pads them, and "ptr", the pointer kernel,
     is added for comparison); ``gluon``: the Gluon kernels may run (sm_90, 16-bit,
-    aligned); ``c_aligned``: C's rows are aligned too (TMA stores)."""
+    aligned); ``c_aligned``: C's rows are aligned too (TMA stores). fp32 with M <= SMALL_M
+    adds "fma", the FMA kernel (``fma_config``; ``b_kmajor``: B is a transposed view)."""
     elem = element_size(dtype)
     st = dict(tma_store=False, group_m=8)
     out: dict[str, GemmConfig] = {
@@ -725,8 +764,60 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_
         out["ptr"] = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3, group_m=8,
                                 tma=False)
     fitted = {name: _fit_smem(c, elem) for name, c in out.items()}
+    if dtype == torch.float32 and M <= SMALL_M:   # no padding: it reads any strides as they are
+        fitted["fma"] = fma_config(M, N, K, num_sms, b_kmajor)
     # A persistent tile squeezed to two stages cannot overlap its loads with its MMAs
     # (fp32 on an H200: 128x256x32 with 2 stages ran at 0.50-0.84x the speed of 128x128x32
     # with 4, results/gemm_zoo/gaps/): leave it out when another tile remains.
     deep = {name: c for name, c in fitted.items() if c.split_k is not None or c.gluon or c.num_stages >= 3}
     return deep or fitted
+
+
+
+# --------------------------------------------------------------------------
+# fp32 at small M: the FMA kernel (kernels.gemm.triton._gemm_fma_kernel)
+# --------------------------------------------------------------------------
+# The rule (``heuristic``): fp32 with M <= FMA_MAX_M runs the FMA kernel. Its modelled time
+# is B's bytes at the copy bandwidth, ``fma_bound_us`` (B is read once; A and C are small).
+# Nothing is fitted yet: an H200 measurement of this kernel against the split-K "swap" kernel
+# (tf32) and cuBLAS decides FMA_MAX_M and the tiles below (experiments/probe_gemm_gaps.py
+# --fp32-small). Towards M = 64 FMA throughput, not B, bounds it: 2*M*N*K FLOP at about
+# 67 TFLOP/s (132 SMs x 128 lanes x 2 x 1.98 GHz) is 25 us on 64x3584x3584, where B takes 12.
+FMA_MAX_M = 64
+FMA_PROGRAMS_PER_SM = 4  # programs the split aims for per SM (several resident: loads in flight)
+
+
+def fma_bound_us(M: int, N: int, K: int) -> float:
+    """The FMA kernel's modelled time: fp32 B (K x N) read once at HBM_GBPS."""
+    return K * N * 4 / (HBM_GBPS * 1e3)
+
+
+def fma_split(tiles: int, k_steps: int, m_rows: int, K: int, num_sms: int) -> int:
+    """K pieces per tile: enough for FMA_PROGRAMS_PER_SM programs on every SM, each
+    piece at least SPLIT_MIN_STEPS K-steps, and no more pieces than K / (2 * m_rows)
+    (``m_rows``: M rounded up to whole blocks), so the partials, written once and
+    read back once (2 * pieces * m_rows * N * 4 bytes), never outweigh B itself."""
+    want = -(-FMA_PROGRAMS_PER_SM * num_sms // tiles)
+    return max(1, min(want, k_steps // SPLIT_MIN_STEPS, K // (2 * m_rows)))
+
+
+def fma_config(M: int, N: int, K: int, num_sms: int = 132, b_kmajor: bool = False) -> GemmConfig:
+    """The FMA kernel's configuration for an M x N x K fp32 product (a starting point, not fitted).
+
+    M <= 8 with row-major B: the outer-product form, one block of M rows (1, 2, 4 or 8), 4 warps
+    side by side along N (a warp covers 128 columns, 4 per thread: 128-bit loads), 8 rows of B
+    per K-step (4 at block_m 8, where A's values and the accumulators take the registers).
+    Otherwise (more rows, or a K-major B, which tl.dot reads along K): tl.dot in ieee precision
+    on 16-64 row blocks, 3 stages of 32-deep K-steps (sm_90 cross-compiles: 96-204 registers,
+    no spills). K is split by ``fma_split``."""
+    rows = 1 << max(0, M - 1).bit_length()   # M rounded up to a power of two
+    if rows <= 8 and not b_kmajor:
+        bm, bn, bk, stages = rows, 512, 8 if rows <= 4 else 4, 1
+    else:
+        bm = min(64, max(16, rows))
+        bn, bk, stages = (128 if bm <= 32 else 64), 32, 3
+    tiles = math.ceil(M / bm) * math.ceil(N / bn)
+    k_steps = math.ceil(K / bk)
+    split = fma_split(tiles, k_steps, math.ceil(M / bm) * bm, K, num_sms)
+    return GemmConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=4, num_stages=stages, group_m=1,
+                      tma_store=False, split_k=split_pieces(k_steps, split)[0], fma=True)

@@ -44,11 +44,13 @@ from kernels.common.plans import capability as _capability, sm_count as _sm_coun
 from kernels.gemm import gluon
 from kernels.gemm.config import (
     DEVICE_DESC_MAX_US, DTYPES, MAXNREG, WS_DTYPES, GemmConfig, StreamKPlan, WsConfig, _as_config,
-    _refuse_ws_on_gpu, bound_us, heuristic, num_warps, split_pieces, stream_k_plan, validate_config, validate_ws,
-    ws_device_desc_fits,
+    _refuse_ws_on_gpu, bound_us, fma_split, heuristic, num_warps, split_pieces, stream_k_plan, validate_config,
+    validate_ws, ws_device_desc_fits,
 )
 from kernels.gemm.metrics import _mnk
-from kernels.gemm.triton import _gemm_ptr_kernel, _gemm_splitk_kernel, _gemm_tma_dev_kernel, _gemm_tma_kernel
+from kernels.gemm.triton import (
+    _gemm_fma_kernel, _gemm_ptr_kernel, _gemm_splitk_kernel, _gemm_tma_dev_kernel, _gemm_tma_kernel,
+)
 from workbench.dtypes import triton_type
 
 try:  # triton >= 3.4
@@ -180,14 +182,14 @@ def _device_index(t: torch.Tensor) -> int:
 class _GemmPlan:
     """Everything ``matmul`` decides for one call signature."""
 
-    kind: str  # "empty" (nothing to compute), "zero" (K == 0), "tma", "ptr", "splitk" or "gluon"
+    kind: str  # "empty" (nothing to compute), "zero" (K == 0), "tma", "ptr", "splitk", "fma" or "gluon"
     M: int
     N: int
     K: int
     config: Any = None  # the GemmConfig (or, kind "gluon", the WsConfig) it runs
     launch: PlannedLaunch | None = None  # the kernel, grid, constexprs and options
     args: tuple = ()  # run-time scalars after the tensors
-    sk_tiles: int = 0  # tiles with arrival counters (stream-K tail, split-K); 0: none
+    sk_tiles: int = 0  # tiles with arrival counters (stream-K tail, split-K, fma); 0: none
     programs: int = 1
     blocks: tuple = ()  # the descriptors' boxes (A, B, C), or their layouts too (Gluon)
     pad_a: int = 0  # > 0: copy A into a buffer of this many columns first (TMA needs aligned rows)
@@ -224,8 +226,14 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
     aligned = have_desc and a_ok and b_ok and c_ok
     cfg = _as_config(config)
     if cfg is None:
-        cfg = heuristic(M, N, K, a.dtype, sms, hopper=hopper, gluon=aligned and sm90, tma=aligned, c_aligned=c_ok)
+        cfg = heuristic(M, N, K, a.dtype, sms, hopper=hopper, gluon=aligned and sm90, tma=aligned, c_aligned=c_ok,
+                        b_kmajor=b.stride(0) == 1 and b.stride(1) != 1)
     validate_config(cfg)
+    if cfg.fma:
+        if a.dtype != torch.float32:
+            raise ValueError(f"gemm: fma=True is the fp32 kernel (FMA units, fp32 products); {a.dtype} runs on the "
+                             f"tensor cores: leave fma=False")
+        return _fma_plan(M, N, K, cfg, sms)
     if cfg.gluon:
         if not (sm90 and aligned and a.dtype in WS_DTYPES):
             raise ValueError(f"gemm: gluon={cfg.gluon!r} runs the Gluon kernel (kernels.gemm.gluon), which needs "
@@ -343,6 +351,20 @@ def _splitk_plan(M: int, N: int, K: int, cfg: GemmConfig, tma_ok: bool, pads: di
                      **(pads if tma_ok else {}), b_kmajor=bool(b_kmajor), device_desc=bool(device_desc))
 
 
+def _fma_plan(M: int, N: int, K: int, cfg: GemmConfig, sms: int) -> _GemmPlan:
+    """``_gemm_fma_kernel``: grid (M blocks x N blocks, K pieces); split_k None takes
+    ``fma_split``'s pieces for ``sms`` SMs. Pointer loads: any strides, nothing copied."""
+    m_blocks, tiles_n = triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n)
+    k_steps = triton.cdiv(K, cfg.block_k)
+    split = cfg.split_k if cfg.split_k is not None else fma_split(m_blocks * tiles_n, k_steps,
+                                                                  m_blocks * cfg.block_m, K, sms)
+    pieces, per = split_pieces(k_steps, split)
+    launch = PlannedLaunch(_gemm_fma_kernel, (m_blocks * tiles_n, pieces),
+                           dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k),
+                           dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    return _GemmPlan("fma", M, N, K, cfg, launch, (pieces, per), m_blocks * tiles_n if pieces > 1 else 0, pieces)
+
+
 def plan_for(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | None = None) -> _GemmPlan:
     """The plan ``matmul(a, b, config, out)`` runs (made once per call signature,
     ``DEVICE_DESCRIPTORS`` / ``GLUON_DEVICE_DESCRIPTORS`` setting and whether a
@@ -406,7 +428,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
             p.launch(TensorDescriptor.from_tensor(a, ab), TensorDescriptor.from_tensor(b.t() if p.b_kmajor else b, bb),
                      c_desc, out,
                      out.stride(0), *p.args, ws, cnt)
-    elif p.kind == "splitk":
+    elif p.kind in ("splitk", "fma"):
         _launch_splitk(p, a, b, out)
     elif p.kind == "ptr":
         p.launch(a, b, out, p.M, p.N, p.K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
@@ -424,6 +446,10 @@ def _launch_splitk(p: _GemmPlan, a: torch.Tensor, b: torch.Tensor, out: torch.Te
         ws, cnt = workspace(out.device, p.sk_tiles * p.programs * cfg.block_m * cfg.block_n, p.sk_tiles)
     else:
         ws, cnt = out, out  # never touched
+    if p.kind == "fma":
+        p.launch(a, b, out, ws, cnt, p.M, p.N, p.K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                 out.stride(0), out.stride(1), *p.args)
+        return
     if p.blocks:
         a_desc = TensorDescriptor.from_tensor(a, p.blocks[0])
         b_desc = TensorDescriptor.from_tensor(b.t() if p.b_kmajor else b, p.blocks[1])
@@ -636,11 +662,15 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
     ``b_kmajor``: the variant reading B^T (N, K) (a transposed view of B, or the
     copy ``transpose_b`` makes); None: as ``matmul`` runs row-major operands
     (fp32 persistent configs copy B K-major unless ``transpose_b=False``).
+    ``fma`` configs: the FMA kernel for these strides (``device_desc`` does not apply).
     """
-    cfg = _as_config(config) or heuristic(*(_mnk(shape) if shape else (8192, 8192, 8192)), dtype)
+    cfg = _as_config(config) or heuristic(*(_mnk(shape) if shape else (8192, 8192, 8192)), dtype,
+                                          b_kmajor=bool(b_kmajor))
     validate_config(cfg)
     if cfg.gluon:
         return compile_args_ws(cfg.ws_config(), dtype, _mnk(shape) if shape else None, device_desc)
+    if cfg.fma:
+        return _compile_args_fma(cfg, dtype, _mnk(shape) if shape else (8192, 8192, 8192), bool(b_kmajor))
     if cfg.split_k is not None:
         return _compile_args_splitk(cfg, dtype, device_desc, bool(b_kmajor))
     if b_kmajor is None:
@@ -694,4 +724,29 @@ def _compile_args_splitk(cfg: GemmConfig, dtype: torch.dtype, device_desc: bool 
         constexprs.update(a_desc=None, b_desc=None, DEVICE_DESC=True)
     return {"fn": _gemm_splitk_kernel, "signature": sig, "constexprs": constexprs,
             "divisible": ["a_ptr", "b_ptr", "c_ptr", "ws_ptr", "stride_am", b_row, "stride_cm"],
+            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+
+
+def _compile_args_fma(cfg: GemmConfig, dtype: torch.dtype, mnk: tuple[int, int, int], b_kmajor: bool) -> dict:
+    """``_gemm_fma_kernel`` as ``matmul`` launches it on contiguous A and C and a row-major B
+    (or, ``b_kmajor``, a transposed view): unit strides are constants (Triton specialises
+    integers equal to 1), and the sizes and row strides that are multiples of 16 are marked
+    divisible, which is what lets it load 4 adjacent elements at once."""
+    if dtype != torch.float32:
+        raise ValueError(f"gemm: fma=True is the fp32 kernel; got {dtype}")
+    M, N, K = mnk
+    sig = {"a_ptr": "*fp32", "b_ptr": "*fp32", "c_ptr": "*fp32", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+           "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_bk": "i32", "stride_bn": "i32",
+           "stride_cm": "i32", "split_k": "i32", "steps_per_split": "i32"}
+    b_unit, b_row, b_row_len = ("stride_bk", "stride_bn", K) if b_kmajor else ("stride_bn", "stride_bk", N)
+    del sig[b_unit]
+    constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                  "stride_ak": 1, "stride_cn": 1, b_unit: 1}
+    if M == 1:
+        constexprs["M"] = 1
+        del sig["M"]
+    divisible = ["a_ptr", "b_ptr", "c_ptr", "ws_ptr"] + [
+        name for name, v in (("M", M), ("N", N), ("K", K), ("stride_am", K), (b_row, b_row_len), ("stride_cm", N))
+        if v % 16 == 0 and name in sig]
+    return {"fn": _gemm_fma_kernel, "signature": sig, "constexprs": constexprs, "divisible": divisible,
             "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}

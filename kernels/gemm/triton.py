@@ -11,6 +11,10 @@ descriptors (``_gemm_tma_dev_kernel``, ``_gemm_splitk_kernel`` with
 ``DEVICE_DESC``): each program encodes them with ``tl.make_tensor_descriptor``
 into a global scratch buffer (``kernels.common.launcher`` supplies it), so the
 launch passes pointers and integers only. Both run the same main loop.
+
+``_gemm_fma_kernel``: fp32 at small M on the FMA units (no tensor cores), split
+along K like ``_gemm_splitk_kernel`` and meeting in the same workspace
+(``_store_split``).
 """
 import triton
 import triton.language as tl
@@ -245,6 +249,32 @@ def _gemm_ptr_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
 
 
 # --------------------------------------------------------------------------
+@triton.jit
+def _store_split(acc, pid, pid_k, split_k, rows, cols, c_ptr, stride_cm, stride_cn, M, N, ws_ptr, cnt_ptr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """C[rows, cols] = the sum of tile ``pid``'s ``split_k`` pieces, ``acc`` being
+    piece ``pid_k``'s. Split tiles meet in an fp32 workspace: every piece stores
+    its partial in its own slot and counts itself in the tile's counter; the
+    piece that completes the count adds the others' slots to its own, stores C
+    and resets the counter (nobody waits, so it also runs in the interpreter)."""
+    c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn
+    c_mask = (rows[:, None] < M) & (cols[None, :] < N)
+    if split_k == 1:
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+    else:
+        tile_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tile_ws = ws_ptr + (pid * split_k).to(tl.int64) * (BLOCK_M * BLOCK_N)
+        tl.store(tile_ws + pid_k * (BLOCK_M * BLOCK_N) + tile_offs, acc)
+        tl.debug_barrier()  # every thread's partial is written before the count
+        arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived == split_k - 1:
+            for q in range(split_k):
+                if q != pid_k:
+                    acc += tl.load(tile_ws + q * (BLOCK_M * BLOCK_N) + tile_offs, cache_modifier=".cg")
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+            tl.store(cnt_ptr + pid, 0)
+
+
 @triton.jit(do_not_specialize=["M", "N", "K", "split_k", "steps_per_split"])
 def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K,
                         stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -261,10 +291,7 @@ def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M,
     (BLOCK_M, as small as 16) its N, so a 16-row A costs a 16-wide MMA instead of
     a 64-row one padded with zeros.
 
-    Split tiles meet in an fp32 workspace: every piece stores its partial in its
-    own slot and counts itself in the tile's counter; the piece that completes
-    the count adds the others' slots to its own, stores C and resets the counter
-    (nobody waits, so it also runs in the interpreter).
+    Split tiles meet in an fp32 workspace (``_store_split``).
 
     DEVICE_DESC (with USE_TMA): a_desc and b_desc come as None and every program
     encodes them itself from a_ptr, b_ptr and the row strides (unit inner
@@ -317,19 +344,72 @@ def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M,
             acc = tl.dot(a, b, acc)
     if SWAP_AB:
         acc = tl.trans(acc_t)
-    c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn
-    c_mask = (rows[:, None] < M) & (cols[None, :] < N)
-    if split_k == 1:
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+    _store_split(acc, pid, pid_k, split_k, rows, cols, c_ptr, stride_cm, stride_cn, M, N, ws_ptr, cnt_ptr,
+                 BLOCK_M, BLOCK_N)
+
+
+
+# --------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["split_k", "steps_per_split"])
+def _gemm_fma_kernel(a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K,
+                     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                     split_k, steps_per_split,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 C = A @ B for a short A (small M) on the FMA units, no tensor cores:
+    true fp32 products (tf32 rounds the inputs to 10 mantissa bits), and B is
+    read as it lies, with no re-layout for an MMA. Bound by reading B once.
+
+    Grid: (M blocks x N blocks, split_k); program (tile, pid_k) takes K-steps
+    ``[pid_k * steps_per_split, ...)`` of its tile, and the pieces meet in the
+    split-K workspace (``_store_split``). M blocks are the fastest index, so the
+    programs sharing a slab of B run side by side (the later ones read it from L2).
+
+    BLOCK_M < 16 (GEMV-like, M of 1-8): per row k of B, one outer product
+    ``acc += A[:, k] * B[k, :]``. With row-major B each thread loads 4 adjacent
+    columns (128-bit loads, a warp covers 512 contiguous bytes) and keeps all
+    BLOCK_M rows of its columns, so warps should lie along N (BLOCK_N = 128 *
+    num_warps). The K-step is unrolled (static_range) so its BLOCK_K loads of B
+    are in flight together; no shared memory.
+    BLOCK_M >= 16: ``tl.dot`` in ieee precision, which Triton builds from FMAs on
+    tiles staged in shared memory by asynchronous copies (num_stages deep): more
+    FMAs per load where the rows of A make FMA throughput, not B, the limit. It
+    also reads a K-major B (a transposed view) along K, where the outer product
+    would read 4-byte pieces of separate rows.
+
+    Masked for any M, N, K: rows/columns past the edge are neither loaded nor stored."""
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+    pid_n = pid // num_pid_m
+    pid_m = pid - pid_n * num_pid_m
+    k_steps = (K + BLOCK_K - 1) // BLOCK_K
+    k_lo = pid_k * steps_per_split
+    k_hi = tl.minimum(k_steps, k_lo + steps_per_split)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_in = rows[:, None] < M
+    col_in = cols[None, :] < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if BLOCK_M < 16:
+        a_ptrs = a_ptr + rows[:, None] * stride_am   # (BLOCK_M, 1): one column of A
+        b_ptrs = b_ptr + cols[None, :] * stride_bn   # (1, BLOCK_N): one row of B
+        for kk in range(k_lo, k_hi):
+            for j in tl.static_range(BLOCK_K):
+                k = kk * BLOCK_K + j
+                a_k = tl.load(a_ptrs + k * stride_ak, mask=row_in & (k < K), other=0.0)
+                b_k = tl.load(b_ptrs + k * stride_bk, mask=col_in & (k < K), other=0.0)
+                acc += a_k * b_k
     else:
-        tile_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        tile_ws = ws_ptr + (pid * split_k).to(tl.int64) * (BLOCK_M * BLOCK_N)
-        tl.store(tile_ws + pid_k * (BLOCK_M * BLOCK_N) + tile_offs, acc)
-        tl.debug_barrier()  # every thread's partial is written before the count
-        arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        if arrived == split_k - 1:
-            for q in range(split_k):
-                if q != pid_k:
-                    acc += tl.load(tile_ws + q * (BLOCK_M * BLOCK_N) + tile_offs, cache_modifier=".cg")
-            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
-            tl.store(cnt_ptr + pid, 0)
+        ks = k_lo * BLOCK_K + tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak
+        b_ptrs = b_ptr + ks[:, None] * stride_bk + cols[None, :] * stride_bn
+        for kk in range(k_lo, k_hi):
+            k_in = ks < K
+            a = tl.load(a_ptrs, mask=row_in & k_in[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_in[:, None] & col_in, other=0.0)
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+            ks += BLOCK_K
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+    _store_split(acc, pid, pid_k, split_k, rows, cols, c_ptr, stride_cm, stride_cn, M, N, ws_ptr, cnt_ptr,
+                 BLOCK_M, BLOCK_N)
