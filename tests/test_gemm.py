@@ -99,12 +99,14 @@ CASES = [
     ("64x130x257-fp32-fma-rows-auto-split", 64, 130, 257, "float32", dict(FMA, block_m=8, block_n=64, num_warps=2)),
     ("5x40x48-fp32-fma-bT", 5, 40, 48, "float32", dict(FMA, split_k=2, _b="t")),
     ("5x40x48-fp32-fma-dot-bT", 5, 40, 48, "float32", dict(FMA, block_m=16, block_k=16, split_k=3, _b="t")),
-    # No config: the heuristic's FMA configs (fp32, M <= 64), K split for the interpreter's 4 "SMs".
+    # No config: the heuristic's FMA configs (fp32, M <= 32, B row-major), K split for the
+    # interpreter's 4 "SMs"; beyond that, or with B K-major, the other kernels.
     ("1x7x64-fp32-default-fma", 1, 7, 64, "float32", None),
     ("3x4097x96-fp32-default-fma", 3, 4097, 96, "float32", None),
     ("17x33x8200-fp32-default-fma", 17, 33, 8200, "float32", None),
-    ("64x130x257-fp32-default-fma", 64, 130, 257, "float32", None),
-    ("5x40x48-fp32-default-fma-bT", 5, 40, 48, "float32", dict(_b="t")),
+    ("30x130x257-fp32-default-fma", 30, 130, 257, "float32", None),
+    ("64x130x257-fp32-default", 64, 130, 257, "float32", None),
+    ("5x40x48-fp32-default-bT", 5, 40, 48, "float32", dict(_b="t")),
 ]
 FMA_CASES = [c[0] for c in CASES if "fma" in c[0]]
 # True fp32 (products and sums rounded to 24-bit mantissas, unit roundoff 6e-8): the norm-wise
@@ -487,10 +489,14 @@ _XC_FMA_SCRIPT = textwrap.dedent("""
 
 def _fma_xc_cases():
     out = {}
+    # the heuristic's tiles (M <= 32, B row-major), the same on a K-major B, and the outer-product form
     for (M, N, K), b_t in [((1, 3584, 3584), False), ((4, 192, 224), False), ((8, 2048, 4096), False),
-                           ((12, 3744, 2464), False), ((64, 3584, 3584), False), ((1, 3584, 3584), True)]:
-        cfg = gemm.heuristic(M, N, K, torch.float32, 132, b_kmajor=b_t)
+                           ((12, 3744, 2464), False), ((19, 6896, 2352), False), ((1, 3584, 3584), True)]:
+        cfg = gemm.heuristic(M, N, K, torch.float32, 132) if not b_t else gconfig.fma_config(M, N, K, 132)
         out[f"{M}x{N}x{K}{'-bT' if b_t else ''}"] = (dataclasses.asdict(cfg), dict(M=M, N=N, K=K), b_t)
+    rows = gconfig.GemmConfig(block_m=8, block_n=512, block_k=4, num_warps=4, num_stages=1, group_m=1,
+                              tma_store=False, split_k=4, fma=True)
+    out["8x2048x4096-rows"] = (dataclasses.asdict(rows), dict(M=8, N=2048, K=4096), False)
     return out
 
 
@@ -708,9 +714,11 @@ def test_gpu_b_layouts(M, N, K, dtype, cfg, b_t):
 @pytest.mark.parametrize("M,N,K", FP32_SMALL_M)
 @pytest.mark.parametrize("b_t", [False, True])
 def test_gpu_fma_small_m_fp32(M, N, K, b_t):
-    """The zoo's fp32 small-M shapes through the heuristic (the FMA kernel), B row-major or
-    K-major: fresh inputs, poisoned outputs, twice (the split-K counters reset themselves),
-    against float64 within FMA_TOL (true fp32, not tf32: see FMA_TOL)."""
+    """The zoo's fp32 small-M shapes through the heuristic, B row-major or K-major: the FMA
+    kernel where the rule takes it (within FMA_TOL: true fp32, not tf32), the tf32 kernels
+    elsewhere (tf32's tolerance); fresh inputs, poisoned outputs, twice (the split-K counters
+    reset themselves), against float64."""
+    fma = M <= gconfig.FMA_MAX_M and not b_t
     g = torch.Generator(device="cuda").manual_seed(M + 5 * N + 3 * K)
     for _ in range(2):
         a = torch.randn(M, K, device="cuda", generator=g)
@@ -718,11 +726,11 @@ def test_gpu_fma_small_m_fp32(M, N, K, b_t):
         c = torch.full((M, N), float("nan"), device="cuda")
         gemm.matmul(a, b, out=c)
         torch.cuda.synchronize()
-        assert glaunch.plan_for(a, b, None, c).kind == "fma"
+        assert (glaunch.plan_for(a, b, None, c).kind == "fma") == fma
         ref = a.double() @ b.double()
         assert torch.isfinite(c).all()
         err = ((c.double() - ref).norm() / ref.norm()).item()
-        assert err <= FMA_TOL, err
+        assert err <= (FMA_TOL if fma else gsweep.tolerance(torch.float32)), err
 
 
 @pytest.mark.gpu
@@ -795,20 +803,23 @@ def test_heuristic_small_m_takes_the_split_k_kernel():
 
 
 def test_heuristic_fp32_small_m_takes_the_fma_kernel():
-    """fp32 with M <= FMA_MAX_M: the FMA kernel (outer products up to 8 rows of row-major B,
-    tl.dot in ieee precision beyond, and for a K-major B), on Hopper or not; 16-bit types
-    and larger M keep their rules; "fma" is a candidate exactly where the rule may pick it."""
+    """fp32 with M <= FMA_MAX_M and B row-major: the FMA kernel (tl.dot in ieee precision, 16 x 64
+    tiles up to M = 16, 32 x 128 beyond), on Hopper or not; with B K-major, larger M or 16-bit
+    types the other rules; "fma" is a sweep candidate for fp32 up to SMALL_M, either layout."""
     for M, N, K in FP32_SMALL_M + [(3, 1678, 2150), (4, 192, 224)]:
+        if M > gconfig.FMA_MAX_M:
+            assert not gemm.heuristic(M, N, K, torch.float32, 132).fma
+            assert "fma" in gconfig.candidates(M, N, K, torch.float32, 132)
+            continue
         for hopper in (True, False):
             cfg = gemm.heuristic(M, N, K, torch.float32, 132, hopper=hopper)
             assert cfg.fma and cfg == gconfig.candidates(M, N, K, torch.float32, 132)["fma"], (M, N, K)
-            assert (cfg.block_m < 16) == (M <= 8) and cfg.block_m >= min(M, 64)
+            assert (cfg.block_m, cfg.block_n) == ((16, 64) if M <= 16 else (32, 128)), cfg.label()
             assert cfg.split_k * cfg.block_m * math.ceil(M / cfg.block_m) <= max(1, K // 2)   # partials <= B
             assert gconfig.smem_bytes(cfg, 4) <= gconfig.SMEM_LIMIT_SM90
-        assert gemm.heuristic(M, N, K, torch.float32, 132, b_kmajor=True).block_m >= 16   # tl.dot reads along K
+        assert not gemm.heuristic(M, N, K, torch.float32, 132, b_kmajor=True).fma   # the swap kernel reads it
         assert not gemm.heuristic(M, N, K, torch.bfloat16, 132).fma
         assert "fma" not in gconfig.candidates(M, N, K, torch.bfloat16, 132)
-    assert not gemm.heuristic(65, 3584, 3584, torch.float32, 132).fma
     assert "fma" not in gconfig.candidates(65, 3584, 3584, torch.float32, 132)
     cfg = gemm.heuristic(1, 3584, 3584, torch.float32, 132)
     tiles = math.ceil(3584 / cfg.block_n)

@@ -406,9 +406,9 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_s
     fastest. ``tma=False``: some operand's rows are not 16-byte aligned (the candidates then
     copy it into an aligned buffer first, and the model charges the copy); ``gluon=False``
     keeps to the Triton kernels; ``c_aligned=False``: C's rows are not aligned (no TMA stores).
-    fp32 with M <= ``FMA_MAX_M`` takes the FMA kernel (``fma_config``; ``b_kmajor``: B is a
-    transposed view, K contiguous), on any GPU and in the interpreter."""
-    if dtype == torch.float32 and M <= FMA_MAX_M:
+    fp32 with M <= ``FMA_MAX_M`` and B row-major takes the FMA kernel (``fma_config``), on any
+    GPU and in the interpreter; ``b_kmajor``: B is a transposed view, K contiguous."""
+    if dtype == torch.float32 and M <= FMA_MAX_M and not b_kmajor:
         return fma_config(M, N, K, num_sms, b_kmajor)
     if not hopper:
         # Pointer path (interpreter, pre-Hopper): modest tiles.
@@ -777,13 +777,17 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_
 # --------------------------------------------------------------------------
 # fp32 at small M: the FMA kernel (kernels.gemm.triton._gemm_fma_kernel)
 # --------------------------------------------------------------------------
-# The rule (``heuristic``): fp32 with M <= FMA_MAX_M runs the FMA kernel. Its modelled time
-# is B's bytes at the copy bandwidth, ``fma_bound_us`` (B is read once; A and C are small).
-# Nothing is fitted yet: an H200 measurement of this kernel against the split-K "swap" kernel
-# (tf32) and cuBLAS decides FMA_MAX_M and the tiles below (experiments/probe_gemm_gaps.py
-# --fp32-small). Towards M = 64 FMA throughput, not B, bounds it: 2*M*N*K FLOP at about
-# 67 TFLOP/s (132 SMs x 128 lanes x 2 x 1.98 GHz) is 25 us on 64x3584x3584, where B takes 12.
-FMA_MAX_M = 64
+# The rule (``heuristic``): fp32 with M <= FMA_MAX_M and B row-major runs the FMA kernel. Its
+# modelled time is B's bytes at the copy bandwidth, ``fma_bound_us`` (B is read once; A and C
+# are small). Measured on an H200 (results/gemm_zoo/gaps/fp32_small.csv, commit 2bb2790, the 8
+# fp32 zoo shapes with M <= 64, both halves: the rule below was read off them, so fp32 has no
+# clean held-out test): with B row-major, tl.dot tiles of 16 x 64 (M <= 16) and 32 x 128 ran
+# 1.10-2.32x the split-K "swap" kernel (tf32) at M 1-19; at M = 64 they ran 0.79-0.80x of it,
+# where FMA throughput, not B, bounds them (2*M*N*K FLOP at about 67 TFLOP/s is 25 us on
+# 64x3584x3584; B takes 12). With B K-major the swap kernel reads B as it is and was faster at
+# every M (0.3-0.9x for the FMA kernel). The outer-product form (block_m < 16) ran 1.3-2.6x
+# slower than the 16 x 64 tl.dot tile at M 1-4: it stays an explicit config.
+FMA_MAX_M = 32
 FMA_PROGRAMS_PER_SM = 4  # programs the split aims for per SM (several resident: loads in flight)
 
 
@@ -802,20 +806,14 @@ def fma_split(tiles: int, k_steps: int, m_rows: int, K: int, num_sms: int) -> in
 
 
 def fma_config(M: int, N: int, K: int, num_sms: int = 132, b_kmajor: bool = False) -> GemmConfig:
-    """The FMA kernel's configuration for an M x N x K fp32 product (a starting point, not fitted).
-
-    M <= 8 with row-major B: the outer-product form, one block of M rows (1, 2, 4 or 8), 4 warps
-    side by side along N (a warp covers 128 columns, 4 per thread: 128-bit loads), 8 rows of B
-    per K-step (4 at block_m 8, where A's values and the accumulators take the registers).
-    Otherwise (more rows, or a K-major B, which tl.dot reads along K): tl.dot in ieee precision
-    on 16-64 row blocks, 3 stages of 32-deep K-steps (sm_90 cross-compiles: 96-204 registers,
-    no spills). K is split by ``fma_split``."""
+    """The FMA kernel's configuration for an M x N x K fp32 product: tl.dot in ieee precision,
+    3 stages of 32-deep K-steps, 16 x 64 tiles up to M = 16, 32 x 128 up to 32, 64 x 64 beyond
+    (the fastest of the tiles timed at M 1-19, results/gemm_zoo/gaps/fp32_small.csv; sm_90
+    cross-compiles: 96-204 registers, no spills). K is split by ``fma_split``. (The
+    outer-product form, block_m < 16, is an explicit config only: it ran slower.)"""
     rows = 1 << max(0, M - 1).bit_length()   # M rounded up to a power of two
-    if rows <= 8 and not b_kmajor:
-        bm, bn, bk, stages = rows, 512, 8 if rows <= 4 else 4, 1
-    else:
-        bm = min(64, max(16, rows))
-        bn, bk, stages = (128 if bm <= 32 else 64), 32, 3
+    bm = min(64, max(16, rows))
+    bn, bk, stages = {16: 64, 32: 128}.get(bm, 64), 32, 3
     tiles = math.ceil(M / bm) * math.ceil(N / bn)
     k_steps = math.ceil(K / bk)
     split = fma_split(tiles, k_steps, math.ceil(M / bm) * bm, K, num_sms)
