@@ -948,19 +948,18 @@ def test_device_descriptors_only_for_short_eager_kernels(monkeypatch):
     monkeypatch.setattr(glaunch, "DEVICE_DESCRIPTORS", True)
     tma = dict(SMALL, tma=True)
     a, b = torch.randn(64, 96).half(), torch.randn(96, 48).half()
-    assert glaunch._descriptors_on_device(a, b) == (True, True)
+    assert glaunch._descriptors_on_device(64, 48, 96, 2, False, True, True) == (True, True)
     assert glaunch.plan_for(a, b, tma).device_desc
-    big = torch.empty(8192, 8192, dtype=torch.float16)
     assert gconfig.bound_us(8192, 8192, 8192, 2) > gconfig.DEVICE_DESC_MAX_US
-    assert glaunch._descriptors_on_device(big, big) == (False, False)
+    assert glaunch._descriptors_on_device(8192, 8192, 8192, 2, False, True, True) == (False, False)
+    assert glaunch._descriptors_on_device(64, 48, 96, 2, True, True, True) == (False, False)   # capturing
+    assert glaunch._descriptors_on_device(64, 48, 96, 2, False, False, True) == (False, True)
     monkeypatch.setattr(glaunch, "capturing", lambda t: True)
-    assert glaunch._descriptors_on_device(a, b) == (False, False)
     p = glaunch.plan_for(a, b, tma)
     assert not p.device_desc and p.kind == "tma"
     assert len(glaunch._PLANS) == 2
-    monkeypatch.setattr(glaunch, "DEVICE_DESCRIPTORS", False)
     monkeypatch.setattr(glaunch, "capturing", lambda t: False)
-    assert glaunch._descriptors_on_device(a, b) == (False, True)
+    assert glaunch.plan_for(a, b, tma).device_desc and len(glaunch._PLANS) == 2
 
 
 def test_device_descriptors_only_where_legal(monkeypatch):

@@ -203,10 +203,13 @@ _PLANS = PlanCache()
 
 
 def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
-          device_descriptors: bool = False, gluon_device_descriptors: bool = False) -> _GemmPlan:
+          device_descriptors: bool = False, gluon_device_descriptors: bool = False,
+          capture: bool = False) -> _GemmPlan:
     _check_operands(a, b)
     M, K = a.shape
     N = b.shape[1]
+    device_descriptors, gluon_device_descriptors = _descriptors_on_device(
+        M, N, K, a.element_size(), capture, device_descriptors, gluon_device_descriptors)
     if out is not None:
         prepare_output(out, M, N, K, a)   # raises on a wrong out; nothing written
     if M == 0 or N == 0:
@@ -369,27 +372,30 @@ def plan_for(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | 
     """The plan ``matmul(a, b, config, out)`` runs (made once per call signature,
     ``DEVICE_DESCRIPTORS`` / ``GLUON_DEVICE_DESCRIPTORS`` setting and whether a
     CUDA graph is being captured: see ``_descriptors_on_device``)."""
+    dd, gdd = DEVICE_DESCRIPTORS, GLUON_DEVICE_DESCRIPTORS
     try:
-        dd, gdd = _descriptors_on_device(a, b)
+        cap = capturing(a)
         key = (tensor_signature(a), tensor_signature(b), None if out is None else tensor_signature(out),
-               config_key(config), dd, gdd)
-    except (AttributeError, IndexError):   # not 2-D tensors: planning says what is wrong (and raises)
-        return _plan(a, b, out, config, DEVICE_DESCRIPTORS, GLUON_DEVICE_DESCRIPTORS)
+               config_key(config), dd, gdd, cap)
+    except AttributeError:   # not tensors: planning says what is wrong (and raises)
+        return _plan(a, b, out, config, dd, gdd)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS.put(key, _plan(a, b, out, config, dd, gdd))
+        plan = _PLANS.put(key, _plan(a, b, out, config, dd, gdd, cap))
     return plan
 
 
-def _descriptors_on_device(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, bool]:
-    """(Triton, Gluon) kernels encode their own TMA descriptors: where switched on,
-    not under CUDA-graph capture (host descriptors are then encoded once, at
-    capture) and only for kernels shorter than ``DEVICE_DESC_MAX_US``, where the
-    host's launch cost is what an eager call waits for."""
-    if capturing(a):
+def _descriptors_on_device(M: int, N: int, K: int, elem_bytes: int, cap: bool, dd: bool,
+                           gdd: bool) -> tuple[bool, bool]:
+    """(Triton, Gluon) kernels encode their own TMA descriptors: where switched on
+    (``dd``, ``gdd``), not under CUDA-graph capture (``cap``: host descriptors are
+    then encoded once, at capture) and only for kernels shorter than
+    ``DEVICE_DESC_MAX_US``, where the host's launch cost is what an eager call
+    waits for."""
+    if cap:
         return False, False
-    short = bound_us(a.shape[0], b.shape[1], a.shape[1], a.element_size()) < DEVICE_DESC_MAX_US
-    return DEVICE_DESCRIPTORS and short, GLUON_DEVICE_DESCRIPTORS and short
+    short = bound_us(M, N, K, elem_bytes) < DEVICE_DESC_MAX_US
+    return dd and short, gdd and short
 
 
 # --------------------------------------------------------------------------
