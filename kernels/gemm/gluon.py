@@ -189,6 +189,16 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_m, NUM_STAGES:
 
 
 @gluon.jit
+def _b_stage(b_bufs, s, B_KMAJOR: gl.constexpr):
+    """Stage ``s`` of B as wgmma's (BLOCK_K, BLOCK_N) operand: with B_KMAJOR a transposed
+    view of the B^T tile the stage holds."""
+    if B_KMAJOR:
+        return b_bufs.index(s).permute((1, 0))
+    else:
+        return b_bufs.index(s)
+
+
+@gluon.jit
 def _mainloop(a_bufs, b_bufs, ready, empty, counter, k_steps, acc_layout: gl.constexpr,
               NUM_STAGES: gl.constexpr, B_KMAJOR: gl.constexpr):
     """One tile's wgmma loop from ring position `counter`. One wgmma stays in
@@ -202,10 +212,7 @@ def _mainloop(a_bufs, b_bufs, ready, empty, counter, k_steps, acc_layout: gl.con
     for kk in range(k_steps):
         s = counter % NUM_STAGES
         mbarrier.wait(ready.index(s), (counter // NUM_STAGES) & 1)
-        if B_KMAJOR:
-            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
-        else:
-            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, is_async=True)
+        acc = warpgroup_mma(a_bufs.index(s), _b_stage(b_bufs, s, B_KMAJOR), acc, is_async=True)
         # Only the wgmma just issued may still run: the previous one has read
         # its operands, so its stage can be refilled.
         acc = warpgroup_mma_wait(1, deps=(acc,))
