@@ -960,6 +960,8 @@ def test_device_descriptors_only_for_short_eager_kernels(monkeypatch):
     assert len(glaunch._PLANS) == 2
     monkeypatch.setattr(glaunch, "capturing", lambda t: False)
     assert glaunch.plan_for(a, b, tma).device_desc and len(glaunch._PLANS) == 2
+    monkeypatch.setattr(glaunch, "DEVICE_DESC_MAX_US", 0.0)   # the bound is part of the key too
+    assert not glaunch.plan_for(a, b, tma).device_desc and len(glaunch._PLANS) == 3
 
 
 def test_device_descriptors_only_where_legal(monkeypatch):

@@ -370,13 +370,13 @@ def _fma_plan(M: int, N: int, K: int, cfg: GemmConfig, sms: int) -> _GemmPlan:
 
 def plan_for(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | None = None) -> _GemmPlan:
     """The plan ``matmul(a, b, config, out)`` runs (made once per call signature,
-    ``DEVICE_DESCRIPTORS`` / ``GLUON_DEVICE_DESCRIPTORS`` setting and whether a
-    CUDA graph is being captured: see ``_descriptors_on_device``)."""
+    ``DEVICE_DESCRIPTORS`` / ``GLUON_DEVICE_DESCRIPTORS`` / ``DEVICE_DESC_MAX_US``
+    setting and whether a CUDA graph is being captured: see ``_descriptors_on_device``)."""
     dd, gdd = DEVICE_DESCRIPTORS, GLUON_DEVICE_DESCRIPTORS
     try:
         cap = capturing(a)
         key = (tensor_signature(a), tensor_signature(b), None if out is None else tensor_signature(out),
-               config_key(config), dd, gdd, cap)
+               config_key(config), dd, gdd, cap, DEVICE_DESC_MAX_US)
     except AttributeError:   # not tensors: planning says what is wrong (and raises)
         return _plan(a, b, out, config, dd, gdd)
     plan = _PLANS.get(key)
