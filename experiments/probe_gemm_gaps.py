@@ -87,6 +87,29 @@ def cublas_kernels(shapes, dtype, prov) -> list[dict]:
     return rows
 
 
+def check_each(fns: dict, c, ref, label, tol) -> tuple[dict, dict, dict]:
+    """Run every callable once into ``c`` poisoned with NaN, against ``ref``; one that
+    raises or misses ``tol(name, label)`` (relative error) is dropped from ``fns`` (not
+    timed). Returns (status, labels, errors) by name; ``label(name)`` names what ran."""
+    import torch
+
+    status, labels, errs = {}, {}, {}
+    for name, fn in list(fns.items()):
+        c.fill_(float("nan"))
+        try:
+            fn()
+            torch.cuda.synchronize()
+            errs[name] = err = float((c.double() - ref).norm() / ref.norm())
+            labels[name] = label(name)
+            bound = tol(name, labels[name])
+            status[name] = "ok" if err <= bound else f"wrong: rel_err {err:.2e} > {bound:.0e}"
+        except Exception as exc:
+            status[name] = f"error: {type(exc).__name__}: {str(exc)[:160]}"
+        if status[name] != "ok":
+            del fns[name]
+    return status, labels, errs
+
+
 def time_configs(shapes, dtype, configs: dict, args, prov, b_layout: str = "row") -> list[dict]:
     import torch
 
@@ -107,20 +130,10 @@ def time_configs(shapes, dtype, configs: dict, args, prov, b_layout: str = "row"
             b = b.t().contiguous().t()
         fns = {"cublas": lambda: gemm.cublas(a, b, out=c), "heuristic": lambda: gemm.matmul(a, b, out=c)}
         fns.update({n: (lambda p=p: gemm.matmul(a, b, p, out=c)) for n, p in configs.items()})
-        status, labels = {}, {}
-        for name, fn in list(fns.items()):
-            c.fill_(float("nan"))
-            try:
-                fn()
-                torch.cuda.synchronize()
-                labels[name] = "cuBLAS" if name == "cublas" else glaunch.plan_for(
-                    a, b, None if name == "heuristic" else configs[name], c).config.label()
-                err = float((c.float() - ref).norm() / ref.norm())
-                status[name] = "ok" if err <= gsweep.tolerance(dtype) else f"wrong: rel_err {err:.2e}"
-            except Exception as exc:
-                status[name] = f"error: {type(exc).__name__}: {str(exc)[:160]}"
-            if status[name] != "ok":
-                del fns[name]
+        status, labels, _ = check_each(
+            fns, c, ref, lambda name: "cuBLAS" if name == "cublas" else glaunch.plan_for(
+                a, b, None if name == "heuristic" else configs[name], c).config.label(),
+            lambda name, label: gsweep.tolerance(dtype))
         t = bench.interleave(fns, warmup_ms=20, rep_ms=args.rep_ms, min_reps=10, max_reps=100, mode="graph")
         base = t["cublas"].median_ms if "cublas" in t else float("nan")
         for name in list(configs) + ["heuristic", "cublas"]:
@@ -271,26 +284,18 @@ def time_fp32_small(args, prov) -> list[dict]:
             configs = fp32_small_variants(M, N, K, sms, b_layout == "t", aligned)
             fns = {"cublas": lambda: gemm.cublas(a, b, out=c), "cublas_fp32": lambda: _cublas_fp32(a, b, c)}
             fns.update({n: (lambda p=p: gemm.matmul(a, b, p, out=c)) for n, p in configs.items()})
-            status, labels, errs = {}, {}, {}
-            for name, fn in list(fns.items()):
-                c.fill_(float("nan"))
-                try:
-                    fn()
-                    torch.cuda.synchronize()
-                    err = float((c.double() - ref).norm() / ref.norm())
-                    if name.startswith("cublas"):
-                        labels[name] = "cuBLAS" + (" fp32" if name == "cublas_fp32" else " tf32")
-                    else:
-                        p = glaunch.plan_for(a, b, configs[name], c)
-                        labels[name] = f"{p.kind}: {p.config.label()}"
-                    tf32 = name in ("cublas", "tf32_rule") or (name == "heuristic" and labels[name][:4] != "fma:")
-                    tol = 2e-3 if tf32 else FMA_TOL
-                    errs[name] = err
-                    status[name] = "ok" if err <= tol else f"wrong: rel_err {err:.2e} > {tol:.0e}"
-                except Exception as exc:
-                    status[name] = f"error: {type(exc).__name__}: {str(exc)[:160]}"
-                if status[name] != "ok":
-                    del fns[name]
+
+            def label(name):
+                if name.startswith("cublas"):
+                    return "cuBLAS" + (" fp32" if name == "cublas_fp32" else " tf32")
+                p = glaunch.plan_for(a, b, configs[name], c)
+                return f"{p.kind}: {p.config.label()}"
+
+            def tol(name, label):   # tf32 products: cuBLAS tf32 and the tensor-core kernels
+                tf32 = name in ("cublas", "tf32_rule") or (name == "heuristic" and label[:4] != "fma:")
+                return 2e-3 if tf32 else FMA_TOL
+
+            status, labels, errs = check_each(fns, c, ref, label, tol)
             t = bench.interleave(fns, warmup_ms=20, rep_ms=args.rep_ms, min_reps=10, max_reps=100, mode="graph")
             base = t["cublas"].median_ms if "cublas" in t else float("nan")
             bound_us = gconfig.fma_bound_us(M, N, K)
