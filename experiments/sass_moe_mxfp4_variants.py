@@ -30,6 +30,10 @@ VARIANTS = {
     "BM16 BN64 prepack1": C(BLOCK_M=16, BLOCK_N=64, PREPACK=1),
     "BM16 BN64 prepack2": C(BLOCK_M=16, BLOCK_N=64, PREPACK=2),
     "BM16 BN64 prepack2 la1": C(BLOCK_M=16, BLOCK_N=64, PREPACK=2, LOAD_AHEAD=1),
+    # PREPACK configs scale with one multiply per pair (ONE_MUL) when every scale byte is <= 128,
+    # as for trained weights (compile_for_target's one_mul); the two-multiply path for comparison
+    "BM16 BN64 prepack2 la1 2mul": C(BLOCK_M=16, BLOCK_N=64, PREPACK=2, LOAD_AHEAD=1, ONE_MUL=False),
+    "BM16 BN64 prepack2 la1 sk2": C(BLOCK_M=16, BLOCK_N=64, PREPACK=2, LOAD_AHEAD=1, SPLIT_K=2),
     "BM16 BN128 prepack2": C(BLOCK_M=16, BLOCK_N=128, PREPACK=2),
     "BM32 BN64 prepack2": C(BLOCK_M=32, BLOCK_N=64, PREPACK=2),
     # the prepacked defaults at large M (config.py _BY_BLOCK_M_PREPACKED): the swapped kernel
@@ -48,7 +52,7 @@ CLASSES = {  # class -> opcode prefixes
 def count(cfg: MoeMxfp4Config, cache: str, I: int = 512) -> dict:
     e = compile_for_target(cfg, cache_dir=cache)[0]
     ops = Counter(m.group(1).split(".")[0] for m in map(_OP.search, e.text("sass").splitlines()) if m)
-    per_thread = cfg.BLOCK_N * I / (32 * cfg.num_warps)
+    per_thread = cfg.BLOCK_N * I / cfg.SPLIT_K / (32 * cfg.num_warps)
     res = e.resources()
     row = {"config": cfg.label(), "instr": sum(ops.values()), "per_weight": sum(ops.values()) / per_thread}
     for cls, prefixes in CLASSES.items():

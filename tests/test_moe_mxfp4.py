@@ -429,16 +429,22 @@ def test_prepared_weights_plan_key_has_the_layout():
     the plan's key, so each gets its own plan (and config); bare tensors are level 0."""
     p = _problem(1, H_=128, I_=128, seed=52)
     r = prepare_routing(p["ids"], p["wts"], E, 16)
-    key = lambda w, s, level: mx_launch._plan_key(p["a"], None, w, s, level, r, None, False, None)
+    key = lambda w, s, level, one_mul=False: mx_launch._plan_key(p["a"], None, w, s, level, one_mul, r, None,
+                                                                 False, None)
     same = [key(p["w"], p["w_scale"], lvl) for lvl in (0, 1, 2)]
     assert len(set(same)) == 3
     w2 = prepare_weights(p["w"], p["w_scale"], 2)
-    assert mx_launch._unwrap_weights(p["w"], p["w_scale"], r)[3] == 0
-    assert mx_launch._unwrap_weights(w2, r, None)[1:] == (w2.w_scale, r, 2)          # (a, weights, routing)
+    assert w2.max_scale == int(p["w_scale"].max()) <= 128 and w2.one_mul
+    assert mx_launch._unwrap_weights(p["w"], p["w_scale"], r)[3:] == (0, False)
+    assert mx_launch._unwrap_weights(w2, r, None)[1:] == (w2.w_scale, r, 2, True)    # (a, weights, routing)
     moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r)
     moe_mxfp4_down(p["a"], w2, r)
     assert mx_launch._PLANS.get(key(p["w"], p["w_scale"], 0)).config.PREPACK == 0
-    assert mx_launch._PLANS.get(key(w2.w, w2.w_scale, 2)).config.PREPACK == 2
+    plan = mx_launch._PLANS.get(key(w2.w, w2.w_scale, 2, True))
+    assert plan.config.PREPACK == 2 and plan.constexprs["ONE_MUL"]
+    # the same tensors with the scale range unknown: a plan of their own, two multiplies
+    moe_mxfp4_down(p["a"], Mxfp4Weights(w2.w, w2.w_scale, 2), r)
+    assert not mx_launch._PLANS.get(key(w2.w, w2.w_scale, 2, False)).constexprs["ONE_MUL"]
 
 
 def _run_ptx(text: str, regs: dict) -> dict:
@@ -470,6 +476,12 @@ def _run_ptx(text: str, regs: dict) -> dict:
         elif op == "shf.l.wrap.b32":          # funnel shift of (hi = v[1], lo = v[0]) left by v[2] % 32
             k = np.uint32(int(v[2]) % 32)
             r = (v[1] << k) | (v[0] >> np.uint32(32 - k)) if k else v[1]
+        elif op == "mul.rn.bf16x2":           # two bf16 products, each rounded once (torch's CPU bf16 does)
+            half = lambda x, i: torch.from_numpy(((x >> np.uint32(16 * i)) & np.uint32(0xFFFF)).astype(np.int32))
+            prod = [(half(v[0], i).to(torch.int16).view(torch.bfloat16) * half(v[1], i).to(torch.int16)
+                     .view(torch.bfloat16)).view(torch.int16).to(torch.int32).numpy().astype(np.uint32) & 0xFFFF
+                    for i in (0, 1)]
+            r = prod[0] | prod[1] << np.uint32(16)
         elif op == "prmt.b32":                # default mode, selector nibble bit 3 unused here
             pool = [(v[0] >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)] + \
                    [(np.uint32(v[1]) >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)]
@@ -529,6 +541,104 @@ def test_scale_ptx_matches_scale_bits():
                        .float().nan_to_num(7.0),
                        torch.ldexp(torch.ones(256), torch.arange(256) - 127.0).where(torch.arange(256) < 255,
                                                                                      torch.tensor(7.0)))
+
+
+def test_scale_one_mul_ptx_and_products_match_two_multiplies():
+    """ONE_MUL's scale PTX (modelled) gives 2**(s - 1) as a bf16 pattern for every byte up to 128,
+    and one bf16 multiply of each of the 16 bit-placed E2M1 patterns (value * 2**-126, the codes 0
+    and 0.5 in bf16's zero and subnormal encodings) by it gives the bits of the two multiplies
+    (x 2**126, then x 2**(s - 127)) for every such byte: bf16 products round once either way and
+    each is exact. (torch's CPU bf16 multiply rounds the exact product once, as HMUL2 does.)"""
+    import numpy as np
+
+    from kernels.moe_mxfp4.triton import _SCALE_ONE_MUL_PTX
+
+    b = np.arange(129, dtype=np.uint32)
+    words = b | np.roll(b, 1) << 8 | np.roll(b, 2) << 16 | np.roll(b, 3) << 24
+    out = _run_ptx(_SCALE_ONE_MUL_PTX.value, {"$2": words.astype(np.uint32)})
+    want = lambda s: ((s + 126) << 7).astype(np.uint32)
+    assert np.array_equal(out["$0"], want(b) | want(np.roll(b, 1)) << 16)
+    assert np.array_equal(out["$1"], want(np.roll(b, 2)) | want(np.roll(b, 3)) << 16)
+
+    as_bf16 = lambda bits: torch.tensor(bits, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    codes = torch.arange(16)
+    pattern = as_bf16((((codes & 7) << 6) | ((codes & 8) << 12)).tolist())         # value * 2**-126
+    values = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES))             # codes 0-7, then 8-15
+    assert torch.equal(pattern.float() * 2.0 ** 126, values)
+    s = torch.arange(129)
+    one = as_bf16(want(s.numpy()).astype(np.int64).tolist())                        # 2**(s - 1)
+    two = as_bf16(np.where(s.numpy() == 0, 0x40, s.numpy() << 7).tolist())            # 2**(s - 127)
+    assert torch.equal(one.float(), torch.ldexp(torch.ones(129), s - 1.0))
+    got = pattern[:, None] * one[None, :]
+    ref = (pattern * torch.tensor(2.0 ** 126, dtype=torch.bfloat16))[:, None] * two[None, :]
+    assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
+    assert torch.equal(got.float(), values[:, None] * torch.ldexp(torch.ones(129), s - 127.0))
+
+
+def test_one_mul_expansion_ptx_matches_pattern_times_scale():
+    """ONE_MUL's expansion (the pattern PTX and one bf16x2 multiply per word in one asm block),
+    modelled instruction by instruction, for the plain and the PREPACK=2 bit orders: each output
+    half is its byte's pattern times that byte's scale pattern 2**(s - 1), i.e. the E2M1 value
+    times 2**(s - 127), for random words and every scale byte up to 128."""
+    import numpy as np
+
+    from kernels.moe_mxfp4.triton import (_E2M1_MUL_PTX, _E2M1_PATTERNS_PTX, _E2M1_ROT_MUL_PTX, _E2M1_ROT_PTX)
+
+    g = np.random.default_rng(7)
+    n = 4096
+    words = g.integers(0, 2 ** 32, n, dtype=np.uint64).astype(np.uint32)
+    s = g.integers(0, 129, (n, 4))
+    s[:129, 0] = np.arange(129)
+    f = ((s + 126) << 7).astype(np.uint32)
+    f01, f23 = f[:, 0] | f[:, 1] << 16, f[:, 2] | f[:, 3] << 16
+    bf = lambda x, i: torch.from_numpy(((x >> (16 * i)) & 0xFFFF).astype(np.int32)).to(torch.int16).view(torch.bfloat16)
+    for mul_ptx, pat_ptx in ((_E2M1_MUL_PTX, _E2M1_PATTERNS_PTX), (_E2M1_ROT_MUL_PTX, _E2M1_ROT_PTX)):
+        pat = _run_ptx(pat_ptx.value, {"$4": words})
+        got = _run_ptx(mul_ptx.value, {"$4": words, "$5": f01, "$6": f23})
+        for out, scales in (("$0", f01), ("$1", f23), ("$2", f01), ("$3", f23)):
+            for i in (0, 1):
+                want = bf(pat[out], i).float() * bf(scales, i).float()       # exact: E2M1 value x 2**(s - 127)
+                assert torch.equal(bf(got[out], i).float(), want), (out, i)
+
+
+def test_weights_scale_range_and_split_k_validate():
+    p = _problem(1, H_=128, I_=128, seed=53)
+    with pytest.raises(ValueError, match="max_scale must be None or the largest scale byte"):
+        Mxfp4Weights(p["w"], p["w_scale"], 0, 300)
+    big = p["w_scale"].clone()
+    big[0, 0, 0] = 129
+    assert not prepare_weights(p["w"], big, 2).one_mul and prepare_weights(p["w"], p["w_scale"], 1).one_mul
+    with pytest.raises(ValueError, match="SPLIT_K must be 1, 2 or 4"):
+        MoeMxfp4Config(SPLIT_K=3).validate(512)
+    with pytest.raises(ValueError, match="deterministic mode needs SPLIT_K=1"):
+        MoeMxfp4Config(SPLIT_K=2, DETERMINISTIC=True).validate(512)
+    with pytest.raises(ValueError, match="multiple of SPLIT_K \\* BLOCK_K = 256"):
+        MoeMxfp4Config(SPLIT_K=2).validate(384)
+    assert MoeMxfp4Config(BLOCK_N=64, PREPACK=2, ONE_MUL=False, SPLIT_K=2).label().endswith("_prepack2_2mul_sk2")
+    assert MoeMxfp4Config(BLOCK_N=64, PREPACK=2).label().endswith("_prepack2")
+
+
+@pytest.mark.parametrize("split,level,la", [(2, 0, 0), (2, 2, 1), (4, 2, 0)], ids=["plain_sk2", "prepack2_sk2_la1",
+                                                                                   "prepack2_sk4"])
+def test_kernel_split_k_within_bound(split, level, la):
+    """SPLIT_K programs each reduce I / SPLIT_K and add their partial sums with the atomic epilogue:
+    on poisoned outputs within the reference bound, plain and prepacked layouts, with and without
+    loads ahead. The bound follows the additions: each partial row is rounded and added on its own,
+    so its terms are the magnitudes of the partial rows (which can exceed the whole row's where
+    the halves cancel), and SPLIT_K times as many of them."""
+    I_, H_ = 512, 128
+    p = _problem(5, H_=H_, I_=I_, seed=60 + split + level)
+    cfg = MoeMxfp4Config(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128 if level else 64, num_warps=4 if level else 1,
+                         PREPACK=level, LOAD_AHEAD=la, SPLIT_K=split)
+    q = dict(p, w=prepare_weights(p["w"], p["w_scale"], level), w_scale=None) if level else p
+    out = torch.full((5, H_), float("nan"), dtype=torch.bfloat16, device=DEV)
+    got = _run(q, cfg, out=out)
+    step = I_ // split
+    parts = [reference_rows(p["a"][:, j * step:(j + 1) * step], p["w"][..., j * step // 2:(j + 1) * step // 2],
+                            p["w_scale"][..., j * step // 32:(j + 1) * step // 32], p["ids"], p["wts"])
+             for j in range(split)]
+    _check(got, p, slack=split, ref=(sum(x.sum(1) for x in parts), sum(x.abs().sum(1) for x in parts)))
+    assert any(v.config == cfg and v.grid[2] == split for v in mx_launch._PLANS.values())
 
 
 def test_kernel_accumulates_into_out():
@@ -642,6 +752,8 @@ _SM90_CONFIGS = {
     "bm16_bn64": (dict(BLOCK_N=64), False),
     "bm16_bn64_prepack1": (dict(BLOCK_N=64, PREPACK=1), False),
     "bm16_bn64_prepack2": (dict(BLOCK_N=64, PREPACK=2), False),
+    "bm16_bn64_prepack2_2mul": (dict(BLOCK_N=64, PREPACK=2, ONE_MUL=False), False),
+    "bm16_bn64_prepack2_la1_sk2": (dict(BLOCK_N=64, PREPACK=2, LOAD_AHEAD=1, SPLIT_K=2), False),
     # the prepacked large-M tile where H % 128 != 0 (config_for_block_m(128, 512, prepacked=2, H=...)): swapped
     "bm128_bn64_prepack2_swap": (dict(BLOCK_M=128, BLOCK_N=64, SWAP_AB=True, NT=False, PREPACK=2), False),
 }
@@ -690,10 +802,12 @@ def test_sm90_main_loop_uses_wgmma_with_expansion_in_registers(sm90):
         if name == "ptx" or name.endswith("_seq"):
             continue
         bm = int(re.match(r"bm(\d+)", name).group(1))
-        assert _count(ops, f"HGMMA.64x{bm}x16.F32.BF16") >= 32, name
+        steps = 2 if "_sk2" in name else 4                        # K steps per program
+        assert _count(ops, f"HGMMA.64x{bm}x16.F32.BF16") >= 8 * steps, name
         assert _count(ops, "HMMA") == 0, name                     # no mma.sync fallback
         bn = 64 if "bn64" in name else 128
-        assert _count(ops, "HMUL2.BF16_V2") >= 4 * bn, name       # bf16x2 expansion, 4 K steps
+        one_mul = "prepack" in name and "2mul" not in name       # one multiply per pair, not two
+        assert _count(ops, "HMUL2.BF16_V2") >= steps * bn // (2 if one_mul else 1), name   # bf16x2 expansion
 
 
 def test_sm90_inline_ptx_expansion_is_used_and_cheaper(sm90):
@@ -732,14 +846,20 @@ def test_sm90_prepack_needs_fewer_instructions_per_weight(sm90):
     """At the heuristic's small-M tile (BM16 x BN64 x BK128, 4 warps; 64 x 512 weights over 128
     threads = 256 per thread): PREPACK=1 drops the shared-memory pass of the weights (no LDS of
     byte pairs, no byte-gathering PRMTs) and the per-scale compares; PREPACK=2 also halves the
-    bit placement. Cross-compiled 2026-11-25: 6.81 -> 5.19 -> 4.06 SASS instructions per weight."""
-    per_w = {n: sum(sm90[n].values()) / 256 for n in ("bm16_bn64", "bm16_bn64_prepack1", "bm16_bn64_prepack2")}
+    bit placement; ONE_MUL (the weights' scale bytes all <= 128) scales each pair with one multiply
+    instead of two, in the expansion's asm block. Cross-compiled 2026-11-25: 6.81 -> 4.47 -> 3.34
+    SASS instructions per weight (4.06 for PREPACK=2 with two multiplies)."""
+    names = ("bm16_bn64", "bm16_bn64_prepack1", "bm16_bn64_prepack2", "bm16_bn64_prepack2_2mul")
+    per_w = {n: sum(sm90[n].values()) / 256 for n in names}
     assert per_w["bm16_bn64_prepack1"] < per_w["bm16_bn64"] - 1.0, per_w
-    assert per_w["bm16_bn64_prepack2"] < 4.5 and per_w["bm16_bn64_prepack2"] < per_w["bm16_bn64_prepack1"] - 0.8, per_w
-    for n in ("bm16_bn64_prepack1", "bm16_bn64_prepack2"):
+    assert per_w["bm16_bn64_prepack2_2mul"] < 4.5, per_w
+    assert per_w["bm16_bn64_prepack2"] < per_w["bm16_bn64_prepack1"] - 0.8, per_w
+    assert per_w["bm16_bn64_prepack2"] < min(3.6, per_w["bm16_bn64_prepack2_2mul"] - 0.5), per_w
+    for n in names[1:]:
         ops = sm90[n]
         assert _count(ops, "LDS") <= 2 and _count(ops, "ISETP") <= 8 and _count(ops, "SEL") == 0, n
-        assert _count(ops, "HGMMA.64x16x16.F32.BF16") == 32 and _count(ops, "HMUL2.BF16_V2") == 256, n
+        assert _count(ops, "HGMMA.64x16x16.F32.BF16") == 32, n
+        assert _count(ops, "HMUL2.BF16_V2") == (256 if n.endswith("2mul") else 128), n
         assert _count(ops, "LDG.E.EF.128") == 8 and _count(ops, "LDG.E.EF.64") == 4, n  # 2 + 1 per K step
     assert _count(sm90["bm16_bn64"], "LDS") >= 64
     assert _count(sm90["bm16_bn64_prepack2"], "SHF") >= 4 * 8 * 4                   # 4 rotations per word
@@ -749,8 +869,8 @@ def test_sm90_prepacked_large_m_default_compiles_without_spills(sm90):
     """The prepacked BLOCK_M 128 tile where H % 128 != 0 (BN64; elsewhere BN128, which ran 1.4x as
     fast at M = 16384 with a few spill stores) is the swapped kernel: wgmma 64 x 128 x 16 with the weights from registers (2 dots x 4 per K step, 4 steps),
     the scales in one 64-bit load per step (the weights' two 128-bit loads per step are among the
-    activations' LDG.E.128), no evict-first (NT off), two HMUL2 per weight pair, and no register
-    spills (cross-compiled with Triton 3.6: 220 registers)."""
+    activations' LDG.E.128), no evict-first (NT off), one HMUL2 per weight pair (ONE_MUL), and no
+    register spills (cross-compiled with Triton 3.6: 220 registers with two multiplies)."""
     from kernels.moe_mxfp4 import config_for_block_m
 
     kw = _SM90_CONFIGS["bm128_bn64_prepack2_swap"][0]
@@ -759,8 +879,17 @@ def test_sm90_prepacked_large_m_default_compiles_without_spills(sm90):
     ops = sm90["bm128_bn64_prepack2_swap"]
     assert _count(ops, "HGMMA.64x128x16.F32.BF16") == 32
     assert _count(ops, "LDG.E.128") >= 8 and _count(ops, "LDG.E.64") == 4 and _count(ops, "LDG.E.EF") == 0
-    assert _count(ops, "HMUL2.BF16_V2") == 256
+    assert _count(ops, "HMUL2.BF16_V2") == 128
     assert _count(ops, "STL") == 0 and _count(ops, "LDL") == 0
+
+
+def test_sm90_split_k_halves_each_program(sm90):
+    """SPLIT_K=2: each program runs two of the four K steps (half the wgmma and weight loads; the
+    K offset is the program's third grid index), the epilogue still the bf16 atomic reduction."""
+    ops = sm90["bm16_bn64_prepack2_la1_sk2"]
+    assert _count(ops, "HGMMA.64x16x16.F32.BF16") == 16 and _count(ops, "HMUL2.BF16_V2") == 64
+    assert _count(ops, "LDG.E.EF.128") == 4 and _count(ops, "REDG.E.ADD.BF16x8.RN") >= 1
+    assert _count(ops, "S2R") > _count(sm90["bm16_bn64_prepack2"], "S2R")       # reads the third grid index
 
 
 def test_sm90_weight_loads_are_128_bit(sm90):

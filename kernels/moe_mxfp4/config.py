@@ -29,6 +29,13 @@ class MoeMxfp4Config:
     group placed so that every bf16x2 pattern is one rotation and one mask (EXPAND="ptx").
     Needs SWAP_AB, 4 warps, BLOCK_N % 64 == 0, BLOCK_K % 128 == 0 and H % BLOCK_N == 0. The
     launcher runs a PREPACK config only on ``Mxfp4Weights`` of that level (``prepare_weights``).
+    ONE_MUL (PREPACK only): scale each bf16x2 pattern with one multiply by 2**(s - 1) instead of
+    two (x 2**126, then x 2**(s - 127)); exact, and the same bits, only while every scale byte
+    is at most 128, so the launcher uses it only where ``prepare_weights`` measured that
+    (``Mxfp4Weights.max_scale``) and runs the two multiplies otherwise.
+    SPLIT_K: programs per output tile, each reducing K / SPLIT_K of the intermediate size and
+    adding its partial sums with the atomic epilogue (atomic mode only): more, shorter programs
+    where a few tiles per expert would leave the last wave of programs nearly empty.
     """
 
     BLOCK_M: int = 16
@@ -44,6 +51,8 @@ class MoeMxfp4Config:
     EXPAND: str = "ptx"
     LOAD_AHEAD: int = 0
     PREPACK: int = 0
+    ONE_MUL: bool = True
+    SPLIT_K: int = 1
 
     @property
     def swap_ab(self) -> bool:
@@ -58,7 +67,8 @@ class MoeMxfp4Config:
         mode = "det" if self.DETERMINISTIC else "atomic"
         return (f"bm{self.BLOCK_M}_bn{self.BLOCK_N}_bk{self.BLOCK_K}_w{self.num_warps}_s{self.num_stages}"
                 f"{flags}{'_swap' if self.swap_ab else ''}_{mode}{'' if self.EXPAND == 'ptx' else '_' + self.EXPAND}"
-                f"{f'_la{self.LOAD_AHEAD}' if self.LOAD_AHEAD else ''}{f'_prepack{self.PREPACK}' if self.PREPACK else ''}")
+                f"{f'_la{self.LOAD_AHEAD}' if self.LOAD_AHEAD else ''}{f'_prepack{self.PREPACK}' if self.PREPACK else ''}"
+                f"{'_2mul' if self.PREPACK and not self.ONE_MUL else ''}{f'_sk{self.SPLIT_K}' if self.SPLIT_K > 1 else ''}")
 
     def replace(self, **kw) -> "MoeMxfp4Config":
         return replace(self, **kw)
@@ -76,6 +86,14 @@ class MoeMxfp4Config:
         if K % self.BLOCK_K:
             raise ValueError(f"moe_mxfp4: the intermediate size I={K} must be a multiple of BLOCK_K="
                              f"{self.BLOCK_K}; pick a BLOCK_K that divides it")
+        if self.SPLIT_K not in (1, 2, 4):
+            raise ValueError(f"moe_mxfp4: SPLIT_K must be 1, 2 or 4, got {self.SPLIT_K!r}")
+        if self.SPLIT_K > 1 and self.DETERMINISTIC:
+            raise ValueError("moe_mxfp4: SPLIT_K > 1 adds partial sums with atomics; the deterministic mode "
+                             "needs SPLIT_K=1")
+        if K % (self.BLOCK_K * self.SPLIT_K):
+            raise ValueError(f"moe_mxfp4: SPLIT_K={self.SPLIT_K} needs the intermediate size I={K} to be a "
+                             f"multiple of SPLIT_K * BLOCK_K = {self.SPLIT_K * self.BLOCK_K}")
         if self.num_warps not in (1, 2, 4, 8):
             raise ValueError(f"moe_mxfp4: num_warps must be 1, 2, 4 or 8, got {self.num_warps}")
         if self.EXPAND not in ("ptx", "bits"):

@@ -123,16 +123,17 @@ def _validate(a, a_scale, w, w_scale, routing, out, accumulate) -> tuple[int, in
 
 
 def _unwrap_weights(w, w_scale, routing):
-    """(w, w_scale, routing, layout level): Mxfp4Weights carry their level, plain tensors are level 0.
+    """(w, w_scale, routing, layout level, one_mul): Mxfp4Weights carry their level and whether
+    every scale byte is at most 128; plain tensors are level 0, scales unknown.
     ``moe_mxfp4_down(a, weights, routing)`` puts the routing where w_scale goes; it is moved back."""
     if not isinstance(w, Mxfp4Weights):
-        return w, w_scale, routing, 0
+        return w, w_scale, routing, 0, False
     if routing is None and isinstance(w_scale, Routing):
         w_scale, routing = None, w_scale
     if w_scale is not None:
         _fail("w is Mxfp4Weights, which holds its scales: call moe_mxfp4_down(a, weights, routing) "
               "without w_scale")
-    return w.w, w.w_scale, routing, w.level
+    return w.w, w.w_scale, routing, w.level, w.one_mul
 
 
 def _check_layout(config: MoeMxfp4Config, level: int) -> None:
@@ -148,7 +149,7 @@ def _check_layout(config: MoeMxfp4Config, level: int) -> None:
           f"(w, w_scale), or Mxfp4Weights(w, w_scale, {config.PREPACK}) for tensors already prepacked at that level")
 
 
-def _build_plan(a, a_scale, w, w_scale, level, routing, out, accumulate, config) -> _Plan:
+def _build_plan(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config) -> _Plan:
     M, H, K, E = _validate(a, a_scale, w, w_scale, routing, out, accumulate)
     if config is None:
         if level:
@@ -170,12 +171,13 @@ def _build_plan(a, a_scale, w, w_scale, level, routing, out, accumulate, config)
     workspace = None
     if det:
         workspace = torch.empty((routing.num_pairs, H), dtype=torch.bfloat16, device=a.device)
-    grid = (routing.max_blocks, triton.cdiv(H, config.BLOCK_N))
+    grid = (routing.max_blocks, triton.cdiv(H, config.BLOCK_N), config.SPLIT_K)
     constexprs = dict(TOP_K=routing.top_k, A_FP4=a_scale is not None, ATOMIC=not det, NT=config.NT,
                       EARLY_LOADS=config.EARLY_LOADS, PREFETCH_EPILOGUE=config.PREFETCH_EPILOGUE,
                       SWAP_AB=config.swap_ab, EVEN_N=H % config.BLOCK_N == 0,
                       EXPAND="fp32" if interpreter.active() else config.EXPAND, K=K, BM=config.BLOCK_M,
                       BN=config.BLOCK_N, BK=config.BLOCK_K, LOAD_AHEAD=config.LOAD_AHEAD, PREPACK=config.PREPACK,
+                      ONE_MUL=bool(config.PREPACK and config.ONE_MUL and one_mul), SPLIT_K=config.SPLIT_K,
                       num_warps=config.num_warps,
                       num_stages=config.num_stages)
     reduce_grid = reduce_constexprs = None
@@ -187,9 +189,10 @@ def _build_plan(a, a_scale, w, w_scale, level, routing, out, accumulate, config)
     return _Plan(config, grid, constexprs, M, H, workspace, reduce_grid, reduce_constexprs)
 
 
-def _plan_key(a, a_scale, w, w_scale, level, routing, out, accumulate, config) -> tuple:
-    """Everything a plan depends on; the weights' layout level included (same shapes either way)."""
-    return (_sig(a), _sig(a_scale), _sig(w), _sig(w_scale), level, _sig(out), _sig(routing.sorted_ids),
+def _plan_key(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config) -> tuple:
+    """Everything a plan depends on; the weights' layout level and scale range included (same
+    shapes either way)."""
+    return (_sig(a), _sig(a_scale), _sig(w), _sig(w_scale), level, one_mul, _sig(out), _sig(routing.sorted_ids),
             routing.num_pairs, routing.top_k, routing.num_experts, routing.block_m, routing.max_blocks,
             bool(accumulate), config_key(config))
 
@@ -212,9 +215,9 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: tor
     prepacked=level)``); a config must read the weights' layout (config.PREPACK == level,
     else ValueError). No host synchronization.
     """
-    w, w_scale, routing, level = _unwrap_weights(w, w_scale, routing)
+    w, w_scale, routing, level, one_mul = _unwrap_weights(w, w_scale, routing)
     try:
-        key = _plan_key(a, a_scale, w, w_scale, level, routing, out, accumulate, config)
+        key = _plan_key(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config)
     except AttributeError:       # not tensors / not a Routing: let validation say what is wrong
         _validate(a, a_scale, w, w_scale, routing, out, accumulate)
         raise
@@ -222,7 +225,8 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: tor
     if plan is None:
         if interpreter.active():
             interpreter.patch()
-        plan = _PLANS.put(key, _build_plan(a, a_scale, w, w_scale, level, routing, out, accumulate, config))
+        plan = _PLANS.put(key, _build_plan(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate,
+                                           config))
     if out is None:
         out = (torch.zeros if plan.workspace is None else torch.empty)(
             (plan.M, plan.H), dtype=torch.bfloat16, device=a.device)
@@ -274,9 +278,10 @@ def dequantize_weights_bf16(w: torch.Tensor, w_scale: torch.Tensor, out: torch.T
 
 
 def compile_for_target(config: MoeMxfp4Config | None = None, *, a_fp4: bool = False, target: str = "sm90",
-                       top_k: int = 9, H: int = 7168, K: int = 512, cache_dir) -> list:
+                       top_k: int = 9, H: int = 7168, K: int = 512, one_mul: bool = True, cache_dir) -> list:
     """Cross-compile the down-projection kernel for `target` (no GPU needed) into `cache_dir`;
-    returns workbench.asm entries (``.text('sass')``, ``.mix()``, ``.resources()``).
+    returns workbench.asm entries (``.text('sass')``, ``.mix()``, ``.resources()``). one_mul: the
+    weights' scale bytes are all at most 128 (as for trained weights), so a config's ONE_MUL applies.
 
     Pointers, H, K and the row strides are marked 16-divisible, as they are at KIMI-K2.5's
     shapes (H = 7168, I = 512), so the loads vectorize as they do there.
@@ -298,7 +303,8 @@ def compile_for_target(config: MoeMxfp4Config | None = None, *, a_fp4: bool = Fa
     constexprs = dict(TOP_K=top_k, A_FP4=a_fp4, ATOMIC=not cfg.DETERMINISTIC, NT=cfg.NT,
                       EARLY_LOADS=cfg.EARLY_LOADS, PREFETCH_EPILOGUE=cfg.PREFETCH_EPILOGUE, SWAP_AB=cfg.swap_ab,
                       EVEN_N=H % cfg.BLOCK_N == 0, EXPAND=cfg.EXPAND, K=K, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N,
-                      BK=cfg.BLOCK_K, LOAD_AHEAD=cfg.LOAD_AHEAD, PREPACK=cfg.PREPACK)
+                      BK=cfg.BLOCK_K, LOAD_AHEAD=cfg.LOAD_AHEAD, PREPACK=cfg.PREPACK,
+                      ONE_MUL=bool(cfg.PREPACK and cfg.ONE_MUL and one_mul), SPLIT_K=cfg.SPLIT_K)
     return cross_compile(_moe_mxfp4_down_kernel, target, signature=sig, constexprs=constexprs,
                          divisible=divisible, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                          cache_dir=cache_dir)

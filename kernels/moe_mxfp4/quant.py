@@ -239,11 +239,17 @@ class Mxfp4Weights:
     Make one with ``prepare_weights`` (once, at load time); wrap tensors that were prepacked
     elsewhere (a saved checkpoint) with ``Mxfp4Weights(w, w_scale, level)`` and the level they
     were prepacked with: that is the one statement the launcher cannot check.
+
+    max_scale: the largest scale byte, when known (``prepare_weights`` reads it once). Where it
+    is at most 128 (every block's largest magnitude under 16, as in trained weights) the kernel
+    scales each pair of values with one multiply instead of two (``MoeMxfp4Config.ONE_MUL``);
+    None (unknown) keeps the two. Pass it only as ``int(w_scale.max())`` of these scales.
     """
 
     w: torch.Tensor
     w_scale: torch.Tensor
     level: int = 0
+    max_scale: int | None = None
 
     def __post_init__(self):
         w, s = self.w, self.w_scale
@@ -259,6 +265,9 @@ class Mxfp4Weights:
                              f"{(E, H, K2 // 16)} and I a multiple of {BLOCK}; got w_scale {tuple(s.shape)}")
         if w.device != s.device:
             raise ValueError(f"Mxfp4Weights: w and w_scale must be on one device, got {w.device} and {s.device}")
+        if self.max_scale is not None and (not isinstance(self.max_scale, int) or not 0 <= self.max_scale <= 255):
+            raise ValueError(f"Mxfp4Weights: max_scale must be None or the largest scale byte (an int in "
+                             f"[0, 255]), got {self.max_scale!r}")
         if self.level:
             _prepack_check(w, s, "Mxfp4Weights")
             # the kernel reads each 64-row block of the prepacked layout as one contiguous range
@@ -266,6 +275,11 @@ class Mxfp4Weights:
                 raise ValueError(f"Mxfp4Weights: prepacked w and w_scale need contiguous rows (strides (.., {K2}, 1) "
                                  f"and (.., {K2 // 16}, 1)), got {tuple(w.stride())} and {tuple(s.stride())}; "
                                  f"call .contiguous()")
+
+    @property
+    def one_mul(self) -> bool:
+        """Whether every scale byte is known to be at most 128 (one multiply per pair is exact)."""
+        return self.max_scale is not None and self.max_scale <= 128
 
     @property
     def num_experts(self) -> int:
@@ -285,12 +299,14 @@ def prepare_weights(w: torch.Tensor, w_scale: torch.Tensor, level: int = 2, *,
     results/moe_mxfp4/README.md); 1: tile order only; 0: the tensors as they are (no copy).
     Prepacking needs H % 64 == 0 and I % 128 == 0 (use level 0 otherwise) and writes a copy,
     ``experts_per_chunk`` experts at a time (its int64 temporaries stay a few times that slice).
+    Also reads the largest scale byte (``max_scale``; one synchronization, at load time).
     """
     if level not in (0, 1, 2):
         raise ValueError(f"prepare_weights: level must be 0 (plain), 1 or 2, got {level!r}")
-    if level == 0:
-        return Mxfp4Weights(w, w_scale, 0)
     Mxfp4Weights(w, w_scale, 0)                       # checks shapes, dtypes and device
+    max_scale = int(w_scale.max()) if w_scale.numel() else 0
+    if level == 0:
+        return Mxfp4Weights(w, w_scale, 0, max_scale)
     try:
         _prepack_check(w, w_scale, "prepare_weights")
     except ValueError as exc:
@@ -300,4 +316,4 @@ def prepare_weights(w: torch.Tensor, w_scale: torch.Tensor, level: int = 2, *,
     step = max(1, experts_per_chunk)
     for e0 in range(0, w.shape[0], step):
         wp[e0:e0 + step], sp[e0:e0 + step] = prepack_mxfp4(w[e0:e0 + step], w_scale[e0:e0 + step], level)
-    return Mxfp4Weights(wp, sp, level)
+    return Mxfp4Weights(wp, sp, level, max_scale)

@@ -202,6 +202,41 @@ or.b32 $1, h, g;
 """)
 
 
+# ONE_MUL: four e8m0 bytes ($2), each at most 128 -> the bf16 patterns of 2**(s - 1) ($0: bytes
+# 0, 1; $1: bytes 2, 3): (s + 126) << 7 in each 16-bit half, no special bytes (s + 126 <= 254 is
+# a normal exponent, and 2**-1 for byte 0), so one multiply of the 2**-126-scaled E2M1 pattern by
+# it gives the value the two multiplies give, bit for bit (every product is exact in bf16).
+_SCALE_ONE_MUL_PTX = tl.constexpr("""
+{
+.reg .b32 h;
+prmt.b32 h, $2, 0, 0x4140;
+add.u32 h, h, 0x007E007E;
+shl.b32 $0, h, 7;
+prmt.b32 h, $2, 0, 0x4342;
+add.u32 h, h, 0x007E007E;
+shl.b32 $1, h, 7;
+}
+""")
+
+
+def _with_scale_multiply(pattern_ptx: str) -> str:
+    """ONE_MUL: a pattern PTX ($0..$3 out, $4 in) followed by one bf16x2 multiply of each pattern
+    word by its bytes' scale patterns ($5: bytes 0, 1; $6: bytes 2, 3; the low-nibble words $0, $1
+    and the high-nibble words $2, $3 hold bytes (0, 1) and (2, 3)). In the same asm block the
+    scale words meet the pattern words they belong to as they are; multiplied in Triton, the
+    broadcast scales were regrouped into pairs with PRMTs and half the products ran one per op."""
+    inner = pattern_ptx.strip()[1:-1]
+    for i in range(4):
+        inner = inner.replace(f"${i}", f"q{i}")
+    return ("{\n.reg .b32 q0, q1, q2, q3;\n" + inner.strip("\n") + "\n"
+            "mul.rn.bf16x2 $0, q0, $5;\nmul.rn.bf16x2 $1, q1, $6;\n"
+            "mul.rn.bf16x2 $2, q2, $5;\nmul.rn.bf16x2 $3, q3, $6;\n}\n")
+
+
+_E2M1_MUL_PTX = tl.constexpr(_with_scale_multiply(_E2M1_PATTERNS_PTX.value))
+_E2M1_ROT_MUL_PTX = tl.constexpr(_with_scale_multiply(_E2M1_ROT_PTX.value))
+
+
 @triton.jit
 def _rotl32(x, k: tl.constexpr):
     return ((x << k) | (x >> (32 - k))) & 0xFFFFFFFF
@@ -273,17 +308,26 @@ def _e2m1_halves(packed, scale, R: tl.constexpr, C: tl.constexpr, EXPAND: tl.con
 
 
 @triton.jit
-def _e2m1_halves_bits(packed, f, EXPAND: tl.constexpr, ROT: tl.constexpr = False):
+def _e2m1_halves_bits(packed, f, EXPAND: tl.constexpr, ROT: tl.constexpr = False, ONE_MUL: tl.constexpr = False):
     """As _e2m1_halves, with the scales already as bit patterns broadcast to packed's shape
     (``_scale_bits``: int32 fp32 patterns for EXPAND="fp32", int16 bf16 patterns otherwise).
-    ROT: the bytes carry PREPACK=2's rearranged bits (EXPAND="ptx" only)."""
+    ROT: the bytes carry PREPACK=2's rearranged bits (EXPAND="ptx" only). ONE_MUL: f holds
+    2**(s - 1) (every scale byte <= 128), so one multiply replaces x 2**126 then x 2**(s - 127)."""
     if EXPAND == "fp32":
         p = packed.to(tl.int32)
         lo = ((p & 0x7) << 22) | ((p & 0x8) << 28)
         hi = ((p & 0x70) << 18) | ((p & 0x80) << 24)
         f = f.to(tl.float32, bitcast=True)
-        lo = (lo.to(tl.float32, bitcast=True) * 8.507059173023462e37 * f).to(tl.bfloat16)
-        hi = (hi.to(tl.float32, bitcast=True) * 8.507059173023462e37 * f).to(tl.bfloat16)
+        if ONE_MUL:
+            lo = (lo.to(tl.float32, bitcast=True) * f).to(tl.bfloat16)
+            hi = (hi.to(tl.float32, bitcast=True) * f).to(tl.bfloat16)
+        else:
+            lo = (lo.to(tl.float32, bitcast=True) * 8.507059173023462e37 * f).to(tl.bfloat16)
+            hi = (hi.to(tl.float32, bitcast=True) * 8.507059173023462e37 * f).to(tl.bfloat16)
+    elif EXPAND == "ptx" and ONE_MUL:
+        lo, hi = tl.inline_asm_elementwise(
+            asm=_E2M1_ROT_MUL_PTX if ROT else _E2M1_MUL_PTX, constraints="=r,=r,=r,=r,r,r,r",
+            args=[packed, f], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
     else:
         if EXPAND == "ptx":
             if ROT:
@@ -299,28 +343,39 @@ def _e2m1_halves_bits(packed, f, EXPAND: tl.constexpr, ROT: tl.constexpr = False
             lo = (((p & 0x7) << 6) | ((p & 0x8) << 12)).to(tl.bfloat16, bitcast=True)
             hi = (((p & 0x70) << 2) | ((p & 0x80) << 8)).to(tl.bfloat16, bitcast=True)
         f = f.to(tl.bfloat16, bitcast=True)
-        lo = lo * 8.507059173023462e37 * f
-        hi = hi * 8.507059173023462e37 * f
+        if ONE_MUL:
+            lo = lo * f
+            hi = hi * f
+        else:
+            lo = lo * 8.507059173023462e37 * f
+            hi = hi * 8.507059173023462e37 * f
     return lo, hi
 
 
 @triton.jit
-def _scale_bits(s, EXPAND: tl.constexpr):
+def _scale_bits(s, EXPAND: tl.constexpr, ONE_MUL: tl.constexpr = False):
     """e8m0 bytes -> the bit patterns of 2**(s - 127): fp32 (int32) for EXPAND="fp32", else bf16
-    (int16); byte 0 is the subnormal 2**-127, byte 255 NaN (as in _e2m1_halves)."""
+    (int16); byte 0 is the subnormal 2**-127, byte 255 NaN (as in _e2m1_halves). ONE_MUL: of
+    2**(s - 1) instead, for bytes up to 128 only (_SCALE_ONE_MUL_PTX)."""
     if EXPAND == "fp32":
         s = s.to(tl.int32)
-        bits = tl.where(s == 0, 0x400000, tl.where(s == 255, 0x7FC00000, s << 23))
+        if ONE_MUL:
+            bits = (s + 126) << 23
+        else:
+            bits = tl.where(s == 0, 0x400000, tl.where(s == 255, 0x7FC00000, s << 23))
     else:
         s = s.to(tl.int16)
-        bits = tl.where(s == 0, 0x40, tl.where(s == 255, 0x7FC0, s << 7)).to(tl.int16)
+        if ONE_MUL:
+            bits = ((s + 126) << 7).to(tl.int16)
+        else:
+            bits = tl.where(s == 0, 0x40, tl.where(s == 255, 0x7FC0, s << 7)).to(tl.int16)
     return bits
 
 
 @triton.jit
 def _load_w_prepacked(w_ptr, w_scale_ptr, e, pid_n, k0, stride_we, stride_wn, stride_wse, stride_wsn,
                       NT: tl.constexpr, EXPAND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                      PREPACK: tl.constexpr = 1):
+                      PREPACK: tl.constexpr = 1, ONE_MUL: tl.constexpr = False):
     """Step k0 of expert e's weights in the PREPACK layout (quant.prepack_mxfp4): packed [BN, BK/2]
     and the scales' bit patterns broadcast to [BN, BK/2]. Each thread loads its bytes of a
     64 x 64-byte tile as two 16-byte vectors and its 8 scale bytes as one 8-byte vector; the
@@ -357,10 +412,10 @@ def _load_w_prepacked(w_ptr, w_scale_ptr, e, pid_n, k0, stride_we, stride_wn, st
     w = tl.reshape(w, (4, 8, 4, 2, NB, KB, 8, 2))
     w = tl.reshape(tl.permute(w, (4, 0, 3, 1, 5, 6, 2, 7)), (BN, BK // 2))
     if EXPAND == "ptx":
-        f = tl.inline_asm_elementwise(asm=_SCALE_PATTERNS_PTX, constraints="=r,=r,r", args=[w_s],
-                                      dtype=tl.int16, is_pure=True, pack=4)
+        f = tl.inline_asm_elementwise(asm=_SCALE_ONE_MUL_PTX if ONE_MUL else _SCALE_PATTERNS_PTX,
+                                      constraints="=r,=r,r", args=[w_s], dtype=tl.int16, is_pure=True, pack=4)
     else:
-        f = _scale_bits(w_s, EXPAND)
+        f = _scale_bits(w_s, EXPAND, ONE_MUL)
     # [c21, r210, r54, nb, kb, (r3, g)] + (c3, c0) -> [nb, r54, r3, r210, kb, g, c3, c21, c0]
     f = tl.reshape(f, (4, 8, 4, NB, KB, 2, 4, 1, 1))
     f = tl.broadcast_to(f, (4, 8, 4, NB, KB, 2, 4, 2, 2))
@@ -394,12 +449,12 @@ def _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm,
 @triton.jit
 def _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
             NT: tl.constexpr, EVEN_N: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr = 0,
-            EXPAND: tl.constexpr = "ptx", BN: tl.constexpr = 64):
+            EXPAND: tl.constexpr = "ptx", BN: tl.constexpr = 64, ONE_MUL: tl.constexpr = False):
     """Step k0 of expert e's packed weights [BN, BK/2] and scales [BN, BK/32] (PREPACK: the
     scales' bit patterns, broadcast to [BN, BK/2])."""
     if PREPACK:
         w, w_s = _load_w_prepacked(w_ptr, w_scale_ptr, e, tl.program_id(1), k0, stride_we, stride_wn,
-                                   stride_wse, stride_wsn, NT, EXPAND, BN, BK, PREPACK)
+                                   stride_wse, stride_wsn, NT, EXPAND, BN, BK, PREPACK, ONE_MUL)
     else:
         rkp = k0 // 2 + tl.arange(0, BK // 2)
         rks = k0 // 32 + tl.arange(0, BK // 32)
@@ -426,14 +481,15 @@ def _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_ws
 
 @triton.jit
 def _mma(acc, a, a_s, w, w_s, A_FP4: tl.constexpr, SWAP_AB: tl.constexpr, EXPAND: tl.constexpr,
-         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr = 0):
+         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr = 0,
+         ONE_MUL: tl.constexpr = False):
     """acc += one K step. The sum over K does not care about order, so the step is two dots
     over its even and its odd K indices: the weights' low and high nibbles expand into two
     tiles that need no interleaving, and bf16 activations split into their even and odd
     columns (a register-only split of adjacent pairs). PREPACK: w_s holds the scales' bit
     patterns already broadcast to w's shape (_load_w_prepacked)."""
     if PREPACK:
-        w_even, w_odd = _e2m1_halves_bits(w, w_s, EXPAND, PREPACK == 2)
+        w_even, w_odd = _e2m1_halves_bits(w, w_s, EXPAND, PREPACK == 2, ONE_MUL)
     else:
         w_even, w_odd = _e2m1_halves(w, w_s, BN, BK // 2, EXPAND)
     if A_FP4:
@@ -459,13 +515,17 @@ def _moe_mxfp4_down_kernel(
     EARLY_LOADS: tl.constexpr, PREFETCH_EPILOGUE: tl.constexpr, SWAP_AB: tl.constexpr,
     EVEN_N: tl.constexpr, EXPAND: tl.constexpr, K: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LOAD_AHEAD: tl.constexpr = 0,
-    PREPACK: tl.constexpr = 0,
+    PREPACK: tl.constexpr = 0, ONE_MUL: tl.constexpr = False, SPLIT_K: tl.constexpr = 1,
 ):
-    """One BM x BN tile of the down-projection; out is [M, H] (ATOMIC) or the
-    per-pair workspace [pairs, H]. K % BK == 0 (checked by the launcher)."""
-    NSTEPS: tl.constexpr = K // BK
+    """One BM x BN tile of the down-projection (with SPLIT_K > 1, its K / SPLIT_K slice
+    program_id(2)); out is [M, H] (ATOMIC) or the per-pair workspace [pairs, H]. K % (BK *
+    SPLIT_K) == 0 (checked by the launcher)."""
+    NSTEPS: tl.constexpr = K // (BK * SPLIT_K)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    k_lo = 0                    # a constant without SPLIT_K: the step offsets fold
+    if SPLIT_K > 1:
+        k_lo = tl.program_id(2) * (K // SPLIT_K)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < H
@@ -474,9 +534,9 @@ def _moe_mxfp4_down_kernel(
         ok = ids < num_pairs
         rows = ids.to(tl.int64)
         e = tl.maximum(tl.load(expert_ids_ptr + pid_m), 0).to(tl.int64)
-        a0, as0 = _load_a(a_ptr, a_scale_ptr, rows, ok, 0, stride_am, stride_asm, A_FP4, BM, BK)
-        w0, ws0 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, 0, stride_we, stride_wn, stride_wse, stride_wsn,
-                          NT, EVEN_N, BK, PREPACK, EXPAND, BN)
+        a0, as0 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo, stride_am, stride_asm, A_FP4, BM, BK)
+        w0, ws0 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo, stride_we, stride_wn, stride_wse, stride_wsn,
+                          NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
     if PREFETCH_EPILOGUE:
         wts = tl.load(sorted_weights_ptr + rm)
     if pid_m * BM >= tl.load(num_rows_ptr):
@@ -486,9 +546,9 @@ def _moe_mxfp4_down_kernel(
         ok = ids < num_pairs
         rows = ids.to(tl.int64)
         e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-        a0, as0 = _load_a(a_ptr, a_scale_ptr, rows, ok, 0, stride_am, stride_asm, A_FP4, BM, BK)
-        w0, ws0 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, 0, stride_we, stride_wn, stride_wse, stride_wsn,
-                          NT, EVEN_N, BK, PREPACK, EXPAND, BN)
+        a0, as0 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo, stride_am, stride_asm, A_FP4, BM, BK)
+        w0, ws0 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo, stride_we, stride_wn, stride_wse, stride_wsn,
+                          NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
 
     if SWAP_AB:
         acc = tl.zeros((BN, BM), dtype=tl.float32)
@@ -499,12 +559,13 @@ def _moe_mxfp4_down_kernel(
     # weights go from registers straight into wgmma (a loop-carried tile was staged
     # through shared memory instead).
     if LOAD_AHEAD == 0:
-        acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK)
-        for k0 in tl.static_range(BK, K, BK):
+        acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
+        for s in tl.static_range(1, NSTEPS):
+            k0 = k_lo + s * BK
             a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK)
             w, w_s = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
-                             NT, EVEN_N, BK, PREPACK, EXPAND, BN)
-            acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK)
+                             NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
+            acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
     else:
         # LOAD_AHEAD = L: the loads of steps s + 1 .. s + L are in flight while step s expands
         # and multiplies (slots 0..3 hold steps s..s+3; the unrolled code rotates them), so a
@@ -513,27 +574,27 @@ def _moe_mxfp4_down_kernel(
         a2, as2, w2, ws2 = a0, as0, w0, ws0
         a3, as3, w3, ws3 = a0, as0, w0, ws0
         if LOAD_AHEAD >= 1 and NSTEPS > 1:
-            a1, as1 = _load_a(a_ptr, a_scale_ptr, rows, ok, BK, stride_am, stride_asm, A_FP4, BM, BK)
-            w1, ws1 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, BK, stride_we, stride_wn, stride_wse,
-                              stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN)
+            a1, as1 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + BK, stride_am, stride_asm, A_FP4, BM, BK)
+            w1, ws1 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo + BK, stride_we, stride_wn, stride_wse,
+                              stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
         if LOAD_AHEAD >= 2 and NSTEPS > 2:
-            a2, as2 = _load_a(a_ptr, a_scale_ptr, rows, ok, 2 * BK, stride_am, stride_asm, A_FP4, BM, BK)
-            w2, ws2 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, 2 * BK, stride_we, stride_wn, stride_wse,
-                              stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN)
+            a2, as2 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + 2 * BK, stride_am, stride_asm, A_FP4, BM, BK)
+            w2, ws2 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo + 2 * BK, stride_we, stride_wn, stride_wse,
+                              stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
         if LOAD_AHEAD >= 3 and NSTEPS > 3:
-            a3, as3 = _load_a(a_ptr, a_scale_ptr, rows, ok, 3 * BK, stride_am, stride_asm, A_FP4, BM, BK)
-            w3, ws3 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, 3 * BK, stride_we, stride_wn, stride_wse,
-                              stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN)
+            a3, as3 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + 3 * BK, stride_am, stride_asm, A_FP4, BM, BK)
+            w3, ws3 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo + 3 * BK, stride_we, stride_wn, stride_wse,
+                              stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
         for s in tl.static_range(NSTEPS):
-            acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK)
+            acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
             a0, as0, w0, ws0 = a1, as1, w1, ws1
             a1, as1, w1, ws1 = a2, as2, w2, ws2
             a2, as2, w2, ws2 = a3, as3, w3, ws3
             if s + LOAD_AHEAD + 1 < NSTEPS:        # the step that now enters the last slot
-                kn = (s + LOAD_AHEAD + 1) * BK
+                kn = k_lo + (s + LOAD_AHEAD + 1) * BK
                 an, asn = _load_a(a_ptr, a_scale_ptr, rows, ok, kn, stride_am, stride_asm, A_FP4, BM, BK)
                 wn, wsn = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, kn, stride_we, stride_wn, stride_wse,
-                                  stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN)
+                                  stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
                 if LOAD_AHEAD == 1:
                     a1, as1, w1, ws1 = an, asn, wn, wsn
                 elif LOAD_AHEAD == 2:
