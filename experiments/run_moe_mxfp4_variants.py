@@ -79,6 +79,11 @@ RANGES = ((1, 11, 4), (12, 47, 16), (48, 191, 64), (192, 4095, 256))
 SMALL = dict(base.SMALL, H=128, I=128)
 SMALL_M = (4, 8, 100)
 BASELINES = ("dequant+grouped_gemm", "bf16 grouped_gemm")
+# --shape: other models' down-projections (E, H, I, top-k), where the output tiles per launch differ
+# from KIMI-K2.5's by orders of magnitude (SPLIT_K's rule: config.split_k_for)
+SHAPES = {"kimi-k2.5": dict(E=385, H=7168, I=512, TOP_K=9),
+          "deepseek-v3": dict(E=256, H=7168, I=2048, TOP_K=8),
+          "mixtral-8x7b": dict(E=8, H=4096, I=14336, TOP_K=2)}
 
 
 def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
@@ -143,9 +148,11 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             # instructions per weight against 4.06), "2mul" is the two-multiply path they ran with
             # before; SPLIT_K 2 / 4: more, shorter programs (each half or a quarter of I = 512)
             "BM16 BN64 prepack2 la1 2mul": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1, ONE_MUL=False),
+            "BM16 BN64 prepack2 la1 sk1": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1),
             "BM16 BN64 prepack2 la1 sk2": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1, SPLIT_K=2),
             "BM16 BN64 prepack2 sk2": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, SPLIT_K=2),
             "BM16 BN64 prepack2 sk4": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, SPLIT_K=4),
+            "BM16 BN64 prepack2 la1 sk4": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1, SPLIT_K=4),
             "BM16 BN128 prepack2 la1 sk2": C(BLOCK_M=16, BLOCK_N=128, NT=True, PREPACK=2, LOAD_AHEAD=1, SPLIT_K=2),
         })
     return v
@@ -171,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rep-ms", type=float, default=25.0, help="timed milliseconds per callable and method")
     ap.add_argument("--m", type=int, nargs="*", default=None, help="token counts (default: all eight)")
     ap.add_argument("--small", action="store_true", help="tiny shapes in Triton's interpreter (no GPU): a smoke run")
+    ap.add_argument("--shape", default="kimi-k2.5", choices=sorted(SHAPES),
+                    help="the MoE layer (experts, hidden, intermediate, top-k); default KIMI-K2.5's")
     ap.add_argument("--only", default=None,
                     help="regular expression: time only the variants whose name matches (the defaults always run)")
     args = ap.parse_args(argv)
@@ -187,6 +196,7 @@ def main(argv=None) -> int:
         log_f.flush()
 
     m_list = tuple(args.m) if args.m else M_LIST
+    base.E, base.H, base.I, base.TOP_K = (SHAPES[args.shape][k] for k in ("E", "H", "I", "TOP_K"))
     if args.small:
         base.E, base.H, base.I, base.TOP_K = (SMALL[k] for k in ("E", "H", "I", "TOP_K"))
         m_list = tuple(args.m) if args.m else SMALL_M
@@ -231,7 +241,7 @@ def main(argv=None) -> int:
     log("weights ready")
 
     over = False
-    for M in M_LIST if not args.small else m_list:
+    for M in (M_LIST + tuple(m for m in m_list if m not in M_LIST)) if not args.small else m_list:
         ids, wts = base.route(M, g)     # every M draws, as in run_moe_mxfp4.py (same inputs per M)
         a = torch.randn(M * TOP_K, I, device=DEV, generator=g).bfloat16()
         if M not in m_list:
@@ -242,6 +252,19 @@ def main(argv=None) -> int:
         ref, mag = base.reference(a.float(), w_bf16, ids, wts)
         routings = {}
         out = torch.empty(M, H, dtype=torch.bfloat16, device=DEV)
+        splits = {1: (ref, mag)}
+
+        def split_reference(n):
+            """(sum, magnitude bound) for SPLIT_K = n: each program's partial row is rounded and
+            added on its own, so the bound's magnitudes are the partial rows' (cancelling halves
+            can exceed the whole row's)."""
+            if n not in splits:
+                step = I // n
+                parts = [base.reference(a[:, j * step:(j + 1) * step].float(), w_bf16[:, :, j * step:(j + 1) * step],
+                                        ids, wts) for j in range(n)]
+                splits[n] = (sum(x for x, _ in parts), sum(m for _, m in parts))
+            return splits[n]
+
         nbytes = metrics.hbm_bytes(M, TOP_K, H, I, active)
         bound_us = nbytes / (copy_gbps * 1e9) * 1e6
         fns = {}
@@ -263,7 +286,7 @@ def main(argv=None) -> int:
                 out.fill_(float("nan"))
                 # SPLIT_K adds partial rows, each rounded: more additions in the bound (the CPU tests
                 # bound it rigorously with the partial rows' magnitudes)
-                res = base.check(run(), ref, mag, slack=float(cfg.SPLIT_K))
+                res = base.check(run(), *split_reference(cfg.SPLIT_K), slack=float(cfg.SPLIT_K))
             except Exception as exc:  # noqa: BLE001 - a variant that cannot run is reported, the sweep goes on
                 res = dict(ok=False, error=f"{type(exc).__name__}: {str(exc)[:200]}")
             checks.append(dict(M=M, name=name, config=cfg.label(), prepack=cfg.PREPACK, **res))
@@ -315,7 +338,7 @@ def main(argv=None) -> int:
         elif fns:
             over = True
         log(f"M={M}: {len(fns)} variants correct of {len(variants(M, TOP_K, E, I))}; {active} experts routed")
-        del ref, mag, routings
+        del ref, mag, routings, splits
     faulthandler.cancel_dump_traceback_later()
     save()
     text = summarize(pd.DataFrame(rows), pd.DataFrame(checks), out_dir)

@@ -641,6 +641,36 @@ def test_kernel_split_k_within_bound(split, level, la):
     assert any(v.config == cfg and v.grid[2] == split for v in mx_launch._PLANS.values())
 
 
+def test_split_k_rule_and_the_launcher_uses_it(monkeypatch):
+    """Without a config (atomic mode) the launcher splits K when the output tiles (the routing's
+    row blocks times the column tiles, an upper bound) do not fill one wave of the SMs: here 64
+    SMs x 4 programs, 14 tiles -> SPLIT_K 4 where K allows (I = 512, BLOCK_K 128), within the
+    bound of the partial rows; the deterministic mode and a full wave keep 1."""
+    from kernels.moe_mxfp4.config import split_k_for
+
+    assert split_k_for(4032, 512, 128, 132) == 1                     # KIMI-K2.5 at M = 4
+    assert split_k_for(128, 14336, 128, 132) == 4                    # Mixtral at M = 1
+    assert split_k_for(300, 14336, 128, 132) == 2
+    assert split_k_for(128, 256, 128, 132) == 2 and split_k_for(128, 128, 128, 132) == 1   # whole steps only
+    monkeypatch.setattr(mx_launch, "_sms", lambda device: 64)
+    I_, H_ = 512, 128
+    p = _problem(5, H_=H_, I_=I_, seed=71)
+    weights = prepare_weights(p["w"], p["w_scale"], 2)
+    r = prepare_routing(p["ids"], p["wts"], E, 16)
+    out = torch.full((5, H_), float("nan"), dtype=torch.bfloat16, device=DEV)
+    got = moe_mxfp4_down(p["a"], weights, r, out=out)
+    plan = next(v for v in mx_launch._PLANS.values() if v.config.PREPACK == 2 and v.H == H_ and v.M == 5
+                and v.config.SPLIT_K == 4)
+    assert plan.grid == (r.max_blocks, 2, 4) and r.max_blocks * 2 < 64 * 4
+    step = I_ // 4
+    parts = [reference_rows(p["a"][:, j * step:(j + 1) * step], p["w"][..., j * step // 2:(j + 1) * step // 2],
+                            p["w_scale"][..., j * step // 32:(j + 1) * step // 32], p["ids"], p["wts"])
+             for j in range(4)]
+    _check(got, p, slack=4.0, ref=(sum(x.sum(1) for x in parts), sum(x.abs().sum(1) for x in parts)))
+    det = moe_mxfp4_down(p["a"], weights, r, config=default_config(5, TOP_K, E, I_, prepacked=2, deterministic=True))
+    _check(det, p)
+
+
 def test_kernel_accumulates_into_out():
     p = _problem(5, seed=3)
     cfg = default_config(5, TOP_K, E, I, interpreter=not ON_GPU)

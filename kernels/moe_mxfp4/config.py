@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-__all__ = ["MoeMxfp4Config", "block_m_for", "config_for_block_m", "default_config", "INTERPRET_CONFIG"]
+__all__ = ["MoeMxfp4Config", "block_m_for", "config_for_block_m", "default_config", "split_k_for",
+           "INTERPRET_CONFIG"]
 
 _BLOCK_M = (16, 32, 64, 128)
 
@@ -173,6 +174,25 @@ def config_for_block_m(block_m: int, K: int, *, deterministic: bool = False, pre
     if cfg is None:
         raise ValueError(f"moe_mxfp4: BLOCK_M must be one of {_BLOCK_M}, got {block_m!r}")
     return cfg.replace(BLOCK_K=bk, DETERMINISTIC=deterministic)
+
+
+# A full wave: programs resident on one SM at once, about (BM16 BN64 PREPACK=2 LOAD_AHEAD=1: 79
+# registers, 6 per SM; the larger tiles 2-5), times the SMs. Fewer output tiles than that leave
+# SMs idle for the whole launch.
+WAVE_PROGRAMS_PER_SM = 4
+
+
+def split_k_for(max_tiles: int, K: int, block_k: int, sms: int) -> int:
+    """The launcher's SPLIT_K without a config (atomic mode): 1 while the launch has at least a
+    full wave of output tiles (``max_tiles``, an upper bound: the routing's row blocks times the
+    column tiles), else the smallest of 2 and 4 that reaches one, as far as K splits into whole
+    BLOCK_K steps. Measured (results/moe_mxfp4/README.md): at KIMI-K2.5 (thousands of tiles at
+    M >= 4) every split was slower (M 4-256, 1.09-1.45x); a few experts with a long I (Mixtral's
+    8 experts, I = 14336: 128 tiles at M = 1) is where it pays."""
+    s = 1
+    while s < 4 and max_tiles * s < sms * WAVE_PROGRAMS_PER_SM and K % (2 * s * block_k) == 0:
+        s *= 2
+    return s
 
 
 # Column tiles from the first H200 run (results/moe_mxfp4/rows.csv, KIMI-K2.5 shapes): at every

@@ -35,9 +35,10 @@ import torch
 import triton
 
 from kernels.common import interpreter
-from kernels.common.plans import PlanCache, config_key, tensor_signature
+from kernels.common.launcher import LAUNCH_OPTIONS, PlannedLaunch
+from kernels.common.plans import PlanCache, config_key, sm_count, tensor_signature
 
-from .config import MoeMxfp4Config, config_for_block_m, default_config
+from .config import MoeMxfp4Config, config_for_block_m, default_config, split_k_for
 from .quant import Mxfp4Weights
 from .routing import Routing
 from .triton import _dequant_kernel, _moe_mxfp4_down_kernel, _reduce_topk_kernel
@@ -57,6 +58,15 @@ class _Plan:
     workspace: torch.Tensor | None
     reduce_grid: tuple | None
     reduce_constexprs: dict | None
+    launch: PlannedLaunch | None = None       # the kernel with its grid and constexprs, compiled once
+    reduce: PlannedLaunch | None = None
+
+    def __post_init__(self):
+        split = lambda d: ({k: v for k, v in d.items() if k not in LAUNCH_OPTIONS},
+                           {k: v for k, v in d.items() if k in LAUNCH_OPTIONS})
+        self.launch = PlannedLaunch(_moe_mxfp4_down_kernel, self.grid, *split(self.constexprs))
+        if self.reduce_grid is not None:
+            self.reduce = PlannedLaunch(_reduce_topk_kernel, self.reduce_grid, *split(self.reduce_constexprs))
 
 
 def _sig(t: torch.Tensor | None):
@@ -158,6 +168,9 @@ def _build_plan(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate
             config = default_config(M, routing.top_k, E, K, interpreter=True).replace(BLOCK_M=routing.block_m)
         else:
             config = config_for_block_m(routing.block_m, K)
+        if not config.DETERMINISTIC:     # too few output tiles for the SMs: split K (atomic partial sums)
+            tiles = routing.max_blocks * triton.cdiv(H, config.BLOCK_N)
+            config = config.replace(SPLIT_K=split_k_for(tiles, K, config.BLOCK_K, _sms(a.device)))
     if not isinstance(config, MoeMxfp4Config):
         _fail(f"config must be a MoeMxfp4Config, got {type(config).__name__}")
     config.validate(K)
@@ -189,10 +202,19 @@ def _build_plan(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate
     return _Plan(config, grid, constexprs, M, H, workspace, reduce_grid, reduce_constexprs)
 
 
+def _sms(device: torch.device) -> int:
+    """SMs the no-config SPLIT_K rule fills; 0 in the interpreter (no split: the CPU tests compare
+    the default path's bits with explicit configs; they test the rule with this patched)."""
+    if interpreter.active() or device.type != "cuda":
+        return 0
+    return sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _plan_key(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config) -> tuple:
     """Everything a plan depends on; the weights' layout level and scale range included (same
     shapes either way)."""
     return (_sig(a), _sig(a_scale), _sig(w), _sig(w_scale), level, one_mul, _sig(out), _sig(routing.sorted_ids),
+            _sig(routing.sorted_weights), _sig(routing.expert_ids), _sig(routing.num_rows),
             routing.num_pairs, routing.top_k, routing.num_experts, routing.block_m, routing.max_blocks,
             bool(accumulate), config_key(config))
 
@@ -235,16 +257,13 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: tor
     if plan.M == 0:
         return out
     target = out if plan.workspace is None else plan.workspace
-    _moe_mxfp4_down_kernel[plan.grid](
-        a, a if a_scale is None else a_scale, w, w_scale, target,
-        routing.sorted_ids, routing.sorted_weights, routing.expert_ids, routing.num_rows,
-        routing.num_pairs, plan.H,
-        a.stride(0), 0 if a_scale is None else a_scale.stride(0), w.stride(0), w.stride(1),
-        w_scale.stride(0), w_scale.stride(1), target.stride(0),
-        **plan.constexprs)
-    if plan.workspace is not None:
-        _reduce_topk_kernel[plan.reduce_grid](plan.workspace, out, plan.M, plan.H, plan.workspace.stride(0),
-                                              out.stride(0), **plan.reduce_constexprs)
+    plan.launch(a, a if a_scale is None else a_scale, w, w_scale, target,
+                routing.sorted_ids, routing.sorted_weights, routing.expert_ids, routing.num_rows,
+                routing.num_pairs, plan.H,
+                a.stride(0), 0 if a_scale is None else a_scale.stride(0), w.stride(0), w.stride(1),
+                w_scale.stride(0), w_scale.stride(1), target.stride(0))
+    if plan.reduce is not None:
+        plan.reduce(plan.workspace, out, plan.M, plan.H, plan.workspace.stride(0), out.stride(0))
     return out
 
 
