@@ -671,6 +671,31 @@ def test_split_k_rule_and_the_launcher_uses_it(monkeypatch):
     _check(det, p)
 
 
+@pytest.mark.parametrize("level,bk,split", [(0, 32, 1), (2, 128, 1), (2, 128, 2)],
+                         ids=["plain_8steps", "prepack2_4steps", "prepack2_sk2"])
+def test_kernel_long_reduction_loop_equals_unrolled(monkeypatch, level, bk, split):
+    """More K steps than the kernel unrolls (MAX_UNROLLED_STEPS, lowered here to 1) run as a
+    loop carrying the next step's loaded bytes: on poisoned outputs the same bits as the
+    unrolled steps, plain and prepacked layouts, with SPLIT_K."""
+    I_, H_ = (256, 96) if level == 0 else (512, 128)
+    p = _problem(5, H_=H_, I_=I_, seed=80 + level + split)
+    cfg = MoeMxfp4Config(BLOCK_M=16, BLOCK_N=32 if level == 0 else 64, BLOCK_K=bk, num_warps=1 if level == 0 else 4,
+                         PREPACK=level, SPLIT_K=split, DETERMINISTIC=split == 1)
+    q = dict(p, w=prepare_weights(p["w"], p["w_scale"], level), w_scale=None) if level else p
+    unrolled = _run(q, cfg).clone()
+    mx_launch._PLANS.clear()
+    monkeypatch.setattr(mx_launch, "MAX_UNROLLED_STEPS", 1)
+    _run(q, cfg)
+    _poison_workspaces()
+    out = torch.full((5, H_), float("nan"), dtype=torch.bfloat16, device=DEV)
+    looped = _run(q, cfg, out=out)
+    assert next(iter(mx_launch._PLANS.values())).constexprs["MAX_UNROLL"] == 1
+    mx_launch._PLANS.clear()
+    assert torch.equal(looped, unrolled)
+    if split == 1:
+        _check(looped, p)
+
+
 def test_kernel_accumulates_into_out():
     p = _problem(5, seed=3)
     cfg = default_config(5, TOP_K, E, I, interpreter=not ON_GPU)
@@ -892,7 +917,8 @@ def test_sm90_prepack_needs_fewer_instructions_per_weight(sm90):
         assert _count(ops, "HMUL2.BF16_V2") == (256 if n.endswith("2mul") else 128), n
         assert _count(ops, "LDG.E.EF.128") == 8 and _count(ops, "LDG.E.EF.64") == 4, n  # 2 + 1 per K step
     assert _count(sm90["bm16_bn64"], "LDS") >= 64
-    assert _count(sm90["bm16_bn64_prepack2"], "SHF") >= 4 * 8 * 4                   # 4 rotations per word
+    # per word: two rotations (SHF) and two plain left shifts (IMAD.SHL, on the FMA pipe)
+    assert _count(sm90["bm16_bn64_prepack2"], "SHF") >= 2 * 8 * 4 and _count(sm90["bm16_bn64_prepack2"], "IMAD.SHL") >= 2 * 8 * 4
 
 
 def test_sm90_prepacked_large_m_default_compiles_without_spills(sm90):

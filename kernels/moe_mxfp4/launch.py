@@ -46,6 +46,9 @@ from .triton import _dequant_kernel, _moe_mxfp4_down_kernel, _reduce_topk_kernel
 __all__ = ["dequantize_weights_bf16", "moe_mxfp4_down", "plan_cache_info"]
 
 _PLANS = PlanCache()
+# K steps the kernel unrolls; a longer reduction runs as a loop (compile time: 112 unrolled steps
+# took minutes). The CPU tests lower it to run the loop in the interpreter.
+MAX_UNROLLED_STEPS = 16
 
 
 @dataclass
@@ -191,7 +194,7 @@ def _build_plan(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate
                       EXPAND="fp32" if interpreter.active() else config.EXPAND, K=K, BM=config.BLOCK_M,
                       BN=config.BLOCK_N, BK=config.BLOCK_K, LOAD_AHEAD=config.LOAD_AHEAD, PREPACK=config.PREPACK,
                       ONE_MUL=bool(config.PREPACK and config.ONE_MUL and one_mul), SPLIT_K=config.SPLIT_K,
-                      num_warps=config.num_warps,
+                      MAX_UNROLL=MAX_UNROLLED_STEPS, num_warps=config.num_warps,
                       num_stages=config.num_stages)
     reduce_grid = reduce_constexprs = None
     if det:
@@ -323,7 +326,8 @@ def compile_for_target(config: MoeMxfp4Config | None = None, *, a_fp4: bool = Fa
                       EARLY_LOADS=cfg.EARLY_LOADS, PREFETCH_EPILOGUE=cfg.PREFETCH_EPILOGUE, SWAP_AB=cfg.swap_ab,
                       EVEN_N=H % cfg.BLOCK_N == 0, EXPAND=cfg.EXPAND, K=K, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N,
                       BK=cfg.BLOCK_K, LOAD_AHEAD=cfg.LOAD_AHEAD, PREPACK=cfg.PREPACK,
-                      ONE_MUL=bool(cfg.PREPACK and cfg.ONE_MUL and one_mul), SPLIT_K=cfg.SPLIT_K)
+                      ONE_MUL=bool(cfg.PREPACK and cfg.ONE_MUL and one_mul), SPLIT_K=cfg.SPLIT_K,
+                      MAX_UNROLL=MAX_UNROLLED_STEPS)
     return cross_compile(_moe_mxfp4_down_kernel, target, signature=sig, constexprs=constexprs,
                          divisible=divisible, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                          cache_dir=cache_dir)
