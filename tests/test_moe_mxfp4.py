@@ -675,8 +675,9 @@ def test_split_k_rule_and_the_launcher_uses_it(monkeypatch):
                          ids=["plain_8steps", "prepack2_4steps", "prepack2_sk2"])
 def test_kernel_long_reduction_loop_equals_unrolled(monkeypatch, level, bk, split):
     """More K steps than the kernel unrolls (MAX_UNROLLED_STEPS, lowered here to 1) run as a
-    loop carrying the next step's loaded bytes: on poisoned outputs the same bits as the
-    unrolled steps, plain and prepacked layouts, with SPLIT_K."""
+    loop: on poisoned outputs the same bits as the unrolled steps, plain and prepacked layouts,
+    with SPLIT_K. (The interpreter runs the fp32 expansion, which does not depend on register
+    order; test_gpu_long_reduction_prepacked checks the inline PTX in the loop.)"""
     I_, H_ = (256, 96) if level == 0 else (512, 128)
     p = _problem(5, H_=H_, I_=I_, seed=80 + level + split)
     cfg = MoeMxfp4Config(BLOCK_M=16, BLOCK_N=32 if level == 0 else 64, BLOCK_K=bk, num_warps=1 if level == 0 else 4,
@@ -1081,6 +1082,30 @@ def test_gpu_prepacked_default_every_m(M):
     _poison_workspaces()
     got = moe_mxfp4_down(p["a"], weights, r, config=det)
     assert torch.equal(got, moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=det.replace(PREPACK=0)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_gpu_long_reduction_prepacked(level):
+    """A reduction longer than the kernel unrolls (I = 4096: 32 steps of 128, a loop) on every
+    layout, through the default path (SPLIT_K by rule) and the deterministic mode: within the
+    reference bound on poisoned outputs (a first loop carried the loaded bytes across
+    iterations and the prepacked layouts came out wrong on the GPU only)."""
+    I_, H_ = 4096, 256
+    p = _problem(3, E_=4, H_=H_, I_=I_, top_k=2, seed=90 + level, empty=None)
+    weights = prepare_weights(p["w"], p["w_scale"], level)
+    r = prepare_routing(p["ids"], p["wts"], 4, 16)
+    assert r.max_blocks * (H_ // 64) < 132 * 4                        # few tiles: the rule splits K
+    out = torch.full((3, H_), float("nan"), dtype=torch.bfloat16, device="cuda")
+    got = moe_mxfp4_down(p["a"], weights, r, out=out)
+    rows = [reference_rows(p["a"][:, j * 1024:(j + 1) * 1024], p["w"][..., j * 512:(j + 1) * 512],
+                           p["w_scale"][..., j * 32:(j + 1) * 32], p["ids"], p["wts"]) for j in range(4)]
+    _check(got, p, slack=4.0, ref=(sum(x.sum(1) for x in rows), sum(x.abs().sum(1) for x in rows)))
+    assert any(v.config.SPLIT_K == 4 and v.H == H_ for v in mx_launch._PLANS.values())   # 8 steps each
+    det = config_for_block_m(16, I_, prepacked=level, H=H_, deterministic=True)
+    for cfg in (det, det.replace(DETERMINISTIC=False)):                 # 32 steps: the loop
+        out = torch.full((3, H_), float("nan"), dtype=torch.bfloat16, device="cuda")
+        _check(moe_mxfp4_down(p["a"], weights, r, config=cfg, out=out), p)
 
 
 @pytest.mark.gpu

@@ -563,17 +563,18 @@ def _moe_mxfp4_down_kernel(
     # expansion and dot are straight-line code the scheduler can overlap, and the expanded
     # weights go from registers straight into wgmma (a loop-carried tile was staged
     # through shared memory instead). Up to MAX_UNROLL steps: a long reduction (Mixtral's
-    # I = 14336, 112 steps of 128) unrolled took minutes to compile, so it runs as a loop
-    # whose carried values are the next step's loaded bytes (one step ahead), not expanded tiles.
+    # I = 14336, 112 steps of 128) unrolled took minutes to compile, so it runs as a loop. Each
+    # iteration consumes what it loads: the inline PTX expansion takes its operands four
+    # elements per 32-bit register as they were loaded, and a tile carried across iterations
+    # may come back in another register order (on the GPU the prepacked layout's bytes did).
     if NSTEPS > MAX_UNROLL:
+        acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
         for s in range(1, NSTEPS):
             k0 = k_lo + s * BK
-            a1, as1 = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK)
-            w1, ws1 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
-                              NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
-            acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
-            a0, as0, w0, ws0 = a1, as1, w1, ws1
-        acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
+            a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK)
+            w, w_s = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
+                             NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
+            acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
     elif LOAD_AHEAD == 0:
         acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
         for s in tl.static_range(1, NSTEPS):
