@@ -83,7 +83,10 @@ BASELINES = ("dequant+grouped_gemm", "bf16 grouped_gemm")
 # from KIMI-K2.5's by orders of magnitude (SPLIT_K's rule: config.split_k_for)
 SHAPES = {"kimi-k2.5": dict(E=385, H=7168, I=512, TOP_K=9),
           "deepseek-v3": dict(E=256, H=7168, I=2048, TOP_K=8),
-          "mixtral-8x7b": dict(E=8, H=4096, I=14336, TOP_K=2)}
+          "mixtral-8x7b": dict(E=8, H=4096, I=14336, TOP_K=2),
+          # held out from the SPLIT_K rule's choice (config.SPLIT_PROGRAMS_PER_SM)
+          "qwen3-235b-a22b": dict(E=128, H=4096, I=1536, TOP_K=8),
+          "llama4-maverick": dict(E=128, H=5120, I=8192, TOP_K=1)}
 
 
 def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
@@ -93,7 +96,10 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
     for la in (1, 2, 3):
         v[f"default la{la}"] = d.replace(LOAD_AHEAD=la)
     # what moe_mxfp4_down(a, prepare_weights(w, w_scale), routing) runs with no config
-    pdef = v["prepacked default"] = default_config(M, top_k, E, I, prepacked=2)
+    # (its SPLIT_K too: default_config with H and the SMs is the launcher's no-config choice, and
+    # the sweep calls it with config=None)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 0
+    pdef = v["prepacked default"] = default_config(M, top_k, E, I, prepacked=2, H=base.H, sms=sms)
     C = MoeMxfp4Config
     if is_large(M, top_k, E):
         # large M on the one prepacked layout: row tiles 64 and 128 need SWAP_AB (4 warps, BN % 64).
@@ -278,7 +284,7 @@ def main(argv=None) -> int:
                 routings[cfg.BLOCK_M] = prepare_routing(ids, wts, E, cfg.BLOCK_M)
             r = routings[cfg.BLOCK_M]
 
-            def run(r=r, cfg=cfg, wq=packed[cfg.PREPACK]):
+            def run(r=r, cfg=None if name == "prepacked default" else cfg, wq=packed[cfg.PREPACK]):
                 return moe_mxfp4_down(a, wq, routing=r, config=cfg, out=out)
 
             try:

@@ -644,13 +644,13 @@ def test_kernel_split_k_within_bound(split, level, la):
 def test_split_k_rule_and_the_launcher_uses_it(monkeypatch):
     """Without a config (atomic mode) the launcher splits K when the output tiles (the routing's
     row blocks times the column tiles, an upper bound) do not fill one wave of the SMs: here 64
-    SMs x 4 programs, 14 tiles -> SPLIT_K 4 where K allows (I = 512, BLOCK_K 128), within the
+    SMs x 8 programs, 14 tiles -> SPLIT_K 4 where K allows (I = 512, BLOCK_K 128), within the
     bound of the partial rows; the deterministic mode and a full wave keep 1."""
     from kernels.moe_mxfp4.config import split_k_for
 
     assert split_k_for(4032, 512, 128, 132) == 1                     # KIMI-K2.5 at M = 4
     assert split_k_for(128, 14336, 128, 132) == 4                    # Mixtral at M = 1
-    assert split_k_for(300, 14336, 128, 132) == 2
+    assert split_k_for(600, 14336, 128, 132) == 2 and split_k_for(1056, 14336, 128, 132) == 1
     assert split_k_for(128, 256, 128, 132) == 2 and split_k_for(128, 128, 128, 132) == 1   # whole steps only
     monkeypatch.setattr(mx_launch, "_sms", lambda device: 64)
     I_, H_ = 512, 128
@@ -661,7 +661,8 @@ def test_split_k_rule_and_the_launcher_uses_it(monkeypatch):
     got = moe_mxfp4_down(p["a"], weights, r, out=out)
     plan = next(v for v in mx_launch._PLANS.values() if v.config.PREPACK == 2 and v.H == H_ and v.M == 5
                 and v.config.SPLIT_K == 4)
-    assert plan.grid == (r.max_blocks, 2, 4) and r.max_blocks * 2 < 64 * 4
+    assert plan.grid == (r.max_blocks, 2, 4) and r.max_blocks * 2 < 64 * 8
+    assert default_config(5, TOP_K, E, I_, prepacked=2, H=H_, sms=64) == plan.config      # what it runs
     step = I_ // 4
     parts = [reference_rows(p["a"][:, j * step:(j + 1) * step], p["w"][..., j * step // 2:(j + 1) * step // 2],
                             p["w_scale"][..., j * step // 32:(j + 1) * step // 32], p["ids"], p["wts"])

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from .routing import max_rows
+
 __all__ = ["MoeMxfp4Config", "block_m_for", "config_for_block_m", "default_config", "split_k_for",
-           "INTERPRET_CONFIG"]
+           "with_split_k", "INTERPRET_CONFIG"]
 
 _BLOCK_M = (16, 32, 64, 128)
 
@@ -118,7 +120,8 @@ INTERPRET_CONFIG = MoeMxfp4Config(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, num_warps=
 
 
 def default_config(M: int, top_k: int, num_experts: int, K: int, *, interpreter: bool = False,
-                   deterministic: bool = False, prepacked: int = 0) -> MoeMxfp4Config:
+                   deterministic: bool = False, prepacked: int = 0, H: int | None = None,
+                   sms: int | None = None) -> MoeMxfp4Config:
     """The heuristic, from host-side sizes only.
 
     The row tile follows the mean rows per expert, M * top_k / E (KIMI-K2.5: 0.09 at
@@ -132,10 +135,16 @@ def default_config(M: int, top_k: int, num_experts: int, K: int, *, interpreter:
     prepacked: the level of the weights' layout (``Mxfp4Weights.level``; 0 = plain). For 1
     and 2 the same row tile, from ``_BY_BLOCK_M_PREPACKED`` (those tiles are also the
     smallest the prepacked layout allows, so ``interpreter`` changes nothing there).
+
+    H and sms (the output columns and the GPU's SMs), when both given: also the SPLIT_K that
+    ``moe_mxfp4_down`` picks without a config (``with_split_k``), i.e. exactly what it runs.
     """
     if prepacked:
-        return config_for_block_m(block_m_for(M, top_k, num_experts), K, deterministic=deterministic,
-                                  prepacked=prepacked)
+        cfg = config_for_block_m(block_m_for(M, top_k, num_experts), K, deterministic=deterministic,
+                                 prepacked=prepacked, H=H)
+        if H is None or sms is None:
+            return cfg
+        return with_split_k(cfg, max_rows(M * top_k, num_experts, cfg.BLOCK_M) // cfg.BLOCK_M, H, K, sms)
     if interpreter:
         return INTERPRET_CONFIG.replace(BLOCK_K=64 if K % 64 == 0 else 32, DETERMINISTIC=deterministic)
     for max_m, cfg in _BY_M_RANGE:
@@ -176,23 +185,33 @@ def config_for_block_m(block_m: int, K: int, *, deterministic: bool = False, pre
     return cfg.replace(BLOCK_K=bk, DETERMINISTIC=deterministic)
 
 
-# A full wave: programs resident on one SM at once, about (BM16 BN64 PREPACK=2 LOAD_AHEAD=1: 79
-# registers, 6 per SM; the larger tiles 2-5), times the SMs. Fewer output tiles than that leave
-# SMs idle for the whole launch.
-WAVE_PROGRAMS_PER_SM = 4
+# Programs per SM the no-config SPLIT_K rule asks for: about one and a half waves of the small-M
+# tile (BM16 BN64 PREPACK=2 LOAD_AHEAD=1: 79 registers, 6 resident per SM). Set after measuring
+# KIMI-K2.5, DeepSeek-V3 and Mixtral (results/moe_mxfp4/README.md, "SPLIT_K"); scored on two
+# other models' layers held out from that choice.
+SPLIT_PROGRAMS_PER_SM = 8
 
 
 def split_k_for(max_tiles: int, K: int, block_k: int, sms: int) -> int:
-    """The launcher's SPLIT_K without a config (atomic mode): 1 while the launch has at least a
-    full wave of output tiles (``max_tiles``, an upper bound: the routing's row blocks times the
-    column tiles), else the smallest of 2 and 4 that reaches one, as far as K splits into whole
-    BLOCK_K steps. Measured (results/moe_mxfp4/README.md): at KIMI-K2.5 (thousands of tiles at
-    M >= 4) every split was slower (M 4-256, 1.09-1.45x); a few experts with a long I (Mixtral's
-    8 experts, I = 14336: 128 tiles at M = 1) is where it pays."""
+    """The launcher's SPLIT_K without a config (atomic mode): 1 while the launch has at least
+    SPLIT_PROGRAMS_PER_SM programs per SM (``max_tiles``, an upper bound on the output tiles: the
+    routing's row blocks times the column tiles), else the smallest of 2 and 4 that reaches it,
+    as far as K splits into whole BLOCK_K steps. KIMI-K2.5 (thousands of tiles at M >= 4: every
+    split measured slower) keeps 1; a few experts with a long I (Mixtral: 8 experts, I = 14336,
+    128 tiles at M = 1) splits 4."""
     s = 1
-    while s < 4 and max_tiles * s < sms * WAVE_PROGRAMS_PER_SM and K % (2 * s * block_k) == 0:
+    while s < 4 and max_tiles * s < sms * SPLIT_PROGRAMS_PER_SM and K % (2 * s * block_k) == 0:
         s *= 2
     return s
+
+
+def with_split_k(config: "MoeMxfp4Config", max_blocks: int, H: int, K: int, sms: int) -> "MoeMxfp4Config":
+    """config with the SPLIT_K of split_k_for for a launch of max_blocks row blocks (the routing's
+    ``max_blocks``) over H output columns on sms SMs; unchanged in the deterministic mode."""
+    if config.DETERMINISTIC:
+        return config
+    tiles = max_blocks * -(-H // config.BLOCK_N)
+    return config.replace(SPLIT_K=split_k_for(tiles, K, config.BLOCK_K, sms))
 
 
 # Column tiles from the first H200 run (results/moe_mxfp4/rows.csv, KIMI-K2.5 shapes): at every

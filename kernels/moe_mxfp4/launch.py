@@ -38,7 +38,7 @@ from kernels.common import interpreter
 from kernels.common.launcher import LAUNCH_OPTIONS, PlannedLaunch
 from kernels.common.plans import PlanCache, config_key, sm_count, tensor_signature
 
-from .config import MoeMxfp4Config, config_for_block_m, default_config, split_k_for
+from .config import MoeMxfp4Config, config_for_block_m, default_config, with_split_k
 from .quant import Mxfp4Weights
 from .routing import Routing
 from .triton import _dequant_kernel, _moe_mxfp4_down_kernel, _reduce_topk_kernel
@@ -171,9 +171,8 @@ def _build_plan(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate
             config = default_config(M, routing.top_k, E, K, interpreter=True).replace(BLOCK_M=routing.block_m)
         else:
             config = config_for_block_m(routing.block_m, K)
-        if not config.DETERMINISTIC:     # too few output tiles for the SMs: split K (atomic partial sums)
-            tiles = routing.max_blocks * triton.cdiv(H, config.BLOCK_N)
-            config = config.replace(SPLIT_K=split_k_for(tiles, K, config.BLOCK_K, _sms(a.device)))
+        # too few output tiles for the SMs: split K (partial sums through the atomic epilogue)
+        config = with_split_k(config, routing.max_blocks, H, K, _sms(a.device))
     if not isinstance(config, MoeMxfp4Config):
         _fail(f"config must be a MoeMxfp4Config, got {type(config).__name__}")
     config.validate(K)
