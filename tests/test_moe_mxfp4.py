@@ -653,6 +653,7 @@ def test_split_k_rule_and_the_launcher_uses_it(monkeypatch):
     assert split_k_for(600, 14336, 128, 132) == 2 and split_k_for(1056, 14336, 128, 132) == 1
     assert split_k_for(128, 256, 128, 132) == 2 and split_k_for(128, 128, 128, 132) == 1   # whole steps only
     monkeypatch.setattr(mx_launch, "_sms", lambda device: 64)
+    mx_launch._PLANS.clear()
     I_, H_ = 512, 128
     p = _problem(5, H_=H_, I_=I_, seed=71)
     weights = prepare_weights(p["w"], p["w_scale"], 2)
