@@ -84,9 +84,14 @@ BASELINES = ("dequant+grouped_gemm", "bf16 grouped_gemm")
 SHAPES = {"kimi-k2.5": dict(E=385, H=7168, I=512, TOP_K=9),
           "deepseek-v3": dict(E=256, H=7168, I=2048, TOP_K=8),
           "mixtral-8x7b": dict(E=8, H=4096, I=14336, TOP_K=2),
-          # held out from the SPLIT_K rule's choice (config.SPLIT_PROGRAMS_PER_SM)
+          # held out from SPLIT_K's rule 1 (then rule 2 was fit on all five above)
           "qwen3-235b-a22b": dict(E=128, H=4096, I=1536, TOP_K=8),
-          "llama4-maverick": dict(E=128, H=5120, I=8192, TOP_K=1)}
+          "llama4-maverick": dict(E=128, H=5120, I=8192, TOP_K=1),
+          # held out from rule 2 (config.split_k_for)
+          "dbrx": dict(E=16, H=6144, I=10752, TOP_K=4),
+          "phi3.5-moe": dict(E=16, H=4096, I=6400, TOP_K=2),
+          "qwen2-57b-a14b": dict(E=64, H=3584, I=2560, TOP_K=8),
+          "qwen3-30b-a3b": dict(E=128, H=2048, I=768, TOP_K=8)}
 
 
 def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:

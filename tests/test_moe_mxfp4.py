@@ -642,16 +642,20 @@ def test_kernel_split_k_within_bound(split, level, la):
 
 
 def test_split_k_rule_and_the_launcher_uses_it(monkeypatch):
-    """Without a config (atomic mode) the launcher splits K when the output tiles (the routing's
-    row blocks times the column tiles, an upper bound) do not fill one wave of the SMs: here 64
-    SMs x 8 programs, 14 tiles -> SPLIT_K 4 where K allows (I = 512, BLOCK_K 128), within the
-    bound of the partial rows; the deterministic mode and a full wave keep 1."""
+    """Without a config (atomic mode) the launcher splits K by config.split_k_for: while each part
+    keeps 8 or more K steps, and the output tiles (the routing's row blocks times the column
+    tiles, an upper bound) do not give 8 programs per SM or a program would run 32 steps or more.
+    In the interpreter (the minimum lowered to 1 step): 64 SMs, 14 tiles -> SPLIT_K 4 at I = 512,
+    within the bound of the partial rows, and default_config(..., H, sms) names that config."""
+    from kernels.moe_mxfp4 import config as mx_config
     from kernels.moe_mxfp4.config import split_k_for
 
-    assert split_k_for(4032, 512, 128, 132) == 1                     # KIMI-K2.5 at M = 4
-    assert split_k_for(128, 14336, 128, 132) == 4                    # Mixtral at M = 1
-    assert split_k_for(600, 14336, 128, 132) == 2 and split_k_for(1056, 14336, 128, 132) == 1
-    assert split_k_for(128, 256, 128, 132) == 2 and split_k_for(128, 128, 128, 132) == 1   # whole steps only
+    assert split_k_for(4032, 512, 128, 132) == 1                     # KIMI-K2.5 (4 steps): never
+    assert split_k_for(128, 14336, 128, 132) == 4                    # Mixtral at M = 1 (112 steps)
+    assert split_k_for(5120, 8192, 128, 132) == 4                    # long programs split in a full launch
+    assert split_k_for(600, 2048, 128, 132) == 2 and split_k_for(1056, 2048, 128, 132) == 1
+    assert split_k_for(512, 1536, 128, 132) == 1                     # 12 steps: parts of 6 are too short
+    monkeypatch.setattr(mx_config, "SPLIT_MIN_STEPS", 1)
     monkeypatch.setattr(mx_launch, "_sms", lambda device: 64)
     mx_launch._PLANS.clear()
     I_, H_ = 512, 128

@@ -185,22 +185,31 @@ def config_for_block_m(block_m: int, K: int, *, deterministic: bool = False, pre
     return cfg.replace(BLOCK_K=bk, DETERMINISTIC=deterministic)
 
 
-# Programs per SM the no-config SPLIT_K rule asks for: about one and a half waves of the small-M
-# tile (BM16 BN64 PREPACK=2 LOAD_AHEAD=1: 79 registers, 6 resident per SM). Set after measuring
-# KIMI-K2.5, DeepSeek-V3 and Mixtral (results/moe_mxfp4/README.md, "SPLIT_K"); scored on two
-# other models' layers held out from that choice.
+# The no-config SPLIT_K rule (split_k_for). Rule 1 (split while the output tiles, an upper
+# bound, are fewer than SPLIT_PROGRAMS_PER_SM per SM) was chosen after KIMI-K2.5, DeepSeek-V3 and
+# Mixtral and scored on Qwen3-235B and Llama-4 Maverick, held out: regret up to 1.26 (it never
+# split launches of long programs, which gained 1.03-1.26x from it, and split a 12-step
+# reduction that lost 8%). Rule 2, below, fit on those five layers: each program keeps at least
+# SPLIT_MIN_STEPS K steps, and programs of SPLIT_LONG_STEPS or more split even in a full launch;
+# scored on three more layers held out from it (results/moe_mxfp4/README.md, "SPLIT_K").
 SPLIT_PROGRAMS_PER_SM = 8
+SPLIT_MIN_STEPS = 8
+SPLIT_LONG_STEPS = 32
 
 
 def split_k_for(max_tiles: int, K: int, block_k: int, sms: int) -> int:
-    """The launcher's SPLIT_K without a config (atomic mode): 1 while the launch has at least
-    SPLIT_PROGRAMS_PER_SM programs per SM (``max_tiles``, an upper bound on the output tiles: the
-    routing's row blocks times the column tiles), else the smallest of 2 and 4 that reaches it,
-    as far as K splits into whole BLOCK_K steps. KIMI-K2.5 (thousands of tiles at M >= 4: every
-    split measured slower) keeps 1; a few experts with a long I (Mixtral: 8 experts, I = 14336,
-    128 tiles at M = 1) splits 4."""
+    """The launcher's SPLIT_K without a config (atomic mode), 1, 2 or 4: K is split in two again
+    while each part keeps at least SPLIT_MIN_STEPS whole BLOCK_K steps and either the launch has
+    fewer than SPLIT_PROGRAMS_PER_SM programs per SM (``max_tiles``: the routing's row blocks
+    times the column tiles, an upper bound) or a program would run SPLIT_LONG_STEPS steps or
+    more. KIMI-K2.5 (I = 512: 4 steps) never splits; Mixtral (I = 14336: 112 steps) splits 4."""
     s = 1
-    while s < 4 and max_tiles * s < sms * SPLIT_PROGRAMS_PER_SM and K % (2 * s * block_k) == 0:
+    while s < 4 and K % (2 * s * block_k) == 0:
+        steps = K // (s * block_k)
+        if steps // 2 < SPLIT_MIN_STEPS:
+            break
+        if max_tiles * s >= sms * SPLIT_PROGRAMS_PER_SM and steps < SPLIT_LONG_STEPS:
+            break
         s *= 2
     return s
 
