@@ -164,6 +164,11 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             "BM16 BN64 prepack2 sk2": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, SPLIT_K=2),
             "BM16 BN64 prepack2 sk4": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, SPLIT_K=4),
             "BM16 BN64 prepack2 la1 sk4": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1, SPLIT_K=4),
+            # a register cap for more programs per SM (79 registers, 6 per SM uncapped; 64: 8 per SM
+            # with 4 spill stores; 72: 7 per SM with 5), cross-compiled for sm_90
+            "BM16 BN64 prepack2 la1 r64": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1, maxnreg=64),
+            "BM16 BN64 prepack2 la1 r72": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1, maxnreg=72),
+            "BM16 BN64 prepack2 r64": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, maxnreg=64),
             "BM16 BN128 prepack2 la1 sk2": C(BLOCK_M=16, BLOCK_N=128, NT=True, PREPACK=2, LOAD_AHEAD=1, SPLIT_K=2),
         })
     return v

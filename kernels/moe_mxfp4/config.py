@@ -39,6 +39,8 @@ class MoeMxfp4Config:
     SPLIT_K: programs per output tile, each reducing K / SPLIT_K of the intermediate size and
     adding its partial sums with the atomic epilogue (atomic mode only): more, shorter programs
     where a few tiles per expert would leave the last wave of programs nearly empty.
+    maxnreg: a register cap per thread (None: the compiler's choice), so that more programs fit
+    on an SM (65,536 registers / (32 * num_warps * maxnreg)), at the price of spills.
     """
 
     BLOCK_M: int = 16
@@ -56,6 +58,7 @@ class MoeMxfp4Config:
     PREPACK: int = 0
     ONE_MUL: bool = True
     SPLIT_K: int = 1
+    maxnreg: int | None = None
 
     @property
     def swap_ab(self) -> bool:
@@ -71,7 +74,8 @@ class MoeMxfp4Config:
         return (f"bm{self.BLOCK_M}_bn{self.BLOCK_N}_bk{self.BLOCK_K}_w{self.num_warps}_s{self.num_stages}"
                 f"{flags}{'_swap' if self.swap_ab else ''}_{mode}{'' if self.EXPAND == 'ptx' else '_' + self.EXPAND}"
                 f"{f'_la{self.LOAD_AHEAD}' if self.LOAD_AHEAD else ''}{f'_prepack{self.PREPACK}' if self.PREPACK else ''}"
-                f"{'_2mul' if self.PREPACK and not self.ONE_MUL else ''}{f'_sk{self.SPLIT_K}' if self.SPLIT_K > 1 else ''}")
+                f"{'_2mul' if self.PREPACK and not self.ONE_MUL else ''}{f'_sk{self.SPLIT_K}' if self.SPLIT_K > 1 else ''}"
+                f"{f'_r{self.maxnreg}' if self.maxnreg else ''}")
 
     def replace(self, **kw) -> "MoeMxfp4Config":
         return replace(self, **kw)
@@ -89,6 +93,8 @@ class MoeMxfp4Config:
         if K % self.BLOCK_K:
             raise ValueError(f"moe_mxfp4: the intermediate size I={K} must be a multiple of BLOCK_K="
                              f"{self.BLOCK_K}; pick a BLOCK_K that divides it")
+        if self.maxnreg is not None and not (isinstance(self.maxnreg, int) and 24 <= self.maxnreg <= 255):
+            raise ValueError(f"moe_mxfp4: maxnreg must be None or an int in [24, 255], got {self.maxnreg!r}")
         if self.SPLIT_K not in (1, 2, 4):
             raise ValueError(f"moe_mxfp4: SPLIT_K must be 1, 2 or 4, got {self.SPLIT_K!r}")
         if self.SPLIT_K > 1 and self.DETERMINISTIC:

@@ -194,6 +194,7 @@ def _build_plan(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate
                       BN=config.BLOCK_N, BK=config.BLOCK_K, LOAD_AHEAD=config.LOAD_AHEAD, PREPACK=config.PREPACK,
                       ONE_MUL=bool(config.PREPACK and config.ONE_MUL and one_mul), SPLIT_K=config.SPLIT_K,
                       MAX_UNROLL=MAX_UNROLLED_STEPS, num_warps=config.num_warps,
+                      **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
                       num_stages=config.num_stages)
     reduce_grid = reduce_constexprs = None
     if det:
@@ -329,4 +330,5 @@ def compile_for_target(config: MoeMxfp4Config | None = None, *, a_fp4: bool = Fa
                       MAX_UNROLL=MAX_UNROLLED_STEPS)
     return cross_compile(_moe_mxfp4_down_kernel, target, signature=sig, constexprs=constexprs,
                          divisible=divisible, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                         options={"maxnreg": cfg.maxnreg} if cfg.maxnreg else None,
                          cache_dir=cache_dir)
