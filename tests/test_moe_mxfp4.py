@@ -615,6 +615,9 @@ def test_weights_scale_range_and_split_k_validate():
     with pytest.raises(ValueError, match="multiple of SPLIT_K \\* BLOCK_K = 256"):
         MoeMxfp4Config(SPLIT_K=2).validate(384)
     assert MoeMxfp4Config(BLOCK_N=64, PREPACK=2, ONE_MUL=False, SPLIT_K=2).label().endswith("_prepack2_2mul_sk2")
+    with pytest.raises(ValueError, match="maxnreg must be None or an int in"):
+        MoeMxfp4Config(maxnreg=16).validate(512)
+    assert MoeMxfp4Config(BLOCK_N=64, PREPACK=2, maxnreg=64).label().endswith("_prepack2_r64")
     assert MoeMxfp4Config(BLOCK_N=64, PREPACK=2).label().endswith("_prepack2")
 
 
