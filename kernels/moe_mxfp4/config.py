@@ -281,6 +281,8 @@ _BY_BLOCK_M_PREPACKED = {
     # the bf16-weight grouped GEMM (4,776 us); so BM128 takes BN128 (BN64 where H % 128 != 0). This
     # pick is made at the M it is reported at (as the plain BM128 default was); BM64's own range
     # (M 2054-6844 at KIMI-K2.5) is not measured (at M = 16384 its BN128 ran 4,363 us, BN64 5,210).
+    # With ONE_MUL (b65ab38, bf70d1e; results/moe_mxfp4/onemul_shl/) the same picks run 1.08-1.13x
+    # faster at M 4-256 (31.0-257.8 us, 0.53-0.72 of the HBM bound) and 1.06x at 16384 (3,814 us).
     64: MoeMxfp4Config(BLOCK_M=64, BLOCK_N=64, SWAP_AB=True, NT=False, PREPACK=2),
     128: MoeMxfp4Config(BLOCK_M=128, BLOCK_N=128, SWAP_AB=True, NT=False, PREPACK=2),
 }

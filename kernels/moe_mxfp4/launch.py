@@ -237,8 +237,11 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: tor
     topk_weights, E, BM)`` with BM = config.BLOCK_M. Returns out bf16 [M, H] (written, or
     added to with ``accumulate=True``). Without a config, the heuristic's config for the
     routing's BLOCK_M and the weights' layout runs (``config_for_block_m(BM, I,
-    prepacked=level)``); a config must read the weights' layout (config.PREPACK == level,
-    else ValueError). No host synchronization.
+    prepacked=level)``), with the SPLIT_K of ``config.split_k_for`` (``default_config(M, top_k,
+    E, I, prepacked=level, H=H, sms=...)`` names it); a config must read the weights' layout
+    (config.PREPACK == level, else ValueError). Weights from ``prepare_weights`` whose scale
+    bytes are all <= 128 run the one-multiply expansion (``MoeMxfp4Config.ONE_MUL``). No host
+    synchronization.
     """
     w, w_scale, routing, level, one_mul = _unwrap_weights(w, w_scale, routing)
     try:
