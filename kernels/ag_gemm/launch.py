@@ -32,6 +32,7 @@ import triton
 from kernels.ag_gemm.config import AgGemmConfig, as_config, auto_config, validate
 from kernels.ag_gemm.triton import TRACE_COLS, _ag_gemm_kernel, _next_epoch_kernel
 from kernels.comm.remote import STATUS_WORDS, WaitTimeout
+from kernels.common.launcher import launch_on
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GATHER_DIMS = (0, 1)
@@ -391,16 +392,16 @@ def _args(a, b, heap, plan, bias, c, s):
 def _fused(a, b, heap, plan, bias, c, s):
     args = _args(a, b, heap, plan, bias, c, s)
     if not heap.simulated or heap.world_size == 1:  # one launch (a world of one never waits on a peer)
-        heap.launch(_ag_gemm_kernel, (plan.grid,), *args, PUBLISH=True, FETCH=True, COMPUTE=True,
+        launch_on(heap, _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=True, FETCH=True, COMPUTE=True,
                     WAIT_READY=False, **plan.kw)
         return
     # Simulated world: ranks take turns, so no rank may spin on a peer inside a launch
     # while the peer waits for its turn: publish, meet, then fetch + compute.
     heap.barrier()
-    heap.launch(_ag_gemm_kernel, (plan.kw["FETCHERS"],), *args, PUBLISH=True, FETCH=False, COMPUTE=False,
+    launch_on(heap, _ag_gemm_kernel, (plan.kw["FETCHERS"],), *args, PUBLISH=True, FETCH=False, COMPUTE=False,
                 WAIT_READY=False, **plan.kw)
     heap.barrier()
-    heap.launch(_ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False, FETCH=True, COMPUTE=True, WAIT_READY=False,
+    launch_on(heap, _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False, FETCH=True, COMPUTE=True, WAIT_READY=False,
                 **plan.kw)
 
 
@@ -409,12 +410,12 @@ def _copy_engine(a, b, heap, plan, bias, c, s):
     pub_kw = dict(plan.kw)
     pubs = pub_kw["FETCHERS"]
     gemm_kw = dict(plan.kw, FETCHERS=0)
-    heap.launch(_next_epoch_kernel, (1,), s["state"], plan.nextval, plan.nextval.numel(), BLOCK=128)
+    launch_on(heap, _next_epoch_kernel, (1,), s["state"], plan.nextval, plan.nextval.numel(), BLOCK=128)
     if heap.simulated:
         heap.barrier()
     # publish (and, on a GPU, wait in-kernel until every peer has published: the
     # copies below read the peers' shards as soon as this kernel is done)
-    heap.launch(_ag_gemm_kernel, (pubs,), *args, PUBLISH=True, FETCH=False, COMPUTE=False,
+    launch_on(heap, _ag_gemm_kernel, (pubs,), *args, PUBLISH=True, FETCH=False, COMPUTE=False,
                 WAIT_READY=not heap.simulated, **pub_kw)
     if heap.simulated:
         heap.barrier()
@@ -422,7 +423,7 @@ def _copy_engine(a, b, heap, plan, bias, c, s):
             if dst is not None:
                 dst.copy_(src)
             flags.copy_(plan.nextval[:n])
-        heap.launch(_ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False, FETCH=False, COMPUTE=True,
+        launch_on(heap, _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False, FETCH=False, COMPUTE=True,
                     WAIT_READY=False, **gemm_kw)
         return
     cur = torch.cuda.current_stream(heap.device)
@@ -432,7 +433,7 @@ def _copy_engine(a, b, heap, plan, bias, c, s):
             if dst is not None:
                 dst.copy_(src, non_blocking=True)  # cudaMemcpyAsync from the peer (copy engine)
             flags.copy_(plan.nextval[:n], non_blocking=True)  # then the chunk's flags, in stream order
-    heap.launch(_ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False, FETCH=False, COMPUTE=True, WAIT_READY=False,
+    launch_on(heap, _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False, FETCH=False, COMPUTE=True, WAIT_READY=False,
                 **gemm_kw)
     cur.wait_stream(plan.side)
 

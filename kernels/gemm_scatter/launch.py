@@ -15,6 +15,7 @@ import torch
 import triton
 
 from kernels.comm.remote import StatusWatch, wait_all_kernel
+from kernels.common.launcher import launch_on
 from kernels.common.plans import PlanCache, config_key, tensor_signature
 from kernels.common.plans import capability as _capability, sm_count as _sm_count
 from kernels.gemm.launch import TensorDescriptor, _tma_ok
@@ -175,11 +176,11 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
     else:
         a_desc = b_desc = None
     status = heap.status()
-    heap.launch(_gemm_scatter_kernel, (p.grid,), a, b_local, a_desc, b_desc, p.out, heap.heap_bases, p.flags,
+    launch_on(heap, _gemm_scatter_kernel, (p.grid,), a, b_local, a_desc, b_desc, p.out, heap.heap_bases, p.flags,
                 status, p.total, *p.args, heap.rank, max_spins, p.grid, p.config.group_m, **p.meta)
     if heap.simulated:  # ranks take turns in the interpreter: wait in a launch of its own
         heap.barrier()
-        heap.launch(wait_all_kernel, (1,), p.flags, p.total, p.grid, max_spins, status, WORLD=heap.world_size,
+        launch_on(heap, wait_all_kernel, (1,), p.flags, p.total, p.grid, max_spins, status, WORLD=heap.world_size,
                     SCOPE=scope)
     watch.arm()
     if check:
