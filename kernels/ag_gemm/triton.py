@@ -291,33 +291,59 @@ def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, 
         if STAGED_FLAG:
             staged = tl.atomic_add(flags_ptr + WORLD * MT * KG, 0, sem="acquire", scope="gpu") >= epoch + 1
             tl.debug_barrier()
-        for q in range(K_BLOCKS):
-            if GATHER_K:
-                block = (rank + q) % WORLD
-                k_base = block * S_K  # rows of B for this shard
-            else:
-                block = row_block
-                k_base = 0
-            a_blk = stg_ptr + block.to(tl.int64) * S_M * S_K + rows_in[:, None] * stride_sm
-            for g in range(KG):
-                if TRACE:
-                    t0 = _now(tick_ptr, CLOCK)
-                flag = (block * MT + mt) * KG + g
-                if not staged:
-                    _wait_flag(flags_ptr + flag, epoch + 1, max_spins, status_ptr, flag, "gpu")
+        if staged:
+            # Every piece is staged: one loop over all K steps, which the compiler pipelines
+            # (num_stages) from start to end. The nested loops below restart the pipeline at
+            # every flag group of K_PER_FLAG steps (measured at world size 1 on an H200, where
+            # every tile sees this flag: the fused GEMM at 0.46x cuBLAS's speed).
+            for kk in range(K_BLOCKS * KT):
+                q = kk // KT
+                t = kk - q * KT
+                if GATHER_K:
+                    block = (rank + q) % WORLD
+                    k_base = block * S_K
+                else:
+                    block = row_block
+                    k_base = 0
+                k = t * BLOCK_K + lane_k
+                a_blk = stg_ptr + block.to(tl.int64) * S_M * S_K + rows_in[:, None] * stride_sm
+                a_ptrs = a_blk + k[None, :] * stride_sk
+                b_ptrs = b_ptr + (k_base + k)[:, None].to(tl.int64) * stride_bk + cols_in[None, :] * stride_bn
+                if EVEN_K:
+                    a = tl.load(a_ptrs)
+                    b = tl.load(b_ptrs)
+                else:
+                    a = tl.load(a_ptrs, mask=(k < S_K)[None, :], other=0.0)
+                    b = tl.load(b_ptrs, mask=(k < S_K)[:, None], other=0.0)
+                acc = tl.dot(a, b, acc)
+        else:   # not all staged yet: wait group by group
+            for q in range(K_BLOCKS):
+                if GATHER_K:
+                    block = (rank + q) % WORLD
+                    k_base = block * S_K  # rows of B for this shard
+                else:
+                    block = row_block
+                    k_base = 0
+                a_blk = stg_ptr + block.to(tl.int64) * S_M * S_K + rows_in[:, None] * stride_sm
+                for g in range(KG):
                     if TRACE:
-                        n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm, MAX_EVENTS)
-                for t in range(g * K_PER_FLAG, tl.minimum((g + 1) * K_PER_FLAG, KT)):
-                    k = t * BLOCK_K + lane_k
-                    a_ptrs = a_blk + k[None, :] * stride_sk
-                    b_ptrs = b_ptr + (k_base + k)[:, None].to(tl.int64) * stride_bk + cols_in[None, :] * stride_bn
-                    if EVEN_K:  # no shard edge inside a tile: unmasked (vector) loads
-                        a = tl.load(a_ptrs)
-                        b = tl.load(b_ptrs)
-                    else:
-                        a = tl.load(a_ptrs, mask=(k < S_K)[None, :], other=0.0)
-                        b = tl.load(b_ptrs, mask=(k < S_K)[:, None], other=0.0)
-                    acc = tl.dot(a, b, acc)
+                        t0 = _now(tick_ptr, CLOCK)
+                    flag = (block * MT + mt) * KG + g
+                    if not staged:
+                        _wait_flag(flags_ptr + flag, epoch + 1, max_spins, status_ptr, flag, "gpu")
+                        if TRACE:
+                            n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm, MAX_EVENTS)
+                    for t in range(g * K_PER_FLAG, tl.minimum((g + 1) * K_PER_FLAG, KT)):
+                        k = t * BLOCK_K + lane_k
+                        a_ptrs = a_blk + k[None, :] * stride_sk
+                        b_ptrs = b_ptr + (k_base + k)[:, None].to(tl.int64) * stride_bk + cols_in[None, :] * stride_bn
+                        if EVEN_K:  # no shard edge inside a tile: unmasked (vector) loads
+                            a = tl.load(a_ptrs)
+                            b = tl.load(b_ptrs)
+                        else:
+                            a = tl.load(a_ptrs, mask=(k < S_K)[None, :], other=0.0)
+                            b = tl.load(b_ptrs, mask=(k < S_K)[:, None], other=0.0)
+                        acc = tl.dot(a, b, acc)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols_in).to(tl.float32)[None, :]
         c_rows = (row_block * S_M + rows).to(tl.int64)
