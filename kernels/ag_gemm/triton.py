@@ -236,6 +236,20 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
 
 
 @triton.jit
+def _k_step(acc, a_blk, b_ptr, k_base, k, cols_in, S_K, stride_sk, stride_bk, stride_bn, EVEN_K: tl.constexpr):
+    """acc += the staged A rows at columns k (a_blk: their row pointers) @ B's rows k_base + k."""
+    a_ptrs = a_blk + k[None, :] * stride_sk
+    b_ptrs = b_ptr + (k_base + k)[:, None].to(tl.int64) * stride_bk + cols_in[None, :] * stride_bn
+    if EVEN_K:  # no shard edge inside a tile: unmasked (vector) loads
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+    else:
+        a = tl.load(a_ptrs, mask=(k < S_K)[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=(k < S_K)[:, None], other=0.0)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr,
              S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, gid, num_gemm,
              n_ev, sm, WORLD: tl.constexpr, GATHER_K: tl.constexpr, M_CONTIG: tl.constexpr,
@@ -305,17 +319,9 @@ def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, 
                 else:
                     block = row_block
                     k_base = 0
-                k = t * BLOCK_K + lane_k
                 a_blk = stg_ptr + block.to(tl.int64) * S_M * S_K + rows_in[:, None] * stride_sm
-                a_ptrs = a_blk + k[None, :] * stride_sk
-                b_ptrs = b_ptr + (k_base + k)[:, None].to(tl.int64) * stride_bk + cols_in[None, :] * stride_bn
-                if EVEN_K:
-                    a = tl.load(a_ptrs)
-                    b = tl.load(b_ptrs)
-                else:
-                    a = tl.load(a_ptrs, mask=(k < S_K)[None, :], other=0.0)
-                    b = tl.load(b_ptrs, mask=(k < S_K)[:, None], other=0.0)
-                acc = tl.dot(a, b, acc)
+                acc = _k_step(acc, a_blk, b_ptr, k_base, t * BLOCK_K + lane_k, cols_in, S_K, stride_sk, stride_bk,
+                              stride_bn, EVEN_K)
         else:   # not all staged yet: wait group by group
             for q in range(K_BLOCKS):
                 if GATHER_K:
@@ -334,16 +340,8 @@ def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, 
                         if TRACE:
                             n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm, MAX_EVENTS)
                     for t in range(g * K_PER_FLAG, tl.minimum((g + 1) * K_PER_FLAG, KT)):
-                        k = t * BLOCK_K + lane_k
-                        a_ptrs = a_blk + k[None, :] * stride_sk
-                        b_ptrs = b_ptr + (k_base + k)[:, None].to(tl.int64) * stride_bk + cols_in[None, :] * stride_bn
-                        if EVEN_K:  # no shard edge inside a tile: unmasked (vector) loads
-                            a = tl.load(a_ptrs)
-                            b = tl.load(b_ptrs)
-                        else:
-                            a = tl.load(a_ptrs, mask=(k < S_K)[None, :], other=0.0)
-                            b = tl.load(b_ptrs, mask=(k < S_K)[:, None], other=0.0)
-                        acc = tl.dot(a, b, acc)
+                        acc = _k_step(acc, a_blk, b_ptr, k_base, t * BLOCK_K + lane_k, cols_in, S_K, stride_sk,
+                                      stride_bk, stride_bn, EVEN_K)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols_in).to(tl.float32)[None, :]
         c_rows = (row_block * S_M + rows).to(tl.int64)
