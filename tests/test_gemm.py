@@ -382,17 +382,23 @@ XC_CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def sm90_ptx_counts():
+def _cross_compile_in_child(script: str, payload) -> dict:
+    """Run a cross-compiling script (its JSON argument: payload) in a child process with the
+    interpreter off; its last stdout line is the JSON result."""
     try:
         import workbench.asm.compile  # noqa: F401
     except Exception as exc:  # the asm package is developed alongside
         pytest.skip(f"workbench.asm.compile not available: {exc}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _XC_SCRIPT.format(root=str(ROOT)), json.dumps(XC_CONFIGS)],
+    r = subprocess.run([sys.executable, "-c", script.format(root=str(ROOT)), json.dumps(payload)],
                        capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def sm90_ptx_counts():
+    return _cross_compile_in_child(_XC_SCRIPT, XC_CONFIGS)
 
 
 @pytest.mark.parametrize("name", list(XC_CONFIGS))
@@ -502,15 +508,7 @@ def _fma_xc_cases():
 
 @pytest.fixture(scope="module")
 def sm90_fma():
-    try:
-        import workbench.asm.compile  # noqa: F401
-    except Exception as exc:  # the asm package is developed alongside
-        pytest.skip(f"workbench.asm.compile not available: {exc}")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _XC_FMA_SCRIPT.format(root=str(ROOT)), json.dumps(_fma_xc_cases())],
-                       capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return _cross_compile_in_child(_XC_FMA_SCRIPT, _fma_xc_cases())
 
 
 @pytest.mark.parametrize("name", list(_fma_xc_cases()))
