@@ -16,7 +16,7 @@ from kernels.comm.config import DEFAULT_MAX_SPINS, VARIANTS, _validate, auto_cho
 from kernels.comm.gluon import GLUON_AVAILABLE
 from kernels.comm.remote import StatusWatch, wait_all_kernel
 from kernels.comm.triton import _all_gather_kernel
-from kernels.common.launcher import LAUNCH_OPTIONS, PlannedLaunch
+from kernels.common.launcher import PlannedLaunch
 from workbench.dtypes import element_size, triton_type
 
 if GLUON_AVAILABLE:
@@ -130,9 +130,7 @@ def _plan(x, heap, variant, num_sms, block, hints, num_warps, out, scope):
     if variant == "gluon":
         kw["NUM_WARPS"] = cfg["num_warps"]
     kernel = _all_gather_gluon_kernel if variant == "gluon" else _all_gather_kernel
-    launch = None if heap.simulated else PlannedLaunch(
-        kernel, (cfg["grid"],), {k: v for k, v in kw.items() if k not in LAUNCH_OPTIONS},
-        {k: v for k, v in kw.items() if k in LAUNCH_OPTIONS})
+    launch = None if heap.simulated else PlannedLaunch.of(kernel, (cfg["grid"],), kw)
     return kernel, cfg["grid"], out, heap.flags("all_gather", W), heap.flags("all_gather.total", 1), kw, launch
 
 

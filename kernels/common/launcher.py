@@ -87,6 +87,13 @@ class PlannedLaunch:
         self.compiled = None
         self.scratch = False   # the compiled kernel needs global scratch (device-built TMA descriptors)
 
+    @classmethod
+    def of(cls, fn, grid: Sequence[int], kwargs: dict[str, Any]) -> "PlannedLaunch":
+        """From a launch's keyword arguments as ``fn[grid](..., **kwargs)`` takes them: the
+        constexprs and the launch options (LAUNCH_OPTIONS) together."""
+        return cls(fn, grid, {k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS},
+                   {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS})
+
     def __call__(self, *args) -> None:
         if len(args) != len(self._slots):
             raise TypeError(f"{_name(self.fn)}: {len(self._slots)} run-time arguments expected, got {len(args)}")
@@ -197,8 +204,7 @@ def launch_on(heap, kernel, grid, *args, **kwargs) -> None:
     if launch is None:
         if len(cache) >= HEAP_LAUNCHES:
             del cache[next(iter(cache))]
-        launch = cache[key] = PlannedLaunch(kernel, grid, {k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS},
-                                            {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS})
+        launch = cache[key] = PlannedLaunch.of(kernel, grid, kwargs)
     launch(*args)
 
 

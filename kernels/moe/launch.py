@@ -41,7 +41,7 @@ import torch
 import triton
 
 from kernels.common import cuda_context, interpreter
-from kernels.common.launcher import LAUNCH_OPTIONS, PlannedLaunch
+from kernels.common.launcher import PlannedLaunch
 from kernels.common.plans import PlanCache, capturing, config_key, tensor_signature
 from kernels.common.plans import capability as _capability, sm_count as _sm_count
 from kernels.gemm.launch import _tma_ok
@@ -241,9 +241,7 @@ class _Plan:
 
     def __post_init__(self):
         if self.kind == "launch" and self.launcher is None:
-            constexprs = {k: v for k, v in self.meta.items() if k not in LAUNCH_OPTIONS}
-            options = {k: v for k, v in self.meta.items() if k in LAUNCH_OPTIONS}
-            object.__setattr__(self, "launcher", PlannedLaunch(self.kernel, self.grid, constexprs, options))
+            object.__setattr__(self, "launcher", PlannedLaunch.of(self.kernel, self.grid, self.meta))
 
 
 _PLANS = PlanCache()        # grouped_gemm

@@ -35,7 +35,7 @@ import torch
 import triton
 
 from kernels.common import interpreter
-from kernels.common.launcher import LAUNCH_OPTIONS, PlannedLaunch
+from kernels.common.launcher import PlannedLaunch
 from kernels.common.plans import PlanCache, config_key, sm_count, tensor_signature
 
 from .config import MoeMxfp4Config, config_for_block_m, default_config, with_split_k
@@ -65,11 +65,9 @@ class _Plan:
     reduce: PlannedLaunch | None = None
 
     def __post_init__(self):
-        split = lambda d: ({k: v for k, v in d.items() if k not in LAUNCH_OPTIONS},
-                           {k: v for k, v in d.items() if k in LAUNCH_OPTIONS})
-        self.launch = PlannedLaunch(_moe_mxfp4_down_kernel, self.grid, *split(self.constexprs))
+        self.launch = PlannedLaunch.of(_moe_mxfp4_down_kernel, self.grid, self.constexprs)
         if self.reduce_grid is not None:
-            self.reduce = PlannedLaunch(_reduce_topk_kernel, self.reduce_grid, *split(self.reduce_constexprs))
+            self.reduce = PlannedLaunch.of(_reduce_topk_kernel, self.reduce_grid, self.reduce_constexprs)
 
 
 def _sig(t: torch.Tensor | None):
