@@ -68,6 +68,7 @@ import run_moe_mxfp4 as base  # noqa: E402
 from kernels.moe_mxfp4 import MoeMxfp4Config, block_m_for, default_config, moe_mxfp4_down, prepare_routing  # noqa: E402
 from kernels.moe_mxfp4 import baselines as bl  # noqa: E402
 from kernels.moe_mxfp4 import dequantize_weights_bf16, metrics, prepare_weights  # noqa: E402
+from kernels.common.plans import sm_count  # noqa: E402
 from workbench import bench  # noqa: E402
 
 M_LIST = (4, 8, 16, 32, 64, 128, 256, 16384)
@@ -103,7 +104,7 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
     # what moe_mxfp4_down(a, prepare_weights(w, w_scale), routing) runs with no config
     # (its SPLIT_K too: default_config with H and the SMs is the launcher's no-config choice, and
     # the sweep calls it with config=None)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 0
+    sms = sm_count(0) if torch.cuda.is_available() else 0
     pdef = v["prepacked default"] = default_config(M, top_k, E, I, prepacked=2, H=base.H, sms=sms)
     C = MoeMxfp4Config
     if is_large(M, top_k, E):
