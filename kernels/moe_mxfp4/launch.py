@@ -185,15 +185,9 @@ def _build_plan(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate
     if det:
         workspace = torch.empty((routing.num_pairs, H), dtype=torch.bfloat16, device=a.device)
     grid = (routing.max_blocks, triton.cdiv(H, config.BLOCK_N), config.SPLIT_K)
-    constexprs = dict(TOP_K=routing.top_k, A_FP4=a_scale is not None, ATOMIC=not det, NT=config.NT,
-                      EARLY_LOADS=config.EARLY_LOADS, PREFETCH_EPILOGUE=config.PREFETCH_EPILOGUE,
-                      SWAP_AB=config.swap_ab, EVEN_N=H % config.BLOCK_N == 0,
-                      EXPAND="fp32" if interpreter.active() else config.EXPAND, K=K, BM=config.BLOCK_M,
-                      BN=config.BLOCK_N, BK=config.BLOCK_K, LOAD_AHEAD=config.LOAD_AHEAD, PREPACK=config.PREPACK,
-                      ONE_MUL=bool(config.PREPACK and config.ONE_MUL and one_mul), SPLIT_K=config.SPLIT_K,
-                      MAX_UNROLL=MAX_UNROLLED_STEPS, num_warps=config.num_warps,
-                      **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
-                      num_stages=config.num_stages)
+    constexprs = dict(_kernel_constexprs(config, top_k=routing.top_k, a_fp4=a_scale is not None, H=H, K=K,
+                                         one_mul=one_mul, expand="fp32" if interpreter.active() else config.EXPAND),
+                      **_launch_options(config))
     reduce_grid = reduce_constexprs = None
     if det:
         bh = min(1024, triton.next_power_of_2(H))
@@ -201,6 +195,20 @@ def _build_plan(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate
         reduce_grid = (triton.cdiv(M, bt), triton.cdiv(H, bh))
         reduce_constexprs = dict(TOP_K=routing.top_k, ACCUMULATE=accumulate, BT=bt, BH=bh, num_warps=4)
     return _Plan(config, grid, constexprs, M, H, workspace, reduce_grid, reduce_constexprs)
+
+
+def _kernel_constexprs(cfg: MoeMxfp4Config, *, top_k: int, a_fp4: bool, H: int, K: int, one_mul: bool,
+                       expand: str) -> dict:
+    """The down-projection kernel's constexprs for a config (the launcher and compile_for_target)."""
+    return dict(TOP_K=top_k, A_FP4=a_fp4, ATOMIC=not cfg.DETERMINISTIC, NT=cfg.NT, EARLY_LOADS=cfg.EARLY_LOADS,
+                PREFETCH_EPILOGUE=cfg.PREFETCH_EPILOGUE, SWAP_AB=cfg.swap_ab, EVEN_N=H % cfg.BLOCK_N == 0,
+                EXPAND=expand, K=K, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N, BK=cfg.BLOCK_K, LOAD_AHEAD=cfg.LOAD_AHEAD,
+                PREPACK=cfg.PREPACK, ONE_MUL=bool(cfg.PREPACK and cfg.ONE_MUL and one_mul), SPLIT_K=cfg.SPLIT_K,
+                MAX_UNROLL=MAX_UNROLLED_STEPS)
+
+
+def _launch_options(cfg: MoeMxfp4Config) -> dict:
+    return dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
 
 
 def _sms(device: torch.device) -> int:
@@ -323,13 +331,6 @@ def compile_for_target(config: MoeMxfp4Config | None = None, *, a_fp4: bool = Fa
                  "stride_wse", "stride_wsn", "stride_om"]
     if a_fp4:
         divisible.append("stride_asm")
-    constexprs = dict(TOP_K=top_k, A_FP4=a_fp4, ATOMIC=not cfg.DETERMINISTIC, NT=cfg.NT,
-                      EARLY_LOADS=cfg.EARLY_LOADS, PREFETCH_EPILOGUE=cfg.PREFETCH_EPILOGUE, SWAP_AB=cfg.swap_ab,
-                      EVEN_N=H % cfg.BLOCK_N == 0, EXPAND=cfg.EXPAND, K=K, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N,
-                      BK=cfg.BLOCK_K, LOAD_AHEAD=cfg.LOAD_AHEAD, PREPACK=cfg.PREPACK,
-                      ONE_MUL=bool(cfg.PREPACK and cfg.ONE_MUL and one_mul), SPLIT_K=cfg.SPLIT_K,
-                      MAX_UNROLL=MAX_UNROLLED_STEPS)
+    constexprs = _kernel_constexprs(cfg, top_k=top_k, a_fp4=a_fp4, H=H, K=K, one_mul=one_mul, expand=cfg.EXPAND)
     return cross_compile(_moe_mxfp4_down_kernel, target, signature=sig, constexprs=constexprs,
-                         divisible=divisible, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                         options={"maxnreg": cfg.maxnreg} if cfg.maxnreg else None,
-                         cache_dir=cache_dir)
+                         divisible=divisible, options=_launch_options(cfg), cache_dir=cache_dir)
