@@ -272,6 +272,8 @@ class Rank:
         points += [("staged_flag", dict(fetchers=16, staged_flag=False))]  # poll every k-group throughout
         points += [("block", dict(fetchers=16, block_n=256, num_stages=3)), ("block", dict(fetchers=16, block_k=32,
                                                                                          num_stages=4))]
+        points += [("block", dict(fetchers=16, num_stages=4)), ("block", dict(fetchers=16, block_n=256, num_stages=4))]
+        points += [("tma", dict(fetchers=16, tma=False))]  # pointer loads in the GEMM programs
         for study, kw in points:
             if self.over_budget():
                 self.skip(f"sweep {study} {kw}", base)

@@ -28,19 +28,20 @@ SHARD = {1: (19, 13), 0: (7, 37)}
 N = 21
 
 
-def _problem(W, gather_dim, seed, dtype=torch.bfloat16):
+def _problem(W, gather_dim, seed, dtype=torch.bfloat16, shard=None, n=N):
     g = torch.Generator().manual_seed(seed)
-    S_M, S_K = SHARD[gather_dim]
+    S_M, S_K = shard or SHARD[gather_dim]
     K = S_K * W if gather_dim == 1 else S_K
     shards = [torch.randn(S_M, S_K, generator=g).to(dtype) for _ in range(W)]
-    b = torch.randn(K, N, generator=g).to(dtype)
-    bias = torch.randn(N, generator=g).to(dtype)
+    b = torch.randn(K, n, generator=g).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype)
     return shards, b, bias
 
 
 def _run(world, shards, b, gather_dim, bias, cfg, trace=False):
     """Every rank's C (poisoned before the call, and the staging buffer with it)."""
     M = shards[0].shape[0] * (world.world_size if gather_dim == 0 else 1)
+    N = b.shape[1]
 
     def body(h):
         out = torch.full((M, N), float("nan"), dtype=shards[0].dtype)
@@ -345,6 +346,34 @@ def test_even_k_path_in_simulated_world():
     kw = get_plan(shards[0], b, world.heaps[0], gather_dim=gd, config=cfg).kw
     assert kw["EVEN_K"] and kw["ALIGNED_M"] and kw["ALIGNED_N"]
     _assert_close(outs, shards, b, gd, None)
+
+
+TMA_CASES = [  # (world, gather_dim, layout, shard (S_M, S_K), TMA expected)
+    (2, 1, "k", (24, 32), True),    # row tiles cross into the next staged block (masked rows)
+    (3, 1, "m", (40, 48), True),
+    (2, 0, "k", (24, 40), True),    # K edge inside a tile: A's columns and B's rows read as zeros
+    (3, 0, "m", (40, 32), True),
+    (2, 0, "m", (24, 40), False),   # m-contiguous with a K edge: the next block's rows would be read
+    (2, 1, "k", (24, 40), False),   # a K tile would straddle two shards
+    (2, 1, "k", (19, 13), False),   # rows of 26 bytes: not TMA-addressable
+]
+
+
+@pytest.mark.parametrize("W,gather_dim,layout,shard,tma", TMA_CASES,
+                         ids=[f"w{c[0]}-dim{c[1]}-{c[2]}-{c[3][0]}x{c[3][1]}" for c in TMA_CASES])
+def test_tma_loads_in_simulated_world(W, gather_dim, layout, shard, tma):
+    """The GEMM programs' TMA loads (descriptors over the staging buffer and B) where the
+    launcher allows them, pointer loads where it does not: both equal to the reference, with
+    C and the staging buffer poisoned, over two calls (the first polls per k-group, the
+    second finds everything staged)."""
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 19)
+    cfg = SIM.replace(layout=layout, k_per_flag=2)
+    for call in range(2):
+        shards, b, bias = _problem(W, gather_dim, seed=70 + call, shard=shard, n=40)
+        assert get_plan(shards[0], b, world.heaps[0], gather_dim=gather_dim, bias=bias, config=cfg).kw["TMA"] is tma
+        _assert_close(_run(world, shards, b, gather_dim, bias, cfg), shards, b, gather_dim, bias)
+    assert get_plan(shards[0], b, world.heaps[0], gather_dim=gather_dim, bias=bias,
+                    config=cfg.replace(tma=False)).kw["TMA"] is False
 
 
 def _script():

@@ -17,13 +17,15 @@ POINTERS = [k for k, v in SIGNATURE.items() if v.startswith("*")]
 
 def constexprs(config: AgGemmConfig, *, world_size: int = 2, gather_dim: int = 1, dtype=torch.bfloat16,
                trace: bool = False, clock: str = "globaltimer", bias: bool = False, phases=(True, True, True),
-               wait_ready: bool = False, fetchers: int | None = None, even_k: bool = True) -> dict:
-    """The constexprs of a single-launch (GPU) call: shapes whose rows hold whole 16-byte vectors."""
+               wait_ready: bool = False, fetchers: int | None = None, even_k: bool = True,
+               tma: bool = False) -> dict:
+    """The constexprs of a single-launch (GPU) call: shapes whose rows hold whole 16-byte vectors
+    (``tma``: the GEMM programs' TMA loads, as the launcher picks them on NVIDIA GPUs)."""
     publish, fetch, compute = phases
     esize = torch.tensor([], dtype=dtype).element_size()
     kw = launch_constexprs(config, world_size, gather_dim, esize, config.fetchers if fetchers is None else fetchers,
                            has_bias=bias, trace=trace, clock=clock, max_events=512, even_k=even_k, aligned_m=True,
-                           aligned_n=True)
+                           aligned_n=True, tma=tma, proxy_fence=tma and clock == "globaltimer")
     # stride_bn = 1 as at run time (Triton specializes integer arguments equal to 1)
     return dict(kw, stride_bn=1, PUBLISH=publish, FETCH=fetch, COMPUTE=compute, WAIT_READY=wait_ready)
 
@@ -43,6 +45,7 @@ def compile_kernel(target: str = "sm90", *, cache_dir, config: AgGemmConfig | No
     config = config or AgGemmConfig()
     dtype = kw.get("dtype", torch.bfloat16)
     kw.setdefault("clock", "memtime" if target.startswith("gfx") else "globaltimer")
+    kw.setdefault("tma", not target.startswith("gfx") and kw.get("dtype", torch.bfloat16).itemsize == 2)
     ty = triton_type(dtype)
     sig = {k: v.format(t=ty) for k, v in SIGNATURE.items()}
     (entry,) = cross_compile(kernel or _ag_gemm_kernel, [target], signature=sig, constexprs=constexprs(config, **kw),

@@ -46,6 +46,7 @@ class AgGemmConfig:
     ce_chunks: int = 4        # copy_engine: chunk copies per peer shard (each followed by its flag write)
     max_spins: int = 1 << 24  # polls before a wait gives up
     staged_flag: bool = True  # one more flag, "all staged": GEMM programs stop polling once it is set
+    tma: bool = True          # GEMM programs load A and B through TMA where the operands allow (launch.tma_allowed)
     skip_rank: int = -1       # fault injection for tests: fetchers skip this rank's shard
 
     def replace(self, **kw) -> "AgGemmConfig":
@@ -88,8 +89,9 @@ def validate(c: AgGemmConfig, world_size: int) -> None:
     if c.variant == "copy_engine" and c.layout != "k":
         raise ValueError("all_gather_matmul: variant 'copy_engine' copies whole shards, which needs the "
                          "k-contiguous staging layout: use layout='k'")
-    if not isinstance(c.staged_flag, bool):
-        raise ValueError(f"all_gather_matmul: staged_flag must be True or False, got {c.staged_flag!r}")
+    for name in ("staged_flag", "tma"):
+        if not isinstance(getattr(c, name), bool):
+            raise ValueError(f"all_gather_matmul: {name} must be True or False, got {getattr(c, name)!r}")
     if not isinstance(c.skip_rank, int) or c.skip_rank >= world_size or c.skip_rank < -1:
         raise ValueError(f"all_gather_matmul: skip_rank must be -1 or a rank below {world_size}, got {c.skip_rank!r}")
 

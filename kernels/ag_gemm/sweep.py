@@ -18,7 +18,7 @@ from kernels.ag_gemm.metrics import flops as _flops, gathered_bytes, gemm_bytes
 from kernels.ag_gemm.reference import reference as _reference
 
 PARAMS = {"variant": "fused", "fetchers": 16, "block_m": 128, "block_n": 128, "block_k": 64, "k_per_flag": 8,
-          "layout": "k", "num_stages": 3, "num_warps": 8, "num_sms": None, "group_m": 8, "bias": False}
+          "layout": "k", "num_stages": 3, "num_warps": 8, "num_sms": None, "group_m": 8, "tma": True, "bias": False}
 WORLD_SIZES = (2, 3, 4, 8)
 SIM_WORLD = 2
 _HEAP: dict[str, Any] = {}
@@ -142,7 +142,7 @@ def tolerance(dtype: torch.dtype) -> float:
 def label(params: dict) -> str:
     p = {**PARAMS, **params}
     tile = f"{p['block_m']}x{p['block_n']}x{p['block_k']}"
-    return f"{p['variant']} f{p['fetchers']} {tile} kpf{p['k_per_flag']} {p['layout']}"
+    return f"{p['variant']} f{p['fetchers']} {tile} kpf{p['k_per_flag']} {p['layout']}" + ("" if p["tma"] else " ptr")
 
 
 def _nccl_cublas(inputs: Inputs) -> torch.Tensor:

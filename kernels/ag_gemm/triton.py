@@ -149,7 +149,8 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     PUBLISH: tl.constexpr, FETCH: tl.constexpr, COMPUTE: tl.constexpr, WAIT_READY: tl.constexpr,
                     SKIP_RANK: tl.constexpr, ESIZE: tl.constexpr, EVEN_K: tl.constexpr,
                     ALIGNED_M: tl.constexpr, ALIGNED_N: tl.constexpr, STAGED_FLAG: tl.constexpr,
-                    TRACE: tl.constexpr, CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr):
+                    TRACE: tl.constexpr, CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr,
+                    TMA: tl.constexpr = False, PROXY_FENCE: tl.constexpr = False):
     pid = tl.program_id(0)
     MT = (S_M + BLOCK_M - 1) // BLOCK_M
     KT = (S_K + BLOCK_K - 1) // BLOCK_K
@@ -223,7 +224,8 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
         _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr,
                  S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, pid - FETCHERS,
                  tl.num_programs(0) - FETCHERS, n_ev, sm, WORLD, GATHER_K, M_CONTIG, BLOCK_M, BLOCK_N, BLOCK_K,
-                 GROUP_M, K_PER_FLAG, HAS_BIAS, EVEN_K, ALIGNED_M, ALIGNED_N, STAGED_FLAG, TRACE, CLOCK, MAX_EVENTS)
+                 GROUP_M, K_PER_FLAG, HAS_BIAS, EVEN_K, ALIGNED_M, ALIGNED_N, STAGED_FLAG, TRACE, CLOCK, MAX_EVENTS,
+                 TMA, PROXY_FENCE)
     if COMPUTE:
         # the last program of the call: next epoch, and tell peers we are done with their shards
         tl.debug_barrier()
@@ -250,14 +252,42 @@ def _k_step(acc, a_blk, b_ptr, k_base, k, cols_in, S_K, stride_sk, stride_bk, st
 
 
 @triton.jit
+def _k_step_tma(acc, a_desc, b_desc, block, mt, pn, k_base, k0, S_M, S_K, M_CONTIG: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The same step through TMA descriptors (Hopper): staged block `block`'s row tile `mt`
+    at columns k0.., B's rows k_base + k0.. (reads past the descriptors' edges are zeros)."""
+    if M_CONTIG:  # each staging block is stored transposed: (S_K, S_M) rows
+        a = tl.trans(a_desc.load([block * S_K + k0, mt * BLOCK_M]))
+    else:
+        a = a_desc.load([block * S_M + mt * BLOCK_M, k0])
+    b = b_desc.load([k_base + k0, pn * BLOCK_N])
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _fence_async_proxy(ON: tl.constexpr):
+    """Order what this thread acquired (a flag, through the generic proxy) before its TMA
+    reads (the async proxy) of the tiles the flag covers: other programs wrote them with
+    plain stores. A no-op where it is off (the interpreter, pointer loads)."""
+    if ON:
+        tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
 def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr,
              S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, gid, num_gemm,
              n_ev, sm, WORLD: tl.constexpr, GATHER_K: tl.constexpr, M_CONTIG: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
              K_PER_FLAG: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED_M: tl.constexpr,
              ALIGNED_N: tl.constexpr, STAGED_FLAG: tl.constexpr, TRACE: tl.constexpr,
-             CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr):
-    """GEMM programs: output tiles gid, gid + num_gemm, ... in GROUP_M bands."""
+             CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr, TMA: tl.constexpr, PROXY_FENCE: tl.constexpr):
+    """GEMM programs: output tiles gid, gid + num_gemm, ... in GROUP_M bands.
+
+    TMA: A tiles from the staging buffer and B tiles through descriptors made here (the
+    launcher allows it where every row is 16-byte aligned and no K tile straddles two shards,
+    or, gathered along M, where zero-filled columns of A meet zero-filled rows of B); the
+    pipelined loop then runs on TMA and wgmma. Otherwise masked pointer loads."""
     if GATHER_K:
         ROW_BLOCKS: tl.constexpr = 1
         K_BLOCKS: tl.constexpr = WORLD
@@ -273,6 +303,14 @@ def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, 
     else:
         stride_sm = S_K
         stride_sk = 1
+    a_desc = None
+    b_desc = None
+    if TMA:
+        if M_CONTIG:
+            a_desc = tl.make_tensor_descriptor(stg_ptr, [WORLD * S_K, S_M], [S_M, 1], [BLOCK_K, BLOCK_M])
+        else:
+            a_desc = tl.make_tensor_descriptor(stg_ptr, [WORLD * S_M, S_K], [S_K, 1], [BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(b_ptr, [K_BLOCKS * S_K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N])
     for tile in range(gid, num_m * num_n, num_gemm):
         if TRACE:
             t_tile = _now(tick_ptr, CLOCK)
@@ -305,6 +343,7 @@ def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, 
         if STAGED_FLAG:
             staged = tl.atomic_add(flags_ptr + WORLD * MT * KG, 0, sem="acquire", scope="gpu") >= epoch + 1
             tl.debug_barrier()
+            _fence_async_proxy(PROXY_FENCE)
         if staged:
             # Every piece is staged: one loop over all K steps, which the compiler pipelines
             # (num_stages) from start to end. The nested loops below restart the pipeline at
@@ -319,9 +358,13 @@ def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, 
                 else:
                     block = row_block
                     k_base = 0
-                a_blk = stg_ptr + block.to(tl.int64) * S_M * S_K + rows_in[:, None] * stride_sm
-                acc = _k_step(acc, a_blk, b_ptr, k_base, t * BLOCK_K + lane_k, cols_in, S_K, stride_sk, stride_bk,
-                              stride_bn, EVEN_K)
+                if TMA:
+                    acc = _k_step_tma(acc, a_desc, b_desc, block, mt, pn, k_base, t * BLOCK_K, S_M, S_K, M_CONTIG,
+                                      BLOCK_M, BLOCK_N)
+                else:
+                    a_blk = stg_ptr + block.to(tl.int64) * S_M * S_K + rows_in[:, None] * stride_sm
+                    acc = _k_step(acc, a_blk, b_ptr, k_base, t * BLOCK_K + lane_k, cols_in, S_K, stride_sk,
+                                  stride_bk, stride_bn, EVEN_K)
         else:   # not all staged yet: wait group by group
             for q in range(K_BLOCKS):
                 if GATHER_K:
@@ -337,11 +380,16 @@ def _compute(stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, 
                     flag = (block * MT + mt) * KG + g
                     if not staged:
                         _wait_flag(flags_ptr + flag, epoch + 1, max_spins, status_ptr, flag, "gpu")
+                        _fence_async_proxy(PROXY_FENCE)
                         if TRACE:
                             n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm, MAX_EVENTS)
                     for t in range(g * K_PER_FLAG, tl.minimum((g + 1) * K_PER_FLAG, KT)):
-                        acc = _k_step(acc, a_blk, b_ptr, k_base, t * BLOCK_K + lane_k, cols_in, S_K, stride_sk,
-                                      stride_bk, stride_bn, EVEN_K)
+                        if TMA:
+                            acc = _k_step_tma(acc, a_desc, b_desc, block, mt, pn, k_base, t * BLOCK_K, S_M, S_K,
+                                              M_CONTIG, BLOCK_M, BLOCK_N)
+                        else:
+                            acc = _k_step(acc, a_blk, b_ptr, k_base, t * BLOCK_K + lane_k, cols_in, S_K, stride_sk,
+                                          stride_bk, stride_bn, EVEN_K)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols_in).to(tl.float32)[None, :]
         c_rows = (row_block * S_M + rows).to(tl.int64)
