@@ -270,10 +270,10 @@ class Rank:
         points += [("layout", dict(fetchers=16, layout=lay)) for lay in ("k", "m")]
         points += [("k_per_flag", dict(fetchers=16, k_per_flag=k)) for k in K_PER_FLAG]
         points += [("staged_flag", dict(fetchers=16, staged_flag=False))]  # poll every k-group throughout
-        points += [("block", dict(fetchers=16, block_n=256, num_stages=3)), ("block", dict(fetchers=16, block_k=32,
-                                                                                         num_stages=4))]
-        points += [("block", dict(fetchers=16, num_stages=4)), ("block", dict(fetchers=16, block_n=256, num_stages=4))]
+        points += [("block", dict(fetchers=16, **kw)) for kw in (dict(block_n=128), dict(block_n=128, num_stages=4),
+                                                                 dict(num_stages=4), dict(block_k=32, num_stages=5))]
         points += [("tma", dict(fetchers=16, tma=False))]  # pointer loads in the GEMM programs
+        points += [("claim", dict(fetchers=16, claim_tiles=False))]  # a static tile schedule, fetchers only fetch
         for study, kw in points:
             if self.over_budget():
                 self.skip(f"sweep {study} {kw}", base)

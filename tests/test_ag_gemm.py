@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
 
 from kernels.ag_gemm import AgGemmConfig, AgGemmTimeout, all_gather_matmul
 from kernels.ag_gemm import config as agc
 from kernels.ag_gemm.launch import get_plan
 from kernels.ag_gemm.reference import reference, tolerance
+from kernels.ag_gemm.trace import frame
 from workbench import dist
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,14 +89,25 @@ def test_equals_reference_in_simulated_world(W, gather_dim, layout, bias, varian
 
 
 @pytest.mark.parametrize("gather_dim", [0, 1])
-def test_single_launch_path_in_a_world_of_one(gather_dim):
+@pytest.mark.parametrize("claim", [True, False])
+def test_single_launch_path_in_a_world_of_one(gather_dim, claim):
     """The GPU's single launch (publish, fetch and compute in one grid) runs in the interpreter
-    when no peer can keep a program waiting: a world of one rank."""
+    when no peer can keep a program waiting: a world of one rank. Claiming tiles from the
+    counter, the fetchers join the GEMM (the interpreter runs program 0, a fetcher, first: it
+    takes every tile); with the static schedule they compute nothing."""
     world = dist.SimulatedWorld(1, heap_bytes=1 << 18)
     shards, b, bias = _problem(1, gather_dim, seed=31 + gather_dim)
-    for _ in range(2):
-        _assert_close(_run(world, shards, b, gather_dim, bias, SIM.replace(staged_flag=bool(gather_dim))), shards,
-                      b, gather_dim, bias)
+    cfg = SIM.replace(staged_flag=bool(gather_dim), claim_tiles=claim)
+    for _ in range(2):  # the second call finds the tile counter reset
+        (c, raw), = _run(world, shards, b, gather_dim, bias, cfg, trace=True)
+        _assert_close([c], shards, b, gather_dim, bias)
+        assert get_plan(shards[0], b, world.heaps[0], gather_dim=gather_dim, bias=bias, config=cfg,
+                        trace=True).kw["CLAIM"] is claim
+        df = frame(raw, fetchers=cfg.fetchers)
+        by_role = df[df["kind"] == "compute"].groupby("role").size().to_dict()
+        tiles = triton.cdiv(c.shape[0], cfg.block_m) * triton.cdiv(c.shape[1], cfg.block_n)
+        assert sum(by_role.values()) == tiles
+        assert by_role.get("fetcher", 0) == (tiles if claim else 0), by_role
 
 
 def test_trace_on_and_off_give_identical_c_and_events():
@@ -105,8 +118,6 @@ def test_trace_on_and_off_give_identical_c_and_events():
     on = _run(world, shards, b, gd, bias, SIM, trace=True)
     for r in range(W):
         assert torch.equal(off[r], on[r][0]), f"rank {r}: tracing changed C"
-    from kernels.ag_gemm.trace import frame
-
     df = frame(on[0][1], rank=0, fetchers=SIM.fetchers)
     assert set(df["kind"]) == {"publish", "fetch", "wait", "compute"}
     assert (df["end"] >= df["start"]).all()

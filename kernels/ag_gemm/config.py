@@ -34,7 +34,7 @@ class AgGemmConfig:
 
     variant: str = "fused"
     block_m: int = 128
-    block_n: int = 128
+    block_n: int = 256
     block_k: int = 64
     group_m: int = 8
     num_stages: int = 3
@@ -47,6 +47,7 @@ class AgGemmConfig:
     max_spins: int = 1 << 24  # polls before a wait gives up
     staged_flag: bool = True  # one more flag, "all staged": GEMM programs stop polling once it is set
     tma: bool = True          # GEMM programs load A and B through TMA where the operands allow (launch.tma_allowed)
+    claim_tiles: bool = True  # GEMM tiles taken from a counter; fetchers join the GEMM once their copies are done
     skip_rank: int = -1       # fault injection for tests: fetchers skip this rank's shard
 
     def replace(self, **kw) -> "AgGemmConfig":
@@ -89,7 +90,7 @@ def validate(c: AgGemmConfig, world_size: int) -> None:
     if c.variant == "copy_engine" and c.layout != "k":
         raise ValueError("all_gather_matmul: variant 'copy_engine' copies whole shards, which needs the "
                          "k-contiguous staging layout: use layout='k'")
-    for name in ("staged_flag", "tma"):
+    for name in ("staged_flag", "tma", "claim_tiles"):
         if not isinstance(getattr(c, name), bool):
             raise ValueError(f"all_gather_matmul: {name} must be True or False, got {getattr(c, name)!r}")
     if not isinstance(c.skip_rank, int) or c.skip_rank >= world_size or c.skip_rank < -1:

@@ -118,7 +118,7 @@ def _shared(heap) -> dict:
             "host": torch.zeros(STATUS_WORDS, dtype=torch.int32, pin_memory=cuda),
             "event": torch.cuda.Event() if cuda else None, "pending": None, "plans": {},
             "sig": heap.flags("ag_gemm.sig", 2 * heap.world_size),  # ready[W], done[W]
-            # epoch, publishers arrived, programs finished, trace tick, fetchers finished
+            # epoch, publishers arrived, programs finished, trace tick, fetchers finished, tiles claimed
             "state": heap.flags("ag_gemm.state", 8),
         }
     return s
@@ -270,33 +270,38 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     plan.kw = dict(constexprs(cfg, W, gather_dim, a.element_size(), fetchers, has_bias=bias is not None,
                               trace=trace, clock=clock, max_events=max_ev, even_k=S_K % cfg.block_k == 0,
                               aligned_m=S_M % vec == 0, aligned_n=N % vec == 0 and b.stride(1) == 1, tma=tma,
-                              proxy_fence=tma and clock == "globaltimer"),
+                              proxy_fence=tma and clock == "globaltimer",
+                              # the interpreter runs programs one after another: a fetcher that joined
+                              # the GEMM would wait for tiles the next fetcher has not staged yet
+                              claim=cfg.claim_tiles and (not heap.simulated or W == 1)),
                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return plan
 
 
 def tma_allowed(a, b, cfg: AgGemmConfig, gather_dim: int, heap) -> bool:
-    """Whether the GEMM programs may read the staging buffer and B through TMA descriptors:
-    16-bit operands (fp32 would run tf32 wgmma, which reads B only K-major), rows of 16-byte
-    multiples (the staged blocks' rows and B's; B with unit column stride on a 16-byte aligned
-    base), on an NVIDIA GPU or the interpreter, and edges TMA's zero fill makes exact: no K tile
-    may straddle two shards (S_K a multiple of BLOCK_K), except gathered along M with k-contiguous
-    staging, where A's columns past S_K and B's rows past K are both read as zeros."""
+    """Whether the GEMM programs may read the local shard, the staging buffer and B through
+    TMA descriptors: 16-bit operands (fp32 would run tf32 wgmma, which reads B only K-major),
+    rows of 16-byte multiples on 16-byte aligned bases (the shard's, the staged blocks' and
+    B's, B with unit column stride), on an NVIDIA GPU or the interpreter, and edges TMA's zero
+    fill makes exact: no K tile may straddle two shards (S_K a multiple of BLOCK_K), except
+    gathered along M with k-contiguous staging, where A's columns past S_K and B's rows past K
+    are both read as zeros."""
     S_M, S_K = a.shape
     if a.element_size() != 2 or torch.version.hip or not (heap.simulated or heap.device.type == "cuda"):
         return False
     vec = 16 // a.element_size()
-    staged_rows = S_M if cfg.layout == "m" else S_K
-    if staged_rows % vec or b.stride(1) != 1 or b.stride(0) % vec or b.data_ptr() % 16:
+    if S_K % vec or (cfg.layout == "m" and S_M % vec) or a.data_ptr() % 16:
+        return False
+    if b.stride(1) != 1 or b.stride(0) % vec or b.data_ptr() % 16:
         return False
     return S_K % cfg.block_k == 0 or (gather_dim == 0 and cfg.layout == "k")
 
 
 def constexprs(cfg: AgGemmConfig, world_size: int, gather_dim: int, esize: int, fetchers: int, *, has_bias: bool,
                trace: bool, clock: str, max_events: int, even_k: bool, aligned_m: bool, aligned_n: bool,
-               tma: bool = False, proxy_fence: bool = False) -> dict:
+               tma: bool = False, proxy_fence: bool = False, claim: bool = False) -> dict:
     """The kernel's constexprs for a configuration (the phase flags are added per launch)."""
-    return dict(TMA=tma, PROXY_FENCE=proxy_fence,WORLD=world_size, GATHER_K=gather_dim == 1, M_CONTIG=cfg.layout == "m", BLOCK_M=cfg.block_m,
+    return dict(TMA=tma, PROXY_FENCE=proxy_fence, CLAIM=claim,WORLD=world_size, GATHER_K=gather_dim == 1, M_CONTIG=cfg.layout == "m", BLOCK_M=cfg.block_m,
                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, K_PER_FLAG=cfg.k_per_flag,
                 FETCH_K=fetch_k(cfg), FETCHERS=fetchers, HAS_BIAS=has_bias, SKIP_RANK=cfg.skip_rank, ESIZE=esize,
                 EVEN_K=even_k, ALIGNED_M=aligned_m, ALIGNED_N=aligned_n, STAGED_FLAG=bool(cfg.staged_flag),

@@ -17,7 +17,7 @@ from kernels.ag_gemm.launch import all_gather_matmul, recover as _recover
 from kernels.ag_gemm.metrics import flops as _flops, gathered_bytes, gemm_bytes
 from kernels.ag_gemm.reference import reference as _reference
 
-PARAMS = {"variant": "fused", "fetchers": 16, "block_m": 128, "block_n": 128, "block_k": 64, "k_per_flag": 8,
+PARAMS = {"variant": "fused", "fetchers": 16, "block_m": 128, "block_n": 256, "block_k": 64, "k_per_flag": 8,
           "layout": "k", "num_stages": 3, "num_warps": 8, "num_sms": None, "group_m": 8, "tma": True, "bias": False}
 WORLD_SIZES = (2, 3, 4, 8)
 SIM_WORLD = 2
