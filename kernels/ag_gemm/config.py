@@ -104,9 +104,10 @@ def validate(c: AgGemmConfig, world_size: int) -> None:
 # the fused kernel hides the gather behind the GEMM only when the GEMM is long
 # enough to hide it: below PLACEHOLDER_MIN_FLOP (per rank) the sequential path
 # (one all-gather launch + one GEMM) is taken. Fetchers: enough to pull
-# (W-1) shards at NVLink speed while the GEMM runs, ~1/8 of the SMs. Tiles: 128x256
-# (more reuse per byte, as kernels.gemm's measured heuristic prefers on big problems)
-# when they still give every GEMM program at least one tile, else 128x128.
+# (W-1) shards at NVLink speed while the GEMM runs, ~1/8 of the SMs (they join the GEMM
+# when done). Tiles: the default 128x256 (on one H200 at world size 1, N 3584, K 8192:
+# 88 us against 122 us for 128x128 at M 1024, whose 112 wide tiles leave SMs idle,
+# and 350 against 429 us at M 4096; results/ag_gemm/w1_local).
 PLACEHOLDER_MIN_FLOP = 2 * 1024 * 1024 * 1024  # 2 GFLOP: ~3 us of an H200's tensor cores
 PLACEHOLDER_FETCH_FRACTION = 8
 _SIM_CONFIG = AgGemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_stages=1, num_warps=1, fetchers=2,
@@ -169,5 +170,4 @@ def auto_config(M: int, N: int, K: int, world_size: int, gather_dim: int, num_sm
     if 2 * M * N * K / world_size < PLACEHOLDER_MIN_FLOP:
         return AgGemmConfig(variant="sequential")
     fetchers = max(4, num_sms // PLACEHOLDER_FETCH_FRACTION)
-    wide = -(-M // 128) * -(-N // 256) >= num_sms - fetchers
-    return AgGemmConfig(variant="fused", fetchers=fetchers, num_sms=num_sms, block_n=256 if wide else 128)
+    return AgGemmConfig(variant="fused", fetchers=fetchers, num_sms=num_sms)
