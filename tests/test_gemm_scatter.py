@@ -216,11 +216,50 @@ def test_tile_rule_follows_tiles_per_sm():
     # many rounds of tiles: the biggest tile (the best reuse) wins
     assert gs.pick_tile(16384, 8192, K, 132) == (128, 256)
     for M in (1, 64, 256, 1024, 8192):
-        cfg = gs.heuristic(M, 2048, K, torch.bfloat16, 132)
+        cfg = gs.heuristic(M, 2048, K, torch.bfloat16, 132, tma=False)
         gscfg.validate(cfg)
+        assert not cfg.split_kernel
         est = gscfg.tile_estimate(M, 2048, K, (cfg.block_m, cfg.block_n), 132)
         assert est == min(gscfg.tile_estimate(M, 2048, K, t, 132) for t in gscfg.CANDIDATES)
     assert gs.heuristic(64, 2048, K, torch.float32).block_k == 32  # fp32: half the K-step
+
+
+def test_small_m_takes_the_gemm_familys_split_tiles():
+    """M <= SMALL_M with TMA-addressable 16-bit operands: the GEMM family's cost-model choice
+    (split K pieces, swapped operands), run by the small-M kernel; above it, or without TMA,
+    the persistent kernel's tile rule."""
+    from kernels.gemm.config import SMALL_M, heuristic as gemm_heuristic
+
+    for M, n, K in ((1, 2048, 14336), (16, 4096, 4096), (SMALL_M, 2048, 14336)):
+        cfg, g = gs.heuristic(M, n, K, torch.bfloat16, 132), gemm_heuristic(M, n, K, torch.bfloat16, 132)
+        gscfg.validate(cfg)
+        assert cfg.split_kernel and (cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, cfg.swap_ab) == \
+            (g.block_m, g.block_n, g.block_k, g.split_k, g.swap_ab)
+    assert not gs.heuristic(SMALL_M * 2, 2048, 14336, torch.bfloat16, 132).split_kernel
+    assert not gs.heuristic(1, 2048, 14336, torch.float32, 132).split_kernel
+
+
+SPLIT_CASES = [  # (world, M, K, n, dtype, split_k, swap_ab): K / BLOCK_K not a multiple of the split,
+    (2, 1, 72, 24, torch.float16, 3, True),      # n not a multiple of BLOCK_N, M of BLOCK_M
+    (3, 5, 40, 20, torch.bfloat16, 2, False),    # 40-byte rows: no hint
+    (2, 19, 24, 24, torch.float32, 1, True),
+    (4, 3, 56, 16, torch.bfloat16, 4, True),
+]
+
+
+@pytest.mark.parametrize("W,M,K,n,dtype,split_k,swap_ab", SPLIT_CASES,
+                         ids=[f"w{c[0]}-{c[1]}x{c[2]}x{c[3]}-split{c[5]}{'-swap' if c[6] else ''}" for c in SPLIT_CASES])
+def test_small_m_kernel_full_product(W, M, K, n, dtype, split_k, swap_ab):
+    """The small-M kernel: pieces meet in the workspace, the last one scatters; two calls
+    (the tile counters reset, the flag totals grow), C poisoned before each."""
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 16)
+    cfg = gs.ScatterConfig(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=2, split_k=split_k,
+                           swap_ab=swap_ab)
+    for call in range(2):
+        a, bs = _operands(W, M, K, n, dtype, seed=900 + 10 * W + call)
+        _assert_full_product(_scatter(world, a, bs, config=cfg), a, bs)
+    plan = gslaunch.plan_for(a, bs[0], world.heaps[0], cfg)
+    assert plan.split[0] == ((-(-M // 16)) * (-(-n // 16)), min(split_k, -(-K // 16)))
 
 
 def test_metrics_and_bottleneck():

@@ -250,29 +250,37 @@ def _gemm_ptr_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
 
 # --------------------------------------------------------------------------
 @triton.jit
-def _store_split(acc, pid, pid_k, split_k, rows, cols, c_ptr, stride_cm, stride_cn, M, N, ws_ptr, cnt_ptr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """C[rows, cols] = the sum of tile ``pid``'s ``split_k`` pieces, ``acc`` being
-    piece ``pid_k``'s. Split tiles meet in an fp32 workspace: every piece stores
-    its partial in its own slot and counts itself in the tile's counter; the
-    piece that completes the count adds the others' slots to its own, stores C
-    and resets the counter (nobody waits, so it also runs in the interpreter)."""
-    c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn
-    c_mask = (rows[:, None] < M) & (cols[None, :] < N)
-    if split_k == 1:
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
-    else:
+def _meet_split(acc, pid, pid_k, split_k, ws_ptr, cnt_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(tile ``pid``'s sum of its ``split_k`` pieces, True) in the piece that completes the
+    tile, (``acc``, False) in the others; ``acc`` is piece ``pid_k``'s partial. Split tiles
+    meet in an fp32 workspace: every piece stores its partial in its own slot and counts
+    itself in the tile's counter; the piece that completes the count adds the others' slots
+    to its own and resets the counter (nobody waits, so it also runs in the interpreter)."""
+    last = split_k == 1
+    if split_k > 1:
         tile_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         tile_ws = ws_ptr + (pid * split_k).to(tl.int64) * (BLOCK_M * BLOCK_N)
         tl.store(tile_ws + pid_k * (BLOCK_M * BLOCK_N) + tile_offs, acc)
         tl.debug_barrier()  # every thread's partial is written before the count
         arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        if arrived == split_k - 1:
+        last = arrived == split_k - 1
+        if last:
             for q in range(split_k):
                 if q != pid_k:
                     acc += tl.load(tile_ws + q * (BLOCK_M * BLOCK_N) + tile_offs, cache_modifier=".cg")
-            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
             tl.store(cnt_ptr + pid, 0)
+    return acc, last
+
+
+@triton.jit
+def _store_split(acc, pid, pid_k, split_k, rows, cols, c_ptr, stride_cm, stride_cn, M, N, ws_ptr, cnt_ptr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """C[rows, cols] = the sum of tile ``pid``'s ``split_k`` pieces (``_meet_split``),
+    stored by the piece that completes it."""
+    acc, last = _meet_split(acc, pid, pid_k, split_k, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N)
+    if last:
+        c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
 @triton.jit(do_not_specialize=["M", "N", "K", "split_k", "steps_per_split"])
@@ -308,6 +316,18 @@ def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M,
             b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N])
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
+    acc, rows, cols = _split_piece(a_desc, b_desc, a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                                   pid, pid_k, steps_per_split, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB, B_KMAJOR)
+    _store_split(acc, pid, pid_k, split_k, rows, cols, c_ptr, stride_cm, stride_cn, M, N, ws_ptr, cnt_ptr,
+                 BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _split_piece(a_desc, b_desc, a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                 pid, pid_k, steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, B_KMAJOR: tl.constexpr):
+    """(piece ``pid_k`` of output tile ``pid``'s product, its rows, its columns): K steps
+    ``pid_k * steps_per_split`` onwards, tiles numbered row-major over (M, N) blocks."""
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     pid_m = pid // num_pid_n
     pid_n = pid - pid_m * num_pid_n
@@ -344,8 +364,7 @@ def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M,
             acc = tl.dot(a, b, acc)
     if SWAP_AB:
         acc = tl.trans(acc_t)
-    _store_split(acc, pid, pid_k, split_k, rows, cols, c_ptr, stride_cm, stride_cn, M, N, ws_ptr, cnt_ptr,
-                 BLOCK_M, BLOCK_N)
+    return acc, rows, cols
 
 
 

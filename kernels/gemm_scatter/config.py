@@ -35,7 +35,7 @@ from typing import Any, Mapping
 import torch
 
 from kernels.common.configs import config_of
-from kernels.gemm.config import _TILING_TILES as _GEMM_FIT
+from kernels.gemm.config import SMALL_M, _TILING_TILES as _GEMM_FIT, heuristic as gemm_heuristic
 from workbench.asm.resources import smem_per_block
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -63,6 +63,8 @@ class ScatterConfig:
     from_registers: bool = True  # scatter from the accumulator (True) or store C locally, then copy (False)
     tma_loads: bool | None = None  # Hopper: A and B through TMA descriptors (None: when the device allows)
     flatten: bool = False  # fuse the tile and K loops (pipeline across tiles)
+    split_k: int = 1  # > 1, or swap_ab: the small-M kernel, each tile's K range in up to this many pieces
+    swap_ab: bool = False  # small-M kernel: compute C^T = B^T A^T (the short M side as the MMA's N)
 
     def label(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} g{self.group_m}"
@@ -74,7 +76,14 @@ class ScatterConfig:
             s += " ptr"
         if self.flatten:
             s += " flat"
+        if self.split_kernel:
+            s += f" split{self.split_k}" + (" swap" if self.swap_ab else "")
         return s
+
+    @property
+    def split_kernel(self) -> bool:
+        """Whether this runs the small-M kernel (one program per tile piece, not persistent)."""
+        return self.split_k > 1 or self.swap_ab
 
     def as_params(self) -> dict:
         return dataclasses.asdict(self)
@@ -105,6 +114,16 @@ def validate(c: ScatterConfig, elem_bytes: int = 2) -> None:
         raise ValueError(f"gemm_all_scatter: group_m={c.group_m!r} must be an int >= 1")
     if c.num_sms is not None and (not isinstance(c.num_sms, int) or isinstance(c.num_sms, bool) or c.num_sms < 1):
         raise ValueError(f"gemm_all_scatter: num_sms={c.num_sms!r} must be None or an int >= 1")
+    if not isinstance(c.split_k, int) or isinstance(c.split_k, bool) or c.split_k < 1:
+        raise ValueError(f"gemm_all_scatter: split_k={c.split_k!r} must be an int >= 1")
+    if not isinstance(c.swap_ab, bool):
+        raise ValueError(f"gemm_all_scatter: swap_ab={c.swap_ab!r} must be True or False")
+    if c.swap_ab and c.block_n < 16 * c.num_warps:
+        raise ValueError(f"gemm_all_scatter: swap_ab makes BLOCK_N the MMA's M side, at least 16 rows per warp: "
+                         f"block_n={c.block_n} with num_warps={c.num_warps}; use block_n >= {16 * c.num_warps}")
+    if c.split_kernel and (c.flatten or not c.from_registers):
+        raise ValueError("gemm_all_scatter: the small-M kernel (split_k > 1 or swap_ab) scatters from registers "
+                         "and has no tile loop: use flatten=False, from_registers=True")
     need = smem_bytes(c, elem_bytes)
     if need > SMEM_LIMIT_SM90:
         raise ValueError(f"gemm_all_scatter: {c.label()} needs {need} bytes of shared memory for its "
@@ -132,10 +151,18 @@ def pick_tile(M: int, n_local: int, K: int, num_sms: int = DEVICE_SMS, esize: in
 
 
 def heuristic(M: int, n_local: int, K: int, dtype: torch.dtype = torch.bfloat16,
-              num_sms: int = DEVICE_SMS) -> ScatterConfig:
-    """The config ``gemm_all_scatter`` runs when none is given: the rule's tile with
+              num_sms: int = DEVICE_SMS, tma: bool = True) -> ScatterConfig:
+    """The config ``gemm_all_scatter`` runs when none is given. M up to
+    ``kernels.gemm``'s SMALL_M with TMA-addressable operands: the GEMM family's
+    small-M choice (its cost model, fitted on the GEMM shape zoo) when that is a
+    split or swapped tile, run by the small-M kernel. Otherwise the rule's tile with
     the BLOCK_K, warps and stages the GEMM sweep found best for it (fewer stages
     if they would not fit in shared memory)."""
+    if tma and M <= SMALL_M and dtype in (torch.bfloat16, torch.float16):
+        g = gemm_heuristic(M, n_local, K, dtype, num_sms)
+        if g.split_k is not None and g.tma is not False and not g.pad:
+            return ScatterConfig(block_m=g.block_m, block_n=g.block_n, block_k=g.block_k, num_warps=g.num_warps,
+                                 num_stages=g.num_stages, split_k=g.split_k, swap_ab=g.swap_ab)
     esize = torch.empty((), dtype=dtype).element_size()
     bm, bn = pick_tile(M, n_local, K, num_sms, esize)
     bk, warps, stages = TILES[(bm, bn)][:3]

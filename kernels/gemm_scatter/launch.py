@@ -18,9 +18,10 @@ from kernels.comm.remote import StatusWatch, wait_all_kernel
 from kernels.common.launcher import launch_on
 from kernels.common.plans import PlanCache, config_key, tensor_signature
 from kernels.common.plans import capability as _capability, sm_count as _sm_count
+from kernels.gemm.config import split_pieces
 from kernels.gemm.launch import TensorDescriptor, _tma_ok
 from kernels.gemm_scatter.config import DEFAULT_MAX_SPINS, DTYPES, ScatterConfig, as_config, heuristic, validate
-from kernels.gemm_scatter.triton import _gemm_scatter_kernel
+from kernels.gemm_scatter.triton import _gemm_scatter_kernel, _gemm_scatter_split_kernel
 from workbench.dtypes import triton_type
 
 __all__ = ["gemm_all_scatter", "check_gemm_all_scatter", "out_buffer", "plan_for", "compile_kernel"]
@@ -34,13 +35,17 @@ class _ScatterPlan:
     """Everything ``gemm_all_scatter`` decides for one call signature."""
 
     config: ScatterConfig
-    grid: int
+    grid: int  # programs per rank (each signals once; the wait counts them)
     out: torch.Tensor
     flags: torch.Tensor
     total: torch.Tensor
     args: tuple  # run-time scalars after the tensors
     meta: dict  # constexprs and launch options
     hints: bool  # the 16-byte hint is in force (asked for and true for these shapes)
+    # the small-M kernel: (tiles, pieces) grid, (pieces, K steps per piece), fp32 workspace, tile counters
+    split: tuple = ()
+    ws: Any = None
+    cnt: Any = None
     # TMA descriptors of the last A and B seen, by data pointer. A descriptor holds its
     # tensor, so a pointer that matches is still that memory (same signature: same view).
     descs: dict = dataclasses.field(default_factory=dict)
@@ -98,25 +103,33 @@ def _plan(a, b_local, heap, config, hints, out, scope) -> _ScatterPlan:
     index = (a.device.index if a.device.index is not None else torch.cuda.current_device()) if on_gpu else None
     sms = _sm_count(index) if on_gpu else SIM_SMS
     hopper = on_gpu and _capability(index)[0] >= 9
-    cfg = as_config(config) or heuristic(M, n_local, K, a.dtype, sms)
-    validate(cfg, esize)
     aligned = TensorDescriptor is not None and _tma_ok(a) and _tma_ok(b_local)
+    cfg = as_config(config) or heuristic(M, n_local, K, a.dtype, sms, tma=hopper and aligned)
+    validate(cfg, esize)
     if cfg.tma_loads and not (hopper and aligned):
         raise ValueError("gemm_all_scatter: tma_loads=True needs an sm_90+ GPU and a, b_local with unit column "
                          "stride and 16-byte aligned rows and base (K and N / world_size multiples of 8 for "
                          "16-bit types); use tma_loads=None")
     tma = bool(hopper and aligned) if cfg.tma_loads is None else cfg.tma_loads
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(n_local, cfg.block_n)
-    grid = max(1, min(cfg.num_sms or sms, tiles))
     # The hint says every row of the scattered tile starts 16-byte aligned: true when C's
     # base, its row length and every rank's column offset (multiples of n_local) are.
     hints_ok = bool(hints) and out.data_ptr() % 16 == 0 and (N * esize) % 16 == 0 and (n_local * esize) % 16 == 0
     meta = dict(WORLD=W, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, TMA_LOADS=tma,
-                FROM_REGISTERS=cfg.from_registers, HINTS=hints_ok, WAIT=not heap.simulated, FLATTEN=cfg.flatten,
-                SCOPE=scope, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                HINTS=hints_ok, WAIT=not heap.simulated, SCOPE=scope, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages)
     args = (M, n_local, K, a.stride(0), a.stride(1), b_local.stride(0), b_local.stride(1), out.stride(0))
-    return _ScatterPlan(cfg, grid, out, heap.flags("gemm_scatter", W), heap.flags("gemm_scatter.total", 1),
-                        args, meta, hints_ok)
+    flags, total = heap.flags("gemm_scatter", W), heap.flags("gemm_scatter.total", 1)
+    if cfg.split_kernel:
+        pieces, per = split_pieces(triton.cdiv(K, cfg.block_k), cfg.split_k)
+        ws = torch.empty(tiles * pieces * cfg.block_m * cfg.block_n if pieces > 1 else 1, dtype=torch.float32,
+                         device=a.device)
+        return _ScatterPlan(cfg, tiles * pieces, out, flags, total, args, dict(meta, SWAP_AB=cfg.swap_ab), hints_ok,
+                            split=((tiles, pieces), (pieces, per)), ws=ws,
+                            cnt=torch.zeros(tiles, dtype=torch.int32, device=a.device))
+    grid = max(1, min(cfg.num_sms or sms, tiles))
+    return _ScatterPlan(cfg, grid, out, flags, total, args,
+                        dict(meta, FROM_REGISTERS=cfg.from_registers, FLATTEN=cfg.flatten), hints_ok)
 
 
 def _plans(heap) -> PlanCache:
@@ -176,8 +189,13 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
     else:
         a_desc = b_desc = None
     status = heap.status()
-    launch_on(heap, _gemm_scatter_kernel, (p.grid,), a, b_local, a_desc, b_desc, p.out, heap.heap_bases, p.flags,
-                status, p.total, *p.args, heap.rank, max_spins, p.grid, p.config.group_m, **p.meta)
+    if p.split:
+        grid, pieces = p.split
+        launch_on(heap, _gemm_scatter_split_kernel, grid, a, b_local, a_desc, b_desc, p.out, p.ws, p.cnt,
+                  heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, max_spins, *pieces, **p.meta)
+    else:
+        launch_on(heap, _gemm_scatter_kernel, (p.grid,), a, b_local, a_desc, b_desc, p.out, heap.heap_bases, p.flags,
+                  status, p.total, *p.args, heap.rank, max_spins, p.grid, p.config.group_m, **p.meta)
     if heap.simulated:  # ranks take turns in the interpreter: wait in a launch of its own
         heap.barrier()
         launch_on(heap, wait_all_kernel, (1,), p.flags, p.total, p.grid, max_spins, status, WORLD=heap.world_size,

@@ -3,13 +3,18 @@
 One persistent program per SM walks the output tiles of ``A @ B_local`` (the
 tile schedule of ``kernels.gemm``) and stores each finished tile into every
 rank's C at this rank's column block, then signals completion by flags.
+
+Small M (``_gemm_scatter_split_kernel``): few output tiles cannot keep the SMs
+streaming B, so each tile's K range is cut into pieces (grid: tiles x pieces,
+the split-K pieces and swapped operands of ``kernels.gemm``); the piece that
+completes a tile in the fp32 workspace scatters it. Every program signals.
 """
 import triton
 import triton.language as tl
 
 from kernels.common import interpreter
 from kernels.comm.remote import signal, wait_all
-from kernels.gemm.triton import _tile_coords, ptr_mainloop
+from kernels.gemm.triton import _meet_split, _split_piece, _tile_coords, ptr_mainloop
 
 if interpreter.active():
     interpreter.patch()
@@ -78,19 +83,57 @@ def _gemm_scatter_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, heap_bases, flags_
             tl.store(dst, tile, mask=mask)
             tl.debug_barrier()  # every thread's part of the tile is written before anyone reads it back
             tile = tl.load(dst, mask=mask)
-        # Straight from the accumulator (or the read-back) into every rank's C,
-        # starting with the next rank so that ranks do not all write rank 0 first.
-        for i in tl.static_range(WORLD):
-            peer = (rank + i) % WORLD
-            if FROM_REGISTERS or i > 0:
-                tl.store(_peer_tile_ptrs(dst, rank, peer, heap_bases, HINTS, BLOCK_N), tile, mask=mask)
-    # Completion: this program's stores, a CTA barrier, then a release add of 1
-    # to slot `rank` of every rank's flag array (kernels.comm.remote.signal).
+            _scatter(tile, dst, mask, rank, heap_bases, 1, WORLD, HINTS, BLOCK_N)
+        else:
+            _scatter(tile, dst, mask, rank, heap_bases, 0, WORLD, HINTS, BLOCK_N)
+    _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, max_spins, pid == 0, num_sms, WORLD, WAIT, SCOPE)
+
+
+@triton.jit
+def _scatter(tile, dst, mask, rank, heap_bases, FIRST: tl.constexpr, WORLD: tl.constexpr, HINTS: tl.constexpr,
+             BLOCK_N: tl.constexpr):
+    """The tile (at ``dst`` in this rank's heap) into ranks rank + FIRST, rank + FIRST + 1,
+    ... of the world: straight from the accumulator (or a read-back), starting with the
+    next rank so that ranks do not all write rank 0 first."""
+    for i in tl.static_range(FIRST, WORLD):
+        peer = (rank + i) % WORLD
+        tl.store(_peer_tile_ptrs(dst, rank, peer, heap_bases, HINTS, BLOCK_N), tile, mask=mask)
+
+
+@triton.jit
+def _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, max_spins, waiter, programs,
+            WORLD: tl.constexpr, WAIT: tl.constexpr, SCOPE: tl.constexpr):
+    """Completion: this program's stores, a CTA barrier, then a release add of 1 to slot
+    `rank` of every rank's flag array (kernels.comm.remote.signal). With WAIT one program
+    per rank (``waiter``) waits, bounded, acquire, until every rank's ``programs``
+    programs have signalled: C is complete here when the kernel ends. The running total
+    lives on the device, so CUDA-graph replays stay right."""
     for i in tl.static_range(WORLD):
         signal(flags_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", SCOPE)
     if WAIT:
-        # One program per rank waits (bounded, acquire) until every rank's whole
-        # grid has signalled: C is complete here when the kernel ends. The running
-        # total lives on the device, so CUDA-graph replays stay right.
-        if pid == 0:
-            wait_all(flags_ptr, total_ptr, num_sms, max_spins, status_ptr, WORLD, SCOPE)
+        if waiter:
+            wait_all(flags_ptr, total_ptr, programs, max_spins, status_ptr, WORLD, SCOPE)
+
+
+@triton.jit(do_not_specialize=_RUNTIME_INTS[:3] + ["split_k", "steps_per_split"])
+def _gemm_scatter_split_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, ws_ptr, cnt_ptr, heap_bases, flags_ptr,
+                               status_ptr, total_ptr, M, N_LOCAL, K, stride_am, stride_ak, stride_bk, stride_bn,
+                               stride_cm, rank, max_spins, split_k, steps_per_split,
+                               WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr, TMA_LOADS: tl.constexpr, SWAP_AB: tl.constexpr,
+                               HINTS: tl.constexpr, WAIT: tl.constexpr, SCOPE: tl.constexpr):
+    """Small M: piece ``program_id(1)`` of tile ``program_id(0)`` (``kernels.gemm``'s
+    split-K piece, SWAP_AB computing it as C^T = B^T A^T with a narrow MMA side); the
+    piece that completes the tile in the fp32 workspace scatters it from registers."""
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    acc, rows, cols = _split_piece(a_desc, b_desc, a_ptr, b_ptr, M, N_LOCAL, K, stride_am, stride_ak, stride_bk,
+                                   stride_bn, pid, pid_k, steps_per_split, BLOCK_M, BLOCK_N, BLOCK_K, TMA_LOADS,
+                                   SWAP_AB, False)
+    acc, last = _meet_split(acc, pid, pid_k, split_k, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N)
+    if last:
+        mask = (rows[:, None] < M) & (cols[None, :] < N_LOCAL)
+        dst = c_ptr + rows[:, None].to(tl.int64) * stride_cm + (rank * N_LOCAL + cols)[None, :]
+        _scatter(acc.to(c_ptr.dtype.element_ty), dst, mask, rank, heap_bases, 0, WORLD, HINTS, BLOCK_N)
+    _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, max_spins, (pid == 0) & (pid_k == 0),
+            tl.num_programs(0) * tl.num_programs(1), WORLD, WAIT, SCOPE)
