@@ -2,6 +2,7 @@
 
     python experiments/launch_cost.py --out results/launch_cost            # one GPU
     torchrun --nproc-per-node 2 experiments/launch_cost.py --out results/launch_cost --comm   # + all_gather
+    torchrun --nproc-per-node 1 experiments/launch_cost.py --out DIR --comm   # the fused launchers alone
     python experiments/launch_cost.py --out DIR --descriptors              # host vs device TMA descriptors
     python experiments/launch_cost.py --out DIR --descriptors --only gluon # the Gluon kernels' rows alone
     python experiments/launch_cost.py --out DIR --descriptors --dry-run    # its CPU part (interpreter)
@@ -735,10 +736,68 @@ def comm_world(rows, bench) -> None:
                   f"{host['nccl']['median_us']:.1f} us", flush=True)
 
 
+def torch_world_size() -> int:
+    import torch.distributed as tdist
+
+    return tdist.get_world_size()
+
+
+def fused_world(rows, bench) -> None:
+    """The fused multi-rank launchers (under torchrun, any world size): gemm_all_scatter at a
+    decode-sized M against torch.mm + NCCL all-gather of the column blocks, and
+    all_gather_matmul against NCCL all-gather + cuBLAS (both conventions)."""
+    import torch
+    import torch.distributed as tdist
+
+    from kernels import ag_gemm, gemm_scatter
+    from kernels.ag_gemm.baselines import NcclCublas
+    from workbench.dist import SymmetricHeap
+
+    W = tdist.get_world_size()
+    heap = SymmetricHeap(256 << 20)
+    dev = heap.device
+    M, N, K = 16, 4096, 4096
+    a, b = torch.randn(M, K, device=dev).bfloat16(), torch.randn(K, N // W, device=dev).bfloat16()
+    c_loc, cols = torch.empty(M, N // W, device=dev).bfloat16(), torch.empty(W, M, N // W, device=dev).bfloat16()
+
+    def scatter_lib():
+        torch.mm(a, b, out=c_loc)
+        tdist.all_gather_into_tensor(cols, c_loc)
+
+    gemm_scatter.gemm_all_scatter(a, b, heap, check=True)
+    host = {"ours": bench.host_time_us(lambda: gemm_scatter.gemm_all_scatter(a, b, heap), calls=CALLS),
+            "cublas+nccl": bench.host_time_us(scatter_lib, calls=CALLS)}
+    gemm_scatter.check_gemm_all_scatter(heap)
+    _fused_rows(rows, f"gemm_all_scatter {M}x{N}x{K} W{W}", host, heap.rank)
+    M, N, K = 1024, 3584, 8192
+    for gd in (1, 0):
+        shard = (M, K // W) if gd == 1 else (M // W, K)
+        a, b = torch.randn(*shard, device=dev).bfloat16(), torch.randn(K, N, device=dev).bfloat16()
+        nccl = NcclCublas(a, W, gd)
+        ag_gemm.prepare(a, b, heap, gather_dim=gd)
+        tdist.barrier()
+        ag_gemm.all_gather_matmul(a, b, heap, gather_dim=gd)
+        ag_gemm.check(heap)
+        host = {"ours": bench.host_time_us(lambda: ag_gemm.all_gather_matmul(a, b, heap, gather_dim=gd),
+                                           calls=CALLS),
+                "nccl+cublas": bench.host_time_us(lambda: nccl(a, b), calls=CALLS)}
+        ag_gemm.check(heap)
+        _fused_rows(rows, f"all_gather_matmul {M}x{N}x{K} gather_dim={gd} W{W}", host, heap.rank)
+
+
+def _fused_rows(rows, case, host, rank) -> None:
+    if rank == 0:
+        for name, h in host.items():
+            rows.append(_row(case, name, h))
+        print(f"{case}: host " + " / ".join(f"{k} {h['median_us']:.1f}" for k, h in host.items()) + " us",
+              flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for launch_cost.csv (e.g. results/launch_cost)")
-    ap.add_argument("--comm", action="store_true", help="under torchrun: all_gather vs NCCL (world size >= 2)")
+    ap.add_argument("--comm", action="store_true",
+                    help="under torchrun: all_gather vs NCCL (world size >= 2), the fused launchers (any size)")
     ap.add_argument("--breakdown", action="store_true", help="only: where a planned matmul call's host time goes")
     ap.add_argument("--descriptors", action="store_true",
                     help="only: host vs device TMA descriptors (files descriptors*.csv, descriptors_log.txt)")
@@ -775,7 +834,9 @@ def main(argv=None) -> int:
         from workbench import dist
 
         with dist.worker():
-            comm_world(rows, bench)
+            if torch_world_size() > 1:
+                comm_world(rows, bench)
+            fused_world(rows, bench)
     elif args.breakdown:
         breakdown(rows, bench)
     else:

@@ -182,6 +182,31 @@ def test_repeated_call_does_no_planning(monkeypatch):
     assert calls == [] and torch.isfinite(c).all()
 
 
+def test_launch_slot_covers_what_the_plan_key_leaves_open(monkeypatch):
+    """The plan's key fixes every argument Triton specializes on except C (given per call, or
+    fresh): its alignment and row stride pick the kept launch. An output given, then not, then
+    an output 2 bytes off 16-byte alignment, then one with a wider row stride: four launch slots
+    of one plan, each C right."""
+    from kernels.ag_gemm import launch
+
+    slots = []
+    real = launch.launch_planned
+    monkeypatch.setattr(launch, "launch_planned", lambda heap, store, slot, *a, **k: (
+        slots.append(slot), real(heap, store, slot, *a, **k)))
+    world = dist.SimulatedWorld(1, heap_bytes=1 << 18)
+    h = world.heaps[0]
+    shards, b, bias = _problem(1, 1, seed=12)
+    M = shards[0].shape[0]
+    flat = torch.full((M * 2 * N + 8,), float("nan"), dtype=shards[0].dtype)
+    outs = [torch.full((M, N), float("nan"), dtype=shards[0].dtype), None, flat[1:1 + M * N].view(M, N),
+            flat[8:8 + M * 2 * N].view(M, 2 * N)[:, :N]]
+    for out in outs:
+        c = all_gather_matmul(shards[0], b, h, gather_dim=1, bias=bias, out=out)
+        _assert_close([c], shards, b, 1, bias)
+    assert len(set(slots)) == 3, slots   # the fresh C has the first output's alignment and stride
+    assert slots[0] == slots[1] and len({slots[1], slots[2], slots[3]}) == 3
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(gather_dim=2), "gather_dim must be 1"),
     (dict(b=torch.randn(13, N)), r"b must be \(K, N\) with K = W"),

@@ -188,7 +188,7 @@ def test_scratch_on_another_launcher_is_refused(fake_scratch, monkeypatch):
 
 
 class _Heap:
-    """A GPU heap as launch_on sees it: not simulated, a dict per cache name, its own launch."""
+    """A GPU heap as launch_planned sees it: not simulated, a dict per cache name, its own launch."""
     simulated = False
 
     def __init__(self):
@@ -201,32 +201,17 @@ class _Heap:
         self.own.append((kernel, grid, args, kwargs))
 
 
-def test_launch_on_keeps_one_planned_launch_per_call_signature(compiled_path, monkeypatch):
-    """A repeated call reuses its PlannedLaunch (one compile); what Triton specializes on makes a
-    new one: a tensor's 16-byte alignment (a slice with an offset), its dtype, an int's ==1 and
-    16-divisibility, a constexpr, the grid. Unknown argument types and simulated heaps take the
-    heap's own launch; the cache is bounded."""
+def test_launch_planned_keeps_one_planned_launch_per_plan_slot(compiled_path):
+    """A repeated call with the same store and slot reuses its PlannedLaunch (one compile);
+    another slot (what the caller's plan key leaves open, e.g. an output's alignment) makes
+    a new one; a simulated heap takes its own launch and stores nothing."""
     jit, heap = _Jit(_kernel), _Heap()
-    x = torch.zeros(64, dtype=torch.float16)
-    L.launch_on(heap, jit, (4,), x, 32, None, 1.5, BLOCK=64, num_warps=4)
-    L.launch_on(heap, jit, (4,), torch.ones(64, dtype=torch.float16), 48, None, 2.5, BLOCK=64, num_warps=4)
-    plans = heap.cache("planned_launches")
-    assert len(plans) == 1 and len(jit.compiles) == 1 and len(jit.compiled.calls) == 2
-    for args, kw, grid in (((x[1:], 32, None, 1.5), {}, (4,)),          # offset 2 bytes: not 16-byte aligned
-                           ((x.float(), 32, None, 1.5), {}, (4,)),      # another dtype
-                           ((x, 1, None, 1.5), {}, (4,)),               # an int equal to 1
-                           ((x, 33, None, 1.5), {}, (4,)),              # not divisible by 16
-                           ((x, 32, None, 1.5), {"EVEN": False}, (4,)),  # another constexpr
-                           ((x, 32, None, 1.5), {}, (8,))):              # another grid
-        L.launch_on(heap, jit, grid, *args, BLOCK=64, num_warps=4, **kw)
-    assert len(plans) == 7 and len(jit.compiles) == 7
-    L.launch_on(heap, jit, (4,), x, 32, object(), 1.5, BLOCK=64, num_warps=4)   # unknown type: heap's launch
-    assert len(heap.own) == 1 and len(plans) == 7
+    x, store = torch.zeros(64, dtype=torch.float16), {}
+    L.launch_planned(heap, store, ("main", 0), jit, (4,), x, 32, None, 1.5, BLOCK=64, num_warps=4)
+    L.launch_planned(heap, store, ("main", 0), jit, (4,), x, 32, None, 2.5, BLOCK=64, num_warps=4)
+    assert list(store) == [("main", 0)] and len(jit.compiles) == 1 and len(jit.compiled.calls) == 2
+    L.launch_planned(heap, store, ("main", 2), jit, (4,), x[1:], 32, None, 1.5, BLOCK=64, num_warps=4)
+    assert len(store) == 2 and len(jit.compiles) == 2
     heap.simulated = True
-    L.launch_on(heap, jit, (4,), x, 32, None, 1.5, BLOCK=64)
-    assert len(heap.own) == 2
-    heap.simulated = False
-    monkeypatch.setattr(L, "HEAP_LAUNCHES", 7)
-    oldest = next(iter(plans))
-    L.launch_on(heap, jit, (16,), x, 32, None, 1.5, BLOCK=64)
-    assert len(plans) == 7 and oldest not in plans and any(k[1] == (16,) for k in plans)
+    L.launch_planned(heap, store, ("sim", 0), jit, (4,), x, 32, None, 1.5, BLOCK=64)
+    assert len(heap.own) == 1 and len(store) == 2

@@ -32,7 +32,7 @@ import triton
 from kernels.ag_gemm.config import AgGemmConfig, as_config, auto_config, validate
 from kernels.ag_gemm.triton import TRACE_COLS, _ag_gemm_kernel, _next_epoch_kernel
 from kernels.comm.remote import STATUS_WORDS, WaitTimeout
-from kernels.common.launcher import launch_on
+from kernels.common.launcher import launch_planned
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GATHER_DIMS = (0, 1)
@@ -65,6 +65,7 @@ class Plan:
     chunks: list = dataclasses.field(default_factory=list)
     side: Any = None
     auto: bool = False
+    launches: dict = dataclasses.field(default_factory=dict)  # PlannedLaunch per (phase, C's alignment, C's row stride)
 
 
 # --------------------------------------------------------------------------
@@ -416,40 +417,43 @@ def _args(a, b, heap, plan, bias, c, s):
 
 def _fused(a, b, heap, plan, bias, c, s):
     args = _args(a, b, heap, plan, bias, c, s)
+    cs = (c.data_ptr() % 16, c.stride(0))  # C (given or fresh) is the one argument the plan's key leaves open
     if not heap.simulated or heap.world_size == 1:  # one launch (a world of one never waits on a peer)
-        launch_on(heap, _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=True, FETCH=True, COMPUTE=True,
-                    WAIT_READY=False, **plan.kw)
+        launch_planned(heap, plan.launches, ("fused", cs), _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=True,
+                       FETCH=True, COMPUTE=True, WAIT_READY=False, **plan.kw)
         return
     # Simulated world: ranks take turns, so no rank may spin on a peer inside a launch
     # while the peer waits for its turn: publish, meet, then fetch + compute.
     heap.barrier()
-    launch_on(heap, _ag_gemm_kernel, (plan.kw["FETCHERS"],), *args, PUBLISH=True, FETCH=False, COMPUTE=False,
-                WAIT_READY=False, **plan.kw)
+    launch_planned(heap, plan.launches, ("publish", cs), _ag_gemm_kernel, (plan.kw["FETCHERS"],), *args,
+                   PUBLISH=True, FETCH=False, COMPUTE=False, WAIT_READY=False, **plan.kw)
     heap.barrier()
-    launch_on(heap, _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False, FETCH=True, COMPUTE=True, WAIT_READY=False,
-                **plan.kw)
+    launch_planned(heap, plan.launches, ("fetch", cs), _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False,
+                   FETCH=True, COMPUTE=True, WAIT_READY=False, **plan.kw)
 
 
 def _copy_engine(a, b, heap, plan, bias, c, s):
     args = _args(a, b, heap, plan, bias, c, s)
+    cs = (c.data_ptr() % 16, c.stride(0))
     pub_kw = dict(plan.kw)
     pubs = pub_kw["FETCHERS"]
     gemm_kw = dict(plan.kw, FETCHERS=0)
-    launch_on(heap, _next_epoch_kernel, (1,), s["state"], plan.nextval, plan.nextval.numel(), BLOCK=128)
+    launch_planned(heap, plan.launches, "next_epoch", _next_epoch_kernel, (1,), s["state"], plan.nextval,
+                   plan.nextval.numel(), BLOCK=128)
     if heap.simulated:
         heap.barrier()
     # publish (and, on a GPU, wait in-kernel until every peer has published: the
     # copies below read the peers' shards as soon as this kernel is done)
-    launch_on(heap, _ag_gemm_kernel, (pubs,), *args, PUBLISH=True, FETCH=False, COMPUTE=False,
-                WAIT_READY=not heap.simulated, **pub_kw)
+    launch_planned(heap, plan.launches, ("ce_publish", cs), _ag_gemm_kernel, (pubs,), *args, PUBLISH=True,
+                   FETCH=False, COMPUTE=False, WAIT_READY=not heap.simulated, **pub_kw)
     if heap.simulated:
         heap.barrier()
         for dst, src, flags, n in plan.chunks:
             if dst is not None:
                 dst.copy_(src)
             flags.copy_(plan.nextval[:n])
-        launch_on(heap, _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False, FETCH=False, COMPUTE=True,
-                    WAIT_READY=False, **gemm_kw)
+        launch_planned(heap, plan.launches, ("ce_gemm", cs), _ag_gemm_kernel, (plan.grid,), *args,
+                       PUBLISH=False, FETCH=False, COMPUTE=True, WAIT_READY=False, **gemm_kw)
         return
     cur = torch.cuda.current_stream(heap.device)
     plan.side.wait_stream(cur)
@@ -458,8 +462,8 @@ def _copy_engine(a, b, heap, plan, bias, c, s):
             if dst is not None:
                 dst.copy_(src, non_blocking=True)  # cudaMemcpyAsync from the peer (copy engine)
             flags.copy_(plan.nextval[:n], non_blocking=True)  # then the chunk's flags, in stream order
-    launch_on(heap, _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False, FETCH=False, COMPUTE=True, WAIT_READY=False,
-                **gemm_kw)
+    launch_planned(heap, plan.launches, ("ce_gemm", cs), _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False,
+                   FETCH=False, COMPUTE=True, WAIT_READY=False, **gemm_kw)
     cur.wait_stream(plan.side)
 
 

@@ -159,52 +159,21 @@ class PlannedLaunch:
 
 
 # --------------------------------------------------------------------------
-# Launches through a heap (the multi-rank families): one PlannedLaunch per call signature
+# Launches through a heap (the multi-rank families): one PlannedLaunch per plan and slot
 # --------------------------------------------------------------------------
-HEAP_LAUNCHES = 256   # planned launches kept per heap (the oldest dropped)
-_UNKEYED = object()
-
-
-def _arg_key(a) -> Any:
-    """What Triton specializes a run-time argument on (so a kept compiled kernel is the one
-    Triton would pick): a tensor's dtype, device and 16-byte alignment; an int's width, == 1 and
-    16-divisibility; a tensor descriptor's dtype and block shape; None. _UNKEYED otherwise."""
-    if isinstance(a, torch.Tensor):
-        return ("t", a.dtype, a.device, a.data_ptr() % 16 == 0)
-    if a is None:
-        return None
-    if isinstance(a, bool):
-        return ("b", a)
-    if isinstance(a, int):
-        return ("i", a == 1, a % 16 == 0, -2 ** 31 <= a < 2 ** 31, 0 <= a < 2 ** 64)
-    if isinstance(a, float):
-        return ("f",)
-    base = getattr(a, "base", None)
-    if isinstance(base, torch.Tensor) and hasattr(a, "block_shape"):      # a host TensorDescriptor
-        return ("d", base.dtype, tuple(a.block_shape), str(getattr(a, "padding", "")))
-    return _UNKEYED
-
-
-def launch_on(heap, kernel, grid, *args, **kwargs) -> None:
-    """``heap.launch(kernel, grid, *args, **kwargs)``, planned: on a GPU heap the launch goes
-    through a ``PlannedLaunch`` kept in ``heap.cache`` per call signature (kernel, grid,
-    constexprs and options, and what Triton specializes each argument on), so a repeated call
-    pays a key and the driver call, not Triton's entry point (40-50 us of host time per launch).
-    Positional arguments are the kernel's run-time parameters in order, keywords its constexprs
-    and launch options. A simulated heap runs its own launch (the interpreter), as does an
-    argument of a type this does not know how to key."""
+def launch_planned(heap, store: dict, slot, kernel, grid, *args, **kwargs) -> None:
+    """``heap.launch(kernel, grid, *args, **kwargs)`` through a ``PlannedLaunch`` kept in
+    ``store`` (a dict of the caller's launch plan) under ``slot``. For families whose plan key
+    already fixes what Triton specializes the arguments on (shapes, strides, dtypes, pointer
+    alignment): ``slot`` names the launch within the plan, with whatever about its arguments
+    the plan's key does not fix (an output given per call, say). A repeated call is a
+    dictionary lookup and the launch (keying every argument on every call instead cost a
+    third of a fused launcher's host time). A simulated heap runs its own launch."""
     if getattr(heap, "simulated", True):
         return heap.launch(kernel, grid, *args, **kwargs)
-    arg_keys = tuple(_arg_key(a) for a in args)
-    if any(k is _UNKEYED for k in arg_keys):
-        return heap.launch(kernel, grid, *args, **kwargs)
-    key = (kernel, tuple(grid), tuple(sorted(kwargs.items())), arg_keys)
-    cache = heap.cache("planned_launches")
-    launch = cache.get(key)
+    launch = store.get(slot)
     if launch is None:
-        if len(cache) >= HEAP_LAUNCHES:
-            del cache[next(iter(cache))]
-        launch = cache[key] = PlannedLaunch.of(kernel, grid, kwargs)
+        launch = store[slot] = PlannedLaunch.of(kernel, grid, kwargs)
     launch(*args)
 
 

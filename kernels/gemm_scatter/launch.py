@@ -15,7 +15,7 @@ import torch
 import triton
 
 from kernels.comm.remote import StatusWatch, wait_all_kernel
-from kernels.common.launcher import launch_on
+from kernels.common.launcher import launch_planned
 from kernels.common.plans import PlanCache, config_key, tensor_signature
 from kernels.common.plans import capability as _capability, sm_count as _sm_count
 from kernels.gemm.config import split_pieces
@@ -46,6 +46,7 @@ class _ScatterPlan:
     split: tuple = ()
     ws: Any = None
     cnt: Any = None
+    launches: dict = dataclasses.field(default_factory=dict)  # the kernel's PlannedLaunch (the key fixes its args)
     # TMA descriptors of the last A and B seen, by data pointer. A descriptor holds its
     # tensor, so a pointer that matches is still that memory (same signature: same view).
     descs: dict = dataclasses.field(default_factory=dict)
@@ -191,14 +192,16 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
     status = heap.status()
     if p.split:
         grid, pieces = p.split
-        launch_on(heap, _gemm_scatter_split_kernel, grid, a, b_local, a_desc, b_desc, p.out, p.ws, p.cnt,
-                  heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, max_spins, *pieces, **p.meta)
+        launch_planned(heap, p.launches, "split", _gemm_scatter_split_kernel, grid, a, b_local, a_desc, b_desc,
+                       p.out, p.ws, p.cnt, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, max_spins,
+                       *pieces, **p.meta)
     else:
-        launch_on(heap, _gemm_scatter_kernel, (p.grid,), a, b_local, a_desc, b_desc, p.out, heap.heap_bases, p.flags,
-                  status, p.total, *p.args, heap.rank, max_spins, p.grid, p.config.group_m, **p.meta)
+        launch_planned(heap, p.launches, "persistent", _gemm_scatter_kernel, (p.grid,), a, b_local, a_desc, b_desc,
+                       p.out, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, max_spins, p.grid,
+                       p.config.group_m, **p.meta)
     if heap.simulated:  # ranks take turns in the interpreter: wait in a launch of its own
         heap.barrier()
-        launch_on(heap, wait_all_kernel, (1,), p.flags, p.total, p.grid, max_spins, status, WORLD=heap.world_size,
+        heap.launch(wait_all_kernel, (1,), p.flags, p.total, p.grid, max_spins, status, WORLD=heap.world_size,
                     SCOPE=scope)
     watch.arm()
     if check:
