@@ -113,3 +113,53 @@ def test_put_hint_gives_vector_stores(tmp_path):
     hinted = _compile(remote.put_kernel, sig, {"BLOCK": 1024, "HINT": True}, tmp_path)
     assert "st.global.v4.b32" not in plain and "st.global.b16" in plain
     assert "st.global.v4.b32" in hinted
+
+
+def test_status_watch_copies_at_most_once_per_interval(monkeypatch):
+    """On a GPU the watch queues a status copy at most once per ARM_EVERY_S of host time (a copy
+    and an event record cost as much host time as a launch), reports a timeout once a copy made
+    after it has landed, keeps reporting it, and forgets it after a reset. The clock, the event
+    and the copy are faked on the CPU."""
+    import torch
+
+    from kernels.comm import remote
+
+    events = []
+
+    class FakeEvent:
+        def __init__(self):
+            self.recorded, self.done = 0, False
+            events.append(self)
+
+        def record(self):
+            self.recorded, self.done = self.recorded + 1, False
+
+        def query(self):
+            return self.done
+
+    clock = [100.0]
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(remote.time, "perf_counter", lambda: clock[0])
+    status = torch.zeros(remote.STATUS_WORDS, dtype=torch.int32)
+    watch = remote.StatusWatch(status, 0, "flags", names=lambda i: f"rank {i}")
+    watch.cuda, watch._host = True, torch.zeros_like(status)
+    watch.arm()
+    watch.arm()                                   # within the interval: no second copy
+    assert len(events) == 1 and events[0].recorded == 1
+    status[:4] = torch.tensor([1, 1, 0, 5])       # a wait times out after that copy was queued
+    events[0].done = True
+    watch.poll()                                  # the landed copy predates it: nothing to report
+    clock[0] += remote.ARM_EVERY_S
+    watch.arm()
+    assert events[0].recorded == 2
+    watch.poll()                                  # not landed yet: returns at once
+    events[0].done = True
+    for _ in range(2):                            # landed: reported, and again at the next poll
+        with pytest.raises(remote.WaitTimeout, match="rank 1"):
+            watch.poll()
+    with pytest.raises(remote.WaitTimeout, match="rank 1"):
+        watch.check()                             # synchronizes (faked away) and reads the words
+    watch.forget()                                # after recovery zeroed the words
+    watch.poll()

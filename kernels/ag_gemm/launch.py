@@ -15,9 +15,9 @@ Variants (``AgGemmConfig.variant``; ``config=None`` lets ``auto_config`` pick):
 A repeated call is a dict lookup and the launches: no host synchronization and
 no heuristic work. Failures on the device (a peer that never published, a tile
 that never arrived) are written to a status word by the bounded waits and
-surface without a sync: at the start of the next call on this heap (once the
-copy of the status made after the call has landed), or at ``check(heap)``,
-which synchronizes. Under CUDA-graph capture nothing is copied: call
+surface without a sync: at the start of a later call on this heap (once a copy
+of the status made after the failing call has landed: ``StatusWatch``, at most
+one copy per millisecond of calls), or at ``check(heap)``, which synchronizes. Under CUDA-graph capture nothing is copied: call
 ``check(heap)`` after replaying. In a simulated world (CPU) the status is read
 right after each call. After a timeout every rank calls ``recover(heap)``.
 """
@@ -31,7 +31,7 @@ import triton
 
 from kernels.ag_gemm.config import AgGemmConfig, as_config, auto_config, validate
 from kernels.ag_gemm.triton import TRACE_COLS, _ag_gemm_kernel, _next_epoch_kernel
-from kernels.comm.remote import STATUS_WORDS, WaitTimeout
+from kernels.comm.remote import STATUS_WORDS, StatusWatch, WaitTimeout
 from kernels.common.launcher import launch_planned
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -112,16 +112,15 @@ def _shared(heap) -> dict:
     cache = heap.cache("ag_gemm")
     s = cache.get("_shared")
     if s is None:
-        cuda = heap.device.type == "cuda"
         status = torch.zeros(STATUS_WORDS, dtype=torch.int32, device=heap.device)
         s = cache["_shared"] = {
-            "status": status,
-            "host": torch.zeros(STATUS_WORDS, dtype=torch.int32, pin_memory=cuda),
-            "event": torch.cuda.Event() if cuda else None, "pending": None, "plans": {},
+            "status": status, "plans": {},
             "sig": heap.flags("ag_gemm.sig", 2 * heap.world_size),  # ready[W], done[W]
             # epoch, publishers arrived, programs finished, trace tick, fetchers finished, tiles claimed
             "state": heap.flags("ag_gemm.state", 8),
         }
+        s["watch"] = StatusWatch(status, heap.rank, "all_gather_matmul", report=lambda words: _raise_if_failed(
+            words.tolist(), s, heap))
     return s
 
 
@@ -155,31 +154,16 @@ def _raise_if_failed(values, s, heap):
         raise AgGemmTimeout(describe_status(values, s.get("last_plan"), heap.rank, heap.world_size))
 
 
-def _poll(s, heap) -> None:
-    """Raise for the previous call's timeout if its status copy has landed (no sync)."""
-    ev = s["pending"]
-    if ev is None or torch.cuda.is_current_stream_capturing() or not ev.query():
-        return
-    s["pending"] = None
-    _raise_if_failed(s["host"].tolist(), s, heap)
-
-
 def _after_call(s, heap, plan) -> None:
     s["last_plan"] = plan
-    if heap.simulated:
-        _raise_if_failed(s["status"].tolist(), s, heap)
-    elif not torch.cuda.is_current_stream_capturing():
-        s["host"].copy_(s["status"], non_blocking=True)
-        s["event"].record()
-        s["pending"] = s["event"]
+    s["watch"].arm()
+    if heap.simulated:  # the status words are host memory: report at once
+        s["watch"].poll()
 
 
 def check(heap) -> None:
     """Synchronize and raise `AgGemmTimeout` if any call on this heap timed out."""
-    s = _shared(heap)
-    if heap.device.type == "cuda":
-        torch.cuda.synchronize(heap.device)
-    _raise_if_failed(s["status"].tolist(), s, heap)
+    _shared(heap)["watch"].check()
 
 
 def recover(heap) -> None:
@@ -190,7 +174,7 @@ def recover(heap) -> None:
         if plan.flags is not None:
             plan.flags.zero_()
     s["status"].zero_()
-    s["pending"] = None
+    s["watch"].forget()
     if heap.device.type == "cuda":
         torch.cuda.synchronize(heap.device)
 
@@ -388,8 +372,7 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_di
     has said it is done with it).
     """
     s = _shared(heap)
-    if s["pending"] is not None:
-        _poll(s, heap)
+    s["watch"].poll()   # an earlier call's timeout, if the device has reported one by now
     plan = get_plan(a_shard, b, heap, gather_dim=gather_dim, bias=bias, config=config, trace=trace)
     if out is not None and (tuple(out.shape) != plan.out_shape or out.dtype != a_shard.dtype
                             or out.device != a_shard.device or out.stride(1) != 1):
