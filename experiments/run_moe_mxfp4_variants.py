@@ -125,6 +125,10 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             "prepacked default tile, plain": pdef.replace(PREPACK=0),
         })
     else:
+        # the prepacked default's K steps as a loop the compiler pipelines over num_stages (the
+        # loads staged through shared memory: more bytes in flight without more registers)
+        for st in (2, 3, 4):
+            v[f"prepacked default loop s{st}"] = pdef.replace(UNROLL=False, LOAD_AHEAD=0, num_stages=st)
         v.update({
             # BM16 x BN64 (the current small-M default) with K steps of 256 (2 steps, 1 ahead: all
             # of K in flight) and BN128 / BN32 tiles (BN32 falls back to mma.sync with 2 warps)

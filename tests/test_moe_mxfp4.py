@@ -278,9 +278,25 @@ def test_kernel_load_ahead_is_exact(la, I_):
         _check(_run(p, cfg, out=out), p)
 
 
+@pytest.mark.parametrize("det", [False, True], ids=["atomic", "det"])
+def test_kernel_k_loop_is_exact(det):
+    """UNROLL=False runs the K steps as a loop (pipelined over num_stages on a GPU): within
+    the bound of the reference on poisoned outputs, 4 steps of 32."""
+    p = _problem(5, I_=128, seed=23)
+    cfg = MoeMxfp4Config(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, num_warps=1, num_stages=3, UNROLL=False,
+                         DETERMINISTIC=det)
+    _run(p, cfg)
+    _poison_workspaces()
+    out = torch.full((5, H), float("nan"), dtype=torch.bfloat16, device=DEV)
+    _check(_run(p, cfg, out=out), p)
+
+
 def test_load_ahead_config_validates_and_labels():
     with pytest.raises(ValueError, match="LOAD_AHEAD must be 0, 1, 2 or 3"):
         MoeMxfp4Config(LOAD_AHEAD=4).validate(512)
+    with pytest.raises(ValueError, match="LOAD_AHEAD .* needs UNROLL=True"):
+        MoeMxfp4Config(LOAD_AHEAD=1, UNROLL=False).validate(512)
+    assert MoeMxfp4Config(UNROLL=False).label().endswith("_loop")
     assert MoeMxfp4Config(LOAD_AHEAD=2).label().endswith("_la2")
     assert "_la" not in MoeMxfp4Config().label()
     assert default_config(4, 9, 385, 512).LOAD_AHEAD == 0          # the default is unchanged until measured

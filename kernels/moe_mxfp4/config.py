@@ -41,6 +41,9 @@ class MoeMxfp4Config:
     where a few tiles per expert would leave the last wave of programs nearly empty.
     maxnreg: a register cap per thread (None: the compiler's choice), so that more programs fit
     on an SM (65,536 registers / (32 * num_warps * maxnreg)), at the price of spills.
+    UNROLL: the K steps as straight-line code (up to the launcher's MAX_UNROLLED_STEPS), or, False,
+    as a loop the compiler may software-pipeline over ``num_stages`` (loads staged through shared
+    memory instead of registers; LOAD_AHEAD applies to the unrolled form only).
     """
 
     BLOCK_M: int = 16
@@ -59,6 +62,7 @@ class MoeMxfp4Config:
     ONE_MUL: bool = True
     SPLIT_K: int = 1
     maxnreg: int | None = None
+    UNROLL: bool = True
 
     @property
     def swap_ab(self) -> bool:
@@ -75,7 +79,7 @@ class MoeMxfp4Config:
                 f"{flags}{'_swap' if self.swap_ab else ''}_{mode}{'' if self.EXPAND == 'ptx' else '_' + self.EXPAND}"
                 f"{f'_la{self.LOAD_AHEAD}' if self.LOAD_AHEAD else ''}{f'_prepack{self.PREPACK}' if self.PREPACK else ''}"
                 f"{'_2mul' if self.PREPACK and not self.ONE_MUL else ''}{f'_sk{self.SPLIT_K}' if self.SPLIT_K > 1 else ''}"
-                f"{f'_r{self.maxnreg}' if self.maxnreg else ''}")
+                f"{f'_r{self.maxnreg}' if self.maxnreg else ''}{'' if self.UNROLL else '_loop'}")
 
     def replace(self, **kw) -> "MoeMxfp4Config":
         return replace(self, **kw)
@@ -109,6 +113,9 @@ class MoeMxfp4Config:
             raise ValueError(f"moe_mxfp4: EXPAND must be 'ptx' or 'bits', got {self.EXPAND!r}")
         if self.LOAD_AHEAD not in (0, 1, 2, 3):
             raise ValueError(f"moe_mxfp4: LOAD_AHEAD must be 0, 1, 2 or 3, got {self.LOAD_AHEAD!r}")
+        if not isinstance(self.UNROLL, bool) or (self.LOAD_AHEAD and not self.UNROLL):
+            raise ValueError(f"moe_mxfp4: UNROLL must be True or False, and LOAD_AHEAD (a rotation of unrolled "
+                             f"steps) needs UNROLL=True; got UNROLL={self.UNROLL!r}, LOAD_AHEAD={self.LOAD_AHEAD}")
         if self.PREPACK not in (0, 1, 2):
             raise ValueError(f"moe_mxfp4: PREPACK must be 0, 1 or 2, got {self.PREPACK!r}")
         if self.PREPACK == 2 and self.EXPAND != "ptx":

@@ -204,7 +204,7 @@ def _kernel_constexprs(cfg: MoeMxfp4Config, *, top_k: int, a_fp4: bool, H: int, 
                 PREFETCH_EPILOGUE=cfg.PREFETCH_EPILOGUE, SWAP_AB=cfg.swap_ab, EVEN_N=H % cfg.BLOCK_N == 0,
                 EXPAND=expand, K=K, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N, BK=cfg.BLOCK_K, LOAD_AHEAD=cfg.LOAD_AHEAD,
                 PREPACK=cfg.PREPACK, ONE_MUL=bool(cfg.PREPACK and cfg.ONE_MUL and one_mul), SPLIT_K=cfg.SPLIT_K,
-                MAX_UNROLL=MAX_UNROLLED_STEPS)
+                MAX_UNROLL=MAX_UNROLLED_STEPS if cfg.UNROLL else 0)
 
 
 def _launch_options(cfg: MoeMxfp4Config) -> dict:
