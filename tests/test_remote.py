@@ -1,5 +1,6 @@
 """Peer-memory helpers (kernels/comm/remote.py) in a simulated world, and their PTX."""
 import re
+import time
 
 import pytest
 import torch
@@ -141,7 +142,7 @@ def test_status_watch_copies_at_most_once_per_interval(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(remote.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     status = torch.zeros(remote.STATUS_WORDS, dtype=torch.int32)
     watch = remote.StatusWatch(status, 0, "flags", names=lambda i: f"rank {i}")
     watch.cuda, watch._host = True, torch.zeros_like(status)

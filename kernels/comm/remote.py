@@ -7,8 +7,6 @@ through integers, which erases what the compiler knew about alignment and
 contiguity: re-state it with `tl.multiple_of`/`tl.max_contiguous` (HINT) or
 the stores fall back to 16-bit scalars instead of 128-bit vectors.
 """
-import time
-
 import triton
 import triton.language as tl
 
@@ -265,6 +263,8 @@ class StatusWatch:
         if not self.cuda:
             self._unread = True   # a simulated world's status words are host memory already
             return
+        import time
+
         import torch
 
         now = time.perf_counter()
