@@ -80,7 +80,9 @@ class Rank:
         shapes = self.shapes()
         biggest = max(M * K for M, _, K in shapes) * 2
         self.w.stage("symmetric heap")
-        self.heap = dist.SymmetricHeap(biggest * 3 // 2 + (64 << 20))
+        # the fused kernels' pub buffer (one shard, A / W) and the sequential path's gathered A
+        # (W shards) live in the heap together
+        self.heap = dist.SymmetricHeap(biggest * (self.W + 1) // self.W + (64 << 20))
 
     def shapes(self):
         return SHAPES[:2] if self.args.quick else SHAPES
