@@ -11,6 +11,12 @@ staggered ``(rank + i) % W``, through a pointer translated onto the peer's heap
 seed's ``hint=(1, BLOCK_N)``, which turns 16-bit scalar stores into 128-bit
 ones (SASS ``STG.E.128``, gfx942 ``global_store_dwordx4``).
 
+Small M (up to ``kernels.gemm``'s SMALL_M): a second kernel cuts each tile's K
+range into pieces (``split_k``) computed with swapped operands (``swap_ab``), the
+GEMM family's split-K pieces; the pieces meet in an fp32 workspace and the one
+that completes a tile scatters it. The heuristic takes the GEMM family's choice
+of tile, pieces and swap there.
+
 Completion: after its last tile each program adds 1 to its rank's slot in
 every rank's flag array (stores, CTA barrier, release atomic at system scope);
 program 0 then waits (acquire, bounded) until every slot reached the running
