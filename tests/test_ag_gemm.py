@@ -79,13 +79,18 @@ CASES = [  # (world, gather_dim, layout, bias, variant); "-poll": no "all staged
 @pytest.mark.parametrize("W,gather_dim,layout,bias,variant", CASES,
                          ids=[f"w{c[0]}-dim{c[1]}-{c[2]}-{'bias' if c[3] else 'nobias'}-{c[4]}" for c in CASES])
 def test_equals_reference_in_simulated_world(W, gather_dim, layout, bias, variant):
+    """GEMM programs claim their tiles from the counter (claim_tiles; in a simulated world of
+    several ranks the fetchers do not join them, see test_single_launch_path_in_a_world_of_one)."""
     world = dist.SimulatedWorld(W, heap_bytes=1 << 18)
     variant, poll = variant.partition("-")[::2]
     cfg = SIM.replace(layout=layout, variant=variant, k_per_flag=1 if W % 2 else 2, staged_flag=not poll)
-    for call in range(2):  # a second call with fresh inputs: flags count per call (epochs)
+    for call in range(2):  # a second call with fresh inputs: flags count per call (epochs), the counter resets
         shards, b, bs = _problem(W, gather_dim, seed=100 * W + 10 * gather_dim + call)
         bs = bs if bias else None
         _assert_close(_run(world, shards, b, gather_dim, bs, cfg), shards, b, gather_dim, bs)
+    if variant != "sequential":
+        kw = get_plan(shards[0], b, world.heaps[0], gather_dim=gather_dim, bias=bs, config=cfg).kw
+        assert kw["CLAIM"] and not kw["JOIN"]
 
 
 @pytest.mark.parametrize("gather_dim", [0, 1])
@@ -101,8 +106,8 @@ def test_single_launch_path_in_a_world_of_one(gather_dim, claim):
     for _ in range(2):  # the second call finds the tile counter reset
         (c, raw), = _run(world, shards, b, gather_dim, bias, cfg, trace=True)
         _assert_close([c], shards, b, gather_dim, bias)
-        assert get_plan(shards[0], b, world.heaps[0], gather_dim=gather_dim, bias=bias, config=cfg,
-                        trace=True).kw["CLAIM"] is claim
+        kw = get_plan(shards[0], b, world.heaps[0], gather_dim=gather_dim, bias=bias, config=cfg, trace=True).kw
+        assert kw["CLAIM"] is claim and kw["JOIN"] is claim
         df = frame(raw, fetchers=cfg.fetchers)
         by_role = df[df["kind"] == "compute"].groupby("role").size().to_dict()
         tiles = triton.cdiv(c.shape[0], cfg.block_m) * triton.cdiv(c.shape[1], cfg.block_n)

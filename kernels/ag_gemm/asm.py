@@ -26,7 +26,7 @@ def constexprs(config: AgGemmConfig, *, world_size: int = 2, gather_dim: int = 1
     kw = launch_constexprs(config, world_size, gather_dim, esize, config.fetchers if fetchers is None else fetchers,
                            has_bias=bias, trace=trace, clock=clock, max_events=512, even_k=even_k, aligned_m=True,
                            aligned_n=True, tma=tma, proxy_fence=tma and clock == "globaltimer",
-                           claim=config.claim_tiles)
+                           claim=config.claim_tiles, join=True)
     # stride_bn = 1 as at run time (Triton specializes integer arguments equal to 1)
     return dict(kw, stride_bn=1, PUBLISH=publish, FETCH=fetch, COMPUTE=compute, WAIT_READY=wait_ready)
 

@@ -47,7 +47,7 @@ class AgGemmConfig:
     max_spins: int = 1 << 24  # polls before a wait gives up
     staged_flag: bool = True  # one more flag, "all staged": GEMM programs stop polling once it is set
     tma: bool = True          # GEMM programs load A and B through TMA where the operands allow (launch.tma_allowed)
-    claim_tiles: bool = True  # GEMM tiles taken from a counter; fetchers join the GEMM once their copies are done
+    claim_tiles: bool = True  # GEMM tiles taken from a counter; on a GPU fetchers join the GEMM once done
     skip_rank: int = -1       # fault injection for tests: fetchers skip this rank's shard
 
     def replace(self, **kw) -> "AgGemmConfig":

@@ -256,9 +256,10 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
                               trace=trace, clock=clock, max_events=max_ev, even_k=S_K % cfg.block_k == 0,
                               aligned_m=S_M % vec == 0, aligned_n=N % vec == 0 and b.stride(1) == 1, tma=tma,
                               proxy_fence=tma and clock == "globaltimer",
+                              claim=cfg.claim_tiles,
                               # the interpreter runs programs one after another: a fetcher that joined
                               # the GEMM would wait for tiles the next fetcher has not staged yet
-                              claim=cfg.claim_tiles and (not heap.simulated or W == 1)),
+                              join=not heap.simulated or W == 1),
                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return plan
 
@@ -284,10 +285,11 @@ def tma_allowed(a, b, cfg: AgGemmConfig, gather_dim: int, heap) -> bool:
 
 def constexprs(cfg: AgGemmConfig, world_size: int, gather_dim: int, esize: int, fetchers: int, *, has_bias: bool,
                trace: bool, clock: str, max_events: int, even_k: bool, aligned_m: bool, aligned_n: bool,
-               tma: bool = False, proxy_fence: bool = False, claim: bool = False) -> dict:
+               tma: bool = False, proxy_fence: bool = False, claim: bool = False, join: bool = False) -> dict:
     """The kernel's constexprs for a configuration (the phase flags are added per launch)."""
-    return dict(TMA=tma, PROXY_FENCE=proxy_fence, CLAIM=claim,WORLD=world_size, GATHER_K=gather_dim == 1, M_CONTIG=cfg.layout == "m", BLOCK_M=cfg.block_m,
-                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, K_PER_FLAG=cfg.k_per_flag,
+    return dict(TMA=tma, PROXY_FENCE=proxy_fence, CLAIM=claim, JOIN=claim and join, WORLD=world_size,
+                GATHER_K=gather_dim == 1, M_CONTIG=cfg.layout == "m", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, K_PER_FLAG=cfg.k_per_flag,
                 FETCH_K=fetch_k(cfg), FETCHERS=fetchers, HAS_BIAS=has_bias, SKIP_RANK=cfg.skip_rank, ESIZE=esize,
                 EVEN_K=even_k, ALIGNED_M=aligned_m, ALIGNED_N=aligned_n, STAGED_FLAG=bool(cfg.staged_flag),
                 TRACE=bool(trace), CLOCK=clock, MAX_EVENTS=max_events)

@@ -156,7 +156,8 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     SKIP_RANK: tl.constexpr, ESIZE: tl.constexpr, EVEN_K: tl.constexpr,
                     ALIGNED_M: tl.constexpr, ALIGNED_N: tl.constexpr, STAGED_FLAG: tl.constexpr,
                     TRACE: tl.constexpr, CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr,
-                    TMA: tl.constexpr = False, PROXY_FENCE: tl.constexpr = False, CLAIM: tl.constexpr = False):
+                    TMA: tl.constexpr = False, PROXY_FENCE: tl.constexpr = False, CLAIM: tl.constexpr = False,
+                    JOIN: tl.constexpr = False):
     pid = tl.program_id(0)
     MT = (S_M + BLOCK_M - 1) // BLOCK_M
     KT = (S_K + BLOCK_K - 1) // BLOCK_K
@@ -227,12 +228,12 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     tl.atomic_xchg(state_ptr + 4, 0, sem="relaxed", scope="gpu")  # counter only: no data
                     tl.atomic_xchg(flags_ptr + WORLD * MT * KG, epoch + 1, sem="release", scope="gpu")
     if COMPUTE:
-        # GEMM programs (and, claiming tiles, the fetchers too once their copies are done)
+        # GEMM programs (and, with JOIN, the fetchers too once their copies are done)
         _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr, state_ptr + 5,
                  S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, pid - FETCHERS,
                  tl.num_programs(0) - FETCHERS, n_ev, sm, WORLD, GATHER_K, M_CONTIG, BLOCK_M, BLOCK_N, BLOCK_K,
                  GROUP_M, K_PER_FLAG, HAS_BIAS, EVEN_K, ALIGNED_M, ALIGNED_N, STAGED_FLAG, TRACE, CLOCK, MAX_EVENTS,
-                 TMA, PROXY_FENCE, CLAIM)
+                 TMA, PROXY_FENCE, CLAIM, JOIN)
         # the last program of the call: next epoch, and tell peers we are done with their shards
         tl.debug_barrier()
         arrived = tl.atomic_add(state_ptr + 2, 1, sem="acq_rel", scope="gpu")
@@ -304,11 +305,11 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
              K_PER_FLAG: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED_M: tl.constexpr,
              ALIGNED_N: tl.constexpr, STAGED_FLAG: tl.constexpr, TRACE: tl.constexpr,
              CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr, TMA: tl.constexpr, PROXY_FENCE: tl.constexpr,
-             CLAIM: tl.constexpr):
-    """GEMM programs: output tiles gid, gid + num_gemm, ... (fetchers, gid < 0: none) in
-    GROUP_M bands; with CLAIM, every program (fetchers included, once their copies are done)
-    takes the next tile from a shared counter until none is left, so no SM idles after
-    fetching and a program held up by a late tile takes fewer.
+             CLAIM: tl.constexpr, JOIN: tl.constexpr):
+    """GEMM programs: output tiles gid, gid + num_gemm, ... in GROUP_M bands; with CLAIM,
+    the next tile from a shared counter until none is left, so a program held up by a late
+    tile takes fewer. Fetchers (gid < 0) take tiles only with JOIN (and CLAIM), once their
+    copies are done, so no SM idles after fetching.
 
     TMA: A tiles (of the local shard and of the staging buffer) and B tiles through
     descriptors made here (the launcher allows it where every row is 16-byte aligned and no
@@ -341,8 +342,12 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
             a_stg = tl.make_tensor_descriptor(stg_ptr, [WORLD * S_M, S_K], [S_K, 1], [BLOCK_M, BLOCK_K])
         b_desc = tl.make_tensor_descriptor(b_ptr, [K_BLOCKS * S_K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N])
     num_tiles = num_m * num_n
-    if CLAIM:
+    if CLAIM and JOIN:
         tile = tl.atomic_add(claim_ptr, 1, sem="relaxed", scope="gpu")  # a work counter: orders no data
+    elif CLAIM:
+        tile = num_tiles    # a fetcher that does not join takes no tile (and claims none)
+        if gid >= 0:
+            tile = tl.atomic_add(claim_ptr, 1, sem="relaxed", scope="gpu")
     else:
         tile = tl.where(gid < 0, num_tiles, gid)
     while tile < num_tiles:
