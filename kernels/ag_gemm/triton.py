@@ -15,7 +15,10 @@ says that piece is staged (value ``epoch + 1`` in call number ``epoch``), and
 one more flag after them says everything is (GEMM programs then stop polling).
 Tiles never straddle two shards, so any S_M, S_K work (edges are masked).
 
-Programs ``0 .. FETCHERS-1`` fetch, the rest compute:
+Programs ``0 .. FETCHERS-1`` fetch, the rest compute (with ``CLAIM`` they take
+tiles from a shared counter; with ``JOIN`` the fetchers too, once their copies
+are done: on a GPU, where every program runs at once; not in a simulated world of
+several ranks, whose interpreter runs the programs one after another):
 
 1. publish (``PUBLISH``): wait until every peer finished reading our previous
    shard (``done`` flags), copy the local shard once into ``pub`` (the heap
