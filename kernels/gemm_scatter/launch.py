@@ -19,7 +19,7 @@ from kernels.common.launcher import launch_planned
 from kernels.common.plans import PlanCache, config_key, tensor_signature
 from kernels.common.plans import capability as _capability, sm_count as _sm_count
 from kernels.gemm.config import split_pieces
-from kernels.gemm.launch import TensorDescriptor, _tma_ok
+from kernels.gemm.launch import TensorDescriptor, _tma_ok, workspace
 from kernels.gemm_scatter.config import DEFAULT_MAX_SPINS, DTYPES, ScatterConfig, as_config, heuristic, validate
 from kernels.gemm_scatter.triton import _gemm_scatter_kernel, _gemm_scatter_split_kernel
 from workbench.dtypes import triton_type
@@ -42,10 +42,9 @@ class _ScatterPlan:
     args: tuple  # run-time scalars after the tensors
     meta: dict  # constexprs and launch options
     hints: bool  # the 16-byte hint is in force (asked for and true for these shapes)
-    # the small-M kernel: (tiles, pieces) grid, (pieces, K steps per piece), fp32 workspace, tile counters
+    # the small-M kernel: (tiles, pieces) grid, (pieces, K steps per piece); its fp32 partials and tile
+    # counters come from kernels.gemm's workspace (one per device and stream) at each call
     split: tuple = ()
-    ws: Any = None
-    cnt: Any = None
     launches: dict = dataclasses.field(default_factory=dict)  # the kernel's PlannedLaunch (the key fixes its args)
     # TMA descriptors of the last A and B seen, by data pointer. A descriptor holds its
     # tensor, so a pointer that matches is still that memory (same signature: same view).
@@ -123,11 +122,8 @@ def _plan(a, b_local, heap, config, hints, out, scope) -> _ScatterPlan:
     flags, total = heap.flags("gemm_scatter", W), heap.flags("gemm_scatter.total", 1)
     if cfg.split_kernel:
         pieces, per = split_pieces(triton.cdiv(K, cfg.block_k), cfg.split_k)
-        ws = torch.empty(tiles * pieces * cfg.block_m * cfg.block_n if pieces > 1 else 1, dtype=torch.float32,
-                         device=a.device)
         return _ScatterPlan(cfg, tiles * pieces, out, flags, total, args, dict(meta, SWAP_AB=cfg.swap_ab), hints_ok,
-                            split=((tiles, pieces), (pieces, per)), ws=ws,
-                            cnt=torch.zeros(tiles, dtype=torch.int32, device=a.device))
+                            split=((tiles, pieces), (pieces, per)))
     grid = max(1, min(cfg.num_sms or sms, tiles))
     return _ScatterPlan(cfg, grid, out, flags, total, args,
                         dict(meta, FROM_REGISTERS=cfg.from_registers, FLATTEN=cfg.flatten), hints_ok)
@@ -192,8 +188,10 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
     status = heap.status()
     if p.split:
         grid, pieces = p.split
+        cfg = p.config
+        ws, cnt = workspace(a.device, grid[0] * grid[1] * cfg.block_m * cfg.block_n, grid[0])
         launch_planned(heap, p.launches, "split", _gemm_scatter_split_kernel, grid, a, b_local, a_desc, b_desc,
-                       p.out, p.ws, p.cnt, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, max_spins,
+                       p.out, ws, cnt, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, max_spins,
                        *pieces, **p.meta)
     else:
         launch_planned(heap, p.launches, "persistent", _gemm_scatter_kernel, (p.grid,), a, b_local, a_desc, b_desc,
