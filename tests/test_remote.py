@@ -157,10 +157,21 @@ def test_status_watch_copies_at_most_once_per_interval(monkeypatch):
     assert events[0].recorded == 2
     watch.poll()                                  # not landed yet: returns at once
     events[0].done = True
-    for _ in range(2):                            # landed: reported, and again at the next poll
-        with pytest.raises(remote.WaitTimeout, match="rank 1"):
-            watch.poll()
+    with pytest.raises(remote.WaitTimeout, match="rank 1"):
+        watch.poll()                              # landed: reported
+    watch.poll()                                  # each copy once
+    clock[0] += remote.ARM_EVERY_S
+    watch.arm()
+    events[0].done = True
+    with pytest.raises(remote.WaitTimeout, match="rank 1"):
+        watch.poll()                              # the words accumulate: a later copy reports it again
     with pytest.raises(remote.WaitTimeout, match="rank 1"):
         watch.check()                             # synchronizes (faked away) and reads the words
-    watch.forget()                                # after recovery zeroed the words
+    status.zero_()                                # recovery zeroes the words
+    clock[0] += remote.ARM_EVERY_S
+    watch.arm()
+    events[0].done = True
+    watch.poll()                                  # a copy made after it is clean
+    watch.arm()                                   # within the interval: nothing queued
+    watch.forget()
     watch.poll()

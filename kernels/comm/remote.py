@@ -230,11 +230,12 @@ class StatusWatch:
     ``ARM_EVERY_S`` of host time: the copy and the event record cost about 17 us
     of host time on an H200 node (as much as a launch), so calls in a tight loop
     share one. ``poll()`` (at the start of the next call) reports a timeout if a
-    copy that landed since the last poll shows one, and otherwise returns at
-    once: an error surfaces within about a millisecond of calls after the
-    device reached it. ``check()`` synchronizes and reads the words themselves:
-    call it after a batch. The words accumulate until ``heap.resync_flags()``,
-    so a timeout keeps being reported until the world is resynchronized. Under
+    copy that landed since the last poll shows one (each copy once), and
+    otherwise returns at once: an error surfaces within about a millisecond of
+    calls after the device reached it. ``check()`` synchronizes and reads the
+    words themselves: call it after a batch. The words accumulate until
+    ``heap.resync_flags()``, so later copies keep reporting a timeout until the
+    world is resynchronized (a copy queued before that reports it once more). Under
     CUDA graph capture nothing is armed (check a captured graph with ``check()``
     after replays). ``report(words)`` raises for a timeout (default:
     `check_status` with ``what`` and ``names``).
@@ -286,8 +287,8 @@ class StatusWatch:
 
             if torch.cuda.is_current_stream_capturing() or not self._event.query():
                 return
-        self.report(self._host)   # raises for a timeout: the copy stays unread, later polls report it too
         self._unread = False
+        self.report(self._host)
 
     def check(self) -> None:
         """Synchronize with the device and report a timeout the status words show."""
