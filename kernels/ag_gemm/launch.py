@@ -17,8 +17,8 @@ no heuristic work. Failures on the device (a peer that never published, a tile
 that never arrived) are written to a status word by the bounded waits and
 surface without a sync: at the start of a later call on this heap (once a copy
 of the status made after the failing call has landed: ``StatusWatch``, at most
-one copy per millisecond of calls), or at ``check(heap)``, which synchronizes. Under CUDA-graph capture nothing is copied: call
-``check(heap)`` after replaying. In a simulated world (CPU) the status is read
+one copy per millisecond of calls), or at ``check(heap)``, which synchronizes.
+Under CUDA-graph capture nothing is copied: call ``check(heap)`` after replaying. In a simulated world (CPU) the status is read
 right after each call. After a timeout every rank calls ``recover(heap)``.
 """
 from __future__ import annotations

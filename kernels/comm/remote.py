@@ -242,7 +242,7 @@ class StatusWatch:
     """
 
     def __init__(self, status, rank: int, what: str, names=None, report=None):
-        self.status, self.rank, self.what, self.names = status, rank, what, names
+        self.status = status
         self.report = report or (lambda words: check_status(words, rank, what, names))
         self.cuda = status.device.type == "cuda"
         self._host = status.new_zeros(status.shape, device="cpu", pin_memory=self.cuda) if self.cuda else status
