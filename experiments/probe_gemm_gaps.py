@@ -12,7 +12,9 @@ kernel runs them, and how other tilings of ours fare there.
    checked against the fp32 reference on a NaN-poisoned output, then timed
    against cuBLAS by ``workbench.bench.interleave`` (CUDA-graph replays, L2
    flushed, taking turns). fp32 runs on the tensor cores (tf32) in both.
-3. ``--fp32-small`` alone -> ``fp32_small.csv``: the zoo's fp32 shapes with M <= 64,
+3. ``--mid-m`` alone -> ``mid_m.csv``: M 64-1024 with few tiles and a long K, the
+   split-K kernel's tiles at several splits against the persistent ones.
+4. ``--fp32-small`` alone -> ``fp32_small.csv``: the zoo's fp32 shapes with M <= 64,
    B row-major and K-major: the FMA kernel as the heuristic configures it and
    variants of it, the tf32 kernel the cost model picks without it (the split-K
    "swap" kernel), cuBLAS with tf32 (as the zoo compares) and in true fp32; each
@@ -207,6 +209,53 @@ def time_stream_k(args, prov) -> list[dict]:
     return rows
 
 
+# --mid-m: M 64-1024 with few output tiles (under two rounds of 128x128) and a long K, where the
+# persistent kernel leaves SMs idle: the split-K kernel's tiles at several splits against the
+# persistent tiles of the same size (the fused GEMM + all-scatter's open shapes first).
+MID_SHAPES = [(128, 4096, 14336), (256, 2048, 14336), (64, 4096, 4096), (128, 4096, 4096), (256, 4096, 14336),
+              (128, 8192, 28672), (512, 4096, 12288), (521, 2080, 5152), (128, 37888, 3584), (165, 3168, 8009),
+              (771, 2352, 4280), (909, 4152, 2912), (519, 5920, 6856), (1024, 4608, 3584), (256, 14336, 4096)]
+MID_TILES = {   # name -> (BM, BN, warps, stages); BLOCK_K 64
+    "k64x128": (64, 128, 4, 5), "k64x128s6": (64, 128, 4, 6), "k128x128": (128, 128, 8, 4),
+    "k128x128w4": (128, 128, 4, 6), "k128x256": (128, 256, 8, 4), "k64x256": (64, 256, 4, 4),
+}
+MID_SPLITS = (1, 2, 3, 4, 6)
+
+
+def mid_m_configs(M: int, N: int, K: int, num_sms: int) -> dict:
+    """Persistent 64x128 / 128x128 / 128x256 tiles, and each MID_TILES tile in the split-K kernel at
+    every MID_SPLITS split whose programs fit in two rounds (plus the split ``split_for`` picks)."""
+    import math
+
+    from kernels.gemm import config as gconfig
+
+    st = dict(tma_store=False, group_m=8)
+    out = {"t64x128": dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=6, **st),
+           "t128x128": dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=6, **st),
+           "t128x256": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, **st)}
+    for name, (bm, bn, w, s) in MID_TILES.items():
+        tiles = math.ceil(M / bm) * math.ceil(N / bn)
+        rule = gconfig.split_for(tiles, math.ceil(K / 64), num_sms)
+        for split in sorted(set(MID_SPLITS) | {rule}):
+            if tiles * split <= 2 * num_sms or split == rule:
+                out[f"{name}_k{split}"] = dict(block_m=bm, block_n=bn, block_k=64, num_warps=w, num_stages=s,
+                                               tma_store=False, split_k=split)
+    return out
+
+
+def time_mid_m(args, prov) -> list[dict]:
+    import torch
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows, t0 = [], time.time()
+    for M, N, K in MID_SHAPES:
+        if time.time() - t0 > args.budget_s:
+            print(f"budget spent: {M}x{N}x{K} and later not run", flush=True)
+            break
+        rows += time_configs([(M, N, K)], torch.bfloat16, mid_m_configs(M, N, K, sms), args, prov)
+    return rows
+
+
 # --fp32-small: the FMA kernel (GemmConfig.fma) at the zoo's fp32 shapes with M <= 64.
 FMA_TOL = 1e-5   # true fp32 against float64 (tests/test_gemm.py FMA_TOL says why)
 
@@ -338,6 +387,8 @@ def main(argv=None) -> int:
                     help="only the stream-K split probe (SK_MAX_SPLIT 2-16 on 1-3 round shapes) -> stream_k.csv")
     ap.add_argument("--fp32-small", action="store_true",
                     help="only the fp32 M <= 64 probe (FMA kernel, tf32 swap kernel, cuBLAS) -> fp32_small.csv")
+    ap.add_argument("--mid-m", action="store_true",
+                    help="only the split-K probe at M 64-1024 with few tiles and a long K -> mid_m.csv")
     ap.add_argument("--dry-run", action="store_true", help="with --fp32-small: list what it would time, no GPU")
     args = ap.parse_args(argv)
     if args.dry_run:
@@ -358,6 +409,9 @@ def main(argv=None) -> int:
     prov = provenance.flat(provenance.collect())
     if args.stream_k:
         pd.DataFrame(time_stream_k(args, prov)).to_csv(out / "stream_k.csv", index=False)
+        return 0
+    if args.mid_m:
+        pd.DataFrame(time_mid_m(args, prov)).to_csv(out / "mid_m.csv", index=False)
         return 0
     if args.fp32_small:
         pd.DataFrame(time_fp32_small(args, prov)).to_csv(out / "fp32_small.csv", index=False)
