@@ -62,6 +62,8 @@ CASES = [
     ("3x4097x96-fp32-narrow", 3, 4097, 96, "float32", dict(SPLIT, block_n=256, split_k=2)),
     ("130x257x96-fp16-split", 130, 257, 96, "float16", dict(SPLIT, block_m=32, block_n=64, split_k=3)),
     ("130x257x96-fp32-swap", 130, 257, 96, "float32", dict(SPLIT, block_m=32, swap_ab=True, split_k=2)),
+    # 13 row blocks in bands of 8 and 5 (the tiles' order, _tile_coords), each tile in 2 pieces
+    ("200x70x64-bf16-split-bands", 200, 70, 64, "bfloat16", dict(SPLIT, split_k=2)),
     ("17x33x8200-bf16-swap", 17, 33, 8200, "bfloat16", dict(SPLIT, block_k=128, swap_ab=True, split_k=16)),
     ("17x33x8200-fp16-narrow", 17, 33, 8200, "float16", dict(SPLIT, block_k=128, split_k=7)),
     ("17x40x8200-fp32-swap-tma", 17, 40, 8200, "float32", dict(SPLIT, block_k=128, swap_ab=True, split_k=9,

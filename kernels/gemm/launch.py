@@ -346,7 +346,7 @@ def _splitk_plan(M: int, N: int, K: int, cfg: GemmConfig, tma_ok: bool, pads: di
     launch = PlannedLaunch(_gemm_splitk_kernel, (tiles, pieces),
                            dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                 USE_TMA=bool(tma_ok), SWAP_AB=cfg.swap_ab, DEVICE_DESC=bool(device_desc),
-                                B_KMAJOR=bool(b_kmajor)),
+                                B_KMAJOR=bool(b_kmajor), GROUP_M=cfg.group_m),
                            dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     b_block = [cfg.block_n, cfg.block_k] if b_kmajor else [cfg.block_k, cfg.block_n]
     blocks = ([cfg.block_m, cfg.block_k], b_block) if tma_ok and not device_desc else ()
@@ -720,7 +720,7 @@ def _compile_args_splitk(cfg: GemmConfig, dtype: torch.dtype, device_desc: bool 
            "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32",
            "split_k": "i32", "steps_per_split": "i32"}
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "USE_TMA": True, "SWAP_AB": cfg.swap_ab,
-                  "stride_ak": 1, "stride_cn": 1, "B_KMAJOR": b_kmajor,
+                  "stride_ak": 1, "stride_cn": 1, "B_KMAJOR": b_kmajor, "GROUP_M": cfg.group_m,
                   **({"stride_bk": 1} if b_kmajor else {"stride_bn": 1})}
     b_row = "stride_bn" if b_kmajor else "stride_bk"   # B's row stride (of B^T when K-major)
     if b_kmajor:

@@ -289,7 +289,7 @@ def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M,
                         split_k, steps_per_split,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, DEVICE_DESC: tl.constexpr = False,
-                        B_KMAJOR: tl.constexpr = False):
+                        B_KMAJOR: tl.constexpr = False, GROUP_M: tl.constexpr = 8):
     """One output tile per program column, its K range cut into ``split_k`` pieces
     (grid: tiles x split_k). For few tiles (small M, or a short wide problem): the
     split puts every SM to work on B, which small-M products only read once.
@@ -317,7 +317,8 @@ def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M,
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     acc, rows, cols = _split_piece(a_desc, b_desc, a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                                   pid, pid_k, steps_per_split, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB, B_KMAJOR)
+                                   pid, pid_k, steps_per_split, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB, B_KMAJOR,
+                                   GROUP_M)
     _store_split(acc, pid, pid_k, split_k, rows, cols, c_ptr, stride_cm, stride_cn, M, N, ws_ptr, cnt_ptr,
                  BLOCK_M, BLOCK_N)
 
@@ -325,12 +326,17 @@ def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M,
 @triton.jit
 def _split_piece(a_desc, b_desc, a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                  pid, pid_k, steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, B_KMAJOR: tl.constexpr):
+                 USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, B_KMAJOR: tl.constexpr, GROUP_M: tl.constexpr):
     """(piece ``pid_k`` of output tile ``pid``'s product, its rows, its columns): K steps
-    ``pid_k * steps_per_split`` onwards, tiles numbered row-major over (M, N) blocks."""
+    ``pid_k * steps_per_split`` onwards, tiles numbered in GROUP_M-row bands (``_tile_coords``).
+
+    The bands matter once the programs fill the GPU: numbered row-major, the tiles that
+    share a block of B were a row of tiles apart and read it from HBM each (an H200,
+    256x14336x4096 in 112 tiles of 128x256: 73.7 us row-major against 50.7 for the
+    persistent kernel's bands, results/gemm_zoo/gaps/mid_m.csv)."""
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-    pid_m = pid // num_pid_n
-    pid_n = pid - pid_m * num_pid_n
+    pid_m, pid_n = _tile_coords(pid, num_pid_m, num_pid_n, GROUP_M)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
     k_steps = (K + BLOCK_K - 1) // BLOCK_K

@@ -121,7 +121,8 @@ def _gemm_scatter_split_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, ws_ptr, cnt_
                                stride_cm, rank, max_spins, split_k, steps_per_split,
                                WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr, TMA_LOADS: tl.constexpr, SWAP_AB: tl.constexpr,
-                               HINTS: tl.constexpr, WAIT: tl.constexpr, SCOPE: tl.constexpr):
+                               HINTS: tl.constexpr, WAIT: tl.constexpr, SCOPE: tl.constexpr,
+                               GROUP_M: tl.constexpr = 8):
     """Small M: piece ``program_id(1)`` of tile ``program_id(0)`` (``kernels.gemm``'s
     split-K piece, SWAP_AB computing it as C^T = B^T A^T with a narrow MMA side); the
     piece that completes the tile in the fp32 workspace scatters it from registers."""
@@ -129,7 +130,7 @@ def _gemm_scatter_split_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, ws_ptr, cnt_
     pid_k = tl.program_id(1)
     acc, rows, cols = _split_piece(a_desc, b_desc, a_ptr, b_ptr, M, N_LOCAL, K, stride_am, stride_ak, stride_bk,
                                    stride_bn, pid, pid_k, steps_per_split, BLOCK_M, BLOCK_N, BLOCK_K, TMA_LOADS,
-                                   SWAP_AB, False)
+                                   SWAP_AB, False, GROUP_M)
     acc, last = _meet_split(acc, pid, pid_k, split_k, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N)
     if last:
         mask = (rows[:, None] < M) & (cols[None, :] < N_LOCAL)
