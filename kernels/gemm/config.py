@@ -753,11 +753,11 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_
         k64 = math.ceil(K / 64)
         t = math.ceil(M / 64) * math.ceil(N / 128)
         if t < 2 * num_sms:
-            out["splitk64"] = GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=5,
+            out["splitk64"] = GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=6,
                                          tma_store=False, split_k=split_for(t, k64, num_sms))
         t = math.ceil(M / 128) * math.ceil(N / 128)
         if t < 2 * num_sms and M > SMALL_M:
-            out["splitk128"] = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4,
+            out["splitk128"] = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=6,
                                           tma_store=False, split_k=split_for(t, k64, num_sms))
     if not aligned:
         out = {name: dataclasses.replace(c, pad=True) for name, c in out.items()}

@@ -35,7 +35,7 @@ from typing import Any, Mapping
 import torch
 
 from kernels.common.configs import config_of
-from kernels.gemm.config import SMALL_M, _TILING_TILES as _GEMM_FIT, heuristic as gemm_heuristic
+from kernels.gemm.config import MID_M, _TILING_TILES as _GEMM_FIT, heuristic as gemm_heuristic
 from workbench.asm.resources import smem_per_block
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -153,12 +153,12 @@ def pick_tile(M: int, n_local: int, K: int, num_sms: int = DEVICE_SMS, esize: in
 def heuristic(M: int, n_local: int, K: int, dtype: torch.dtype = torch.bfloat16,
               num_sms: int = DEVICE_SMS, tma: bool = True) -> ScatterConfig:
     """The config ``gemm_all_scatter`` runs when none is given. M up to
-    ``kernels.gemm``'s SMALL_M with TMA-addressable operands: the GEMM family's
-    small-M choice (its cost model, fitted on the GEMM shape zoo) when that is a
-    split or swapped tile, run by the small-M kernel. Otherwise the rule's tile with
-    the BLOCK_K, warps and stages the GEMM sweep found best for it (fewer stages
-    if they would not fit in shared memory)."""
-    if tma and M <= SMALL_M and dtype in (torch.bfloat16, torch.float16):
+    ``kernels.gemm``'s MID_M with TMA-addressable operands: the GEMM family's
+    choice (its cost model, fitted on the GEMM shape zoo) when that is a split or
+    swapped tile (few output tiles, a long K), run by the small-M kernel. Otherwise
+    the rule's tile with the BLOCK_K, warps and stages the GEMM sweep found best for
+    it (fewer stages if they would not fit in shared memory)."""
+    if tma and M <= MID_M and dtype in (torch.bfloat16, torch.float16):
         g = gemm_heuristic(M, n_local, K, dtype, num_sms)
         if g.split_k is not None and g.tma is not False and not g.pad:
             return ScatterConfig(block_m=g.block_m, block_n=g.block_n, block_k=g.block_k, num_warps=g.num_warps,
