@@ -235,8 +235,27 @@ def test_small_m_takes_the_gemm_familys_split_tiles():
         gscfg.validate(cfg)
         assert cfg.split_kernel and (cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, cfg.swap_ab) == \
             (g.block_m, g.block_n, g.block_k, g.split_k, g.swap_ab)
-    assert not gs.heuristic(SMALL_M * 2, 2048, 14336, torch.bfloat16, 132).split_kernel
     assert not gs.heuristic(1, 2048, 14336, torch.float32, 132).split_kernel
+
+
+def test_long_reductions_above_small_m_take_split_tiles_where_the_rule_scores_them_cheaper():
+    """Above SMALL_M (up to MID_M) and from SPLIT_MIN_K on, SPLIT_TILE in K pieces where the
+    tile rule's model scores it under the persistent tile; shorter K, fp32, unaligned rows
+    (no TMA) and problems whose tiles already fill the SMs keep the persistent kernel."""
+    from kernels.gemm.config import SMALL_M
+
+    split = gs.heuristic(2 * SMALL_M, 4096, 14336, torch.bfloat16, 132)
+    gscfg.validate(split)
+    est, pieces = gscfg.split_estimate(2 * SMALL_M, 4096, 14336, 132)
+    bm, bn = gscfg.pick_tile(2 * SMALL_M, 4096, 14336, 132)
+    assert est < gscfg.tile_estimate(2 * SMALL_M, 4096, 14336, (bm, bn), 132)
+    assert split.split_kernel and not split.swap_ab and split.split_k == pieces > 1
+    assert (split.block_m, split.block_n, split.block_k, split.num_warps, split.num_stages) == gscfg.SPLIT_TILE
+    for args in ((2 * SMALL_M, 4096, gscfg.SPLIT_MIN_K // 2, torch.bfloat16, 132),
+                 (2 * SMALL_M, 4096, 14336, torch.float32, 132),
+                 (8192, 8192, 14336, torch.bfloat16, 132)):
+        assert not gs.heuristic(*args).split_kernel, args
+    assert not gs.heuristic(2 * SMALL_M, 4096, 14336, torch.bfloat16, 132, tma=False).split_kernel
 
 
 SPLIT_CASES = [  # (world, M, K, n, dtype, split_k, swap_ab): K / BLOCK_K not a multiple of the split,

@@ -15,7 +15,8 @@ Small M (up to ``kernels.gemm``'s SMALL_M): a second kernel cuts each tile's K
 range into pieces (``split_k``) computed with swapped operands (``swap_ab``), the
 GEMM family's split-K pieces; the pieces meet in an fp32 workspace and the one
 that completes a tile scatters it. The heuristic takes the GEMM family's choice
-of tile, pieces and swap there.
+of tile, pieces and swap there, and runs the same kernel (64x128 tiles, no swap)
+for long reductions with few tiles up to MID_M rows (``config.heuristic``).
 
 Completion: after its last tile each program adds 1 to its rank's slot in
 every rank's flag array (stores, CTA barrier, release atomic at system scope);

@@ -25,6 +25,20 @@ at 3/4 of 64x128's (one warpgroup issuing half-width wgmma); notebook 06 shows
 the rule's regret against the best measured tile. The scatter's stores are
 posted writes that drain while the next tile's mainloop runs, so they are
 left out of the per-tile cost (the NVLink bound is in ``metrics.bounds_us``).
+
+Few tiles and a long K. Up to ``kernels.gemm``'s MID_M rows and from
+``SPLIT_MIN_K`` on, the same model also scores ``SPLIT_TILE`` with its K range cut into
+``kernels.gemm.config.split_for`` pieces (each piece a program of the small-M
+kernel, its partial sums meeting in an fp32 workspace: written once and read
+once more, charged at the copy bandwidth) and takes it when cheaper. On an H200
+the 64x128 tile, 2 pieces, ran 128x4096x14336 in 48.8 us and 256x2048x14336 in
+41.6 us against 59.6 and 55.9 for the persistent 64x128 tile (one piece)
+(``kernels.gemm``'s split-K kernel, ``results/gemm_zoo/gaps/mid_m.csv``). With K = 4096
+the model's load term, which charges every program's bytes at one SM's share of
+HBM, still prefers pieces, but there the pieces ran 24.8 us against 19.1 for the
+persistent 64x64 tiles (128x4096x4096; ``results/gemm_scatter/times_w1.parquet``),
+hence ``SPLIT_MIN_K``. Five measured shapes set this rule; the spec's other
+shapes are its test.
 """
 from __future__ import annotations
 
@@ -35,7 +49,7 @@ from typing import Any, Mapping
 import torch
 
 from kernels.common.configs import config_of
-from kernels.gemm.config import MID_M, _TILING_TILES as _GEMM_FIT, heuristic as gemm_heuristic
+from kernels.gemm.config import MID_M, SMALL_M, _TILING_TILES as _GEMM_FIT, heuristic as gemm_heuristic, split_for, split_pieces
 from workbench.asm.resources import smem_per_block
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -46,6 +60,8 @@ DEFAULT_MAX_SPINS = 1 << 26   # polls before a wait gives up (bounded: a silent 
 TILES = {(bm, bn): (bk, w, st, rate, fixed) for (bm, bn, bk, w, st), (rate, fixed) in _GEMM_FIT.items()}
 TILES[(64, 64)] = (64, 4, 4, 0.75 * TILES[(64, 128)][3], TILES[(64, 128)][4])
 CANDIDATES = tuple(TILES)
+SPLIT_TILE = (64, 128, 64, 4, 6)  # (BM, BN, BK, warps, stages) of the split rule (results/gemm_zoo/gaps/mid_m.csv)
+SPLIT_MIN_K = 8192  # shorter reductions stay whole (see the module docstring)
 HBM_GBPS, DEVICE_SMS = 4277.0, 132  # H200: measured copy bandwidth (results/ceilings/nvidia-h200.json), SMs
 
 
@@ -145,6 +161,20 @@ def tile_estimate(M: int, n_local: int, K: int, tile: tuple[int, int], num_sms: 
     return math.ceil(tiles_of(M, n_local, bm, bn) / num_sms) * max(mma_us, load_us)
 
 
+def split_estimate(M: int, n_local: int, K: int, num_sms: int, esize: int = 2) -> tuple[float, int]:
+    """(the rule's time estimate in us, pieces) for ``SPLIT_TILE`` with each tile's K range
+    in ``split_for`` pieces, one program each, partial sums written and read back once."""
+    bm, bn, bk = SPLIT_TILE[:3]
+    tiles, k_steps = tiles_of(M, n_local, bm, bn), math.ceil(K / bk)
+    pieces, per = split_pieces(k_steps, split_for(tiles, k_steps, num_sms))
+    k_len = min(K, per * bk)
+    rate, fixed = TILES[(bm, bn)][3], TILES[(bm, bn)][4]
+    mma_us = 2.0 * bm * bn * k_len / (rate * 1e6) + fixed
+    load_us = (min(bm, M) * k_len + k_len * bn) * esize / (HBM_GBPS / DEVICE_SMS * 1e3)
+    partial_us = 2.0 * 4 * bm * bn * tiles * pieces / (HBM_GBPS * 1e3) if pieces > 1 else 0.0
+    return math.ceil(tiles * pieces / num_sms) * max(mma_us, load_us) + partial_us, pieces
+
+
 def pick_tile(M: int, n_local: int, K: int, num_sms: int = DEVICE_SMS, esize: int = 2) -> tuple[int, int]:
     """The rule's (BLOCK_M, BLOCK_N) for an (M, n_local) output with reduction K on ``num_sms`` SMs."""
     return min(CANDIDATES, key=lambda t: (tile_estimate(M, n_local, K, t, num_sms, esize), t[0] * t[1]))
@@ -153,18 +183,25 @@ def pick_tile(M: int, n_local: int, K: int, num_sms: int = DEVICE_SMS, esize: in
 def heuristic(M: int, n_local: int, K: int, dtype: torch.dtype = torch.bfloat16,
               num_sms: int = DEVICE_SMS, tma: bool = True) -> ScatterConfig:
     """The config ``gemm_all_scatter`` runs when none is given. M up to
-    ``kernels.gemm``'s MID_M with TMA-addressable operands: the GEMM family's
-    choice (its cost model, fitted on the GEMM shape zoo) when that is a split or
-    swapped tile (few output tiles, a long K), run by the small-M kernel. Otherwise
-    the rule's tile with the BLOCK_K, warps and stages the GEMM sweep found best for
-    it (fewer stages if they would not fit in shared memory)."""
-    if tma and M <= MID_M and dtype in (torch.bfloat16, torch.float16):
+    ``kernels.gemm``'s SMALL_M with TMA-addressable operands: the GEMM family's
+    small-M choice (its cost model, fitted on the GEMM shape zoo) when that is a
+    split or swapped tile, run by the small-M kernel. Otherwise the rule's tile with
+    the BLOCK_K, warps and stages the GEMM sweep found best for it (fewer stages
+    if they would not fit in shared memory), or (M up to MID_M) ``SPLIT_TILE`` in K
+    pieces where the rule scores that cheaper (the module docstring)."""
+    if tma and M <= SMALL_M and dtype in (torch.bfloat16, torch.float16):
         g = gemm_heuristic(M, n_local, K, dtype, num_sms)
         if g.split_k is not None and g.tma is not False and not g.pad:
             return ScatterConfig(block_m=g.block_m, block_n=g.block_n, block_k=g.block_k, num_warps=g.num_warps,
                                  num_stages=g.num_stages, split_k=g.split_k, swap_ab=g.swap_ab)
     esize = torch.empty((), dtype=dtype).element_size()
     bm, bn = pick_tile(M, n_local, K, num_sms, esize)
+    if tma and M <= MID_M and K >= SPLIT_MIN_K and esize == 2:
+        est, pieces = split_estimate(M, n_local, K, num_sms, esize)
+        if pieces > 1 and est < tile_estimate(M, n_local, K, (bm, bn), num_sms, esize):
+            sbm, sbn, sbk, warps, stages = SPLIT_TILE
+            return ScatterConfig(block_m=sbm, block_n=sbn, block_k=sbk, num_warps=warps, num_stages=stages,
+                                 split_k=pieces)
     bk, warps, stages = TILES[(bm, bn)][:3]
     cfg = ScatterConfig(block_m=bm, block_n=bn, block_k=bk if esize <= 2 else bk // 2, num_warps=warps,
                         num_stages=stages)
