@@ -765,7 +765,7 @@ def test_stream_k_plan_skips_whole_rounds_and_short_k():
 
 @pytest.mark.parametrize("M,N,K", [(8192, 8192, 8192), (4096, 14336, 4096), (2048, 7168, 2048),
                                    (512, 4096, 7168), (16, 4096, 4096), (1, 57344, 8192), (909, 4152, 2912),
-                                   (8147, 32, 514), (64, 64, 64)])
+                                   (8147, 32, 514), (64, 64, 64), (12075, 8, 896)])
 def test_heuristic_is_the_cost_models_argmin(M, N, K):
     """Outside the tiling study's domain the rule is a cost model over candidates: what it
     returns is the candidate with the least modelled time, for 16-bit and fp32, with and
@@ -779,6 +779,9 @@ def test_heuristic_is_the_cost_models_argmin(M, N, K):
             cands = gconfig.candidates(M, N, K, dtype, 132, gluon=gl)
             if dtype == torch.float32 and M <= gconfig.FMA_MAX_M:   # a stated rule, not the model
                 assert cfg == cands["fma"]
+                continue
+            if dtype != torch.float32 and N <= gconfig.TALL_MAX_N and M > gconfig.SMALL_M:   # likewise
+                assert cfg == cands["tall"]
                 continue
             est = {n: gconfig.estimate_us(c, M, N, K, dtype, 132, gconfig.COST[n])
                    for n, c in cands.items() if n in gconfig.COST}
@@ -794,6 +797,17 @@ def test_goal_shapes_keep_the_tiling_studys_choices():
             (1024, 4096, 14336): "128x256x64 w8 s4", (512, 4096, 7168): "128x128x64 w4 s6"}
     for (M, N, K), label in want.items():
         assert label in gemm.heuristic(M, N, K, torch.bfloat16, 132).label(), (M, N, K)
+
+
+def test_heuristic_few_columns_take_the_tall_tile():
+    """16-bit, at most TALL_MAX_N columns and M > SMALL_M: the 128 x 16 "tall" tile, split over K
+    where its row blocks are few; from 32 columns, or small M, or fp32, the other rules."""
+    for M, N, K in [(12075, 8, 896), (5572, 2, 2160), (512, 8, 4096), (65, 16, 64)]:
+        cfg = gemm.heuristic(M, N, K, torch.bfloat16, 132, tma=(N * 2) % 16 == 0 and (K * 2) % 16 == 0)
+        assert (cfg.block_m, cfg.block_n, cfg.split_k is not None) == (128, 16, True), (M, N, K, cfg.label())
+    for M, N, K, dtype in [(8147, 32, 512, torch.bfloat16), (32, 8, 4096, torch.bfloat16),
+                           (12075, 8, 896, torch.float32)]:
+        assert gemm.heuristic(M, N, K, dtype, 132) == gconfig.cost_model_rule(M, N, K, dtype, 132), (M, N, K)
 
 
 def test_heuristic_small_m_takes_the_split_k_kernel():

@@ -407,7 +407,8 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_s
     copy it into an aligned buffer first, and the model charges the copy); ``gluon=False``
     keeps to the Triton kernels; ``c_aligned=False``: C's rows are not aligned (no TMA stores).
     fp32 with M <= ``FMA_MAX_M`` and B row-major takes the FMA kernel (``fma_config``), on any
-    GPU and in the interpreter; ``b_kmajor``: B is a transposed view, K contiguous."""
+    GPU and in the interpreter; ``b_kmajor``: B is a transposed view, K contiguous.
+    16-bit products at most ``TALL_MAX_N`` wide with M > SMALL_M take the "tall" candidate."""
     if dtype == torch.float32 and M <= FMA_MAX_M and not b_kmajor:
         return fma_config(M, N, K, num_sms, b_kmajor)
     if not hopper:
@@ -415,7 +416,18 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_s
         return GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3, group_m=8)
     if in_tiling_domain(M, N, K, dtype, tma, c_aligned):
         return tiling_rule(M, N, K, dtype, num_sms, gluon)
+    if N <= TALL_MAX_N and M > SMALL_M and dtype != torch.float32:
+        return candidates(M, N, K, dtype, num_sms, aligned=tma, gluon=gluon, c_aligned=c_aligned)["tall"]
     return cost_model_rule(M, N, K, dtype, num_sms, gluon, tma, c_aligned)
+
+
+# At most this many columns (and M > SMALL_M), 16-bit: the "tall" candidate (128 x 16 tiles), whose
+# MMA does no work past N, where a 64-128 wide tile does 4-64x the useful work. On the fit half of
+# the zoo (run 11's sweep) it was the fastest candidate on all three such shapes (512x8x4096,
+# 5572x2x2160, 5787x8x80), while the cost model picked it on one; held out (one shape, 12075x8x896)
+# it is the fastest there too, 15.5 us against 20.4 for the model's pick (gl_pp). From N = 32 the
+# wider tiles won on the fit half (t128x64 at 8147x32x514 and 8303x48x880).
+TALL_MAX_N = 16
 
 
 def cost_model_rule(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
