@@ -12,7 +12,7 @@ fixed costs by non-negative least squares on the relative error. Then, on every
 shape of both halves, the rule picks the candidate with the least modelled time;
 its regret is its measured time over the fastest candidate's. Writes
 cost_constants.csv and regret.csv, and prints the ``COST`` table to paste into
-kernels/gemm/config.py.
+kernels/gemm/config.py. ``--in-use`` fits nothing and scores the ``COST`` in use instead.
 """
 from __future__ import annotations
 
@@ -214,11 +214,18 @@ def main(argv=None) -> int:
     # 0.01: the least regret on the fit half among 0.003, 0.006 and 0.01 (1.025 vs 1.026-1.027)
     ap.add_argument("--max-loss", type=float, default=0.01,
                     help="candidates are pruned while the fit half's per-shape best loses at most this (geomean)")
+    ap.add_argument("--in-use", action="store_true",
+                    help="no fit: score the COST of kernels/gemm/config.py on this sweep (regret.csv, cost_constants.csv)")
     args = ap.parse_args(argv)
     df = load(Path(args.sweep))
-    keep = prune(df, args.max_loss)
-    print(f"candidates kept ({len(keep)}): {', '.join(keep)}")
-    cost = fit(df, keep)
+    if args.in_use:
+        from kernels.gemm import config as gconfig
+
+        cost = dict(gconfig.COST)
+    else:
+        keep = prune(df, args.max_loss)
+        print(f"candidates kept ({len(keep)}): {', '.join(keep)}")
+        cost = fit(df, keep)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     consts = pd.DataFrame([{"candidate": k, "tflops_per_program": v[0], "gbps_per_program": v[1],
