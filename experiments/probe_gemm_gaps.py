@@ -14,7 +14,9 @@ kernel runs them, and how other tilings of ours fare there.
    flushed, taking turns). fp32 runs on the tensor cores (tf32) in both.
 3. ``--mid-m`` alone -> ``mid_m.csv``: M 64-1024 with few tiles and a long K, the
    split-K kernel's tiles at several splits against the persistent ones.
-4. ``--fp32-small`` alone -> ``fp32_small.csv``: the zoo's fp32 shapes with M <= 64,
+4. ``--tail`` alone -> ``tail.csv``: the last, partial round's tiles in 2 or 4 column
+   slices (``GemmConfig.tail_split``) against the same tile whole and stream-K.
+5. ``--fp32-small`` alone -> ``fp32_small.csv``: the zoo's fp32 shapes with M <= 64,
    B row-major and K-major: the FMA kernel as the heuristic configures it and
    variants of it, the tf32 kernel the cost model picks without it (the split-K
    "swap" kernel), cuBLAS with tf32 (as the zoo compares) and in true fp32; each
@@ -256,6 +258,19 @@ def time_mid_m(args, prov) -> list[dict]:
     return rows
 
 
+# --tail: the last, partial round of a persistent tile in column slices (GemmConfig.tail_split)
+# against the same tile whole, stream-K's K-split tail and cuBLAS, on the zoo's 1-4 round tile-edge
+# shapes (both halves) and a few multi-round ones.
+TAIL_SHAPES = [(1539, 2824, 4224), (771, 2352, 4280), (2958, 3120, 2144), (909, 4152, 2912), (519, 5920, 6856),
+               (1024, 4608, 3584), (2440, 4112, 6736), (521, 2080, 5152), (1536, 2816, 4224), (8192, 8192, 8192),
+               (4096, 14336, 4096), (16384, 4608, 3584), (2048, 7168, 2048)]
+_T256 = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, **_ST)
+_T128 = dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=6, **_ST)
+TAIL_CONFIGS = {"t128x256": _T256, "t128x256ts2": dict(_T256, tail_split=2), "t128x256ts4": dict(_T256, tail_split=4),
+                "t128x256sk": dict(_T256, stream_k=True), "t128x128": _T128,
+                "t128x128ts2": dict(_T128, tail_split=2), "t128x128ts4": dict(_T128, tail_split=4)}
+
+
 # --fp32-small: the FMA kernel (GemmConfig.fma) at the zoo's fp32 shapes with M <= 64.
 FMA_TOL = 1e-5   # true fp32 against float64 (tests/test_gemm.py FMA_TOL says why)
 
@@ -387,6 +402,8 @@ def main(argv=None) -> int:
                     help="only the stream-K split probe (SK_MAX_SPLIT 2-16 on 1-3 round shapes) -> stream_k.csv")
     ap.add_argument("--fp32-small", action="store_true",
                     help="only the fp32 M <= 64 probe (FMA kernel, tf32 swap kernel, cuBLAS) -> fp32_small.csv")
+    ap.add_argument("--tail", action="store_true",
+                    help="only the tail-split probe (the last round's tiles in column slices) -> tail.csv")
     ap.add_argument("--mid-m", action="store_true",
                     help="only the split-K probe at M 64-1024 with few tiles and a long K -> mid_m.csv")
     ap.add_argument("--dry-run", action="store_true", help="with --fp32-small: list what it would time, no GPU")
@@ -412,6 +429,10 @@ def main(argv=None) -> int:
         return 0
     if args.mid_m:
         pd.DataFrame(time_mid_m(args, prov)).to_csv(out / "mid_m.csv", index=False)
+        return 0
+    if args.tail:
+        rows = time_configs(TAIL_SHAPES, torch.bfloat16, TAIL_CONFIGS, args, prov)
+        pd.DataFrame(rows).to_csv(out / "tail.csv", index=False)
         return 0
     if args.fp32_small:
         pd.DataFrame(time_fp32_small(args, prov)).to_csv(out / "fp32_small.csv", index=False)

@@ -76,6 +76,17 @@ CASES = [
     ("3x4097x95-fp32-pad", 3, 4097, 95, "float32", dict(SPLIT, block_n=256, split_k=2, tma=True, pad=True)),
     ("70x64x123-bf16-pad-sk", 70, 64, 123, "bfloat16",
      dict(SMALL, tma=True, tma_store=False, stream_k=True, num_sms=3, pad=True)),
+    # Tail split (TMA path): the last, partial round's tiles in column slices, one per program
+    # (the tail tiles are whole columns of tiles here, so a slice written twice or not at all
+    # shows). 40 tiles on 9 programs: 4 in the last round, 2 slices each; 20 tiles on 9
+    # programs, B K-major: 2 left, 4 slices; 24 on 7, fp32 (B copied K-major): 3 left, 2
+    # slices; 4 tiles on 8 programs, the only round, 2 slices each.
+    ("130x256x96-bf16-tma-ts2", 130, 256, 96, "bfloat16", dict(SMALL, tma=True, tail_split=2, num_sms=9)),
+    ("130x256x96-fp16-tma-ts4-bT", 130, 256, 96, "float16",
+     dict(SMALL, block_n=64, tma=True, tail_split=4, num_sms=9, _b="t")),
+    ("70x256x96-fp32-tma-ts2", 70, 256, 96, "float32", dict(SMALL, tma=True, tail_split=2, num_sms=7)),
+    ("40x96x64-bf16-tma-ts4-one-round", 40, 96, 64, "bfloat16",
+     dict(SMALL, block_n=64, tma=True, tail_split=4, num_sms=8, tma_store=False)),
     # B as a transposed view (K-major, x @ w.t() with an nn.Linear weight w (N, K)): read
     # through a descriptor over w; fp32 row-major B copied K-major first (transpose_b).
     ("130x264x96-bf16-tma-bT", 130, 264, 96, "bfloat16", dict(SMALL, tma=True, _b="t")),
@@ -259,6 +270,9 @@ def test_cpu_without_interpreter_says_what_to_do():
     (dict(group_m=0), "group_m"),
     (dict(num_sms=0), "num_sms"),
     (dict(epilogue_split=4), "epilogue_split"),
+    (dict(tail_split=3), "tail_split=3 must be 1, 2 or 4"),
+    (dict(tail_split=2, stream_k=True), "tail_split runs on the persistent TMA kernel"),
+    (dict(tail_split=4, block_n=32), "block_n / tail_split >= 16"),
     (dict(warp_specialize=True), "warp_specialize"),
     (dict(blok_m=64), "unknown config"),
 ])

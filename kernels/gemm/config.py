@@ -40,6 +40,10 @@ class GemmConfig:
     epilogue_split: int = 1  # 1 or 2 (descriptor stores only)
     flatten: bool = True
     stream_k: bool = False  # TMA path: split the last wave's tiles along K over every SM
+    # TMA path: the last, partial round's tiles run as up to this many column slices each
+    # (BLOCK_N / tail_split wide; 1, 2 or 4), so they take that many more SMs and less time
+    # each. Nothing to add up: each slice is a whole output block (unlike stream-K's pieces).
+    tail_split: int = 1
     # "pingpong" or "coop": run the Gluon warp-specialised kernel (kernels.gemm.gluon)
     # with this tile, stages, group and SM count; num_warps and the other
     # Triton-kernel knobs do not apply (4 warps per consumer warpgroup there).
@@ -83,6 +87,8 @@ class GemmConfig:
             s += " ptr"
         if self.stream_k:
             s += " sk"
+        if self.tail_split != 1:
+            s += f" ts{self.tail_split}"
         if self.split_k is not None:
             s += f" k{self.split_k}"
         if self.swap_ab:
@@ -159,6 +165,12 @@ def validate_config(c: GemmConfig) -> None:
         raise ValueError(f"gemm: epilogue_split={c.epilogue_split!r} must be 1 or 2")
     if c.fma:   # before the other kernels' rules: it names every knob it cannot take
         _validate_fma(c)
+    if c.tail_split not in (1, 2, 4):
+        raise ValueError(f"gemm: tail_split={c.tail_split!r} must be 1, 2 or 4")
+    if c.tail_split != 1 and (c.stream_k or c.warp_specialize or c.tma is False or c.gluon or c.split_k is not None
+                              or c.fma or c.block_n // c.tail_split < 16):
+        raise ValueError("gemm: tail_split runs on the persistent TMA kernel without stream_k, warp "
+                         "specialisation, split_k, gluon or fma, with block_n / tail_split >= 16")
     if c.stream_k and (c.warp_specialize or c.tma is False):
         raise ValueError("gemm: stream_k=True runs on the TMA path without warp specialisation "
                          "(set tma=None or True and warp_specialize=False)")
@@ -500,6 +512,19 @@ _PEAK_FLOPS, _PEAK_BYTES = 660e12, 3.3e12   # the bound below: H200-like 16-bit 
 def bound_us(M: int, N: int, K: int, elem_bytes: int) -> float:
     """A lower bound of the product's GPU time (compute or one pass over A, B, C)."""
     return max(2.0 * M * N * K / _PEAK_FLOPS, (M * K + K * N + M * N) * elem_bytes / _PEAK_BYTES) * 1e6
+
+
+def tail_slices(tiles: int, programs: int, most: int) -> int:
+    """Column slices per tile of the last, partial round (``GemmConfig.tail_split``): the most,
+    up to ``most``, whose slices all run at once on the programs; 1 when there is no partial
+    round or no split fits."""
+    tail = tiles % programs if tiles > programs else tiles
+    if tail == 0:
+        return 1
+    for s in (4, 2):
+        if s <= most and tail * s <= programs:
+            return s
+    return 1
 
 
 def stream_k_plan(tiles: int, programs: int, k_steps: int) -> StreamKPlan:

@@ -44,8 +44,8 @@ from kernels.common.plans import capability as _capability, sm_count as _sm_coun
 from kernels.gemm import gluon
 from kernels.gemm.config import (
     DEVICE_DESC_MAX_US, DTYPES, MAXNREG, WS_DTYPES, GemmConfig, StreamKPlan, WsConfig, _as_config,
-    _refuse_ws_on_gpu, bound_us, fma_split, heuristic, num_warps, split_pieces, stream_k_plan, validate_config,
-    validate_ws, ws_device_desc_fits,
+    _refuse_ws_on_gpu, bound_us, fma_split, heuristic, num_warps, split_pieces, stream_k_plan, tail_slices,
+    validate_config, validate_ws, ws_device_desc_fits,
 )
 from kernels.gemm.metrics import _mnk
 from kernels.gemm.triton import (
@@ -292,14 +292,24 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
     if cfg.stream_k and not use_tma:
         raise ValueError("gemm: stream_k=True needs the TMA path (sm_90+, 16-byte aligned rows); "
                          "use stream_k=False for these operands")
+    if cfg.tail_split != 1 and not use_tma:
+        if config is not None:
+            raise ValueError("gemm: tail_split needs the TMA path (sm_90+, 16-byte aligned rows); "
+                             "use tail_split=1 for these operands")
+        cfg = dataclasses.replace(cfg, tail_split=1)
     programs = max(1, cfg.num_sms or sms) if cfg.stream_k else max(1, min(cfg.num_sms or sms, tiles))
+    slices = tail_slices(tiles, max(1, cfg.num_sms or sms), cfg.tail_split) if cfg.tail_split != 1 else 1
+    if slices > 1:   # every SM: the slices of the last round outnumber its tiles
+        programs = max(1, cfg.num_sms or sms)
     if not use_tma:
         launch = PlannedLaunch(_gemm_ptr_kernel, (programs,),
                                dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FLATTEN=cfg.flatten),
                                dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
         return _GemmPlan("ptr", M, N, K, cfg, launch, (programs, cfg.group_m), programs=programs)
     sk = stream_k_plan(tiles, programs, triton.cdiv(K, cfg.block_k)) if cfg.stream_k else None
-    if sk is None or sk.sk_programs == 0:
+    if slices > 1:
+        sk = StreamKPlan(tiles - (tiles % programs if tiles > programs else tiles), 0, 1, 0)
+    elif sk is None or sk.sk_programs == 0:
         sk = StreamKPlan(tiles, 0, 1, 0)
         programs = min(programs, tiles)
     stride_cm = out.stride(0) if out is not None else N
@@ -307,13 +317,16 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
     launch = PlannedLaunch(_gemm_tma_dev_kernel if dev else _gemm_tma_kernel, (programs,),
                            dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, TMA_STORE=cfg.tma_store,
                                 EPILOGUE_SPLIT=cfg.epilogue_split, FLATTEN=cfg.flatten,
-                                WARP_SPECIALIZE=cfg.warp_specialize, STREAM_K=sk.sk_programs > 0, B_KMAJOR=b_km),
+                                WARP_SPECIALIZE=cfg.warp_specialize, STREAM_K=sk.sk_programs > 0, B_KMAJOR=b_km,
+                                TAIL_SPLIT=slices),
                            dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     args = (M, N, K, programs, cfg.group_m, sk.dp_tiles, sk.sk_programs, sk.sk_iters_per, sk.sk_extra)
     if dev:   # the row strides of A, B (as launched: padded copies have pad_* columns) and C
         args = (pads.get("pad_a") or a.stride(0), _b_row_stride(b, K, pads, b_km, trans_b), stride_cm) + args
+    slice_n = cfg.block_n // slices
     blocks = ([cfg.block_m, cfg.block_k], [cfg.block_n, cfg.block_k] if b_km else [cfg.block_k, cfg.block_n],
-              [cfg.block_m, cfg.block_n // cfg.epilogue_split] if cfg.tma_store else None)
+              [cfg.block_m, cfg.block_n // cfg.epilogue_split] if cfg.tma_store else None,
+              ([slice_n, cfg.block_k] if b_km else [cfg.block_k, slice_n]) if slices > 1 else None)
     return _GemmPlan("tma", M, N, K, cfg, launch, args, tiles - sk.dp_tiles if sk.sk_programs else 0, programs,
                      blocks, **pads, b_kmajor=b_km, trans_b=trans_b, device_desc=dev)
 
@@ -429,11 +442,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
         if p.device_desc:   # the kernel encodes its descriptors (strides are in the plan)
             p.launch(a, b, out, *p.args, ws, cnt)
         else:
-            ab, bb, cb = p.blocks
+            ab, bb, cb, tb = p.blocks
             c_desc = TensorDescriptor.from_tensor(out, cb) if cb else None
-            p.launch(TensorDescriptor.from_tensor(a, ab), TensorDescriptor.from_tensor(b.t() if p.b_kmajor else b, bb),
-                     c_desc, out,
-                     out.stride(0), *p.args, ws, cnt)
+            b_view = b.t() if p.b_kmajor else b
+            p.launch(TensorDescriptor.from_tensor(a, ab), TensorDescriptor.from_tensor(b_view, bb), c_desc, out,
+                     out.stride(0), *p.args, ws, cnt, TensorDescriptor.from_tensor(b_view, tb) if tb else None)
     elif p.kind in ("splitk", "fma"):
         _launch_splitk(p, a, b, out)
     elif p.kind == "ptr":
@@ -688,9 +701,15 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
            "c_ptr": f"*{t}", "stride_cm": "i32", "M": "i32", "N": "i32", "K": "i32",
            "num_sms": "i32", "group_m": "i32", "dp_tiles": "i32", "sk_programs": "i32",
            "sk_iters_per": "i32", "sk_extra": "i32", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+    ts = cfg.tail_split   # compiled as the plan runs it when the shape leaves a partial round
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "TMA_STORE": cfg.tma_store,
                   "EPILOGUE_SPLIT": cfg.epilogue_split, "FLATTEN": cfg.flatten,
-                  "WARP_SPECIALIZE": cfg.warp_specialize, "STREAM_K": bool(cfg.stream_k), "B_KMAJOR": bool(b_kmajor)}
+                  "WARP_SPECIALIZE": cfg.warp_specialize, "STREAM_K": bool(cfg.stream_k), "B_KMAJOR": bool(b_kmajor),
+                  "TAIL_SPLIT": ts}
+    if ts > 1:
+        sig["bt_desc"] = f"tensordesc<{t}[{bn // ts}, {bk}]>" if b_kmajor else f"tensordesc<{t}[{bk}, {bn // ts}]>"
+    else:
+        constexprs["bt_desc"] = None
     if cfg.tma_store:
         sig["c_desc"] = f"tensordesc<{t}[{bm}, {bn // cfg.epilogue_split}]>"
     else:
@@ -701,6 +720,8 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
     if device_desc:
         fn = _gemm_tma_dev_kernel
         constexprs.pop("c_desc", None)
+        constexprs.pop("bt_desc", None)
+        sig.pop("bt_desc", None)
         sig = {"a_ptr": f"*{t}", "b_ptr": f"*{t}", "c_ptr": f"*{t}", "stride_am": "i32", "stride_bk": "i32",
                **{k: v for k, v in sig.items() if k not in ("a_desc", "b_desc", "c_desc", "c_ptr")}}
         divisible += ["a_ptr", "b_ptr"] + [name for name, v in (("stride_am", K), ("stride_bk", N)) if v % 16 == 0]

@@ -82,15 +82,17 @@ def _sk_program_of(step, sk_iters_per, sk_extra):
 
 @triton.jit(do_not_specialize=["num_sms", "group_m", "dp_tiles", "sk_programs", "sk_iters_per", "sk_extra"])
 def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m,
-                     dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr,
+                     dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr, bt_desc,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
-                     WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr = False):
+                     WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr = False,
+                     TAIL_SPLIT: tl.constexpr = 1):
     """Host descriptors: A, B (and C with TMA_STORE) arrive as TMA descriptors
-    encoded by the launcher on every call."""
+    encoded by the launcher on every call; with TAIL_SPLIT > 1 also ``bt_desc``,
+    B's descriptor with the tail slices' narrower box (else None)."""
     _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m, dp_tiles, sk_programs,
               sk_iters_per, sk_extra, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, EPILOGUE_SPLIT,
-              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR)
+              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR, bt_desc, TAIL_SPLIT)
 
 
 @triton.jit(do_not_specialize=["num_sms", "group_m", "dp_tiles", "sk_programs", "sk_iters_per", "sk_extra"])
@@ -98,7 +100,8 @@ def _gemm_tma_dev_kernel(a_ptr, b_ptr, c_ptr, stride_am, stride_bk, stride_cm, M
                          dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
-                         WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr = False):
+                         WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr = False,
+                         TAIL_SPLIT: tl.constexpr = 1):
     """Device descriptors: the same kernel, but each program encodes the TMA
     descriptors of A, B (and C) itself from plain pointers and strides, into its
     slot of the global scratch buffer the launcher passes (128 bytes each), so
@@ -114,9 +117,15 @@ def _gemm_tma_dev_kernel(a_ptr, b_ptr, c_ptr, stride_am, stride_bk, stride_cm, M
         c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [stride_cm, 1], [BLOCK_M, BLOCK_N // EPILOGUE_SPLIT])
     else:
         c_desc = None
+    bt_desc = None
+    if TAIL_SPLIT > 1:
+        if B_KMAJOR:
+            bt_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [stride_bk, 1], [BLOCK_N // TAIL_SPLIT, BLOCK_K])
+        else:
+            bt_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N // TAIL_SPLIT])
     _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m, dp_tiles, sk_programs,
               sk_iters_per, sk_extra, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, EPILOGUE_SPLIT,
-              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR)
+              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR, bt_desc, TAIL_SPLIT)
 
 
 @triton.jit
@@ -124,7 +133,8 @@ def _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_
               dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
-              WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr):
+              WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr,
+              bt_desc, TAIL_SPLIT: tl.constexpr):
     """The persistent TMA GEMM, whichever side made its descriptors."""
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
@@ -143,6 +153,23 @@ def _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_
             acc = tl.dot(a, b, acc)
         _store_tile(acc, off_m, off_n, c_desc, c_ptr, stride_cm, M, N, BLOCK_M, BLOCK_N, TMA_STORE,
                     EPILOGUE_SPLIT)
+    if TAIL_SPLIT > 1:
+        # The last, partial round's tiles (dp_tiles ..) in TAIL_SPLIT column slices each, one
+        # slice per program, so the round takes 1/TAIL_SPLIT of a tile's time on more SMs. A
+        # slice is a whole block of C: nothing to add up. Plain stores (C's box is a whole tile).
+        SLICE_N: tl.constexpr = BLOCK_N // TAIL_SPLIT
+        tiles = num_pid_m * num_pid_n
+        for unit in range(pid, (tiles - dp_tiles) * TAIL_SPLIT, num_sms):
+            t = dp_tiles + unit // TAIL_SPLIT
+            pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, group_m)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N + (unit % TAIL_SPLIT) * SLICE_N
+            acc = tl.zeros((BLOCK_M, SLICE_N), dtype=tl.float32)
+            for kk in range(k_steps):
+                a = a_desc.load([off_m, kk * BLOCK_K])
+                b = _load_b(bt_desc, kk * BLOCK_K, off_n, B_KMAJOR)
+                acc = tl.dot(a, b, acc)
+            _store_tile(acc, off_m, off_n, c_desc, c_ptr, stride_cm, M, N, BLOCK_M, SLICE_N, False, 1)
     if STREAM_K:
         # Stream-K tail: the last (tiles - dp_tiles) tiles' K-steps, split evenly
         # over programs 0 .. sk_programs-1 (contiguous ranges, the first sk_extra
