@@ -527,6 +527,17 @@ def tail_slices(tiles: int, programs: int, most: int) -> int:
     return 1
 
 
+TAIL_MAX_STAGES = 8
+
+
+def tail_stages(cfg: GemmConfig, slices: int) -> int:
+    """Pipeline stages of the tail slices' loop: as many of their (narrower) K-steps as the
+    whole tile's stages take shared memory for, up to TAIL_MAX_STAGES."""
+    whole = cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n
+    part = cfg.block_m * cfg.block_k + cfg.block_k * (cfg.block_n // slices)
+    return max(cfg.num_stages, min(TAIL_MAX_STAGES, cfg.num_stages * whole // part))
+
+
 def stream_k_plan(tiles: int, programs: int, k_steps: int) -> StreamKPlan:
     """A persistent kernel runs ``ceil(tiles / programs)`` rounds of whole tiles,
     so a last round of ``tiles % programs`` tiles leaves the other SMs idle

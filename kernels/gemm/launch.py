@@ -45,7 +45,7 @@ from kernels.gemm import gluon
 from kernels.gemm.config import (
     DEVICE_DESC_MAX_US, DTYPES, MAXNREG, WS_DTYPES, GemmConfig, StreamKPlan, WsConfig, _as_config,
     _refuse_ws_on_gpu, bound_us, fma_split, heuristic, num_warps, split_pieces, stream_k_plan, tail_slices,
-    validate_config, validate_ws, ws_device_desc_fits,
+    tail_stages, validate_config, validate_ws, ws_device_desc_fits,
 )
 from kernels.gemm.metrics import _mnk
 from kernels.gemm.triton import (
@@ -318,7 +318,7 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
                            dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, TMA_STORE=cfg.tma_store,
                                 EPILOGUE_SPLIT=cfg.epilogue_split, FLATTEN=cfg.flatten,
                                 WARP_SPECIALIZE=cfg.warp_specialize, STREAM_K=sk.sk_programs > 0, B_KMAJOR=b_km,
-                                TAIL_SPLIT=slices),
+                                TAIL_SPLIT=slices, TAIL_STAGES=tail_stages(cfg, slices)),
                            dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     args = (M, N, K, programs, cfg.group_m, sk.dp_tiles, sk.sk_programs, sk.sk_iters_per, sk.sk_extra)
     if dev:   # the row strides of A, B (as launched: padded copies have pad_* columns) and C
@@ -705,7 +705,7 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "TMA_STORE": cfg.tma_store,
                   "EPILOGUE_SPLIT": cfg.epilogue_split, "FLATTEN": cfg.flatten,
                   "WARP_SPECIALIZE": cfg.warp_specialize, "STREAM_K": bool(cfg.stream_k), "B_KMAJOR": bool(b_kmajor),
-                  "TAIL_SPLIT": ts}
+                  "TAIL_SPLIT": ts, "TAIL_STAGES": tail_stages(cfg, ts)}
     if ts > 1:
         sig["bt_desc"] = f"tensordesc<{t}[{bn // ts}, {bk}]>" if b_kmajor else f"tensordesc<{t}[{bk}, {bn // ts}]>"
     else:

@@ -86,13 +86,13 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
                      WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr = False,
-                     TAIL_SPLIT: tl.constexpr = 1):
+                     TAIL_SPLIT: tl.constexpr = 1, TAIL_STAGES: tl.constexpr = 3):
     """Host descriptors: A, B (and C with TMA_STORE) arrive as TMA descriptors
     encoded by the launcher on every call; with TAIL_SPLIT > 1 also ``bt_desc``,
     B's descriptor with the tail slices' narrower box (else None)."""
     _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m, dp_tiles, sk_programs,
               sk_iters_per, sk_extra, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, EPILOGUE_SPLIT,
-              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR, bt_desc, TAIL_SPLIT)
+              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR, bt_desc, TAIL_SPLIT, TAIL_STAGES)
 
 
 @triton.jit(do_not_specialize=["num_sms", "group_m", "dp_tiles", "sk_programs", "sk_iters_per", "sk_extra"])
@@ -101,7 +101,7 @@ def _gemm_tma_dev_kernel(a_ptr, b_ptr, c_ptr, stride_am, stride_bk, stride_cm, M
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
                          WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr = False,
-                         TAIL_SPLIT: tl.constexpr = 1):
+                         TAIL_SPLIT: tl.constexpr = 1, TAIL_STAGES: tl.constexpr = 3):
     """Device descriptors: the same kernel, but each program encodes the TMA
     descriptors of A, B (and C) itself from plain pointers and strides, into its
     slot of the global scratch buffer the launcher passes (128 bytes each), so
@@ -125,7 +125,7 @@ def _gemm_tma_dev_kernel(a_ptr, b_ptr, c_ptr, stride_am, stride_bk, stride_cm, M
             bt_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N // TAIL_SPLIT])
     _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m, dp_tiles, sk_programs,
               sk_iters_per, sk_extra, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, EPILOGUE_SPLIT,
-              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR, bt_desc, TAIL_SPLIT)
+              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR, bt_desc, TAIL_SPLIT, TAIL_STAGES)
 
 
 @triton.jit
@@ -134,7 +134,7 @@ def _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
               WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr,
-              bt_desc, TAIL_SPLIT: tl.constexpr):
+              bt_desc, TAIL_SPLIT: tl.constexpr, TAIL_STAGES: tl.constexpr):
     """The persistent TMA GEMM, whichever side made its descriptors."""
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
@@ -157,6 +157,8 @@ def _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_
         # The last, partial round's tiles (dp_tiles ..) in TAIL_SPLIT column slices each, one
         # slice per program, so the round takes 1/TAIL_SPLIT of a tile's time on more SMs. A
         # slice is a whole block of C: nothing to add up. Plain stores (C's box is a whole tile).
+        # A slice's K-steps move fewer bytes, so the same shared memory holds TAIL_STAGES of
+        # them in flight (its loop is latency-bound at the whole tile's depth).
         SLICE_N: tl.constexpr = BLOCK_N // TAIL_SPLIT
         tiles = num_pid_m * num_pid_n
         for unit in range(pid, (tiles - dp_tiles) * TAIL_SPLIT, num_sms):
@@ -165,7 +167,7 @@ def _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N + (unit % TAIL_SPLIT) * SLICE_N
             acc = tl.zeros((BLOCK_M, SLICE_N), dtype=tl.float32)
-            for kk in range(k_steps):
+            for kk in tl.range(k_steps, num_stages=TAIL_STAGES):
                 a = a_desc.load([off_m, kk * BLOCK_K])
                 b = _load_b(bt_desc, kk * BLOCK_K, off_n, B_KMAJOR)
                 acc = tl.dot(a, b, acc)
