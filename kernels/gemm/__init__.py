@@ -29,7 +29,9 @@ num_stages, num_sms, tma (descriptor loads or pointer loads), tma_store
 column halves, halving the epilogue's shared-memory buffer), flatten (fuse the
 tile and K loops so the pipeline runs across tile boundaries), stream_k
 (TMA path: the last, partial round of tiles is split along K over every SM,
-see ``stream_k_plan``) and warp_specialize (Triton's automatic Hopper warp specialisation of the tile
+see ``stream_k_plan``), tail_split (TMA path: the last, partial round's tiles
+run as 2 or 4 column slices, one per program, nothing to add up; ``tail_slices``;
+4 by default on the 128x128 and 128x256 tiles) and warp_specialize (Triton's automatic Hopper warp specialisation of the tile
 loop: it compiles, 12 warps with setmaxnreg, but hung on an H200 with Triton
 3.6, so ``matmul`` refuses it on a GPU unless WORKBENCH_ALLOW_WS=1).
 
