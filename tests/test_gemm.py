@@ -772,6 +772,21 @@ def test_stream_k_plan_covers_the_tail_once(tiles, programs, k_steps):
     assert plan.sk_programs <= tail * gconfig.SK_MAX_SPLIT
 
 
+def test_tail_slices_fit_the_last_round_in_one_more():
+    """Slices per tile of the last, partial round: the most (up to the config's) whose slices
+    all run at once; none for whole rounds or where even 2 per tile would not fit."""
+    assert gconfig.last_round(156, 132) == 24 and gconfig.last_round(264, 132) == 0
+    assert gconfig.last_round(70, 132) == 70
+    assert gconfig.tail_slices(156, 132, 4) == 4      # 24 left: 96 slices
+    assert gconfig.tail_slices(156, 132, 2) == 2      # the config's most
+    assert gconfig.tail_slices(299, 132, 4) == 2      # 35 left: 140 > 132, 70 fit
+    assert gconfig.tail_slices(264, 132, 4) == 1      # whole rounds
+    assert gconfig.tail_slices(70, 132, 4) == 1       # one round of 70: 140 slices would not fit
+    assert gconfig.tail_slices(4, 8, 4) == 2
+    cfg = gconfig.GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
+    assert [gconfig.tail_stages(cfg, s) for s in (1, 2, 4)] == [4, 6, 8]   # same shared memory, narrower steps
+
+
 def test_stream_k_plan_skips_whole_rounds_and_short_k():
     assert gconfig.stream_k_plan(264, 132, 64).sk_programs == 0  # no partial round
     assert gconfig.stream_k_plan(133, 132, 1).sk_programs == 0   # one K-step: nothing to split

@@ -515,11 +515,17 @@ def bound_us(M: int, N: int, K: int, elem_bytes: int) -> float:
     return max(2.0 * M * N * K / _PEAK_FLOPS, (M * K + K * N + M * N) * elem_bytes / _PEAK_BYTES) * 1e6
 
 
+def last_round(tiles: int, programs: int) -> int:
+    """Tiles in a persistent kernel's last, partial round (0: the rounds are whole; all of
+    them when there are fewer tiles than programs)."""
+    return tiles % programs if tiles > programs else tiles
+
+
 def tail_slices(tiles: int, programs: int, most: int) -> int:
     """Column slices per tile of the last, partial round (``GemmConfig.tail_split``): the most,
     up to ``most``, whose slices all run at once on the programs; 1 when there is no partial
     round or no split fits."""
-    tail = tiles % programs if tiles > programs else tiles
+    tail = last_round(tiles, programs)
     if tail == 0:
         return 1
     for s in (4, 2):
@@ -558,7 +564,7 @@ def stream_k_plan(tiles: int, programs: int, k_steps: int) -> StreamKPlan:
     each program 1-2 tiles' worth, at most two pieces per tile) was measured on
     an H200 and ran 0-10% slower on the zoo's 1-3 round shapes
     (results/gemm_zoo/gaps/)."""
-    tail = tiles % programs if tiles > programs else tiles
+    tail = last_round(tiles, programs)
     none = StreamKPlan(tiles, 0, 1, 0)
     if tail == 0:
         return none

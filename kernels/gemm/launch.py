@@ -44,8 +44,8 @@ from kernels.common.plans import capability as _capability, sm_count as _sm_coun
 from kernels.gemm import gluon
 from kernels.gemm.config import (
     DEVICE_DESC_MAX_US, DTYPES, MAXNREG, WS_DTYPES, GemmConfig, StreamKPlan, WsConfig, _as_config,
-    _refuse_ws_on_gpu, bound_us, fma_split, heuristic, num_warps, split_pieces, stream_k_plan, tail_slices,
-    tail_stages, validate_config, validate_ws, ws_device_desc_fits,
+    _refuse_ws_on_gpu, bound_us, fma_split, heuristic, last_round, num_warps, split_pieces, stream_k_plan,
+    tail_slices, tail_stages, validate_config, validate_ws, ws_device_desc_fits,
 )
 from kernels.gemm.metrics import _mnk
 from kernels.gemm.triton import (
@@ -308,7 +308,7 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
         return _GemmPlan("ptr", M, N, K, cfg, launch, (programs, cfg.group_m), programs=programs)
     sk = stream_k_plan(tiles, programs, triton.cdiv(K, cfg.block_k)) if cfg.stream_k else None
     if slices > 1:
-        sk = StreamKPlan(tiles - (tiles % programs if tiles > programs else tiles), 0, 1, 0)
+        sk = StreamKPlan(tiles - last_round(tiles, programs), 0, 1, 0)
     elif sk is None or sk.sk_programs == 0:
         sk = StreamKPlan(tiles, 0, 1, 0)
         programs = min(programs, tiles)
