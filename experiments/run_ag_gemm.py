@@ -6,7 +6,8 @@ and the auto-config refit.
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         torchrun --nproc-per-node 2 experiments/run_ag_gemm.py --out results/ag_gemm/
     python experiments/run_ag_gemm.py --world-sizes 2 --out results/ag_gemm/     # the same via workbench.dist.launch
-    torchrun --nproc-per-node 4 experiments/run_ag_gemm.py --out results/ag_gemm/w4/   # 4 and 8 GPUs likewise
+    python experiments/run_ag_gemm.py --world-sizes 4 --out results/ag_gemm/w4/ \
+        --auto-table results/ag_gemm/auto_table.json     # 4 and 8 GPUs likewise (w8/): one table for all
 
 (This file sets the three multicast switches itself before NCCL starts, so plain
 ``torchrun`` is safe too; the prefix also covers torchrun's own process.)
@@ -27,7 +28,8 @@ Every point is checked against an fp32 product of the NCCL-gathered A before it
 is timed (and called twice: ours must give identical bits). Output in --out:
 bench.csv, sweeps.csv, checks.csv, trace.csv, summary.csv (every row with
 provenance) and auto_table.json (the measured auto-config that
-kernels/ag_gemm/config.py reads from results/ag_gemm/). ``--check-only``: the
+kernels/ag_gemm/config.py reads from results/ag_gemm/; ``--auto-table`` names
+another file, to which a run adds its world sizes' entries, keeping the others). ``--check-only``: the
 checks alone (the multigpu test). NVLink multicast stays off in every process.
 
 ``--quick``: the first two shapes (the sweeps and the trace included: their shape
@@ -245,7 +247,7 @@ class Rank:
                     self.heap.reset()
                     continue
                 auto_plan = self.ag.launch.get_plan(a, b, self.heap, gather_dim=gd)
-                auto_info = {"auto_variant": auto_plan.cfg.variant, "auto_source": self.ag.auto_source(),
+                auto_info = {"auto_variant": auto_plan.cfg.variant, "auto_source": self.ag.auto_source(self.W),
                              "auto_fallback": auto_plan.cfg.variant == "sequential",
                              "auto_config": json.dumps(auto_plan.cfg.__dict__)}
                 for mode in modes:
@@ -383,6 +385,18 @@ def fit_auto_table(bench) -> dict:
     return {"source": "experiments/run_ag_gemm.py (eager calls, rank 0, median)", "entries": entries}
 
 
+def merge_auto_table(path: Path, fitted: dict) -> dict:
+    """``fitted`` with the entries of other world sizes that ``path`` already holds (a run at
+    world size 4 adds to the table that a run at 2 wrote, and replaces only its own)."""
+    from kernels.ag_gemm.config import load_table
+
+    if load_table(path) is None:  # absent (a malformed table is refused, naming the file)
+        return fitted
+    worlds = {e["world_size"] for e in fitted["entries"]}
+    kept = [e for e in json.loads(path.read_bytes())["entries"] if int(e["world_size"]) not in worlds]
+    return {**fitted, "entries": kept + fitted["entries"]}
+
+
 def finish(rows, out: Path, W: int, args) -> int:
     import pandas as pd
 
@@ -419,8 +433,9 @@ def finish(rows, out: Path, W: int, args) -> int:
         for c, v in prov.items():
             summary[c] = v
         summary.to_csv(out / "summary.csv", index=False)
-        (out / "auto_table.json").write_text(json.dumps(fit_auto_table(bench), indent=1))
-        written += ["summary.csv", "auto_table.json"]
+        table = Path(getattr(args, "auto_table", None) or out / "auto_table.json")
+        table.write_text(json.dumps(merge_auto_table(table, fit_auto_table(bench)), indent=1))
+        written += ["summary.csv", str(table) if table.parent != out else table.name]
         cols = ["timing", "world_size", "gather_dim", "M", "N", "K", "nccl_cublas_ms", "sequential_ms", "fused_ms",
                 "copy_engine_ms", "torch_fused_ms", "auto_ms", "gemm_alone_ms", "fused_speedup_vs_nccl_cublas",
                 "copy_engine_speedup_vs_nccl_cublas", "auto_speedup_vs_nccl_cublas", "auto_variant", "winner"]
@@ -476,6 +491,10 @@ def main(argv=None):
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no (shape, convention) case or sweep point after this many seconds in the world "
                          "(the rest are listed in skipped.csv); default: no limit")
+    ap.add_argument("--auto-table", default=None,
+                    help="the auto-config table to write (default: OUT/auto_table.json); entries of world sizes "
+                         "this run did not measure are kept, so runs at 2 and 4 ranks can share "
+                         "results/ag_gemm/auto_table.json")
     ap.add_argument("--timeout", type=float, default=570,
                     help="seconds per world before it is killed (a hang ends that world; the run then exits 1)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -1,4 +1,4 @@
-"""Fused all-gather + GEMM (kernels.ag_gemm): simulated worlds of 2, 3 and 4 ranks
+"""Fused all-gather + GEMM (kernels.ag_gemm): simulated worlds of 2, 3, 4 and 8 ranks
 on the CPU (interpreter), the flag protocol in cross-compiled sm_90 PTX, the
 trace-off build, and on a multi-GPU node the seed shapes against the reference.
 
@@ -71,6 +71,7 @@ CASES = [  # (world, gather_dim, layout, bias, variant); "-poll": no "all staged
     (3, 0, "k", False, "copy_engine-poll"),
     (3, 1, "m", False, "fused"), (3, 0, "k", True, "fused"),
     (4, 1, "k", False, "fused"), (4, 0, "m", True, "fused"),
+    (8, 1, "k", True, "fused"), (8, 0, "k", False, "copy_engine"),   # the 8-GPU node's world
     (2, 0, "k", True, "copy_engine"), (3, 1, "k", False, "copy_engine"),
     (2, 1, "k", True, "sequential"), (3, 0, "k", False, "sequential"),
 ]
@@ -247,7 +248,8 @@ def test_auto_config_is_an_explicit_placeholder_until_measured(tmp_path, monkeyp
     monkeypatch.setattr(agc, "AUTO_TABLE_PATH", table)
     monkeypatch.setattr(agc, "_TABLE", {})
     assert agc.auto_config(4096, 3584, 8192, 2, 0, 132) == AgGemmConfig(variant="copy_engine", block_n=256)
-    assert agc.auto_source().startswith("measured")
+    assert agc.auto_source().startswith("measured") and agc.auto_source(2).startswith("measured")
+    assert "placeholder" in agc.auto_source(4)  # no entry of that world size: its rows must not say measured
     table.write_text('{"entries": [{"world_size": 2}]}')
     with pytest.raises(ValueError, match="auto_table.json: entry 0 is malformed"):
         agc.load_table(table)
@@ -449,6 +451,19 @@ def test_script_summary_and_auto_table_round_trip(tmp_path):
     path.write_text(json.dumps(table))
     entries = {e["M"]: e for e in agc.load_table(path)}
     assert entries[4096]["config"].variant == "fused" and entries[1024]["config"].variant == "sequential"
+    # a run at world size 4 adds its entries to the same table; a second run at 2 replaces only 2's
+    w4 = s.fit_auto_table(bench.assign(world_size=4, ms=bench["ms"].where(bench["variant"] != "sequential", 9.0)))
+    path.write_text(json.dumps(s.merge_auto_table(path, w4)))
+    merged = agc.load_table(path)
+    assert sorted((e["world_size"], e["M"], e["config"].variant) for e in merged) == [
+        (2, 1024, "sequential"), (2, 4096, "fused"), (4, 1024, "copy_engine"), (4, 4096, "fused")]
+    path.write_text(json.dumps(s.merge_auto_table(path, table)))
+    assert sorted((e["world_size"], e["M"]) for e in agc.load_table(path)) == [(2, 1024), (2, 4096), (4, 1024),
+                                                                                (4, 4096)]
+    assert s.merge_auto_table(tmp_path / "absent.json", table) == table
+    path.write_text('{"entries": 3}')
+    with pytest.raises(ValueError, match="auto_table.json: expected"):
+        s.merge_auto_table(path, table)
 
 
 def test_sweep_protocol_on_cpu():

@@ -56,7 +56,7 @@ SHAPES = [(1, 24, 24, torch.float16), (21, 40, 20, torch.float16), (19, 32, 24, 
           (7, 24, 16, torch.float32)]
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8])
 @pytest.mark.parametrize("M,K,n,dtype", SHAPES, ids=lambda v: str(v).replace("torch.", ""))
 def test_every_rank_holds_the_full_product(world_size, M, K, n, dtype):
     a, bs = _operands(world_size, M, K, n, dtype, seed=world_size * 100 + M)

@@ -6,7 +6,9 @@ The auto-config's rule is, until measurements replace it, a PLACEHOLDER: it is
 not fitted to any GPU data. ``experiments/run_ag_gemm.py`` times every variant
 on a GPU node and writes ``results/ag_gemm/auto_table.json`` (one entry per
 measured (world size, gather dim, M, N, K): the fastest configuration, and
-``"sequential"`` wherever no fused variant beat our all-gather + our GEMM).
+``"sequential"`` wherever no fused variant beat our all-gather + our GEMM; a run
+of other world sizes, ``--auto-table results/ag_gemm/auto_table.json``, adds its
+entries to the same file and keeps the others).
 When that file exists, ``auto_config`` uses the entry of the nearest measured
 problem; otherwise the placeholder rule below. ``auto_source()`` says which,
 and the benchmark rows carry it (``auto_source`` column), so a result can
@@ -147,11 +149,13 @@ def load_table(path: Path | None = None) -> list[dict] | None:
 _TABLE: dict = {}
 
 
-def auto_source() -> str:
-    """'measured (results/ag_gemm/auto_table.json)' or 'placeholder rule (not fitted)'."""
+def auto_source(world_size: int | None = None) -> str:
+    """'measured (results/ag_gemm/auto_table.json)' or 'placeholder rule (not fitted)': for
+    ``world_size``, whether the table has entries of that world size (any, when None)."""
     if "t" not in _TABLE:
         _TABLE["t"] = load_table()
-    return "placeholder rule (not fitted)" if not _TABLE["t"] else f"measured ({AUTO_TABLE_PATH.name})"
+    measured = [e for e in _TABLE["t"] or [] if world_size is None or e["world_size"] == world_size]
+    return f"measured ({AUTO_TABLE_PATH.name})" if measured else "placeholder rule (not fitted)"
 
 
 def auto_config(M: int, N: int, K: int, world_size: int, gather_dim: int, num_sms: int,
