@@ -16,7 +16,11 @@ kernel runs them, and how other tilings of ours fare there.
    split-K kernel's tiles at several splits against the persistent ones.
 4. ``--tail`` alone -> ``tail.csv``: the last, partial round's tiles in 2 or 4 column
    slices (``GemmConfig.tail_split``) against the same tile whole and stream-K.
-5. ``--fp32-small`` alone -> ``fp32_small.csv``: the zoo's fp32 shapes with M <= 64,
+5. ``--wide`` alone -> ``wide.csv``: tiles between the powers of two (``GemmConfig.extra_n``:
+   128 rows by 144-320 columns, two MMAs per K-step) on the 1-4 round shapes, against
+   the 128x256 and 128x128 tiles (whole and with their tail slices) and cuBLAS, whose
+   kernels on these shapes use such widths (``cublas_kernels.csv``).
+6. ``--fp32-small`` alone -> ``fp32_small.csv``: the zoo's fp32 shapes with M <= 64,
    B row-major and K-major: the FMA kernel as the heuristic configures it and
    variants of it, the tf32 kernel the cost model picks without it (the split-K
    "swap" kernel), cuBLAS with tf32 (as the zoo compares) and in true fp32; each
@@ -271,6 +275,24 @@ TAIL_CONFIGS = {"t128x256": _T256, "t128x256ts2": dict(_T256, tail_split=2), "t1
                 "t128x128ts2": dict(_T128, tail_split=2), "t128x128ts4": dict(_T128, tail_split=4)}
 
 
+# --wide: 128-row tiles block_n + extra_n wide (GemmConfig.extra_n), the widths cuBLAS's kernels take on
+# the 1-4 round shapes (256x144, 128x232, ...): fewer rounds, or a last round that fills more SMs, at the
+# price of a second, narrower MMA per K-step. Stages: as many as fit in shared memory (sm_90
+# cross-compiles: the plain-store epilogue takes 32 KiB more at 8 warps, 8 KiB at 4).
+WIDE_SHAPES = TAIL_SHAPES + [(128, 37888, 3584), (256, 24576, 1536), (256, 24576, 4096), (4861, 1104, 184)]
+_W8 = dict(block_m=128, block_k=64, num_warps=8, **_ST)
+_W4 = dict(block_m=128, block_k=64, num_warps=4, **_ST)
+WIDE_CONFIGS = {"t128x256": _T256, "t128x256ts4": dict(_T256, tail_split=4), "t128x128": _T128,
+                "t128x128ts4": dict(_T128, tail_split=4),
+                "w128x320": dict(_W8, block_n=256, extra_n=64, num_stages=3),
+                "w128x288": dict(_W8, block_n=256, extra_n=32, num_stages=3),
+                "w128x192": dict(_W8, block_n=128, extra_n=64, num_stages=4),
+                "w128x160": dict(_W8, block_n=128, extra_n=32, num_stages=4),
+                "w128x160w4": dict(_W4, block_n=128, extra_n=32, num_stages=5),
+                "w128x144": dict(_W4, block_n=128, extra_n=16, num_stages=6),
+                "w128x96": dict(_W4, block_n=64, extra_n=32, num_stages=6)}
+
+
 # --fp32-small: the FMA kernel (GemmConfig.fma) at the zoo's fp32 shapes with M <= 64.
 FMA_TOL = 1e-5   # true fp32 against float64 (tests/test_gemm.py FMA_TOL says why)
 
@@ -404,6 +426,8 @@ def main(argv=None) -> int:
                     help="only the fp32 M <= 64 probe (FMA kernel, tf32 swap kernel, cuBLAS) -> fp32_small.csv")
     ap.add_argument("--tail", action="store_true",
                     help="only the tail-split probe (the last round's tiles in column slices) -> tail.csv")
+    ap.add_argument("--wide", action="store_true",
+                    help="only the probe of tiles between the powers of two (extra_n) -> wide.csv")
     ap.add_argument("--mid-m", action="store_true",
                     help="only the split-K probe at M 64-1024 with few tiles and a long K -> mid_m.csv")
     ap.add_argument("--dry-run", action="store_true", help="with --fp32-small: list what it would time, no GPU")
@@ -433,6 +457,10 @@ def main(argv=None) -> int:
     if args.tail:
         rows = time_configs(TAIL_SHAPES, torch.bfloat16, TAIL_CONFIGS, args, prov)
         pd.DataFrame(rows).to_csv(out / "tail.csv", index=False)
+        return 0
+    if args.wide:
+        rows = time_configs(WIDE_SHAPES, torch.bfloat16, WIDE_CONFIGS, args, prov)
+        pd.DataFrame(rows).to_csv(out / "wide.csv", index=False)
         return 0
     if args.fp32_small:
         pd.DataFrame(time_fp32_small(args, prov)).to_csv(out / "fp32_small.csv", index=False)

@@ -87,6 +87,14 @@ CASES = [
     ("70x256x96-fp32-tma-ts2", 70, 256, 96, "float32", dict(SMALL, tma=True, tail_split=2, num_sms=7)),
     ("40x96x64-bf16-tma-ts4-one-round", 40, 96, 64, "bfloat16",
      dict(SMALL, block_n=64, tma=True, tail_split=4, num_sms=8, tma_store=False)),
+    # Tiles block_n + extra_n wide (two MMAs per K-step on one A tile, the extra columns
+    # through a second descriptor of B): the last column of tiles has its extra part cut by
+    # N (136 = 2 x 48 + 32 + 8, 88 = 48 + 32 + 8), or only part of its main part (100 = 64 + 36); row edges
+    # too; host and device descriptors; C through plain and descriptor stores; B K-major.
+    ("130x136x96-bf16-tma-wide", 130, 136, 96, "bfloat16", dict(SMALL, tma=True, extra_n=16, num_sms=4)),
+    ("70x100x80-fp16-tma-wide-bT", 70, 100, 80, "float16",
+     dict(SMALL, tma=True, extra_n=32, tma_store=False, num_sms=3, _b="t")),
+    ("70x88x64-fp32-tma-wide", 70, 88, 64, "float32", dict(SMALL, tma=True, extra_n=16, num_sms=5)),
     # B as a transposed view (K-major, x @ w.t() with an nn.Linear weight w (N, K)): read
     # through a descriptor over w; fp32 row-major B copied K-major first (transpose_b).
     ("130x264x96-bf16-tma-bT", 130, 264, 96, "bfloat16", dict(SMALL, tma=True, _b="t")),
@@ -273,6 +281,13 @@ def test_cpu_without_interpreter_says_what_to_do():
     (dict(tail_split=3), "tail_split=3 must be 1, 2 or 4"),
     (dict(tail_split=2, stream_k=True), "tail_split runs on the persistent TMA kernel"),
     (dict(tail_split=4, block_n=32), "block_n / tail_split >= 16"),
+    (dict(extra_n=24), "extra_n=24 must be 0 or a power of two from 16 to block_n"),
+    (dict(extra_n=512), "extra_n=512 must be 0 or a power of two"),
+    (dict(extra_n=True), "extra_n=True must be 0"),
+    (dict(extra_n=32, tail_split=2), "extra_n runs on the persistent TMA kernel"),
+    (dict(extra_n=32, split_k=2), "extra_n runs on the persistent TMA kernel"),
+    (dict(extra_n=32, tma=False), "extra_n runs on the persistent TMA kernel"),
+    (dict(extra_n=32), "extra_n needs the TMA path"),   # tma=None in the interpreter: the pointer kernel
     (dict(warp_specialize=True), "warp_specialize"),
     (dict(blok_m=64), "unknown config"),
 ])
@@ -389,12 +404,16 @@ _XC_SCRIPT = textwrap.dedent("""
         ptx = e.text("ptx")
         out[name] = {{k: ptx.count(v) for k, v in (("wgmma", "wgmma.mma_async"), ("tma", "cp.async.bulk.tensor"),
                                                   ("local", ".local"), ("setmaxnreg", "setmaxnreg"))}}
+        out[name]["shared"] = e.resources()["shared_bytes"]
     print(json.dumps(out))
 """)
 XC_CONFIGS = {
     "tma-store": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
     "warp-specialized": dict(block_m=128, block_n=256, block_k=64, num_warps=4, num_stages=3,
                              warp_specialize=True, tma_store=False, flatten=False),
+    # the widest tile of experiments/probe_gemm_gaps.py --wide: 128 x (256 + 32), two MMAs per K-step
+    "wide-288": dict(block_m=128, block_n=256, extra_n=32, block_k=64, num_warps=8, num_stages=3,
+                     tma_store=False),
 }
 
 
@@ -423,6 +442,7 @@ def test_sm90_cross_compile_uses_wgmma_and_tma(sm90_ptx_counts, name):
     assert c["wgmma"] > 0  # Hopper tensor-core instructions (HGMMA in SASS)
     assert c["tma"] > 0  # bulk tensor copies (TMA loads)
     assert c["local"] == 0  # nothing spilled to local memory
+    assert c["shared"] <= gconfig.SMEM_LIMIT_SM90  # it can launch
     if XC_CONFIGS[name].get("warp_specialize"):
         assert c["setmaxnreg"] > 0  # producer / consumer warpgroups
 

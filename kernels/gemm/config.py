@@ -44,6 +44,11 @@ class GemmConfig:
     # (BLOCK_N / tail_split wide; 1, 2 or 4), so they take that many more SMs and less time
     # each. Nothing to add up: each slice is a whole output block (unlike stream-K's pieces).
     tail_split: int = 1
+    # TMA path: tiles block_n + extra_n columns wide (extra_n 0, or a power of two from 16 up to
+    # block_n), run as two MMAs per K-step that share A's tile: widths between the powers of
+    # two, so a 1-3 round problem can be cut into tiles that fill the SMs (cuBLAS picks such
+    # widths: 144, 232, ...). Plain stores for the extra columns.
+    extra_n: int = 0
     # "pingpong" or "coop": run the Gluon warp-specialised kernel (kernels.gemm.gluon)
     # with this tile, stages, group and SM count; num_warps and the other
     # Triton-kernel knobs do not apply (4 warps per consumer warpgroup there).
@@ -72,7 +77,8 @@ class GemmConfig:
     def label(self) -> str:
         if self.gluon:
             return self.ws_config().label().replace("ws ", "gl-pp ").replace("coop ", "gl-coop ")
-        s = f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} g{self.group_m}"
+        width = f"{self.block_n}+{self.extra_n}" if self.extra_n else f"{self.block_n}"
+        s = f"{self.block_m}x{width}x{self.block_k} w{self.num_warps} s{self.num_stages} g{self.group_m}"
         if self.num_sms is not None:
             s += f" sm{self.num_sms}"
         if self.warp_specialize:
@@ -128,7 +134,7 @@ def smem_bytes(config: GemmConfig, elem_bytes: int = 2, tma: bool = True) -> int
         return ws_smem_bytes(c.ws_config(), elem_bytes)
     if c.fma:   # outer products in registers; tl.dot (block_m >= 16) stages A and B tiles
         return 0 if c.block_m < 16 else (c.block_m * c.block_k + c.block_k * c.block_n) * elem_bytes * c.num_stages
-    stages = (c.block_m * c.block_k + c.block_k * c.block_n) * elem_bytes * c.num_stages
+    stages = (c.block_m * c.block_k + c.block_k * (c.block_n + c.extra_n)) * elem_bytes * c.num_stages
     if elem_bytes == 4 and (c.transpose_b is False or c.split_k is not None):
         # tf32 wgmma reads both operands K-major: with B N-major in memory Triton copies
         # each B tile into one more shared buffer (seen on an H200: 128x256x64, 2 stages,
@@ -171,6 +177,14 @@ def validate_config(c: GemmConfig) -> None:
                               or c.fma or c.block_n // c.tail_split < 16):
         raise ValueError("gemm: tail_split runs on the persistent TMA kernel without stream_k, warp "
                          "specialisation, split_k, gluon or fma, with block_n / tail_split >= 16")
+    if not isinstance(c.extra_n, int) or isinstance(c.extra_n, bool) or (
+            c.extra_n and (c.extra_n < 16 or c.extra_n > c.block_n or c.extra_n & (c.extra_n - 1))):
+        raise ValueError(f"gemm: extra_n={c.extra_n!r} must be 0 or a power of two from 16 to block_n "
+                         f"({c.block_n})")
+    if c.extra_n and (c.stream_k or c.tail_split != 1 or c.warp_specialize or c.tma is False or c.gluon
+                      or c.split_k is not None or c.fma):
+        raise ValueError("gemm: extra_n runs on the persistent TMA kernel without stream_k, tail_split, warp "
+                         "specialisation, split_k, gluon or fma")
     if c.stream_k and (c.warp_specialize or c.tma is False):
         raise ValueError("gemm: stream_k=True runs on the TMA path without warp specialisation "
                          "(set tma=None or True and warp_specialize=False)")

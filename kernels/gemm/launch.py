@@ -286,7 +286,10 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
     if not use_tma:
         pads, b_km, trans_b = {}, False, False
 
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    if cfg.extra_n and not use_tma:
+        raise ValueError("gemm: extra_n needs the TMA path (sm_90+ or the interpreter, 16-byte aligned rows); "
+                         "use extra_n=0 for these operands")
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n + cfg.extra_n)
     if cfg.stream_k and not use_tma and config is None:  # the heuristic's choice, on unaligned operands
         cfg = dataclasses.replace(cfg, stream_k=False)
     if cfg.stream_k and not use_tma:
@@ -318,15 +321,15 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, config,
                            dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, TMA_STORE=cfg.tma_store,
                                 EPILOGUE_SPLIT=cfg.epilogue_split, FLATTEN=cfg.flatten,
                                 WARP_SPECIALIZE=cfg.warp_specialize, STREAM_K=sk.sk_programs > 0, B_KMAJOR=b_km,
-                                TAIL_SPLIT=slices, TAIL_STAGES=tail_stages(cfg, slices)),
+                                TAIL_SPLIT=slices, TAIL_STAGES=tail_stages(cfg, slices), EXTRA_N=cfg.extra_n),
                            dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     args = (M, N, K, programs, cfg.group_m, sk.dp_tiles, sk.sk_programs, sk.sk_iters_per, sk.sk_extra)
     if dev:   # the row strides of A, B (as launched: padded copies have pad_* columns) and C
         args = (pads.get("pad_a") or a.stride(0), _b_row_stride(b, K, pads, b_km, trans_b), stride_cm) + args
-    slice_n = cfg.block_n // slices
+    b2_n = cfg.extra_n or cfg.block_n // slices   # the second B descriptor's box: extra columns or a slice
     blocks = ([cfg.block_m, cfg.block_k], [cfg.block_n, cfg.block_k] if b_km else [cfg.block_k, cfg.block_n],
               [cfg.block_m, cfg.block_n // cfg.epilogue_split] if cfg.tma_store else None,
-              ([slice_n, cfg.block_k] if b_km else [cfg.block_k, slice_n]) if slices > 1 else None)
+              ([b2_n, cfg.block_k] if b_km else [cfg.block_k, b2_n]) if slices > 1 or cfg.extra_n else None)
     return _GemmPlan("tma", M, N, K, cfg, launch, args, tiles - sk.dp_tiles if sk.sk_programs else 0, programs,
                      blocks, **pads, b_kmajor=b_km, trans_b=trans_b, device_desc=dev)
 
@@ -705,11 +708,12 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "TMA_STORE": cfg.tma_store,
                   "EPILOGUE_SPLIT": cfg.epilogue_split, "FLATTEN": cfg.flatten,
                   "WARP_SPECIALIZE": cfg.warp_specialize, "STREAM_K": bool(cfg.stream_k), "B_KMAJOR": bool(b_kmajor),
-                  "TAIL_SPLIT": ts, "TAIL_STAGES": tail_stages(cfg, ts)}
-    if ts > 1:
-        sig["bt_desc"] = f"tensordesc<{t}[{bn // ts}, {bk}]>" if b_kmajor else f"tensordesc<{t}[{bk}, {bn // ts}]>"
+                  "TAIL_SPLIT": ts, "TAIL_STAGES": tail_stages(cfg, ts), "EXTRA_N": cfg.extra_n}
+    if ts > 1 or cfg.extra_n:
+        b2_n = cfg.extra_n or bn // ts
+        sig["b2_desc"] = f"tensordesc<{t}[{b2_n}, {bk}]>" if b_kmajor else f"tensordesc<{t}[{bk}, {b2_n}]>"
     else:
-        constexprs["bt_desc"] = None
+        constexprs["b2_desc"] = None
     if cfg.tma_store:
         sig["c_desc"] = f"tensordesc<{t}[{bm}, {bn // cfg.epilogue_split}]>"
     else:
@@ -720,8 +724,8 @@ def compile_args(config: GemmConfig | Mapping[str, Any] | None = None, dtype: to
     if device_desc:
         fn = _gemm_tma_dev_kernel
         constexprs.pop("c_desc", None)
-        constexprs.pop("bt_desc", None)
-        sig.pop("bt_desc", None)
+        constexprs.pop("b2_desc", None)
+        sig.pop("b2_desc", None)
         sig = {"a_ptr": f"*{t}", "b_ptr": f"*{t}", "c_ptr": f"*{t}", "stride_am": "i32", "stride_bk": "i32",
                **{k: v for k, v in sig.items() if k not in ("a_desc", "b_desc", "c_desc", "c_ptr")}}
         divisible += ["a_ptr", "b_ptr"] + [name for name, v in (("stride_am", K), ("stride_bk", N)) if v % 16 == 0]

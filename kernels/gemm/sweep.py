@@ -62,8 +62,8 @@ def derived(shape: Mapping[str, int], dtype: torch.dtype, params: Mapping[str, A
     return {
         "elem_bytes": es,
         "smem_bytes": smem_bytes(cfg, es),
-        "acc_regs": cfg.block_m * cfg.block_n // (_consumer_warps(cfg) * 32),
-        "tiles": triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),
+        "acc_regs": cfg.block_m * (cfg.block_n + cfg.extra_n) // (_consumer_warps(cfg) * 32),
+        "tiles": triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n + cfg.extra_n),
         "SMEM_LIMIT": SMEM_LIMIT_SM90,
     }
 

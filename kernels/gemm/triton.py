@@ -82,17 +82,18 @@ def _sk_program_of(step, sk_iters_per, sk_extra):
 
 @triton.jit(do_not_specialize=["num_sms", "group_m", "dp_tiles", "sk_programs", "sk_iters_per", "sk_extra"])
 def _gemm_tma_kernel(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m,
-                     dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr, bt_desc,
+                     dp_tiles, sk_programs, sk_iters_per, sk_extra, ws_ptr, cnt_ptr, b2_desc,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
                      WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr = False,
-                     TAIL_SPLIT: tl.constexpr = 1, TAIL_STAGES: tl.constexpr = 3):
+                     TAIL_SPLIT: tl.constexpr = 1, TAIL_STAGES: tl.constexpr = 3, EXTRA_N: tl.constexpr = 0):
     """Host descriptors: A, B (and C with TMA_STORE) arrive as TMA descriptors
-    encoded by the launcher on every call; with TAIL_SPLIT > 1 also ``bt_desc``,
-    B's descriptor with the tail slices' narrower box (else None)."""
+    encoded by the launcher on every call; with TAIL_SPLIT > 1 or EXTRA_N > 0 also
+    ``b2_desc``, a second descriptor of B with a narrower box (the tail slices' or
+    the extra columns'; else None)."""
     _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m, dp_tiles, sk_programs,
               sk_iters_per, sk_extra, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, EPILOGUE_SPLIT,
-              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR, bt_desc, TAIL_SPLIT, TAIL_STAGES)
+              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR, b2_desc, TAIL_SPLIT, TAIL_STAGES, EXTRA_N)
 
 
 @triton.jit(do_not_specialize=["num_sms", "group_m", "dp_tiles", "sk_programs", "sk_iters_per", "sk_extra"])
@@ -101,7 +102,7 @@ def _gemm_tma_dev_kernel(a_ptr, b_ptr, c_ptr, stride_am, stride_bk, stride_cm, M
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
                          WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr = False,
-                         TAIL_SPLIT: tl.constexpr = 1, TAIL_STAGES: tl.constexpr = 3):
+                         TAIL_SPLIT: tl.constexpr = 1, TAIL_STAGES: tl.constexpr = 3, EXTRA_N: tl.constexpr = 0):
     """Device descriptors: the same kernel, but each program encodes the TMA
     descriptors of A, B (and C) itself from plain pointers and strides, into its
     slot of the global scratch buffer the launcher passes (128 bytes each), so
@@ -117,15 +118,16 @@ def _gemm_tma_dev_kernel(a_ptr, b_ptr, c_ptr, stride_am, stride_bk, stride_cm, M
         c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [stride_cm, 1], [BLOCK_M, BLOCK_N // EPILOGUE_SPLIT])
     else:
         c_desc = None
-    bt_desc = None
-    if TAIL_SPLIT > 1:
+    b2_desc = None
+    if TAIL_SPLIT > 1 or EXTRA_N > 0:
+        B2_N: tl.constexpr = EXTRA_N if EXTRA_N > 0 else BLOCK_N // TAIL_SPLIT
         if B_KMAJOR:
-            bt_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [stride_bk, 1], [BLOCK_N // TAIL_SPLIT, BLOCK_K])
+            b2_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [stride_bk, 1], [B2_N, BLOCK_K])
         else:
-            bt_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N // TAIL_SPLIT])
+            b2_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, B2_N])
     _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_m, dp_tiles, sk_programs,
               sk_iters_per, sk_extra, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, EPILOGUE_SPLIT,
-              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR, bt_desc, TAIL_SPLIT, TAIL_STAGES)
+              FLATTEN, WARP_SPECIALIZE, STREAM_K, B_KMAJOR, b2_desc, TAIL_SPLIT, TAIL_STAGES, EXTRA_N)
 
 
 @triton.jit
@@ -134,10 +136,15 @@ def _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               TMA_STORE: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
               WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, B_KMAJOR: tl.constexpr,
-              bt_desc, TAIL_SPLIT: tl.constexpr, TAIL_STAGES: tl.constexpr):
-    """The persistent TMA GEMM, whichever side made its descriptors."""
+              b2_desc, TAIL_SPLIT: tl.constexpr, TAIL_STAGES: tl.constexpr, EXTRA_N: tl.constexpr = 0):
+    """The persistent TMA GEMM, whichever side made its descriptors.
+
+    EXTRA_N > 0: tiles BLOCK_N + EXTRA_N wide, the extra columns a second MMA per K-step
+    on the same A tile (B's through ``b2_desc``), stored with plain stores (C's box is
+    BLOCK_N wide): tile widths between powers of two, for problems of 1-3 rounds."""
+    TILE_N: tl.constexpr = BLOCK_N + EXTRA_N
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
-    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    num_pid_n = (N + TILE_N - 1) // TILE_N
     k_steps = (K + BLOCK_K - 1) // BLOCK_K
     pid = tl.program_id(0)
     # Data-parallel part: whole tiles 0 .. dp_tiles-1 (every tile without stream-K).
@@ -145,14 +152,21 @@ def _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_
                             warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, group_m)
         off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
+        off_n = pid_n * TILE_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if EXTRA_N > 0:
+            acc2 = tl.zeros((BLOCK_M, EXTRA_N), dtype=tl.float32)
         for kk in range(k_steps):
             a = a_desc.load([off_m, kk * BLOCK_K])
             b = _load_b(b_desc, kk * BLOCK_K, off_n, B_KMAJOR)
             acc = tl.dot(a, b, acc)
+            if EXTRA_N > 0:
+                b2 = _load_b(b2_desc, kk * BLOCK_K, off_n + BLOCK_N, B_KMAJOR)
+                acc2 = tl.dot(a, b2, acc2)
         _store_tile(acc, off_m, off_n, c_desc, c_ptr, stride_cm, M, N, BLOCK_M, BLOCK_N, TMA_STORE,
                     EPILOGUE_SPLIT)
+        if EXTRA_N > 0:
+            _store_tile(acc2, off_m, off_n + BLOCK_N, c_desc, c_ptr, stride_cm, M, N, BLOCK_M, EXTRA_N, False, 1)
     if TAIL_SPLIT > 1:
         # The last, partial round's tiles (dp_tiles ..) in TAIL_SPLIT column slices each, one
         # slice per program, so the round takes 1/TAIL_SPLIT of a tile's time on more SMs. A
@@ -169,7 +183,7 @@ def _tma_gemm(a_desc, b_desc, c_desc, c_ptr, stride_cm, M, N, K, num_sms, group_
             acc = tl.zeros((BLOCK_M, SLICE_N), dtype=tl.float32)
             for kk in tl.range(k_steps, num_stages=TAIL_STAGES):
                 a = a_desc.load([off_m, kk * BLOCK_K])
-                b = _load_b(bt_desc, kk * BLOCK_K, off_n, B_KMAJOR)
+                b = _load_b(b2_desc, kk * BLOCK_K, off_n, B_KMAJOR)
                 acc = tl.dot(a, b, acc)
             _store_tile(acc, off_m, off_n, c_desc, c_ptr, stride_cm, M, N, BLOCK_M, SLICE_N, False, 1)
     if STREAM_K:
