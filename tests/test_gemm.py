@@ -284,7 +284,7 @@ def test_cpu_without_interpreter_says_what_to_do():
     (dict(extra_n=24), "extra_n=24 must be 0 or a power of two from 16 to block_n"),
     (dict(extra_n=512), "extra_n=512 must be 0 or a power of two"),
     (dict(extra_n=True), "extra_n=True must be 0"),
-    (dict(extra_n=32, tail_split=2), "extra_n runs on the persistent TMA kernel"),
+    (dict(extra_n=32, tail_split=2), "tail_split runs on the persistent TMA kernel without stream_k, extra_n"),
     (dict(extra_n=32, split_k=2), "extra_n runs on the persistent TMA kernel"),
     (dict(extra_n=32, tma=False), "extra_n runs on the persistent TMA kernel"),
     (dict(extra_n=32), "extra_n needs the TMA path"),   # tma=None in the interpreter: the pointer kernel

@@ -173,18 +173,18 @@ def validate_config(c: GemmConfig) -> None:
         _validate_fma(c)
     if c.tail_split not in (1, 2, 4):
         raise ValueError(f"gemm: tail_split={c.tail_split!r} must be 1, 2 or 4")
-    if c.tail_split != 1 and (c.stream_k or c.warp_specialize or c.tma is False or c.gluon or c.split_k is not None
-                              or c.fma or c.block_n // c.tail_split < 16):
-        raise ValueError("gemm: tail_split runs on the persistent TMA kernel without stream_k, warp "
-                         "specialisation, split_k, gluon or fma, with block_n / tail_split >= 16")
+    if c.tail_split != 1 and c.block_n // c.tail_split < 16:
+        raise ValueError(f"gemm: tail_split={c.tail_split} needs block_n / tail_split >= 16 (block_n={c.block_n})")
     if not isinstance(c.extra_n, int) or isinstance(c.extra_n, bool) or (
             c.extra_n and (c.extra_n < 16 or c.extra_n > c.block_n or c.extra_n & (c.extra_n - 1))):
         raise ValueError(f"gemm: extra_n={c.extra_n!r} must be 0 or a power of two from 16 to block_n "
                          f"({c.block_n})")
-    if c.extra_n and (c.stream_k or c.tail_split != 1 or c.warp_specialize or c.tma is False or c.gluon
-                      or c.split_k is not None or c.fma):
-        raise ValueError("gemm: extra_n runs on the persistent TMA kernel without stream_k, tail_split, warp "
-                         "specialisation, split_k, gluon or fma")
+    # Both live in the persistent TMA kernel's own loops (and not together).
+    for knob, other, on in (("tail_split", "extra_n", c.tail_split != 1), ("extra_n", "tail_split", c.extra_n != 0)):
+        if on and (c.stream_k or c.warp_specialize or c.tma is False or c.gluon or c.split_k is not None or c.fma
+                   or (c.tail_split != 1 and c.extra_n)):
+            raise ValueError(f"gemm: {knob} runs on the persistent TMA kernel without stream_k, {other}, warp "
+                             "specialisation, split_k, gluon or fma")
     if c.stream_k and (c.warp_specialize or c.tma is False):
         raise ValueError("gemm: stream_k=True runs on the TMA path without warp specialisation "
                          "(set tma=None or True and warp_specialize=False)")
