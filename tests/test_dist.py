@@ -75,6 +75,17 @@ def test_launch_timeout_names_the_stuck_rank(script, tmp_path):
         os.kill(pid, 0)  # the stuck rank is gone
 
 
+def test_a_world_takes_the_first_gpus_the_user_made_visible(monkeypatch):
+    """CUDA_VISIBLE_DEVICES=2,3 puts a 2-rank world on GPUs 2 and 3 (two worlds side by side on one
+    node stay apart); with nothing set, GPUs 0 .. W-1."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3,5")
+    assert dist.first_gpus(2) == "2,3" and dist.first_gpus(1) == "2"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert dist.first_gpus(2) == ""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert dist.first_gpus(4) == "0,1,2,3"
+
+
 def test_launch_rejects_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="world_size"):
         dist.launch("x.py", 0)

@@ -204,14 +204,24 @@ def launch(script_or_module: str | os.PathLike, world_size: int, args: Sequence[
 
 def launch_rows(script_or_module: str | os.PathLike, world_size: int, args: Sequence[str] = (), *,
                 env: dict | None = None, **kwargs) -> tuple[list[dict], str]:
-    """``launch`` on GPUs 0 .. world_size-1 for a study script: (rows, error). A world that
-    fails still gives the rows its ranks wrote before it did, with ``error`` the launch
-    error's text ("" when the world succeeded), so one bad world size loses no others."""
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(world_size))), **(env or {})}
+    """``launch`` on the first ``world_size`` GPUs this process may use, for a study script:
+    (rows, error). A world that fails still gives the rows its ranks wrote before it did,
+    with ``error`` the launch error's text ("" when the world succeeded), so one bad world
+    size loses no others."""
+    env = {"CUDA_VISIBLE_DEVICES": first_gpus(world_size), **(env or {})}
     try:
         return launch(script_or_module, world_size, args, env=env, **kwargs).rows, ""
     except LaunchError as exc:
         return exc.rows, str(exc)
+
+
+def first_gpus(world_size: int) -> str:
+    """CUDA_VISIBLE_DEVICES for a world: the first ``world_size`` of those already visible
+    (a user who chose GPUs 2,3 gets 2,3, and two worlds on one node stay apart), else 0 .. W-1."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return ",".join(map(str, range(world_size)))
+    return ",".join([d.strip() for d in visible.split(",") if d.strip()][:world_size])
 
 
 def _collect_rows(run_dir: Path) -> list[dict]:
