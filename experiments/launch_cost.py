@@ -712,28 +712,36 @@ def dry_run(out_dir: Path) -> int:
 
 
 def comm_world(rows, bench) -> None:
-    """all_gather at 8 MiB and 32 MiB per rank against NCCL (under torchrun)."""
+    """all_gather(variant="auto") at 8, 16 and 32 MiB per rank against NCCL (under torchrun): host
+    time per call, and the slowest rank's median per call, eager (back-to-back calls as a user's loop
+    makes them, host cost included) and CUDA-graph replayed."""
     import torch
     import torch.distributed as tdist
 
     from kernels import comm
+    from workbench import dist
     from workbench.dist import SymmetricHeap
 
     W = tdist.get_world_size()
     heap = SymmetricHeap(W * (64 << 20) + (8 << 20))
-    for mib in (8, 32):
+    for mib in (8, 16, 32):
         x = torch.randn((mib << 20) // 2 // 4096, 4096, device=heap.device).bfloat16()
         out = torch.empty((W * x.shape[0], 4096), device=heap.device, dtype=x.dtype)
-        comm.all_gather(x, heap, variant="auto")
+        fns = {"ours": lambda: comm.all_gather(x, heap, variant="auto"),
+               "nccl": lambda: tdist.all_gather_into_tensor(out, x)}
+        fns["ours"]()
         comm.check_all_gather(heap)
-        host = {"ours": bench.host_time_us(lambda: comm.all_gather(x, heap, variant="auto"), calls=CALLS),
-                "nccl": bench.host_time_us(lambda: tdist.all_gather_into_tensor(out, x), calls=CALLS)}
+        host = {name: bench.host_time_us(fn, calls=CALLS) for name, fn in fns.items()}
+        times = {name: {mode: dist.time_collective(fn, warmup=5, iters=50, graph=4 if mode == "graph" else 0)["ms"]
+                        for mode in ("eager", "graph")} for name, fn in fns.items()}
         comm.check_all_gather(heap)
         if heap.rank == 0:
             for name, h in host.items():
-                rows.append(_row(f"all_gather {mib} MiB/rank W{W}", name, h))
-            print(f"all_gather {mib} MiB W{W}: host {host['ours']['median_us']:.1f} / "
-                  f"{host['nccl']['median_us']:.1f} us", flush=True)
+                rows.append(_row(f"all_gather {mib} MiB/rank W{W}", name, h,
+                                 eager_ms=times[name]["eager"], graph_ms=times[name]["graph"]))
+            print(f"all_gather {mib} MiB W{W}: host {host['ours']['median_us']:.1f} / {host['nccl']['median_us']:.1f} us;"
+                  f" eager {times['ours']['eager'] * 1e3:.1f} / {times['nccl']['eager'] * 1e3:.1f} us,"
+                  f" graph {times['ours']['graph'] * 1e3:.1f} / {times['nccl']['graph'] * 1e3:.1f} us", flush=True)
 
 
 def torch_world_size() -> int:
@@ -830,11 +838,13 @@ def main(argv=None) -> int:
     if args.descriptors:
         return descriptors(Path(args.out), bench, args.budget_s, only=args.only)
     rows: list[dict] = []
+    world = 1
     if args.comm:
         from workbench import dist
 
         with dist.worker():
-            if torch_world_size() > 1:
+            world = torch_world_size()
+            if world > 1:
                 comm_world(rows, bench)
             fused_world(rows, bench)
     elif args.breakdown:
@@ -844,7 +854,7 @@ def main(argv=None) -> int:
     if rows:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        prov = provenance.flat(provenance.collect())
+        prov = provenance.flat(provenance.collect(world_size=world))
         df = pd.DataFrame([{**r, **prov} for r in rows])
         name = "launch_cost_comm.csv" if args.comm else "breakdown.csv" if args.breakdown else "launch_cost.csv"
         df.to_csv(out / name, index=False)
