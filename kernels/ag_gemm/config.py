@@ -6,7 +6,8 @@ The auto-config's rule is, until measurements replace it, a PLACEHOLDER: it is
 not fitted to any GPU data. ``experiments/run_ag_gemm.py`` times every variant
 on a GPU node and writes ``results/ag_gemm/auto_table.json`` (one entry per
 measured (world size, gather dim, M, N, K): the fastest configuration, and
-``"sequential"`` wherever no fused variant beat our all-gather + our GEMM; a run
+``"sequential"`` or ``"nccl"`` wherever no fused variant beat our all-gather + our
+GEMM or NCCL's all-gather + cuBLAS, the faster of the two; a run
 of other world sizes, ``--auto-table results/ag_gemm/auto_table.json``, adds its
 entries to the same file and keeps the others).
 When that file exists, ``auto_config`` uses the entry of the nearest measured
@@ -23,7 +24,8 @@ from pathlib import Path
 
 from kernels.common.configs import config_of
 
-VARIANTS = ("fused", "copy_engine", "sequential")
+VARIANTS = ("fused", "copy_engine", "sequential", "nccl")
+FALLBACKS = ("sequential", "nccl")  # the variants that do not fuse
 LAYOUTS = ("k", "m")
 AUTO_TABLE_PATH = Path(__file__).resolve().parents[2] / "results" / "ag_gemm" / "auto_table.json"
 MAX_TABLE_BYTES = 1 << 20  # the table is untrusted input: bounded read

@@ -11,6 +11,8 @@ Variants (``AgGemmConfig.variant``; ``config=None`` lets ``auto_config`` pick):
                    chunk's flags; every SM runs the GEMM, spinning on those flags.
 ``"sequential"``   our all-gather (``kernels.comm.all_gather``), then our GEMM
                    (``kernels.gemm.matmul``): the fallback where fusing loses.
+``"nccl"``         NCCL's all-gather (``torch.distributed``), then cuBLAS
+                   (``torch.matmul``): the fallback where the libraries beat both.
 
 A repeated call is a dict lookup and the launches: no host synchronization and
 no heuristic work. Failures on the device (a peer that never published, a tile
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 import triton
 
-from kernels.ag_gemm.config import AgGemmConfig, as_config, auto_config, validate
+from kernels.ag_gemm.config import FALLBACKS, AgGemmConfig, as_config, auto_config, validate
 from kernels.ag_gemm.triton import TRACE_COLS, _ag_gemm_kernel, _next_epoch_kernel
 from kernels.comm.remote import STATUS_WORDS, StatusWatch, WaitTimeout
 from kernels.common.launcher import launch_planned
@@ -64,6 +66,7 @@ class Plan:
     nextval: Any = None
     chunks: list = dataclasses.field(default_factory=list)
     side: Any = None
+    flat: Any = None          # nccl: all_gather_into_tensor's output
     auto: bool = False
     launches: dict = dataclasses.field(default_factory=dict)  # PlannedLaunch per (phase, C's alignment, C's row stride)
 
@@ -208,7 +211,9 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
         cfg = auto_config(M, N, K, W, gather_dim, sms, heap.simulated)
     validate(cfg, W)
     plan = Plan(cfg, gather_dim, S_M, S_K, N, (M, N), auto=auto)
-    if cfg.variant == "sequential":
+    if cfg.variant == "nccl" and not heap.simulated:  # NCCL's output: rank-major shards
+        plan.flat = torch.empty((W * S_M, S_K), dtype=a.dtype, device=heap.device)
+    if cfg.variant in FALLBACKS:
         return plan
     plan.MT = triton.cdiv(S_M, cfg.block_m)
     plan.KG = triton.cdiv(triton.cdiv(S_K, cfg.block_k), cfg.k_per_flag)
@@ -331,7 +336,7 @@ def prepare(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=Fal
     then time: no wait ever has to cover a compile.
     """
     plan = get_plan(a_shard, b, heap, gather_dim=gather_dim, bias=bias, config=config, trace=trace)
-    if heap.simulated or plan.cfg.variant == "sequential":
+    if heap.simulated or plan.cfg.variant in FALLBACKS:
         return plan
     c = torch.empty(plan.out_shape, dtype=a_shard.dtype, device=a_shard.device)
     args = _args(a_shard, b, heap, plan, bias, c, _shared(heap))
@@ -380,8 +385,8 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_di
                             or out.device != a_shard.device or out.stride(1) != 1):
         raise ValueError(f"all_gather_matmul: out must be a {plan.out_shape} {a_shard.dtype} tensor on "
                          f"{a_shard.device} with unit column stride, got {tuple(out.shape)} {out.dtype}")
-    if plan.cfg.variant == "sequential":
-        c = _sequential(a_shard, b, heap, plan, bias, out)
+    if plan.cfg.variant in FALLBACKS:
+        c = (_sequential if plan.cfg.variant == "sequential" else _nccl)(a_shard, b, heap, plan, bias, out)
         return (c, None) if trace else c
     c = out if out is not None else torch.empty(plan.out_shape, dtype=a_shard.dtype, device=a_shard.device)
     if trace:
@@ -471,4 +476,24 @@ def _sequential(a, b, heap, plan, bias, out=None):
     if bias is not None:
         c += bias.to(c.dtype)
     heap.barrier()  # peers may refill `gathered` (our heap buffer) only after we read it
+    return c
+
+
+def _nccl(a, b, heap, plan, bias, out=None):
+    """NCCL's all-gather, then cuBLAS (the libraries, for the problems where they are fastest)."""
+    from kernels.ag_gemm.baselines import gathered_a
+
+    if heap.simulated:  # no process group in a simulated world: our all-gather stands in for NCCL's
+        from kernels.comm import all_gather
+
+        flat = all_gather(a, heap, variant="triton", check=False)
+    else:
+        import torch.distributed as tdist
+
+        tdist.all_gather_into_tensor(plan.flat, a.contiguous(), group=heap.group)
+        flat = plan.flat
+    A = gathered_a(flat, heap.world_size, plan.gather_dim)
+    c = torch.matmul(A, b, out=out) if bias is None else torch.addmm(bias.to(A.dtype), A, b, out=out)
+    if heap.simulated:
+        heap.barrier()  # peers may refill `flat` (our heap buffer) only after we read it
     return c
