@@ -261,7 +261,7 @@ class Rank:
                     continue
                 auto_plan = self.ag.launch.get_plan(a, b, self.heap, gather_dim=gd)
                 auto_info = {"auto_variant": auto_plan.cfg.variant, "auto_source": self.ag.auto_source(self.W),
-                             "auto_fallback": auto_plan.cfg.variant in ("sequential", "nccl"),
+                             "auto_fallback": auto_plan.cfg.variant in self.ag.config.FALLBACKS,
                              "auto_config": json.dumps(auto_plan.cfg.__dict__)}
                 for mode in modes:
                     for name, (fn, cfg) in methods.items():
@@ -384,6 +384,8 @@ def fit_auto_table(bench) -> dict:
     """Per measured problem: the fastest way in eager calls (as users call it): a fused variant,
     or, where neither fused variant wins, the faster of our sequential path and NCCL + cuBLAS
     (variant "nccl", the very code the baseline times)."""
+    from kernels.ag_gemm.config import FALLBACKS
+
     entries = []
     ok = bench[(bench["status"] == "ok") & (bench["rank"] == 0) & (bench["timing"] == "eager")]
     for (W, gd, M, N, K), g in ok.groupby(["world_size", "gather_dim", "M", "N", "K"]):
@@ -398,7 +400,7 @@ def fit_auto_table(bench) -> dict:
         cfg = {k: v for k, v in cfg.items() if k not in ("skip_rank",)}
         entries.append({"world_size": int(W), "gather_dim": int(gd), "M": int(M), "N": int(N), "K": int(K),
                         "config": cfg, "ms": float(best["ms"]),
-                        "fallback": cfg["variant"] in ("sequential", "nccl")})
+                        "fallback": cfg["variant"] in FALLBACKS})
     return {"source": "experiments/run_ag_gemm.py (eager calls, rank 0, median)", "entries": entries}
 
 

@@ -31,12 +31,12 @@ class NcclCublas:
         self.flat = torch.empty((world_size * a_shard.shape[0], a_shard.shape[1]), dtype=a_shard.dtype,
                                 device=a_shard.device)
 
-    def __call__(self, a_shard, b, bias=None):
+    def __call__(self, a_shard, b, bias=None, out=None):
         import torch.distributed as dist
 
-        dist.all_gather_into_tensor(self.flat, a_shard, group=self.group)
+        dist.all_gather_into_tensor(self.flat, a_shard.contiguous(), group=self.group)
         A = gathered_a(self.flat, self.W, self.gather_dim)
-        return torch.addmm(bias, A, b) if bias is not None else torch.matmul(A, b)
+        return torch.addmm(bias.to(A.dtype), A, b, out=out) if bias is not None else torch.matmul(A, b, out=out)
 
 
 def torch_fused_available() -> bool:

@@ -66,7 +66,7 @@ class Plan:
     nextval: Any = None
     chunks: list = dataclasses.field(default_factory=list)
     side: Any = None
-    flat: Any = None          # nccl: all_gather_into_tensor's output
+    nccl: Any = None          # variant nccl: baselines.NcclCublas (its buffer for NCCL's output)
     auto: bool = False
     launches: dict = dataclasses.field(default_factory=dict)  # PlannedLaunch per (phase, C's alignment, C's row stride)
 
@@ -211,8 +211,10 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
         cfg = auto_config(M, N, K, W, gather_dim, sms, heap.simulated)
     validate(cfg, W)
     plan = Plan(cfg, gather_dim, S_M, S_K, N, (M, N), auto=auto)
-    if cfg.variant == "nccl" and not heap.simulated:  # NCCL's output: rank-major shards
-        plan.flat = torch.empty((W * S_M, S_K), dtype=a.dtype, device=heap.device)
+    if cfg.variant == "nccl" and not heap.simulated:  # the libraries, as the baseline calls them
+        from kernels.ag_gemm.baselines import NcclCublas
+
+        plan.nccl = NcclCublas(a, W, gather_dim, group=heap.group)
     if cfg.variant in FALLBACKS:
         return plan
     plan.MT = triton.cdiv(S_M, cfg.block_m)
@@ -481,19 +483,13 @@ def _sequential(a, b, heap, plan, bias, out=None):
 
 def _nccl(a, b, heap, plan, bias, out=None):
     """NCCL's all-gather, then cuBLAS (the libraries, for the problems where they are fastest)."""
+    if not heap.simulated:
+        return plan.nccl(a, b, bias, out)
+    # no process group in a simulated world: our all-gather stands in for NCCL's
     from kernels.ag_gemm.baselines import gathered_a
+    from kernels.comm import all_gather
 
-    if heap.simulated:  # no process group in a simulated world: our all-gather stands in for NCCL's
-        from kernels.comm import all_gather
-
-        flat = all_gather(a, heap, variant="triton", check=False)
-    else:
-        import torch.distributed as tdist
-
-        tdist.all_gather_into_tensor(plan.flat, a.contiguous(), group=heap.group)
-        flat = plan.flat
-    A = gathered_a(flat, heap.world_size, plan.gather_dim)
+    A = gathered_a(all_gather(a, heap, variant="triton", check=False), heap.world_size, plan.gather_dim)
     c = torch.matmul(A, b, out=out) if bias is None else torch.addmm(bias.to(A.dtype), A, b, out=out)
-    if heap.simulated:
-        heap.barrier()  # peers may refill `flat` (our heap buffer) only after we read it
+    heap.barrier()  # peers may refill the gathered buffer (our heap) only after we read it
     return c
