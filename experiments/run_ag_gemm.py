@@ -58,7 +58,7 @@ SHAPES = [(1024, 3584, 8192), (4096, 3584, 8192), (16384, 3584, 8192), (4096, 40
 SWEEP_SHAPE = (4096, 3584, 8192)
 FETCHERS = (4, 8, 16, 32, 64)
 K_PER_FLAG = (2, 8, 32)
-OURS = ("fused", "copy_engine", "sequential", "auto")
+OURS = ("fused", "fused_by_k", "copy_engine", "sequential", "auto")
 LIBRARY = ("nccl_cublas", "torch_fused", "gemm_alone")  # the baselines: timed even where inaccurate
 MAX_SPINS = 1 << 22  # kernels are compiled (prepare) before any timed or checked call: no wait covers a compile
 
@@ -124,7 +124,8 @@ class Rank:
         heap, ag = self.heap, self.ag
         placeholder = auto_config(M, N, K, self.W, gd, self.sms)
         fetchers = placeholder.fetchers if placeholder.variant == "fused" else max(4, self.sms // 8)
-        cfgs = {"fused": AgGemmConfig(variant="fused", fetchers=fetchers, num_sms=self.sms, max_spins=MAX_SPINS),
+        fused = AgGemmConfig(variant="fused", fetchers=fetchers, num_sms=self.sms, max_spins=MAX_SPINS)
+        cfgs = {"fused": fused, "fused_by_k": fused.replace(fetch_order="k"),  # peers' tiles k-group by k-group
                 "copy_engine": AgGemmConfig(variant="copy_engine", num_sms=self.sms, max_spins=MAX_SPINS),
                 "sequential": AgGemmConfig(variant="sequential"), "auto": None}
         out = {}
@@ -356,20 +357,20 @@ def summarize(bench):
         row = {"world_size": W, "gather_dim": gd, "M": M, "N": N, "K": K, "timing": timing,
                **{f"{v}_ms": t for v, t in ms.items()}}
         seq = ms.get("nccl_cublas")
-        fused_family = {v: ms[v] for v in ("fused", "copy_engine") if v in ms}
+        fused_family = {v: ms[v] for v in ("fused", "fused_by_k", "copy_engine") if v in ms}
         if fused_family:
             best = min(fused_family, key=fused_family.get)
             row["best_fused"] = best
             row["best_fused_ms"] = fused_family[best]
-        for v in ("fused", "copy_engine", "auto", "torch_fused", "sequential"):
+        for v in ("fused", "fused_by_k", "copy_engine", "auto", "torch_fused", "sequential"):
             if v in ms and seq:
                 row[f"{v}_speedup_vs_nccl_cublas"] = seq / ms[v]
             if v in ms and "gemm_alone" in ms:
                 row[f"{v}_frac_of_gemm_alone"] = ms[v] / ms["gemm_alone"]
             if v in ms:
                 row[f"{v}_tflops"] = tflops(M, N, K, ms[v])
-        contenders = {v: ms[v] for v in ("fused", "copy_engine", "torch_fused", "sequential", "nccl_cublas")
-                      if v in ms}
+        contenders = {v: ms[v] for v in ("fused", "fused_by_k", "copy_engine", "torch_fused", "sequential",
+                                          "nccl_cublas") if v in ms}
         row["winner"] = min(contenders, key=contenders.get) if contenders else None
         auto = g[g["variant"] == "auto"]
         if len(auto):
@@ -389,7 +390,7 @@ def fit_auto_table(bench) -> dict:
     entries = []
     ok = bench[(bench["status"] == "ok") & (bench["rank"] == 0) & (bench["timing"] == "eager")]
     for (W, gd, M, N, K), g in ok.groupby(["world_size", "gather_dim", "M", "N", "K"]):
-        ours = g[g["variant"].isin(["fused", "copy_engine", "sequential", "nccl_cublas"])]
+        ours = g[g["variant"].isin(["fused", "fused_by_k", "copy_engine", "sequential", "nccl_cublas"])]
         if not len(ours):
             continue
         best = ours.loc[ours["ms"].idxmin()]

@@ -95,6 +95,21 @@ def test_equals_reference_in_simulated_world(W, gather_dim, layout, bias, varian
         assert kw["CLAIM"] and not kw["JOIN"]
 
 
+@pytest.mark.parametrize("W,gather_dim,layout", [(2, 0, "k"), (3, 1, "m"), (4, 0, "m")])
+def test_fetching_k_group_by_k_group_gives_the_same_c(W, gather_dim, layout):
+    """fetch_order="k" (the peers' tiles k-group by k-group across the row tiles) changes only
+    the order of the copies: C as with the default order, and equal to the reference."""
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 18)
+    cfg = SIM.replace(layout=layout, k_per_flag=1, fetchers=3)
+    shards, b, bias = _problem(W, gather_dim, seed=70 + W, shard=(37, 56))  # 3 row tiles x 4 k-groups
+    by_m = _run(world, shards, b, gather_dim, bias, cfg)
+    by_k = _run(world, shards, b, gather_dim, bias, cfg.replace(fetch_order="k"))
+    _assert_close(by_k, shards, b, gather_dim, bias)
+    assert all(torch.equal(x, y) for x, y in zip(by_m, by_k))
+    assert get_plan(shards[0], b, world.heaps[0], gather_dim=gather_dim, bias=bias,
+                    config=cfg.replace(fetch_order="k")).kw["FETCH_BY_K"]
+
+
 @pytest.mark.parametrize("gather_dim", [0, 1])
 @pytest.mark.parametrize("claim", [True, False])
 def test_single_launch_path_in_a_world_of_one(gather_dim, claim):
@@ -222,6 +237,7 @@ def test_launch_slot_covers_what_the_plan_key_leaves_open(monkeypatch):
     (dict(bias=torch.randn(N + 1)), "bias must be a 1-D tensor"),
     (dict(config=dict(block_m=24)), "power of two"),
     (dict(config=dict(layout="x")), "layout must be"),
+    (dict(config=dict(fetch_order="n")), "fetch_order must be"),
     (dict(config=dict(variant="copy_engine", layout="m")), "layout='k'"),
     (dict(config=dict(fetchers=8, num_sms=8)), "fewer than num_sms"),
     (dict(config=dict(colour=1)), "unknown config field"),

@@ -27,6 +27,7 @@ from kernels.common.configs import config_of
 VARIANTS = ("fused", "copy_engine", "sequential", "nccl")
 FALLBACKS = ("sequential", "nccl")  # the variants that do not fuse
 LAYOUTS = ("k", "m")
+FETCH_ORDERS = ("m", "k")
 AUTO_TABLE_PATH = Path(__file__).resolve().parents[2] / "results" / "ag_gemm" / "auto_table.json"
 MAX_TABLE_BYTES = 1 << 20  # the table is untrusted input: bounded read
 
@@ -52,6 +53,7 @@ class AgGemmConfig:
     staged_flag: bool = True  # one more flag, "all staged": GEMM programs stop polling once it is set
     tma: bool = True          # GEMM programs load A and B through TMA where the operands allow (launch.tma_allowed)
     claim_tiles: bool = True  # GEMM tiles taken from a counter; on a GPU fetchers join the GEMM once done
+    fetch_order: str = "m"    # fused: a peer's tiles row tile by row tile ("m") or k-group by k-group ("k")
     skip_rank: int = -1       # fault injection for tests: fetchers skip this rank's shard
 
     def replace(self, **kw) -> "AgGemmConfig":
@@ -70,6 +72,9 @@ def validate(c: AgGemmConfig, world_size: int) -> None:
     """Raise ValueError naming the bad field and what to use instead."""
     if c.variant not in VARIANTS:
         raise ValueError(f"all_gather_matmul: variant must be one of {VARIANTS}, got {c.variant!r}")
+    if c.fetch_order not in FETCH_ORDERS:
+        raise ValueError(f"all_gather_matmul: fetch_order must be 'm' (row tile by row tile) or 'k' (k-group by "
+                         f"k-group across the row tiles), got {c.fetch_order!r}")
     if c.layout not in LAYOUTS:
         raise ValueError(f"all_gather_matmul: layout must be 'k' (k-contiguous) or 'm' (m-contiguous), "
                          f"got {c.layout!r}")

@@ -27,7 +27,8 @@ several ranks, whose interpreter runs the programs one after another):
    system scope).
 2. fetch (``FETCH``): blocks ``rank+1, rank+2, ...`` (staggered, so ranks do
    not all read rank 0 first): wait for the peer's ``ready``, copy its tiles
-   from its ``pub`` over NVLink into the staging buffer, set their flags.
+   from its ``pub`` over NVLink into the staging buffer, set their flags; row
+   tile by row tile, or (``FETCH_BY_K``) k-group by k-group across the row tiles.
 3. compute (``COMPUTE``): output tiles in an L2-swizzled order (sequence
    parallel: our own rows first). The local shard is read where the caller
    keeps it (``a_ptr``), with no flag to wait for, so the GEMM starts at once;
@@ -160,7 +161,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     ALIGNED_M: tl.constexpr, ALIGNED_N: tl.constexpr, STAGED_FLAG: tl.constexpr,
                     TRACE: tl.constexpr, CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr,
                     TMA: tl.constexpr = False, PROXY_FENCE: tl.constexpr = False, CLAIM: tl.constexpr = False,
-                    JOIN: tl.constexpr = False):
+                    JOIN: tl.constexpr = False, FETCH_BY_K: tl.constexpr = False):
     pid = tl.program_id(0)
     MT = (S_M + BLOCK_M - 1) // BLOCK_M
     KT = (S_K + BLOCK_K - 1) // BLOCK_K
@@ -217,7 +218,13 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     for item in range(pid, MT * KG, FETCHERS):
                         if TRACE:
                             t0 = _now(tick_ptr, CLOCK)
-                        _copy_item(src, stg_ptr, pub_ptr, flags_ptr, peer, item // KG, item % KG, epoch, S_M, S_K,
+                        # row tile by row tile (each tile complete early: many tiles per GEMM program), or
+                        # k-group by k-group across the row tiles (every tile starts early: about one each)
+                        if FETCH_BY_K:
+                            mt, kg = item % MT, item // MT
+                        else:
+                            mt, kg = item // KG, item % KG
+                        _copy_item(src, stg_ptr, pub_ptr, flags_ptr, peer, mt, kg, epoch, S_M, S_K,
                                    MT, KG, BLOCK_M, BLOCK_K, K_PER_FLAG, FETCH_K, M_CONTIG, False)
                         if TRACE:
                             n_ev = _record(trace_ptr, n_ev, EV_FETCH, peer * MT * KG + item, t0,
