@@ -2,8 +2,9 @@
 
 ``AgGemmConfig`` holds every knob; ``auto_config`` picks one per problem.
 
-The auto-config's rule is, until measurements replace it, a PLACEHOLDER: it is
-not fitted to any GPU data. ``experiments/run_ag_gemm.py`` times every variant
+Where no measurement covers a world size (8 ranks, as of this writing), the
+auto-config's rule is a PLACEHOLDER, not fitted to any GPU data.
+``experiments/run_ag_gemm.py`` times every variant
 on a GPU node and writes ``results/ag_gemm/auto_table.json`` (one entry per
 measured (world size, gather dim, M, N, K): the fastest configuration, and
 ``"sequential"`` or ``"nccl"`` wherever no fused variant beat our all-gather + our
