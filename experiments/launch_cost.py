@@ -774,7 +774,9 @@ def fused_world(rows, bench) -> None:
 
     gemm_scatter.gemm_all_scatter(a, b, heap, check=True)
     host = {"ours": bench.host_time_us(lambda: gemm_scatter.gemm_all_scatter(a, b, heap), calls=CALLS),
-            "cublas+nccl": bench.host_time_us(scatter_lib, calls=CALLS)}
+            "cublas+nccl": bench.host_time_us(scatter_lib, calls=CALLS),
+            # this host's pace: one bare library launch (torch.mm rows of results/launch_cost/launch_cost.csv: another node)
+            "torch.mm": bench.host_time_us(lambda: torch.mm(a, b, out=c_loc), calls=CALLS)}
     gemm_scatter.check_gemm_all_scatter(heap)
     _fused_rows(rows, f"gemm_all_scatter {M}x{N}x{K} W{W}", host, heap.rank)
     M, N, K = 1024, 3584, 8192

@@ -56,6 +56,8 @@ from workbench import dist  # noqa: E402  (sets NVLink multicast off before anyt
 SHAPES = [(1024, 3584, 8192), (4096, 3584, 8192), (16384, 3584, 8192), (4096, 4096, 4096), (4096, 11008, 4096),
           (4096, 14336, 4096)]
 SWEEP_SHAPE = (4096, 3584, 8192)
+# traced (gather_dim 0): the sweeps' shape, and M 1024, where each GEMM program has about one tile
+TRACE_SHAPES = (SWEEP_SHAPE, (1024, 3584, 8192))
 FETCHERS = (4, 8, 16, 32, 64)
 K_PER_FLAG = (2, 8, 32)
 OURS = ("fused", "fused_by_k", "copy_engine", "sequential", "auto")
@@ -275,8 +277,9 @@ class Rank:
                         self.time(fn, mode, base, name, extra)
                 if (M, N, K) == SWEEP_SHAPE and not self.args.no_sweeps:
                     self.sweeps(a, b, gd, base)
-                if (M, N, K) == SWEEP_SHAPE and gd == 0:
-                    self.trace(a, b, gd, base)
+                if (M, N, K) in TRACE_SHAPES and gd == 0:
+                    for order in ("m", "k"):  # the peers' tiles row tile by row tile, then k-group by k-group
+                        self.trace(a, b, gd, base, order)
                 del methods, A_full
                 self.heap.reset()
                 torch.cuda.empty_cache()
@@ -304,13 +307,13 @@ class Rank:
             self.time(fn, "graph", dict(base, kind="sweep"), "fused",
                       {"study": study, "config": json.dumps(cfg.__dict__), **kw})
 
-    def trace(self, a, b, gd, base):
+    def trace(self, a, b, gd, base, fetch_order="m"):
         from kernels.ag_gemm import AgGemmConfig
         from kernels.ag_gemm.launch import get_plan
         from kernels.ag_gemm.trace import frame
 
-        self.w.stage("trace")
-        cfg = AgGemmConfig(fetchers=16, num_sms=self.sms, max_spins=MAX_SPINS)
+        self.w.stage(f"trace fetch_order={fetch_order}")
+        cfg = AgGemmConfig(fetchers=16, num_sms=self.sms, max_spins=MAX_SPINS, fetch_order=fetch_order)
         self.ag.prepare(a, b, self.heap, gather_dim=gd, config=cfg, trace=True)
         self.tdist.barrier()
         for _ in range(3):  # warm: the last call is the one kept
@@ -320,7 +323,7 @@ class Rank:
         df = frame(raw, rank=self.rank, fetchers=plan.kw["FETCHERS"])
         for rec in df.to_dict("records"):
             rec["event"] = rec.pop("kind")  # publish / fetch / wait / compute ("kind" names the row type)
-            self.emit({**base, **rec, "kind": "trace"})
+            self.emit({**base, **rec, "kind": "trace", "fetch_order": fetch_order})
 
 
 def worker(args):
