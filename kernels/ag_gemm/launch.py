@@ -459,17 +459,20 @@ def _copy_engine(a, b, heap, plan, bias, c, s):
     cur.wait_stream(plan.side)
 
 
+def _gather_ours(a, heap, plan):
+    """A, gathered by our all-gather (in the heap: call heap.barrier() once it has been read)."""
+    from kernels.ag_gemm.baselines import gathered_a
+    from kernels.comm import all_gather
+
+    gathered = all_gather(a, heap, variant="triton" if heap.simulated else "auto", check=False)
+    return gathered_a(gathered, heap.world_size, plan.gather_dim)  # gather_dim 1: rank-major rows -> column blocks
+
+
 def _sequential(a, b, heap, plan, bias, out=None):
     """Our all-gather, then our GEMM (and the bias as a separate add)."""
-    from kernels.comm import all_gather
     from kernels.gemm import matmul
 
-    W = heap.world_size
-    gathered = all_gather(a, heap, variant="triton" if heap.simulated else "auto", check=False)
-    if plan.gather_dim == 1:  # rank-major rows -> column blocks
-        A = gathered.view(W, plan.S_M, plan.S_K).permute(1, 0, 2).reshape(plan.S_M, W * plan.S_K)
-    else:
-        A = gathered
+    A = _gather_ours(a, heap, plan)
     if heap.simulated:
         with heap.world._lock:  # the interpreter runs one rank's kernels at a time
             c = matmul(A, b, out=out)
@@ -477,7 +480,7 @@ def _sequential(a, b, heap, plan, bias, out=None):
         c = matmul(A, b, out=out)
     if bias is not None:
         c += bias.to(c.dtype)
-    heap.barrier()  # peers may refill `gathered` (our heap buffer) only after we read it
+    heap.barrier()  # peers may refill the gathered A (our heap buffer) only after we read it
     return c
 
 
@@ -485,11 +488,7 @@ def _nccl(a, b, heap, plan, bias, out=None):
     """NCCL's all-gather, then cuBLAS (the libraries, for the problems where they are fastest)."""
     if not heap.simulated:
         return plan.nccl(a, b, bias, out)
-    # no process group in a simulated world: our all-gather stands in for NCCL's
-    from kernels.ag_gemm.baselines import gathered_a
-    from kernels.comm import all_gather
-
-    A = gathered_a(all_gather(a, heap, variant="triton", check=False), heap.world_size, plan.gather_dim)
+    A = _gather_ours(a, heap, plan)  # no process group in a simulated world: ours stands in for NCCL's
     c = torch.matmul(A, b, out=out) if bias is None else torch.addmm(bias.to(A.dtype), A, b, out=out)
-    heap.barrier()  # peers may refill the gathered buffer (our heap) only after we read it
+    heap.barrier()  # peers may refill the gathered A (our heap buffer) only after we read it
     return c

@@ -33,7 +33,8 @@ see ``stream_k_plan``), tail_split (TMA path: the last, partial round's tiles
 run as 2 or 4 column slices, one per program, nothing to add up; ``tail_slices``;
 4 by default on the 128x128 and 128x256 tiles), extra_n (TMA path: tiles
 block_n + extra_n wide, a second MMA per K-step on the same A tile, for widths
-between the powers of two such as 144 or 288; explicit configs only until measured)
+between the powers of two such as 144 or 288; measured slower than the power-of-two
+tiles on 15 of 17 probed shapes, results/gemm_zoo/gaps/wide.csv: explicit configs only)
 and warp_specialize (Triton's automatic Hopper warp specialisation of the tile
 loop: it compiles, 12 warps with setmaxnreg, but hung on an H200 with Triton
 3.6, so ``matmul`` refuses it on a GPU unless WORKBENCH_ALLOW_WS=1).

@@ -47,7 +47,8 @@ class GemmConfig:
     # TMA path: tiles block_n + extra_n columns wide (extra_n 0, or a power of two from 16 up to
     # block_n), run as two MMAs per K-step that share A's tile: widths between the powers of
     # two, so a 1-3 round problem can be cut into tiles that fill the SMs (cuBLAS picks such
-    # widths: 144, 232, ...). Plain stores for the extra columns.
+    # widths: 144, 232, ...). Plain stores for the extra columns. Measured on an H200 the second
+    # MMA runs far below the first's rate (results/gemm_zoo/gaps/wide.csv): no rule picks it.
     extra_n: int = 0
     # "pingpong" or "coop": run the Gluon warp-specialised kernel (kernels.gemm.gluon)
     # with this tile, stages, group and SM count; num_warps and the other
