@@ -60,6 +60,7 @@ SWEEP_SHAPE = (4096, 3584, 8192)
 TRACE_SHAPES = (SWEEP_SHAPE, (1024, 3584, 8192))
 FETCHERS = (4, 8, 16, 32, 64)
 K_PER_FLAG = (2, 8, 32)
+WAIT_GROWTH = (1, 2, 4)  # spans of k-groups a GEMM program waits on: 1, g, g^2, ... (swept at TRACE_SHAPES)
 OURS = ("fused", "fused_by_k", "copy_engine", "sequential", "auto")
 LIBRARY = ("nccl_cublas", "torch_fused", "gemm_alone")  # the baselines: timed even where inaccurate
 MAX_SPINS = 1 << 22  # kernels are compiled (prepare) before any timed or checked call: no wait covers a compile
@@ -275,8 +276,8 @@ class Rank:
                         if cfg is not None:
                             extra["config"] = json.dumps(cfg.__dict__)
                         self.time(fn, mode, base, name, extra)
-                if (M, N, K) == SWEEP_SHAPE and not self.args.no_sweeps:
-                    self.sweeps(a, b, gd, base)
+                if (M, N, K) in TRACE_SHAPES and not self.args.no_sweeps:
+                    self.sweeps(a, b, gd, base, full=(M, N, K) == SWEEP_SHAPE)
                 if (M, N, K) in TRACE_SHAPES and gd == 0:
                     for order in ("m", "k"):  # the peers' tiles row tile by row tile, then k-group by k-group
                         self.trace(a, b, gd, base, order)
@@ -284,9 +285,19 @@ class Rank:
                 self.heap.reset()
                 torch.cuda.empty_cache()
 
-    def sweeps(self, a, b, gd, base):
+    def sweeps(self, a, b, gd, base, full=True):
         from kernels.ag_gemm import AgGemmConfig
 
+        # how GEMM programs wait (both fetch orders): at M 1024 each has about one tile, so its
+        # remote K loop runs while the peer's k-groups arrive
+        points = [("wait_growth", dict(fetchers=16, wait_growth=g, fetch_order=o)) for o in ("m", "k")
+                  for g in WAIT_GROWTH]
+        if full:
+            points += self._full_sweep()
+        self._time_sweep(a, b, gd, base, points)
+
+    @staticmethod
+    def _full_sweep():
         points = [("fetchers", dict(fetchers=f)) for f in FETCHERS]
         points += [("layout", dict(fetchers=16, layout=lay)) for lay in ("k", "m")]
         points += [("k_per_flag", dict(fetchers=16, k_per_flag=k)) for k in K_PER_FLAG]
@@ -295,6 +306,11 @@ class Rank:
                                                                  dict(num_stages=4), dict(block_k=32, num_stages=5))]
         points += [("tma", dict(fetchers=16, tma=False))]  # pointer loads in the GEMM programs
         points += [("claim", dict(fetchers=16, claim_tiles=False))]  # a static tile schedule, fetchers only fetch
+        return points
+
+    def _time_sweep(self, a, b, gd, base, points):
+        from kernels.ag_gemm import AgGemmConfig
+
         for study, kw in points:
             if self.over_budget():
                 self.skip(f"sweep {study} {kw}", base)

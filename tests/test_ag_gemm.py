@@ -110,6 +110,22 @@ def test_fetching_k_group_by_k_group_gives_the_same_c(W, gather_dim, layout):
                     config=cfg.replace(fetch_order="k")).kw["FETCH_BY_K"]
 
 
+@pytest.mark.parametrize("W,gather_dim,layout", [(2, 0, "k"), (3, 1, "m")])
+def test_waiting_in_growing_spans_gives_the_same_c(W, gather_dim, layout):
+    """GEMM programs that poll (no "all staged" flag) wait on spans of 1, g, g^2, ... k-groups:
+    with 7 k-groups per tile, spans of 1 (every group), 2 (1, 2, 4) and 3 (1, 3, then a cut
+    span of 3) give the same bits, equal to the reference; a span that skipped a group's
+    K steps, or ran one twice, fails it."""
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 18)
+    cfg = SIM.replace(layout=layout, k_per_flag=1, staged_flag=False)
+    shards, b, bias = _problem(W, gather_dim, seed=90 + W, shard=(21, 112))  # 2 row tiles x 7 k-groups
+    outs = {g: _run(world, shards, b, gather_dim, bias, cfg.replace(wait_growth=g)) for g in (1, 2, 3)}
+    _assert_close(outs[2], shards, b, gather_dim, bias)
+    assert all(torch.equal(x, y) for g in (2, 3) for x, y in zip(outs[1], outs[g]))
+    assert get_plan(shards[0], b, world.heaps[0], gather_dim=gather_dim, bias=bias,
+                    config=cfg.replace(wait_growth=3)).kw["WAIT_GROWTH"] == 3
+
+
 @pytest.mark.parametrize("gather_dim", [0, 1])
 @pytest.mark.parametrize("claim", [True, False])
 def test_single_launch_path_in_a_world_of_one(gather_dim, claim):
@@ -238,6 +254,7 @@ def test_launch_slot_covers_what_the_plan_key_leaves_open(monkeypatch):
     (dict(config=dict(block_m=24)), "power of two"),
     (dict(config=dict(layout="x")), "layout must be"),
     (dict(config=dict(fetch_order="n")), "fetch_order must be"),
+    (dict(config=dict(wait_growth=0)), "wait_growth must be"),
     (dict(config=dict(variant="copy_engine", layout="m")), "layout='k'"),
     (dict(config=dict(fetchers=8, num_sms=8)), "fewer than num_sms"),
     (dict(config=dict(colour=1)), "unknown config field"),

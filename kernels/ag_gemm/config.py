@@ -55,6 +55,7 @@ class AgGemmConfig:
     tma: bool = True          # GEMM programs load A and B through TMA where the operands allow (launch.tma_allowed)
     claim_tiles: bool = True  # GEMM tiles taken from a counter; on a GPU fetchers join the GEMM once done
     fetch_order: str = "m"    # fused: a peer's tiles row tile by row tile ("m") or k-group by k-group ("k")
+    wait_growth: int = 2      # GEMM programs wait on spans of 1, g, g^2, ... k-groups (1: group by group)
     skip_rank: int = -1       # fault injection for tests: fetchers skip this rank's shard
 
     def replace(self, **kw) -> "AgGemmConfig":
@@ -83,7 +84,7 @@ def validate(c: AgGemmConfig, world_size: int) -> None:
         v = getattr(c, name)
         if not _pow2(v) or v < 16:
             raise ValueError(f"all_gather_matmul: {name} must be a power of two >= 16 (tl.dot's minimum), got {v!r}")
-    for name in ("group_m", "num_stages", "k_per_flag", "ce_chunks", "max_spins"):
+    for name in ("group_m", "num_stages", "k_per_flag", "ce_chunks", "max_spins", "wait_growth"):
         v = getattr(c, name)
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"all_gather_matmul: {name} must be a positive integer, got {v!r}")

@@ -299,7 +299,8 @@ def constexprs(cfg: AgGemmConfig, world_size: int, gather_dim: int, esize: int, 
                 BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, K_PER_FLAG=cfg.k_per_flag,
                 FETCH_K=fetch_k(cfg), FETCHERS=fetchers, HAS_BIAS=has_bias, SKIP_RANK=cfg.skip_rank, ESIZE=esize,
                 EVEN_K=even_k, ALIGNED_M=aligned_m, ALIGNED_N=aligned_n, STAGED_FLAG=bool(cfg.staged_flag),
-                TRACE=bool(trace), CLOCK=clock, MAX_EVENTS=max_events, FETCH_BY_K=cfg.fetch_order == "k")
+                TRACE=bool(trace), CLOCK=clock, MAX_EVENTS=max_events, FETCH_BY_K=cfg.fetch_order == "k",
+                WAIT_GROWTH=cfg.wait_growth)
 
 
 def fetch_k(cfg: AgGemmConfig, widest: int = 256) -> int:

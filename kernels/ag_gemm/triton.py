@@ -161,7 +161,8 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     ALIGNED_M: tl.constexpr, ALIGNED_N: tl.constexpr, STAGED_FLAG: tl.constexpr,
                     TRACE: tl.constexpr, CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr,
                     TMA: tl.constexpr = False, PROXY_FENCE: tl.constexpr = False, CLAIM: tl.constexpr = False,
-                    JOIN: tl.constexpr = False, FETCH_BY_K: tl.constexpr = False):
+                    JOIN: tl.constexpr = False, FETCH_BY_K: tl.constexpr = False,
+                    WAIT_GROWTH: tl.constexpr = 1):
     pid = tl.program_id(0)
     MT = (S_M + BLOCK_M - 1) // BLOCK_M
     KT = (S_K + BLOCK_K - 1) // BLOCK_K
@@ -243,7 +244,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                  S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, pid - FETCHERS,
                  tl.num_programs(0) - FETCHERS, n_ev, sm, WORLD, GATHER_K, M_CONTIG, BLOCK_M, BLOCK_N, BLOCK_K,
                  GROUP_M, K_PER_FLAG, HAS_BIAS, EVEN_K, ALIGNED_M, ALIGNED_N, STAGED_FLAG, TRACE, CLOCK, MAX_EVENTS,
-                 TMA, PROXY_FENCE, CLAIM, JOIN)
+                 TMA, PROXY_FENCE, CLAIM, JOIN, WAIT_GROWTH)
         # the last program of the call: next epoch, and tell peers we are done with their shards
         tl.debug_barrier()
         arrived = tl.atomic_add(state_ptr + 2, 1, sem="acq_rel", scope="gpu")
@@ -315,7 +316,7 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
              K_PER_FLAG: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED_M: tl.constexpr,
              ALIGNED_N: tl.constexpr, STAGED_FLAG: tl.constexpr, TRACE: tl.constexpr,
              CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr, TMA: tl.constexpr, PROXY_FENCE: tl.constexpr,
-             CLAIM: tl.constexpr, JOIN: tl.constexpr):
+             CLAIM: tl.constexpr, JOIN: tl.constexpr, WAIT_GROWTH: tl.constexpr):
     """GEMM programs: output tiles gid, gid + num_gemm, ... in GROUP_M bands; with CLAIM,
     the next tile from a shared counter until none is left, so a program held up by a late
     tile takes fewer. Fetchers (gid < 0) take tiles only with JOIN (and CLAIM), once their
@@ -433,7 +434,7 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
                     acc = _staged_step(acc, a_stg, b_desc, a_blk, b_ptr, block, mt, pn, k_base, t * BLOCK_K, lane_k,
                                        cols_in, S_M, S_K, stride_sk, stride_bk, stride_bn, M_CONTIG, BLOCK_M, BLOCK_N,
                                        EVEN_K, TMA)
-            else:   # not all staged yet: wait group by group
+            else:   # not all staged yet: wait span by span of k-groups
                 for q in range(first_q, K_BLOCKS):
                     if GATHER_K:
                         block = (rank + q) % WORLD
@@ -442,18 +443,30 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
                         block = row_block
                         k_base = 0
                     a_blk = stg_ptr + block.to(tl.int64) * S_M * S_K + rows_in[:, None] * stride_sm
-                    for g in range(KG):
-                        if TRACE:
-                            t0 = _now(tick_ptr, CLOCK)
-                        flag = (block * MT + mt) * KG + g
-                        _wait_flag(flags_ptr + flag, epoch + 1, max_spins, status_ptr, flag, "gpu")
+                    # Each span's K steps are one pipelined loop, which starts empty: a wait per
+                    # k-group restarted the pipeline KG times per tile (traced on two H200s: a
+                    # remote tile's K loop 1.3x slower than a local one). Spans growing by
+                    # WAIT_GROWTH keep the first wait as early and restart it about log2(KG)
+                    # times; fetchers stage k-groups faster than a program consumes them.
+                    g0 = 0
+                    span = 1
+                    while g0 < KG:
+                        g1 = tl.minimum(g0 + span, KG)
+                        for g in range(g0, g1):
+                            if TRACE:
+                                t0 = _now(tick_ptr, CLOCK)
+                            flag = (block * MT + mt) * KG + g
+                            _wait_flag(flags_ptr + flag, epoch + 1, max_spins, status_ptr, flag, "gpu")
+                            if TRACE:
+                                n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm,
+                                               MAX_EVENTS)
                         _fence_async_proxy(PROXY_FENCE)
-                        if TRACE:
-                            n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm, MAX_EVENTS)
-                        for t in range(g * K_PER_FLAG, tl.minimum((g + 1) * K_PER_FLAG, KT)):
+                        for t in range(g0 * K_PER_FLAG, tl.minimum(g1 * K_PER_FLAG, KT)):
                             acc = _staged_step(acc, a_stg, b_desc, a_blk, b_ptr, block, mt, pn, k_base, t * BLOCK_K,
                                                lane_k, cols_in, S_M, S_K, stride_sk, stride_bk, stride_bn, M_CONTIG,
                                                BLOCK_M, BLOCK_N, EVEN_K, TMA)
+                        g0 = g1
+                        span = span * WAIT_GROWTH
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols_in).to(tl.float32)[None, :]
         c_rows = (row_block * S_M + rows).to(tl.int64)
