@@ -61,7 +61,10 @@ TRACE_SHAPES = (SWEEP_SHAPE, (1024, 3584, 8192))
 FETCHERS = (4, 8, 16, 32, 64)
 K_PER_FLAG = (2, 8, 32)
 WAIT_GROWTH = (1, 2, 4)  # spans of k-groups a GEMM program waits on: 1, g, g^2, ... (swept at TRACE_SHAPES)
-OURS = ("fused", "fused_by_k", "copy_engine", "sequential", "auto")
+# fused_resident: the fused kernel on a shard that already lies in the heap (a producer wrote it
+# there), which the peers read in place: no publish copy. Another input contract, so it is
+# reported beside the others and never enters the auto-config's fit.
+OURS = ("fused", "fused_by_k", "copy_engine", "sequential", "auto", "fused_resident")
 LIBRARY = ("nccl_cublas", "torch_fused", "gemm_alone")  # the baselines: timed even where inaccurate
 MAX_SPINS = 1 << 22  # kernels are compiled (prepare) before any timed or checked call: no wait covers a compile
 
@@ -86,9 +89,9 @@ class Rank:
         shapes = self.shapes()
         biggest = max(M * K for M, _, K in shapes) * 2
         self.w.stage("symmetric heap")
-        # the fused kernels' pub buffer (one shard, A / W) and the sequential path's gathered A
-        # (W shards) live in the heap together
-        self.heap = dist.SymmetricHeap(biggest * (self.W + 1) // self.W + (64 << 20))
+        # the fused kernels' pub buffer (one shard, A / W), the resident shard (another) and the
+        # sequential path's gathered A (W shards) live in the heap together
+        self.heap = dist.SymmetricHeap(biggest * (self.W + 2) // self.W + (64 << 20))
 
     def shapes(self):
         return SHAPES[:2] if self.args.quick else SHAPES
@@ -135,6 +138,10 @@ class Rank:
         for name, c in cfgs.items():
             ag.prepare(a, b, heap, gather_dim=gd, config=c)
             out[name] = (lambda c=c: ag.all_gather_matmul(a, b, heap, gather_dim=gd, config=c), c)
+        a_heap = heap.alloc(a.shape, a.dtype)  # the same call on every rank: the same offset
+        a_heap.copy_(a)
+        ag.prepare(a_heap, b, heap, gather_dim=gd, config=fused)
+        out["fused_resident"] = (lambda: ag.all_gather_matmul(a_heap, b, heap, gather_dim=gd, config=fused), fused)
         self.tdist.barrier()  # every rank has compiled
         nccl = bl.NcclCublas(a, self.W, gd)
         flat = self.torch.empty((self.W * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
@@ -381,7 +388,7 @@ def summarize(bench):
             best = min(fused_family, key=fused_family.get)
             row["best_fused"] = best
             row["best_fused_ms"] = fused_family[best]
-        for v in ("fused", "fused_by_k", "copy_engine", "auto", "torch_fused", "sequential"):
+        for v in ("fused", "fused_by_k", "copy_engine", "auto", "torch_fused", "sequential", "fused_resident"):
             if v in ms and seq:
                 row[f"{v}_speedup_vs_nccl_cublas"] = seq / ms[v]
             if v in ms and "gemm_alone" in ms:

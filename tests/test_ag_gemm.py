@@ -185,6 +185,47 @@ def test_fetcher_that_never_fetches_names_rank_and_tile():
     assert re.search(r"k-group \d+", msg)
 
 
+@pytest.mark.parametrize("W,gather_dim,variant", [(2, 0, "fused"), (3, 1, "fused"), (2, 1, "copy_engine")])
+def test_a_shard_in_the_heap_is_read_in_place(W, gather_dim, variant):
+    """A shard allocated in the heap (same calls on every rank, so the same offset) is what
+    the peers read: no publish buffer is made, and C has the bits of a call whose shard is
+    copied into the heap first. Called twice with new contents in the same place."""
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 18)
+    cfg = SIM.replace(variant=variant)
+    resident = [h.alloc(SHARD[gather_dim], torch.bfloat16) for h in world.heaps]
+    for call in range(2):
+        shards, b, bias = _problem(W, gather_dim, seed=40 + call)
+        copied = _run(world, shards, b, gather_dim, bias, cfg)
+        for r in range(W):
+            resident[r].copy_(shards[r])
+        in_place = _run(world, resident, b, gather_dim, bias, cfg)
+        _assert_close(in_place, shards, b, gather_dim, bias)
+        assert all(torch.equal(x, y) for x, y in zip(copied, in_place))
+    plan = get_plan(resident[0], b, world.heaps[0], gather_dim=gather_dim, bias=bias, config=cfg)
+    assert plan.resident and plan.pub is resident[0] and plan.kw["RESIDENT"]
+    assert not plan.kw["END_WAIT"]  # the simulated world meets at a barrier instead
+    assert not get_plan(shards[0], b, world.heaps[0], gather_dim=gather_dim, bias=bias, config=cfg).resident
+
+
+def test_heap_shards_at_different_offsets_are_an_error():
+    """Peers address a resident shard by our offset: a rank that allocated its shard out of
+    step with the others gets an error naming both offsets, not a wrong C."""
+    W, gd = 2, 0
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 18)
+    shards, b, _ = _problem(W, gd, seed=12)
+    world.heaps[1].alloc((64,), torch.uint8)  # rank 1 only: its shard lands 64 bytes further on
+    resident = [h.alloc(SHARD[gd], torch.bfloat16) for h in world.heaps]
+    for r in range(W):
+        resident[r].copy_(shards[r])
+    with pytest.raises(dist.RankError) as info:
+        world.run(lambda h: all_gather_matmul(resident[h.rank], b, h, gather_dim=gd,
+                                              config=SIM.replace(max_spins=50)))
+    msg = str(info.value.__cause__)
+    assert isinstance(info.value.__cause__, AgGemmTimeout)
+    assert re.search(r"rank \d's a_shard lies at heap offset \d+, ours at \d+", msg), msg
+    assert "same heap calls on every rank" in msg
+
+
 def test_peer_that_never_calls_names_the_rank():
     world = dist.SimulatedWorld(3, heap_bytes=1 << 18)
     shards, b, _ = _problem(3, 0, seed=4)
@@ -336,6 +377,17 @@ def test_flag_protocol_order_in_sm90_ptx(sm90_default):
     assert re.search(r"ld\.global\.v4\.b32", ptx), "remote tiles load 16 bytes per thread"
 
 
+def test_resident_shard_protocol_in_sm90_ptx(tmp_path):
+    """A shard read in place: its offset reaches the peer before the ready flag (a barrier,
+    then the system-scope release), and the last program's wait for the peers' done flags
+    is a system-scope acquire."""
+    from kernels.ag_gemm.asm import compile_kernel
+
+    ptx = compile_kernel("sm90", cache_dir=tmp_path, resident=True).text("ptx")
+    assert _release_atomics_follow_barriers(ptx) >= 3
+    assert re.search(r"atom\.global\.sys\.release\.add", ptx) and re.search(r"(ld|atom)\.global\.sys\.acquire", ptx)
+
+
 def _strip_trace(src: str) -> str:
     """The kernel module's source without any `if TRACE:` block."""
     tree = ast.parse(src)
@@ -404,9 +456,10 @@ def test_seed_shapes_on_two_gpus():
     assert checks, "no check rows came back"
     bad = [r for r in checks if not r["ok"]]
     assert not bad, bad
-    assert {r["variant"] for r in checks} >= {"fused", "copy_engine", "sequential"}
+    assert {r["variant"] for r in checks} >= {"fused", "copy_engine", "sequential", "fused_resident"}
     base_names = {r["variant"]: r["variant"].split("+")[0].split("_layout")[0] for r in checks}
-    ours = [r for r in checks if base_names[r["variant"]] in ("fused", "copy_engine", "sequential", "auto")]
+    ours = [r for r in checks if base_names[r["variant"]] in ("fused", "copy_engine", "sequential", "auto",
+                                                              "fused_resident")]
     assert ours and all(r["repeat_identical"] for r in ours), ours
 
 

@@ -68,6 +68,7 @@ class Plan:
     side: Any = None
     nccl: Any = None          # variant nccl: baselines.NcclCublas (its buffer for NCCL's output)
     auto: bool = False
+    resident: bool = False    # the shard lies in the heap: peers read it in place (no publish copy)
     launches: dict = dataclasses.field(default_factory=dict)  # PlannedLaunch per (phase, C's alignment, C's row stride)
 
 
@@ -118,7 +119,7 @@ def _shared(heap) -> dict:
         status = torch.zeros(STATUS_WORDS, dtype=torch.int32, device=heap.device)
         s = cache["_shared"] = {
             "status": status, "plans": {},
-            "sig": heap.flags("ag_gemm.sig", 2 * heap.world_size),  # ready[W], done[W]
+            "sig": heap.flags("ag_gemm.sig", 3 * heap.world_size),  # ready[W], done[W], where[W]
             # epoch, publishers arrived, programs finished, trace tick, fetchers finished, tiles claimed
             "state": heap.flags("ag_gemm.state", 8),
         }
@@ -132,9 +133,15 @@ def describe_status(values, plan: Plan | None, rank: int, world: int) -> str:
     count, fid, seen, expected = (int(v) for v in values[:STATUS_WORDS])
     if fid < 0 and -fid <= world:
         what = (f"rank {-fid - 1} never published its shard (ready flag from rank {-fid - 1})")
-    elif fid < 0:
+    elif fid < 0 and -fid <= 2 * world:
         peer = -fid - 1 - world
-        what = f"rank {peer} never finished reading our previous shard (done flag from rank {peer})"
+        what = f"rank {peer} never finished reading our shard (done flag from rank {peer})"
+    elif fid < 0:
+        peer = -fid - 1 - 2 * world
+        return (f"rank {rank}: all_gather_matmul: rank {peer}'s a_shard lies at heap offset {seen * 16}, ours at "
+                f"{expected * 16}: a shard in the heap must be allocated by the same heap calls on every rank "
+                f"(the peers read it at our offset), or pass one outside the heap. Call "
+                f"kernels.ag_gemm.recover(heap) on every rank before the next call.")
     elif plan is not None and plan.MT and plan.KG:
         src, rest = divmod(fid, plan.MT * plan.KG)
         mt, g = divmod(rest, plan.KG)
@@ -220,7 +227,9 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     plan.MT = triton.cdiv(S_M, cfg.block_m)
     plan.KG = triton.cdiv(triton.cdiv(S_K, cfg.block_k), cfg.k_per_flag)
     dev = heap.device
-    plan.pub = heap.named(f"ag_gemm.pub.{S_M}x{S_K}.{a.dtype}", (S_M, S_K), a.dtype)
+    plan.resident = resident_offset(a, heap) is not None
+    # a shard in the heap is read in place by the peers; any other is copied into `pub` first
+    plan.pub = a if plan.resident else heap.named(f"ag_gemm.pub.{S_M}x{S_K}.{a.dtype}", (S_M, S_K), a.dtype)
     # one staging buffer per shard shape, shared by the plans (calls are stream-ordered and
     # each plan's own flags say what this call staged)
     stg_key = ("stg", S_M, S_K, a.dtype)
@@ -263,7 +272,8 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
                               trace=trace, clock=clock, max_events=max_ev, even_k=S_K % cfg.block_k == 0,
                               aligned_m=S_M % vec == 0, aligned_n=N % vec == 0 and b.stride(1) == 1, tma=tma,
                               proxy_fence=tma and clock == "globaltimer",
-                              claim=cfg.claim_tiles,
+                              claim=cfg.claim_tiles, resident=plan.resident,
+                              end_wait=plan.resident and not heap.simulated,
                               # the interpreter runs programs one after another: a fetcher that joined
                               # the GEMM would wait for tiles the next fetcher has not staged yet
                               join=not heap.simulated or W == 1),
@@ -292,7 +302,8 @@ def tma_allowed(a, b, cfg: AgGemmConfig, gather_dim: int, heap) -> bool:
 
 def constexprs(cfg: AgGemmConfig, world_size: int, gather_dim: int, esize: int, fetchers: int, *, has_bias: bool,
                trace: bool, clock: str, max_events: int, even_k: bool, aligned_m: bool, aligned_n: bool,
-               tma: bool = False, proxy_fence: bool = False, claim: bool = False, join: bool = False) -> dict:
+               tma: bool = False, proxy_fence: bool = False, claim: bool = False, join: bool = False,
+               resident: bool = False, end_wait: bool = False) -> dict:
     """The kernel's constexprs for a configuration (the phase flags are added per launch)."""
     return dict(TMA=tma, PROXY_FENCE=proxy_fence, CLAIM=claim, JOIN=claim and join, WORLD=world_size,
                 GATHER_K=gather_dim == 1, M_CONTIG=cfg.layout == "m", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -300,7 +311,7 @@ def constexprs(cfg: AgGemmConfig, world_size: int, gather_dim: int, esize: int, 
                 FETCH_K=fetch_k(cfg), FETCHERS=fetchers, HAS_BIAS=has_bias, SKIP_RANK=cfg.skip_rank, ESIZE=esize,
                 EVEN_K=even_k, ALIGNED_M=aligned_m, ALIGNED_N=aligned_n, STAGED_FLAG=bool(cfg.staged_flag),
                 TRACE=bool(trace), CLOCK=clock, MAX_EVENTS=max_events, FETCH_BY_K=cfg.fetch_order == "k",
-                WAIT_GROWTH=cfg.wait_growth)
+                WAIT_GROWTH=cfg.wait_growth, RESIDENT=resident, END_WAIT=end_wait)
 
 
 def fetch_k(cfg: AgGemmConfig, widest: int = 256) -> int:
@@ -316,7 +327,17 @@ def _key(a, b, bias, heap, gather_dim, config, trace):
     cfg = config if config is None or isinstance(config, AgGemmConfig) else tuple(sorted(dict(config).items()))
     return (tuple(a.shape), a.stride(), a.dtype, tuple(b.shape), b.stride(), b.dtype, a.device,
             None if bias is None else (bias.shape[0], bias.dtype, bias.data_ptr() % 16),
-            a.data_ptr() % 16, b.data_ptr() % 16, gather_dim, cfg, bool(trace))
+            a.data_ptr() % 16, b.data_ptr() % 16, gather_dim, cfg, bool(trace), resident_offset(a, heap))
+
+
+def resident_offset(a, heap) -> int | None:
+    """The heap offset of a shard that lies wholly in the heap, 16-byte aligned (peers then
+    read it in place), else None (it is copied into the heap at every call)."""
+    off = a.data_ptr() - heap.buffer.data_ptr()
+    end = off + a.numel() * a.element_size()
+    if off < 0 or off % 16 or end > heap.nbytes or off >= 16 << 31 or not a.is_contiguous():
+        return None  # (the offset travels to the peers as an int32 count of 16 bytes)
+    return off
 
 
 def get_plan(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=False) -> Plan:
@@ -379,7 +400,10 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_di
     next call or ``check(heap)`` (module docstring). ``a_shard`` is read on the current
     stream, like any torch op: overwrite or free it afterwards as usual (it is copied into
     the heap, and peers read that copy, which the next call rewrites only once every peer
-    has said it is done with it).
+    has said it is done with it). A shard that already lies in the heap (allocated with
+    ``heap.alloc`` by the same calls on every rank, so at the same offset; a producer writes
+    it there with ``out=``) is read by the peers in place: no copy, and the fetch starts at
+    once. The call then ends on the stream only when every peer has read it.
     """
     s = _shared(heap)
     s["watch"].poll()   # an earlier call's timeout, if the device has reported one by now
@@ -405,7 +429,7 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_di
 def _args(a, b, heap, plan, bias, c, s):
     return (a, plan.pub, plan.stg, b, bias if bias is not None else c, c, heap.heap_bases, s["sig"], plan.flags,
             s["state"], s["status"], plan.trace, plan.S_M, plan.S_K, plan.N, b.stride(0), b.stride(1), c.stride(0),
-            heap.rank, plan.cfg.max_spins)
+            heap.rank, plan.cfg.max_spins, (resident_offset(a, heap) or 0) // 16)
 
 
 def _fused(a, b, heap, plan, bias, c, s):
@@ -423,6 +447,8 @@ def _fused(a, b, heap, plan, bias, c, s):
     heap.barrier()
     launch_planned(heap, plan.launches, ("fetch", cs), _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False,
                    FETCH=True, COMPUTE=True, WAIT_READY=False, **plan.kw)
+    if plan.resident:  # the GPU's END_WAIT: the peers have read our shard before the call returns
+        heap.barrier()
 
 
 def _copy_engine(a, b, heap, plan, bias, c, s):
@@ -447,6 +473,8 @@ def _copy_engine(a, b, heap, plan, bias, c, s):
             flags.copy_(plan.nextval[:n])
         launch_planned(heap, plan.launches, ("ce_gemm", cs), _ag_gemm_kernel, (plan.grid,), *args,
                        PUBLISH=False, FETCH=False, COMPUTE=True, WAIT_READY=False, **gemm_kw)
+        if plan.resident:  # the GPU's END_WAIT: the peers have read our shard before the call returns
+            heap.barrier()
         return
     cur = torch.cuda.current_stream(heap.device)
     plan.side.wait_stream(cur)

@@ -24,7 +24,10 @@ several ranks, whose interpreter runs the programs one after another):
    shard (``done`` flags), copy the local shard once into ``pub`` (the heap
    buffer peers read; nothing to copy in a world of one); the last publisher
    then tells every peer our shard is readable (``ready`` flag, release at
-   system scope).
+   system scope). With ``RESIDENT`` the caller's shard already lies in the
+   heap at the same offset on every rank (``pub`` is the shard): no copy; one
+   program tells each peer where it is (checked against the peer's own) and
+   that it is readable.
 2. fetch (``FETCH``): blocks ``rank+1, rank+2, ...`` (staggered, so ranks do
    not all read rank 0 first): wait for the peer's ``ready``, copy its tiles
    from its ``pub`` over NVLink into the staging buffer, set their flags; row
@@ -36,7 +39,9 @@ several ranks, whose interpreter runs the programs one after another):
    spins (acquire, bounded) on each k-group's flag. The staging block ``rank``
    and its flags are never used.
 4. the last program to finish bumps the epoch and tells every peer it is done
-   reading its shard.
+   reading its shard; with ``END_WAIT`` (a resident shard, on a GPU) it then
+   waits until every peer is done reading ours, so that the caller may
+   overwrite it once the call is over.
 
 Flag protocol (``kernels.comm.remote``): data stores -> ``tl.debug_barrier()`` ->
 one release atomic. Staging flags have producer and consumer on this GPU:
@@ -54,7 +59,7 @@ interpreter (an order, not a time).
 import triton
 import triton.language as tl
 
-from kernels.comm.remote import peer_delta, signal, wait
+from kernels.comm.remote import peer_delta, signal, translate, wait
 
 # trace event kinds
 EV_PUBLISH = tl.constexpr(1)
@@ -148,11 +153,11 @@ def _copy_item(src_ptr, stg_ptr, pub_ptr, flags_ptr, block, mt, g, epoch, S_M, S
         tl.atomic_xchg(flags_ptr + (block * MT + mt) * KG + g, epoch + 1, sem="release", scope="gpu")
 
 
-@triton.jit(do_not_specialize=["rank", "max_spins"])
+@triton.jit(do_not_specialize=["rank", "max_spins", "pub_off16"])
 def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     heap_bases, sig_ptr, flags_ptr, state_ptr, status_ptr, trace_ptr,
                     S_M, S_K, N, stride_bk, stride_bn, stride_cm,
-                    rank, max_spins,
+                    rank, max_spins, pub_off16,
                     WORLD: tl.constexpr, GATHER_K: tl.constexpr, M_CONTIG: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                     K_PER_FLAG: tl.constexpr, FETCH_K: tl.constexpr, FETCHERS: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -162,7 +167,8 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     TRACE: tl.constexpr, CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr,
                     TMA: tl.constexpr = False, PROXY_FENCE: tl.constexpr = False, CLAIM: tl.constexpr = False,
                     JOIN: tl.constexpr = False, FETCH_BY_K: tl.constexpr = False,
-                    WAIT_GROWTH: tl.constexpr = 1):
+                    WAIT_GROWTH: tl.constexpr = 1, RESIDENT: tl.constexpr = False,
+                    END_WAIT: tl.constexpr = False):
     pid = tl.program_id(0)
     MT = (S_M + BLOCK_M - 1) // BLOCK_M
     KT = (S_K + BLOCK_K - 1) // BLOCK_K
@@ -170,13 +176,23 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
     epoch = tl.load(state_ptr)  # calls completed; bumped by the last program of the previous call
     ready_ptr = sig_ptr          # ready[p]: rank p published its shard (counts calls)
     done_ptr = sig_ptr + WORLD   # done[p]: rank p finished reading our shard (counts calls)
+    where_ptr = sig_ptr + 2 * WORLD  # where[p]: rank p's resident shard's heap offset / 16, as it told us
     tick_ptr = state_ptr + 3
     n_ev = 0
     sm = 0
     if TRACE:
         sm = _sm_id(CLOCK)
     if pid < FETCHERS:
-        if PUBLISH:
+        if PUBLISH and RESIDENT:
+            # The caller's shard is in the heap (pub_ptr is a_ptr): nothing to copy, and the
+            # previous call ended only once every peer had read it (END_WAIT). Tell every
+            # peer where it is (checked against theirs), then that it is readable.
+            if pid == 0:
+                for i in tl.static_range(1, WORLD):
+                    peer = (rank + i) % WORLD
+                    tl.store(translate(where_ptr + rank, rank, peer, heap_bases), pub_off16)
+                    signal(ready_ptr + rank, 1, rank, peer, heap_bases, "add", "sys")
+        if PUBLISH and not RESIDENT:
             # peers must be done with our previous shard before pub is overwritten
             for i in tl.static_range(1, WORLD):
                 peer = (rank + i) % WORLD
@@ -196,11 +212,12 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                 tl.store(state_ptr + 1, 0)
                 for i in tl.static_range(1, WORLD):
                     signal(ready_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", "sys")
-            if WAIT_READY:  # copy-engine variant: the copies start after this kernel, once all published
-                if pid == 0:
-                    for i in tl.static_range(1, WORLD):
-                        peer = (rank + i) % WORLD
-                        _wait_flag(ready_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - peer, "sys")
+        if PUBLISH and WAIT_READY:  # copy-engine variant: the copies start after this kernel, once all published
+            if pid == 0:
+                for i in tl.static_range(1, WORLD):
+                    peer = (rank + i) % WORLD
+                    _wait_flag(ready_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - peer, "sys")
+                    _same_place(where_ptr, peer, pub_off16, status_ptr, WORLD, RESIDENT)
         if FETCH:
             if TRACE:
                 if not PUBLISH:  # simulated world: the publish launch wrote this program's first events
@@ -216,7 +233,8 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                                        MAX_EVENTS)
                     # the peer's pub, addressed through our own pub pointer (same heap offset)
                     src = pub_ptr + peer_delta(rank, peer, heap_bases, ESIZE, 16 // ESIZE)
-                    for item in range(pid, MT * KG, FETCHERS):
+                    n_items = MT * KG * _same_place(where_ptr, peer, pub_off16, status_ptr, WORLD, RESIDENT)
+                    for item in range(pid, n_items, FETCHERS):
                         if TRACE:
                             t0 = _now(tick_ptr, CLOCK)
                         # row tile by row tile (each tile complete early: many tiles per GEMM program), or
@@ -254,6 +272,30 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
             tl.store(state_ptr, epoch + 1)
             for i in tl.static_range(1, WORLD):
                 signal(done_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", "sys")
+            if END_WAIT:
+                # a resident shard is the caller's again once the call is over (they may
+                # overwrite it next): so the call ends only when every peer has read it
+                for i in tl.static_range(1, WORLD):
+                    peer = (rank + i) % WORLD
+                    _wait_flag(done_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - WORLD - peer, "sys")
+
+
+@triton.jit
+def _same_place(where_ptr, peer, pub_off16, status_ptr, WORLD: tl.constexpr, RESIDENT: tl.constexpr):
+    """1 when the peer's shard sits at our shard's heap offset (always, unless RESIDENT:
+    then each rank said where its own is), else 0 after recording the mismatch in the
+    status words: the heap addresses a peer's data by our offset, so shards allocated
+    out of step between ranks would be read from the wrong place."""
+    ok = 1
+    if RESIDENT:
+        theirs = tl.atomic_add(where_ptr + peer, 0, sem="relaxed", scope="gpu")  # ordered by the ready acquire
+        if theirs != pub_off16:
+            tl.atomic_add(status_ptr, 1)
+            tl.atomic_xchg(status_ptr + 1, -1 - 2 * WORLD - peer)
+            tl.atomic_xchg(status_ptr + 2, theirs)
+            tl.atomic_xchg(status_ptr + 3, pub_off16)
+            ok = 0
+    return ok
 
 
 @triton.jit
