@@ -69,6 +69,7 @@ class Plan:
     nccl: Any = None          # variant nccl: baselines.NcclCublas (its buffer for NCCL's output)
     auto: bool = False
     resident: bool = False    # the shard lies in the heap: peers read it in place (no publish copy)
+    pub_off16: int = 0        # and its heap offset / 16 (the plan's key holds the offset)
     launches: dict = dataclasses.field(default_factory=dict)  # PlannedLaunch per (phase, C's alignment, C's row stride)
 
 
@@ -227,7 +228,8 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     plan.MT = triton.cdiv(S_M, cfg.block_m)
     plan.KG = triton.cdiv(triton.cdiv(S_K, cfg.block_k), cfg.k_per_flag)
     dev = heap.device
-    plan.resident = resident_offset(a, heap) is not None
+    offset = resident_offset(a, heap)
+    plan.resident, plan.pub_off16 = offset is not None, (offset or 0) // 16
     # a shard in the heap is read in place by the peers; any other is copied into `pub` first
     plan.pub = a if plan.resident else heap.named(f"ag_gemm.pub.{S_M}x{S_K}.{a.dtype}", (S_M, S_K), a.dtype)
     # one staging buffer per shard shape, shared by the plans (calls are stream-ordered and
@@ -429,7 +431,7 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_di
 def _args(a, b, heap, plan, bias, c, s):
     return (a, plan.pub, plan.stg, b, bias if bias is not None else c, c, heap.heap_bases, s["sig"], plan.flags,
             s["state"], s["status"], plan.trace, plan.S_M, plan.S_K, plan.N, b.stride(0), b.stride(1), c.stride(0),
-            heap.rank, plan.cfg.max_spins, (resident_offset(a, heap) or 0) // 16)
+            heap.rank, plan.cfg.max_spins, plan.pub_off16)
 
 
 def _fused(a, b, heap, plan, bias, c, s):

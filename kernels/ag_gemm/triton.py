@@ -59,7 +59,7 @@ interpreter (an order, not a time).
 import triton
 import triton.language as tl
 
-from kernels.comm.remote import peer_delta, signal, translate, wait
+from kernels.comm.remote import peer_delta, remote_store, signal, wait
 
 # trace event kinds
 EV_PUBLISH = tl.constexpr(1)
@@ -190,7 +190,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
             if pid == 0:
                 for i in tl.static_range(1, WORLD):
                     peer = (rank + i) % WORLD
-                    tl.store(translate(where_ptr + rank, rank, peer, heap_bases), pub_off16)
+                    remote_store(where_ptr + rank, pub_off16, rank, peer, heap_bases)
                     signal(ready_ptr + rank, 1, rank, peer, heap_bases, "add", "sys")
         if PUBLISH and not RESIDENT:
             # peers must be done with our previous shard before pub is overwritten
