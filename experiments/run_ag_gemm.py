@@ -61,10 +61,13 @@ TRACE_SHAPES = (SWEEP_SHAPE, (1024, 3584, 8192))
 FETCHERS = (4, 8, 16, 32, 64)
 K_PER_FLAG = (2, 8, 32)
 WAIT_GROWTH = (1, 2, 4)  # spans of k-groups a GEMM program waits on: 1, g, g^2, ... (swept at TRACE_SHAPES)
-# fused_resident: the fused kernel on a shard that already lies in the heap (a producer wrote it
-# there), which the peers read in place: no publish copy. Another input contract, so it is
-# reported beside the others and never enters the auto-config's fit.
-OURS = ("fused", "fused_by_k", "copy_engine", "sequential", "auto", "fused_resident")
+# The fused family (the auto-config's fit chooses among them, our sequential path and NCCL + cuBLAS).
+FUSED = ("fused", "fused_by_k", "fused_f32", "copy_engine")
+# *_resident: fused kernels on a shard that already lies in the heap (a producer wrote it
+# there), which the peers read in place: no publish copy. Another input contract, so they are
+# reported beside the others and never enter the auto-config's fit.
+RESIDENT = ("fused_resident", "copy_engine_resident")
+OURS = FUSED + ("sequential", "auto") + RESIDENT
 LIBRARY = ("nccl_cublas", "torch_fused", "gemm_alone")  # the baselines: timed even where inaccurate
 MAX_SPINS = 1 << 22  # kernels are compiled (prepare) before any timed or checked call: no wait covers a compile
 
@@ -132,6 +135,7 @@ class Rank:
         fetchers = placeholder.fetchers if placeholder.variant == "fused" else max(4, self.sms // 8)
         fused = AgGemmConfig(variant="fused", fetchers=fetchers, num_sms=self.sms, max_spins=MAX_SPINS)
         cfgs = {"fused": fused, "fused_by_k": fused.replace(fetch_order="k"),  # peers' tiles k-group by k-group
+                "fused_f32": fused.replace(fetchers=32),  # twice the fetchers (the sweep's best at 4096x3584x8192)
                 "copy_engine": AgGemmConfig(variant="copy_engine", num_sms=self.sms, max_spins=MAX_SPINS),
                 "sequential": AgGemmConfig(variant="sequential"), "auto": None}
         out = {}
@@ -140,8 +144,10 @@ class Rank:
             out[name] = (lambda c=c: ag.all_gather_matmul(a, b, heap, gather_dim=gd, config=c), c)
         a_heap = heap.alloc(a.shape, a.dtype)  # the same call on every rank: the same offset
         a_heap.copy_(a)
-        ag.prepare(a_heap, b, heap, gather_dim=gd, config=fused)
-        out["fused_resident"] = (lambda: ag.all_gather_matmul(a_heap, b, heap, gather_dim=gd, config=fused), fused)
+        for name in RESIDENT:
+            c = cfgs[name.replace("_resident", "")]
+            ag.prepare(a_heap, b, heap, gather_dim=gd, config=c)
+            out[name] = (lambda c=c: ag.all_gather_matmul(a_heap, b, heap, gather_dim=gd, config=c), c)
         self.tdist.barrier()  # every rank has compiled
         nccl = bl.NcclCublas(a, self.W, gd)
         flat = self.torch.empty((self.W * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
@@ -383,20 +389,19 @@ def summarize(bench):
         row = {"world_size": W, "gather_dim": gd, "M": M, "N": N, "K": K, "timing": timing,
                **{f"{v}_ms": t for v, t in ms.items()}}
         seq = ms.get("nccl_cublas")
-        fused_family = {v: ms[v] for v in ("fused", "fused_by_k", "copy_engine") if v in ms}
+        fused_family = {v: ms[v] for v in FUSED if v in ms}
         if fused_family:
             best = min(fused_family, key=fused_family.get)
             row["best_fused"] = best
             row["best_fused_ms"] = fused_family[best]
-        for v in ("fused", "fused_by_k", "copy_engine", "auto", "torch_fused", "sequential", "fused_resident"):
+        for v in FUSED + ("auto", "torch_fused", "sequential") + RESIDENT:
             if v in ms and seq:
                 row[f"{v}_speedup_vs_nccl_cublas"] = seq / ms[v]
             if v in ms and "gemm_alone" in ms:
                 row[f"{v}_frac_of_gemm_alone"] = ms[v] / ms["gemm_alone"]
             if v in ms:
                 row[f"{v}_tflops"] = tflops(M, N, K, ms[v])
-        contenders = {v: ms[v] for v in ("fused", "fused_by_k", "copy_engine", "torch_fused", "sequential",
-                                          "nccl_cublas") if v in ms}
+        contenders = {v: ms[v] for v in FUSED + ("torch_fused", "sequential", "nccl_cublas") if v in ms}
         row["winner"] = min(contenders, key=contenders.get) if contenders else None
         auto = g[g["variant"] == "auto"]
         if len(auto):
@@ -416,7 +421,7 @@ def fit_auto_table(bench) -> dict:
     entries = []
     ok = bench[(bench["status"] == "ok") & (bench["rank"] == 0) & (bench["timing"] == "eager")]
     for (W, gd, M, N, K), g in ok.groupby(["world_size", "gather_dim", "M", "N", "K"]):
-        ours = g[g["variant"].isin(["fused", "fused_by_k", "copy_engine", "sequential", "nccl_cublas"])]
+        ours = g[g["variant"].isin(FUSED + ("sequential", "nccl_cublas"))]
         if not len(ours):
             continue
         best = ours.loc[ours["ms"].idxmin()]
