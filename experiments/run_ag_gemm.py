@@ -97,6 +97,8 @@ class Rank:
         self.heap = dist.SymmetricHeap(biggest * (self.W + 2) // self.W + (64 << 20))
 
     def shapes(self):
+        if getattr(self.args, "shapes", None):
+            return parse_shapes(self.args.shapes)
         return SHAPES[:2] if self.args.quick else SHAPES
 
     def emit(self, row):
@@ -412,6 +414,19 @@ def summarize(bench):
     return pd.DataFrame(rows)
 
 
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """'MxNxK,...' -> [(M, N, K), ...]; ValueError naming the bad item."""
+    shapes = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        parts = item.lower().split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"--shapes: {item!r} is not MxNxK with positive integers (e.g. 2048x3584x8192)")
+        shapes.append(tuple(int(p) for p in parts))
+    if not shapes:
+        raise ValueError("--shapes: no shape given (e.g. --shapes 2048x3584x8192,8192x3584x8192)")
+    return shapes
+
+
 def fit_auto_table(bench) -> dict:
     """Per measured problem: the fastest way in eager calls (as users call it): a fused variant,
     or, where neither fused variant wins, the faster of our sequential path and NCCL + cuBLAS
@@ -490,9 +505,11 @@ def finish(rows, out: Path, W: int, args) -> int:
         for c, v in prov.items():
             summary[c] = v
         summary.to_csv(out / "summary.csv", index=False)
-        table = Path(getattr(args, "auto_table", None) or out / "auto_table.json")
-        table.write_text(json.dumps(merge_auto_table(table, fit_auto_table(bench)), indent=1))
-        written += ["summary.csv", str(table) if table.parent != out else table.name]
+        written.append("summary.csv")
+        if not getattr(args, "shapes", None):  # a run on other shapes scores the table, never refits it
+            table = Path(getattr(args, "auto_table", None) or out / "auto_table.json")
+            table.write_text(json.dumps(merge_auto_table(table, fit_auto_table(bench)), indent=1))
+            written.append(str(table) if table.parent != out else table.name)
         cols = ["timing", "world_size", "gather_dim", "M", "N", "K", "nccl_cublas_ms", "sequential_ms", "fused_ms",
                 "copy_engine_ms", "torch_fused_ms", "auto_ms", "gemm_alone_ms", "fused_speedup_vs_nccl_cublas",
                 "copy_engine_speedup_vs_nccl_cublas", "auto_speedup_vs_nccl_cublas", "auto_variant", "winner"]
@@ -516,6 +533,7 @@ def parent(args) -> int:
         cmd = ["--worker", "--modes", args.modes, "--iters", str(args.iters)]
         cmd += ["--quick"] * args.quick + ["--check-only"] * args.check_only + ["--no-sweeps"] * args.no_sweeps
         cmd += ["--budget-s", str(args.budget_s)] if args.budget_s else []
+        cmd += ["--shapes", args.shapes] if args.shapes else []
         t0 = time.time()
         print(f"world size {W}: launching ...", flush=True)
         part, err = dist.launch_rows(Path(__file__), W, cmd, timeout_s=args.timeout)
@@ -543,6 +561,9 @@ def main(argv=None):
     ap.add_argument("--modes", default="eager,graph", help="eager and/or graph (CUDA-graph replays)")
     ap.add_argument("--iters", type=int, default=20, help="timed calls per point (graph: half as many replays)")
     ap.add_argument("--quick", action="store_true", help="the first two shapes only")
+    ap.add_argument("--shapes", default=None,
+                    help="other gathered shapes, 'MxNxK,MxNxK,...' (M and K multiples of the world size): scores "
+                         "the auto-config on problems it was not fitted on; writes no auto-config table")
     ap.add_argument("--check-only", action="store_true", help="only the correctness checks")
     ap.add_argument("--no-sweeps", action="store_true", help="skip the fetcher/layout/flag-group sweeps")
     ap.add_argument("--budget-s", type=float, default=None,
@@ -556,6 +577,15 @@ def main(argv=None):
                     help="seconds per world before it is killed (a hang ends that world; the run then exits 1)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.shapes:
+        try:
+            shapes = parse_shapes(args.shapes)
+            sizes = [int(w) for w in args.world_sizes.split(",") if w.strip()]
+        except ValueError as exc:
+            ap.error(str(exc))
+        odd = [f"{M}x{N}x{K}" for M, N, K in shapes for W in sizes if M % W or K % W]
+        if odd:
+            ap.error(f"--shapes: M and K must be multiples of every world size ({args.world_sizes}): {odd}")
     if args.worker or "LOCAL_RANK" in os.environ:  # under workbench.dist.launch or plain torchrun
         worker(args)
         return 0

@@ -633,3 +633,15 @@ def test_script_started_plainly_launches_the_world_and_fails_with_it(tmp_path, m
     monkeypatch.setattr(dist, "launch_rows", lambda *a, **k: ([check(), lib], ""))
     assert s.main(["--world-sizes", "2", "--out", str(tmp_path / "d")]) == 0
 
+
+
+def test_script_held_out_shapes_are_parsed_and_checked(capsys):
+    """--shapes scores the auto-config on other problems: 'MxNxK' items, M and K multiples of
+    every world size; anything else is refused before a world starts, naming the item."""
+    mod = _script()
+    assert mod.parse_shapes("2048x3584x8192, 8192X3584x8192") == [(2048, 3584, 8192), (8192, 3584, 8192)]
+    for text, world, match in (("2048x35a", "2", "is not MxNxK"), ("2048x3584x8190", "4", "multiples of every"),
+                               ("", "2", "no shape given")):
+        with pytest.raises(SystemExit):
+            mod.main(["--shapes", text or ",", "--world-sizes", world])
+        assert match in capsys.readouterr().err
