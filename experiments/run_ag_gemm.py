@@ -307,6 +307,9 @@ class Rank:
         # remote K loop runs while the peer's k-groups arrive
         points = [("wait_growth", dict(fetchers=16, wait_growth=g, fetch_order=o)) for o in ("m", "k")
                   for g in WAIT_GROWTH]
+        # who copies our shard into the heap before the peers may fetch it: every program, or the fetchers
+        points += [("publish_all", dict(fetchers=16, publish_all=p, fetch_order=o)) for o in ("m", "k")
+                   for p in (True, False)]
         if full:
             points += self._full_sweep()
         self._time_sweep(a, b, gd, base, points)

@@ -185,6 +185,26 @@ def test_fetcher_that_never_fetches_names_rank_and_tile():
     assert re.search(r"k-group \d+", msg)
 
 
+@pytest.mark.parametrize("W,gather_dim,variant", [(2, 1, "fused"), (3, 0, "fused"), (2, 0, "copy_engine")])
+def test_every_program_or_only_the_fetchers_publish(W, gather_dim, variant):
+    """publish_all (every program of the launch copies a part of our shard into the heap) and
+    the fetchers alone give the same bits, equal to the reference; the plan says who publishes."""
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 18)
+    shards, b, bias = _problem(W, gather_dim, seed=60 + W, shard=(37, 56))
+    outs = {}
+    for everyone in (True, False):
+        cfg = SIM.replace(variant=variant, publish_all=everyone)
+        outs[everyone] = _run(world, shards, b, gather_dim, bias, cfg)
+        kw = get_plan(shards[0], b, world.heaps[0], gather_dim=gather_dim, bias=bias, config=cfg).kw
+        items = triton.cdiv(37, SIM.block_m) * triton.cdiv(56, SIM.block_k)  # k_per_flag 1: one piece per flag
+        if variant == "fused":
+            assert kw["PUBLISHERS"] == (SIM.num_sms if everyone else kw["FETCHERS"])
+        else:   # the publish kernel: as many programs as pieces, at most the SMs (or 16)
+            assert kw["PUBLISHERS"] == kw["FETCHERS"] == min(SIM.num_sms if everyone else 16, items)
+    _assert_close(outs[True], shards, b, gather_dim, bias)
+    assert all(torch.equal(x, y) for x, y in zip(outs[True], outs[False]))
+
+
 @pytest.mark.parametrize("W,gather_dim,variant", [(2, 0, "fused"), (3, 1, "fused"), (2, 1, "copy_engine")])
 def test_a_shard_in_the_heap_is_read_in_place(W, gather_dim, variant):
     """A shard allocated in the heap (same calls on every rank, so the same offset) is what

@@ -56,6 +56,7 @@ class AgGemmConfig:
     claim_tiles: bool = True  # GEMM tiles taken from a counter; on a GPU fetchers join the GEMM once done
     fetch_order: str = "m"    # fused: a peer's tiles row tile by row tile ("m") or k-group by k-group ("k")
     wait_growth: int = 2      # GEMM programs wait on spans of 1, g, g^2, ... k-groups (1: group by group)
+    publish_all: bool = True  # every program helps copy our shard into the heap first (False: the fetchers only)
     skip_rank: int = -1       # fault injection for tests: fetchers skip this rank's shard
 
     def replace(self, **kw) -> "AgGemmConfig":
@@ -101,7 +102,7 @@ def validate(c: AgGemmConfig, world_size: int) -> None:
     if c.variant == "copy_engine" and c.layout != "k":
         raise ValueError("all_gather_matmul: variant 'copy_engine' copies whole shards, which needs the "
                          "k-contiguous staging layout: use layout='k'")
-    for name in ("staged_flag", "tma", "claim_tiles"):
+    for name in ("staged_flag", "tma", "claim_tiles", "publish_all"):
         if not isinstance(getattr(c, name), bool):
             raise ValueError(f"all_gather_matmul: {name} must be True or False, got {getattr(c, name)!r}")
     if not isinstance(c.skip_rank, int) or c.skip_rank >= world_size or c.skip_rank < -1:

@@ -40,7 +40,7 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GATHER_DIMS = (0, 1)
 MAX_PLANS = 64           # launch plans kept per heap (the cache is cleared past this)
 MAX_EVENTS = {"gpu": 512, "sim": 64}
-CE_PUBLISHERS = 16       # programs of the copy-engine variant's publish kernel
+CE_PUBLISHERS = 16       # programs of the copy-engine variant's publish kernel (publish_all=False)
 
 
 class AgGemmTimeout(WaitTimeout):
@@ -244,8 +244,9 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     if cfg.variant == "fused":
         fetchers = min(cfg.fetchers, total - 1)
         plan.grid = total
-    else:
-        fetchers = min(CE_PUBLISHERS, max(1, plan.MT * plan.KG))
+        publishers = total if cfg.publish_all else fetchers
+    else:  # the publish kernel's programs (its FETCHERS) all publish
+        fetchers = publishers = min(total if cfg.publish_all else CE_PUBLISHERS, max(1, plan.MT * plan.KG))
         plan.grid = total
         tiles_per_chunk = triton.cdiv(plan.MT, cfg.ce_chunks)  # whole row tiles: a chunk owns its flags
         n_chunk = triton.cdiv(plan.MT, tiles_per_chunk)
@@ -275,7 +276,7 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
                               aligned_m=S_M % vec == 0, aligned_n=N % vec == 0 and b.stride(1) == 1, tma=tma,
                               proxy_fence=tma and clock == "globaltimer",
                               claim=cfg.claim_tiles, resident=plan.resident,
-                              end_wait=plan.resident and not heap.simulated,
+                              end_wait=plan.resident and not heap.simulated, publishers=publishers,
                               # the interpreter runs programs one after another: a fetcher that joined
                               # the GEMM would wait for tiles the next fetcher has not staged yet
                               join=not heap.simulated or W == 1),
@@ -305,7 +306,7 @@ def tma_allowed(a, b, cfg: AgGemmConfig, gather_dim: int, heap) -> bool:
 def constexprs(cfg: AgGemmConfig, world_size: int, gather_dim: int, esize: int, fetchers: int, *, has_bias: bool,
                trace: bool, clock: str, max_events: int, even_k: bool, aligned_m: bool, aligned_n: bool,
                tma: bool = False, proxy_fence: bool = False, claim: bool = False, join: bool = False,
-               resident: bool = False, end_wait: bool = False) -> dict:
+               resident: bool = False, end_wait: bool = False, publishers: int | None = None) -> dict:
     """The kernel's constexprs for a configuration (the phase flags are added per launch)."""
     return dict(TMA=tma, PROXY_FENCE=proxy_fence, CLAIM=claim, JOIN=claim and join, WORLD=world_size,
                 GATHER_K=gather_dim == 1, M_CONTIG=cfg.layout == "m", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -313,7 +314,8 @@ def constexprs(cfg: AgGemmConfig, world_size: int, gather_dim: int, esize: int, 
                 FETCH_K=fetch_k(cfg), FETCHERS=fetchers, HAS_BIAS=has_bias, SKIP_RANK=cfg.skip_rank, ESIZE=esize,
                 EVEN_K=even_k, ALIGNED_M=aligned_m, ALIGNED_N=aligned_n, STAGED_FLAG=bool(cfg.staged_flag),
                 TRACE=bool(trace), CLOCK=clock, MAX_EVENTS=max_events, FETCH_BY_K=cfg.fetch_order == "k",
-                WAIT_GROWTH=cfg.wait_growth, RESIDENT=resident, END_WAIT=end_wait)
+                WAIT_GROWTH=cfg.wait_growth, RESIDENT=resident, END_WAIT=end_wait,
+                PUBLISHERS=publishers or fetchers)
 
 
 def fetch_k(cfg: AgGemmConfig, widest: int = 256) -> int:
@@ -444,7 +446,7 @@ def _fused(a, b, heap, plan, bias, c, s):
     # Simulated world: ranks take turns, so no rank may spin on a peer inside a launch
     # while the peer waits for its turn: publish, meet, then fetch + compute.
     heap.barrier()
-    launch_planned(heap, plan.launches, ("publish", cs), _ag_gemm_kernel, (plan.kw["FETCHERS"],), *args,
+    launch_planned(heap, plan.launches, ("publish", cs), _ag_gemm_kernel, (plan.kw["PUBLISHERS"],), *args,
                    PUBLISH=True, FETCH=False, COMPUTE=False, WAIT_READY=False, **plan.kw)
     heap.barrier()
     launch_planned(heap, plan.launches, ("fetch", cs), _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False,

@@ -20,8 +20,9 @@ tiles from a shared counter; with ``JOIN`` the fetchers too, once their copies
 are done: on a GPU, where every program runs at once; not in a simulated world of
 several ranks, whose interpreter runs the programs one after another):
 
-1. publish (``PUBLISH``): wait until every peer finished reading our previous
-   shard (``done`` flags), copy the local shard once into ``pub`` (the heap
+1. publish (``PUBLISH``, programs ``0 .. PUBLISHERS-1``: the fetchers, or every
+   program): wait until every peer finished reading our previous shard
+   (``done`` flags), copy the local shard once into ``pub`` (the heap
    buffer peers read; nothing to copy in a world of one); the last publisher
    then tells every peer our shard is readable (``ready`` flag, release at
    system scope). With ``RESIDENT`` the caller's shard already lies in the
@@ -168,7 +169,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     TMA: tl.constexpr = False, PROXY_FENCE: tl.constexpr = False, CLAIM: tl.constexpr = False,
                     JOIN: tl.constexpr = False, FETCH_BY_K: tl.constexpr = False,
                     WAIT_GROWTH: tl.constexpr = 1, RESIDENT: tl.constexpr = False,
-                    END_WAIT: tl.constexpr = False):
+                    END_WAIT: tl.constexpr = False, PUBLISHERS: tl.constexpr = 1):
     pid = tl.program_id(0)
     MT = (S_M + BLOCK_M - 1) // BLOCK_M
     KT = (S_K + BLOCK_K - 1) // BLOCK_K
@@ -182,36 +183,41 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
     sm = 0
     if TRACE:
         sm = _sm_id(CLOCK)
-    if pid < FETCHERS:
-        if PUBLISH and RESIDENT:
-            # The caller's shard is in the heap (pub_ptr is a_ptr): nothing to copy, and the
-            # previous call ended only once every peer had read it (END_WAIT). Tell every
-            # peer where it is (checked against theirs), then that it is readable.
-            if pid == 0:
-                for i in tl.static_range(1, WORLD):
-                    peer = (rank + i) % WORLD
-                    remote_store(where_ptr + rank, pub_off16, rank, peer, heap_bases)
-                    signal(ready_ptr + rank, 1, rank, peer, heap_bases, "add", "sys")
-        if PUBLISH and not RESIDENT:
-            # peers must be done with our previous shard before pub is overwritten
+    if PUBLISH and RESIDENT:
+        # The caller's shard is in the heap (pub_ptr is a_ptr): nothing to copy, and the
+        # previous call ended only once every peer had read it (END_WAIT). Tell every
+        # peer where it is (checked against theirs), then that it is readable.
+        if pid == 0:
             for i in tl.static_range(1, WORLD):
                 peer = (rank + i) % WORLD
-                _wait_flag(done_ptr + peer, epoch, max_spins, status_ptr, -1 - WORLD - peer, "sys")
-            for item in range(pid, MT * KG * (WORLD > 1), FETCHERS):  # a world of one has no reader
-                if TRACE:
-                    t0 = _now(tick_ptr, CLOCK)
-                _copy_item(a_ptr, stg_ptr, pub_ptr, flags_ptr, rank, item // KG, item % KG, epoch, S_M, S_K, MT,
-                           KG, BLOCK_M, BLOCK_K, K_PER_FLAG, FETCH_K, M_CONTIG, True)
-                if TRACE:
-                    n_ev = _record(trace_ptr, n_ev, EV_PUBLISH, rank * MT * KG + item, t0, _now(tick_ptr, CLOCK),
-                                   sm, MAX_EVENTS)
-            # the last publisher (in arrival order) tells every peer that pub is complete
-            tl.debug_barrier()
-            arrived = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
-            if arrived == FETCHERS - 1:
-                tl.store(state_ptr + 1, 0)
-                for i in tl.static_range(1, WORLD):
-                    signal(ready_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", "sys")
+                remote_store(where_ptr + rank, pub_off16, rank, peer, heap_bases)
+                signal(ready_ptr + rank, 1, rank, peer, heap_bases, "add", "sys")
+    if PUBLISH and not RESIDENT and pid < PUBLISHERS:
+        # Programs 0 .. PUBLISHERS-1 copy our shard into pub (the fetchers, or every program:
+        # a local copy is quick on many SMs, and the peers' fetch waits for all of it).
+        # Peers must be done with our previous shard before pub is overwritten.
+        for i in tl.static_range(1, WORLD):
+            peer = (rank + i) % WORLD
+            _wait_flag(done_ptr + peer, epoch, max_spins, status_ptr, -1 - WORLD - peer, "sys")
+        for item in range(pid, MT * KG * (WORLD > 1), PUBLISHERS):  # a world of one has no reader
+            if TRACE:
+                t0 = _now(tick_ptr, CLOCK)
+            _copy_item(a_ptr, stg_ptr, pub_ptr, flags_ptr, rank, item // KG, item % KG, epoch, S_M, S_K, MT,
+                       KG, BLOCK_M, BLOCK_K, K_PER_FLAG, FETCH_K, M_CONTIG, True)
+            if TRACE:
+                n_ev = _record(trace_ptr, n_ev, EV_PUBLISH, rank * MT * KG + item, t0, _now(tick_ptr, CLOCK),
+                               sm, MAX_EVENTS)
+        # the last publisher (in arrival order) tells every peer that pub is complete
+        tl.debug_barrier()
+        arrived = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
+        if arrived == PUBLISHERS - 1:
+            tl.store(state_ptr + 1, 0)
+            for i in tl.static_range(1, WORLD):
+                signal(ready_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", "sys")
+    if TRACE and FETCH and not PUBLISH:  # simulated world: the publish launch wrote these programs' first events
+        if pid < PUBLISHERS:
+            n_ev = (MT * KG * (WORLD > 1) - pid + PUBLISHERS - 1) // PUBLISHERS
+    if pid < FETCHERS:
         if PUBLISH and WAIT_READY:  # copy-engine variant: the copies start after this kernel, once all published
             if pid == 0:
                 for i in tl.static_range(1, WORLD):
@@ -219,9 +225,6 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     _wait_flag(ready_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - peer, "sys")
                     _same_place(where_ptr, peer, pub_off16, status_ptr, WORLD, RESIDENT)
         if FETCH:
-            if TRACE:
-                if not PUBLISH:  # simulated world: the publish launch wrote this program's first events
-                    n_ev = (MT * KG * (WORLD > 1) - pid + FETCHERS - 1) // FETCHERS
             for i in tl.static_range(1, WORLD):
                 peer = (rank + i) % WORLD
                 if peer != SKIP_RANK:  # SKIP_RANK: fault injection for tests (-1: none)
