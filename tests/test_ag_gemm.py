@@ -665,3 +665,26 @@ def test_script_held_out_shapes_are_parsed_and_checked(capsys):
         with pytest.raises(SystemExit):
             mod.main(["--shapes", text or ",", "--world-sizes", world])
         assert match in capsys.readouterr().err
+
+
+def test_script_fit_leaves_out_resident_shards_and_held_out_runs(tmp_path, capsys):
+    """A resident shard is another input contract: however fast, the fit never picks it. A run
+    on held-out shapes (--shapes) writes its tables but no auto-config table."""
+    import argparse
+
+    import pandas as pd
+
+    s = _script()
+    rows = []
+    for v, ms in (("nccl_cublas", 0.4), ("sequential", 0.45), ("fused", 0.3), ("fused_resident", 0.1),
+                  ("copy_engine_resident", 0.1), ("gemm_alone", 0.25), ("auto", 0.3)):
+        rows.append(dict(kind="bench", rank=0, status="ok", world_size=2, gather_dim=1, M=2048, N=3584, K=8192,
+                         timing="eager", variant=v, ms=ms, config=json.dumps({"variant": "fused", "fetchers": 16}),
+                         auto_variant="fused", auto_fallback=False, auto_source="measured"))
+    (entry,) = s.fit_auto_table(pd.DataFrame(rows))["entries"]
+    assert entry["ms"] == pytest.approx(0.3)
+    out = tmp_path / "heldout"
+    s.finish(rows, out, 2, argparse.Namespace(shapes="2048x3584x8192", auto_table=None, budget_s=None))
+    assert (out / "summary.csv").is_file() and (out / "bench.csv").is_file()
+    assert not (out / "auto_table.json").exists()
+    capsys.readouterr()
