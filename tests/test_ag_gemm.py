@@ -688,3 +688,38 @@ def test_script_fit_leaves_out_resident_shards_and_held_out_runs(tmp_path, capsy
     assert (out / "summary.csv").is_file() and (out / "bench.csv").is_file()
     assert not (out / "auto_table.json").exists()
     capsys.readouterr()
+
+
+def test_script_times_a_case_in_rotating_passes(monkeypatch):
+    """The bench times a case's methods in passes over all of them with the first method
+    rotating (no method always first or last); one that fails is reported and dropped from
+    the later passes, the others are still timed; a row's time is the median of its passes."""
+    import functools
+    import types
+
+    s = _script()
+    order, rows = [], []
+    ms = {"fused": iter([1.0, 9.0, 2.0, 3.0]), "nccl_cublas": iter([5.0, 4.0, 6.0, 7.0])}
+
+    def fake_time(fn, *, warmup, iters, graph=0):
+        name = fn()
+        order.append(name)
+        if name == "broken" and order.count(name) == 2:  # fails in its second pass
+            raise RuntimeError("lost")
+        v = next(ms[name]) if name in ms else 1.0
+        return {"ms": v, "q25_ms": v, "q75_ms": v, "loop_ms": v, "slowest_rank": 0}
+
+    monkeypatch.setattr(s.dist, "time_collective", fake_time)
+    fake = types.SimpleNamespace(args=types.SimpleNamespace(iters=8), heap=None,
+                                 ag=types.SimpleNamespace(check=lambda heap: None),
+                                 agree_failed=lambda failed: failed, emit=rows.append)
+    fake._time_pass = functools.partial(s.Rank._time_pass, fake)
+    names = ["fused", "broken", "nccl_cublas"]
+    s.Rank.time_all(fake, {n: (lambda n=n: n) for n in names}, "eager", {"M": 1}, {"fused": {"config": "{}"}})
+    assert order == ["fused", "broken", "nccl_cublas",          # pass 1
+                     "broken", "nccl_cublas", "fused",          # pass 2: broken fails, is dropped
+                     "nccl_cublas", "fused",                    # pass 3
+                     "fused", "nccl_cublas"]                    # pass 4
+    by = {r["variant"]: r for r in rows}
+    assert by["fused"]["ms"] == 2.5 and by["fused"]["passes"] == 4 and by["fused"]["config"] == "{}"
+    assert by["nccl_cublas"]["ms"] == 5.5 and by["broken"]["status"] == "error" and "lost" in by["broken"]["error"]
