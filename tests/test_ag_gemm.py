@@ -345,6 +345,14 @@ def test_auto_config_is_an_explicit_placeholder_until_measured(tmp_path, monkeyp
     assert agc.auto_config(4096, 3584, 8192, 2, 0, 132) == AgGemmConfig(variant="copy_engine", block_n=256)
     assert agc.auto_source().startswith("measured") and agc.auto_source(2).startswith("measured")
     assert "placeholder" in agc.auto_source(4)  # no entry of that world size: its rows must not say measured
+    # a fallback entry covers problems up to its size; a larger one takes the nearest fused entry
+    entry = {"world_size": 4, "gather_dim": 0, "N": 3584, "K": 8192}
+    table.write_text(json.dumps({"entries": [dict(entry, M=1024, config={"variant": "nccl"}),
+                                             dict(entry, M=4096, config={"variant": "fused", "fetchers": 32})]}))
+    monkeypatch.setattr(agc, "_TABLE", {})
+    picks = {M: agc.auto_config(M, 3584, 8192, 4, 0, 132) for M in (512, 1024, 1536, 2048, 8192)}
+    assert picks[512].variant == picks[1024].variant == "nccl"
+    assert picks[1536] == picks[2048] == picks[8192] == AgGemmConfig(variant="fused", fetchers=32)
     table.write_text('{"entries": [{"world_size": 2}]}')
     with pytest.raises(ValueError, match="auto_table.json: entry 0 is malformed"):
         agc.load_table(table)

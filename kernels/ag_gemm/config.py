@@ -180,7 +180,15 @@ def auto_config(M: int, N: int, K: int, world_size: int, gather_dim: int, num_sm
         def dist(e):
             return sum(abs(math.log2(max(1, a)) - math.log2(max(1, b))) for a, b in
                        ((e["M"], M), (e["N"], N), (e["K"], K)))
-        return min(table, key=dist)["config"]
+        best = min(table, key=dist)
+        # A fallback was measured where fusing lost, which happens on short GEMMs (too little to
+        # hide the gather behind): it covers problems up to its own size. A larger problem takes
+        # the nearest entry that fuses (held out at 4 ranks, M-gathered 2048x3584x8192 was sent to
+        # the fallback of M 1024 and lost 1.2x to the fused entry of M 4096, equally near).
+        fused = [e for e in table if e["config"].variant not in FALLBACKS]
+        if best["config"].variant in FALLBACKS and M * N * K > best["M"] * best["N"] * best["K"] and fused:
+            best = min(fused, key=dist)
+        return best["config"]
     if 2 * M * N * K / world_size < PLACEHOLDER_MIN_FLOP:
         return AgGemmConfig(variant="sequential")
     fetchers = max(4, num_sms // PLACEHOLDER_FETCH_FRACTION)
