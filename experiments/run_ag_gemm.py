@@ -139,7 +139,7 @@ class Rank:
         fused = AgGemmConfig(variant="fused", fetchers=max(4, self.sms // PLACEHOLDER_FETCH_FRACTION),
                              num_sms=self.sms, max_spins=MAX_SPINS)
         cfgs = {"fused": fused, "fused_by_k": fused.replace(fetch_order="k"),  # peers' tiles k-group by k-group
-                "fused_f32": fused.replace(fetchers=32),  # twice the fetchers (the sweep's best at 4096x3584x8192)
+                "fused_f32": fused.replace(fetchers=32),  # twice the fetchers (the fetcher sweep's pick along K)
                 "copy_engine": AgGemmConfig(variant="copy_engine", num_sms=self.sms, max_spins=MAX_SPINS),
                 "sequential": AgGemmConfig(variant="sequential"), "auto": None}
         out = {}
@@ -226,7 +226,8 @@ class Rank:
         self.time_all({name: fn}, mode, base, {name: extra or {}}, passes=1)
 
     def _time_pass(self, fn, mode, name, calls, warmup):
-        """(timing, error text) of `calls` calls of one method; every rank learns whether any failed."""
+        """(timing, None) for `calls` calls of one method, or (None, (status, error text)) where it
+        failed on this rank ("error") or another ("peer_error"): every rank learns whether any did."""
         t, err = None, ""
         try:
             if mode == "graph":
@@ -239,8 +240,8 @@ class Rank:
             traceback.print_exc()
             err = f"{type(exc).__name__}: {exc}"[:800]
         if self.agree_failed(bool(err)):
-            return None, err or "another rank failed this point"
-        return t, ""
+            return None, ("error", err) if err else ("peer_error", "another rank failed this point")
+        return t, None
 
     def time_all(self, fns, mode, base, extras, passes=PASSES):
         """Time the methods of one case in `passes` passes over all of them, each pass a share of
@@ -257,16 +258,16 @@ class Rank:
             for name in names[p % len(names):] + names[:p % len(names)] if names else []:
                 if name in errors:
                     continue
-                t, err = self._time_pass(fns[name], mode, name, max(1, calls // passes), 5 if p == 0 else 2)
+                t, failure = self._time_pass(fns[name], mode, name, max(1, calls // passes), 5 if p == 0 else 2)
                 if t is None:
-                    errors[name] = err
+                    errors[name] = failure
                 else:
                     got[name].append(t)
         for name in names:
             row = {"kind": "bench", "variant": name, "timing": mode, **base, **extras.get(name, {})}
             if name in errors:
-                status = "peer_error" if errors[name] == "another rank failed this point" else "error"
-                row.update(status=status, error=errors[name])
+                status, error = errors[name]
+                row.update(status=status, error=error)
             else:
                 ts = got[name]
                 row.update(ms=statistics.median(t["ms"] for t in ts), q25_ms=statistics.median(t["q25_ms"] for t in ts),
