@@ -16,7 +16,8 @@ Shapes (the seed's table): M in {1024, 4096, 16384} with N=3584, K=8192; and
 4096x4096x4096, 4096x11008x4096, 4096x14336x4096; bf16; both conventions
 (gather_dim=1: each rank holds A[:, K/W slice]; gather_dim=0: M/W rows each).
 
-Methods: ours ``fused`` (SM fetchers), ``copy_engine``, ``sequential`` (our
+Methods: ours ``fused`` (SM fetchers), ``copy_engine``, ``chunked`` (copy-engine
+copies of whole shards, cuBLAS per shard as it lands), ``sequential`` (our
 all-gather + our GEMM), ``auto`` (what ``config=None`` picks: the row says which
 variant, whether it fell back to sequential, and whether its rule was measured or
 the placeholder); baselines ``nccl_cublas`` (all_gather_into_tensor + cuBLAS, the
@@ -63,7 +64,7 @@ FETCHERS = (4, 8, 16, 32, 64)
 K_PER_FLAG = (2, 8, 32)
 WAIT_GROWTH = (1, 2, 4)  # spans of k-groups a GEMM program waits on: 1, g, g^2, ... (swept at TRACE_SHAPES)
 # The fused family (the auto-config's fit chooses among them, our sequential path and NCCL + cuBLAS).
-FUSED = ("fused", "fused_by_k", "fused_f32", "copy_engine")
+FUSED = ("fused", "fused_by_k", "fused_f32", "copy_engine", "chunked")
 # *_resident: fused kernels on a shard that already lies in the heap (a producer wrote it
 # there), which the peers read in place: no publish copy. Another input contract, so they are
 # reported beside the others and never enter the auto-config's fit.
@@ -141,6 +142,7 @@ class Rank:
         cfgs = {"fused": fused, "fused_by_k": fused.replace(fetch_order="k"),  # peers' tiles k-group by k-group
                 "fused_f32": fused.replace(fetchers=32),  # twice the fetchers (the fetcher sweep's pick along K)
                 "copy_engine": AgGemmConfig(variant="copy_engine", num_sms=self.sms, max_spins=MAX_SPINS),
+                "chunked": AgGemmConfig(variant="chunked", num_sms=self.sms, max_spins=MAX_SPINS),
                 "sequential": AgGemmConfig(variant="sequential"), "auto": None}
         out = {}
         for name, c in cfgs.items():
@@ -550,8 +552,8 @@ def finish(rows, out: Path, W: int, args) -> int:
             table.write_text(json.dumps(merge_auto_table(table, fit_auto_table(bench)), indent=1))
             written.append(str(table) if table.parent != out else table.name)
         cols = ["timing", "world_size", "gather_dim", "M", "N", "K", "nccl_cublas_ms", "sequential_ms", "fused_ms",
-                "copy_engine_ms", "torch_fused_ms", "auto_ms", "gemm_alone_ms", "fused_speedup_vs_nccl_cublas",
-                "copy_engine_speedup_vs_nccl_cublas", "auto_speedup_vs_nccl_cublas", "auto_variant", "winner"]
+                "copy_engine_ms", "chunked_ms", "torch_fused_ms", "auto_ms", "gemm_alone_ms", "fused_speedup_vs_nccl_cublas",
+                "copy_engine_speedup_vs_nccl_cublas", "chunked_speedup_vs_nccl_cublas", "auto_speedup_vs_nccl_cublas", "auto_variant", "winner"]
         print(summary[[c for c in cols if c in summary]].round(3).to_string(index=False))
     print("wrote", ", ".join(written), "to", out)
     if len(bad):

@@ -73,6 +73,7 @@ CASES = [  # (world, gather_dim, layout, bias, variant); "-poll": no "all staged
     (4, 1, "k", False, "fused"), (4, 0, "m", True, "fused"),
     (8, 1, "k", True, "fused"), (8, 0, "k", False, "copy_engine"),   # the 8-GPU node's world
     (2, 0, "k", True, "copy_engine"), (3, 1, "k", False, "copy_engine"),
+    (2, 1, "k", True, "chunked"), (3, 0, "k", False, "chunked"), (4, 1, "k", False, "chunked"),
     (2, 1, "k", True, "sequential"), (3, 0, "k", False, "sequential"),
     (2, 0, "k", True, "nccl"), (3, 1, "k", False, "nccl"),   # the libraries' path (our all-gather stands in)
 ]
@@ -205,7 +206,8 @@ def test_every_program_or_only_the_fetchers_publish(W, gather_dim, variant):
     assert all(torch.equal(x, y) for x, y in zip(outs[True], outs[False]))
 
 
-@pytest.mark.parametrize("W,gather_dim,variant", [(2, 0, "fused"), (3, 1, "fused"), (2, 1, "copy_engine")])
+@pytest.mark.parametrize("W,gather_dim,variant", [(2, 0, "fused"), (3, 1, "fused"), (2, 1, "copy_engine"),
+                                                   (3, 0, "chunked")])
 def test_a_shard_in_the_heap_is_read_in_place(W, gather_dim, variant):
     """A shard allocated in the heap (same calls on every rank, so the same offset) is what
     the peers read: no publish buffer is made, and C has the bits of a call whose shard is
@@ -317,6 +319,8 @@ def test_launch_slot_covers_what_the_plan_key_leaves_open(monkeypatch):
     (dict(config=dict(fetch_order="n")), "fetch_order must be"),
     (dict(config=dict(wait_growth=0)), "wait_growth must be"),
     (dict(config=dict(variant="copy_engine", layout="m")), "layout='k'"),
+    (dict(config=dict(variant="chunked", layout="m")), "layout='k'"),
+    (dict(config=dict(variant="chunked"), trace=True), "torch.profiler"),
     (dict(config=dict(fetchers=8, num_sms=8)), "fewer than num_sms"),
     (dict(config=dict(colour=1)), "unknown config field"),
 ])
@@ -484,10 +488,10 @@ def test_seed_shapes_on_two_gpus():
     assert checks, "no check rows came back"
     bad = [r for r in checks if not r["ok"]]
     assert not bad, bad
-    assert {r["variant"] for r in checks} >= {"fused", "copy_engine", "sequential", "fused_resident"}
+    assert {r["variant"] for r in checks} >= {"fused", "copy_engine", "chunked", "sequential", "fused_resident"}
     base_names = {r["variant"]: r["variant"].split("+")[0].split("_layout")[0] for r in checks}
-    ours = [r for r in checks if base_names[r["variant"]] in ("fused", "copy_engine", "sequential", "auto",
-                                                              "fused_resident")]
+    ours = [r for r in checks if base_names[r["variant"]] in ("fused", "copy_engine", "chunked", "sequential",
+                                                              "auto", "fused_resident")]
     assert ours and all(r["repeat_identical"] for r in ours), ours
 
 

@@ -9,6 +9,10 @@ Variants (``AgGemmConfig.variant``; ``config=None`` lets ``auto_config`` pick):
                    chunks from every peer's shard into the staging buffer on a side
                    stream, each followed by a stream-ordered copy that sets the
                    chunk's flags; every SM runs the GEMM, spinning on those flags.
+``"chunked"``      no SM fetches and no flags: the publish kernel, then a
+                   ``cudaMemcpyAsync`` of each peer's whole shard on a side stream,
+                   and cuBLAS on our shard at once and on each peer's as its copy
+                   lands (an event per shard): PyTorch async-TP's schedule.
 ``"sequential"``   our all-gather (``kernels.comm.all_gather``), then our GEMM
                    (``kernels.gemm.matmul``): the fallback where fusing loses.
 ``"nccl"``         NCCL's all-gather (``torch.distributed``), then cuBLAS
@@ -32,7 +36,7 @@ import torch
 import triton
 
 from kernels.ag_gemm.config import FALLBACKS, AgGemmConfig, as_config, auto_config, validate
-from kernels.ag_gemm.triton import TRACE_COLS, _ag_gemm_kernel, _next_epoch_kernel
+from kernels.ag_gemm.triton import TRACE_COLS, _ag_gemm_kernel, _finish_kernel, _next_epoch_kernel
 from kernels.comm.remote import STATUS_WORDS, StatusWatch, WaitTimeout
 from kernels.common.launcher import launch_planned
 
@@ -66,6 +70,7 @@ class Plan:
     nextval: Any = None
     chunks: list = dataclasses.field(default_factory=list)
     side: Any = None
+    events: list = dataclasses.field(default_factory=list)  # chunked: one per peer shard copied
     nccl: Any = None          # variant nccl: baselines.NcclCublas (its buffer for NCCL's output)
     auto: bool = False
     resident: bool = False    # the shard lies in the heap: peers read it in place (no publish copy)
@@ -218,6 +223,9 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     if auto:
         cfg = auto_config(M, N, K, W, gather_dim, sms, heap.simulated)
     validate(cfg, W)
+    if trace and cfg.variant == "chunked":
+        raise ValueError("all_gather_matmul: trace=True records the programs of our kernels; variant 'chunked' "
+                         "runs cuBLAS (use torch.profiler for it), or pass trace=False")
     plan = Plan(cfg, gather_dim, S_M, S_K, N, (M, N), auto=auto)
     if cfg.variant == "nccl" and not heap.simulated:  # the libraries, as the baseline calls them
         from kernels.ag_gemm.baselines import NcclCublas
@@ -245,6 +253,13 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
         fetchers = min(cfg.fetchers, total - 1)
         plan.grid = total
         publishers = total if cfg.publish_all else fetchers
+    elif cfg.variant == "chunked":  # the publish kernel's programs, then copies and cuBLAS
+        fetchers = publishers = min(total if cfg.publish_all else CE_PUBLISHERS, max(1, plan.MT * plan.KG))
+        plan.grid = total
+        peers = [(heap.rank + q) % W for q in range(1, W)]  # staggered, as the fetchers go
+        plan.chunks = [(p, plan.stg[p], heap.peer_view(plan.pub, p)) for p in peers]
+        plan.side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        plan.events = [torch.cuda.Event() for _ in plan.chunks] if dev.type == "cuda" else []
     else:  # the publish kernel's programs (its FETCHERS) all publish
         fetchers = publishers = min(total if cfg.publish_all else CE_PUBLISHERS, max(1, plan.MT * plan.KG))
         plan.grid = total
@@ -371,6 +386,12 @@ def prepare(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=Fal
     if plan.cfg.variant == "fused":
         _ag_gemm_kernel.warmup(*args, grid=(plan.grid,), PUBLISH=True, FETCH=True, COMPUTE=True, WAIT_READY=False,
                                **plan.kw)
+    elif plan.cfg.variant == "chunked":
+        _ag_gemm_kernel.warmup(*args, grid=(plan.kw["FETCHERS"],), PUBLISH=True, FETCH=False, COMPUTE=False,
+                               WAIT_READY=True, **plan.kw)
+        s = _shared(heap)
+        _finish_kernel.warmup(s["state"], s["sig"], heap.heap_bases, s["status"], heap.rank, plan.cfg.max_spins,
+                              WORLD=heap.world_size, END_WAIT=plan.kw["END_WAIT"], grid=(1,))
     else:
         pubs = plan.kw["FETCHERS"]
         _next_epoch_kernel.warmup(_shared(heap)["state"], plan.nextval, plan.nextval.numel(), BLOCK=128, grid=(1,))
@@ -424,6 +445,8 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_di
         plan.trace.zero_()
     if plan.cfg.variant == "fused":
         _fused(a_shard, b, heap, plan, bias, c, s)
+    elif plan.cfg.variant == "chunked":
+        _chunked(a_shard, b, heap, plan, bias, c, s)
     else:
         _copy_engine(a_shard, b, heap, plan, bias, c, s)
     _after_call(s, heap, plan)
@@ -490,6 +513,66 @@ def _copy_engine(a, b, heap, plan, bias, c, s):
     launch_planned(heap, plan.launches, ("ce_gemm", cs), _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False,
                    FETCH=False, COMPUTE=True, WAIT_READY=False, **gemm_kw)
     cur.wait_stream(plan.side)
+
+
+def _chunked(a, b, heap, plan, bias, c, s):
+    """Publish (the copy-engine variant's kernel), then on a side stream copy each peer's shard
+    whole into the staging buffer (copy engine), each copy followed by an event; on the
+    caller's stream cuBLAS multiplies our own shard at once and each peer's as its copy lands.
+    No SM fetches and the GEMMs run at the library's speed: PyTorch async-TP's schedule, on
+    our heap and flags. A finish kernel after the copies ends the call for the peers."""
+    args = _args(a, b, heap, plan, bias, c, s)
+    cs = (c.data_ptr() % 16, c.stride(0))
+    if heap.simulated:
+        heap.barrier()
+    launch_planned(heap, plan.launches, ("ce_publish", cs), _ag_gemm_kernel, (plan.kw["FETCHERS"],), *args,
+                   PUBLISH=True, FETCH=False, COMPUTE=False, WAIT_READY=not heap.simulated, **plan.kw)
+    if heap.simulated:
+        heap.barrier()
+        for _, dst, src in plan.chunks:
+            dst.copy_(src)
+        _finish(heap, plan, s)
+        _chunk_products(a, b, plan, bias, c, heap.rank, lambda i: None)
+        if plan.resident:  # the GPU's END_WAIT: the peers have read our shard before the call returns
+            heap.barrier()
+        return
+    cur = torch.cuda.current_stream(heap.device)
+    plan.side.wait_stream(cur)  # the copies start once every peer has published
+    with torch.cuda.stream(plan.side):
+        for (_, dst, src), ev in zip(plan.chunks, plan.events):
+            dst.copy_(src, non_blocking=True)  # cudaMemcpyAsync from the peer (copy engine)
+            ev.record(plan.side)
+        _finish(heap, plan, s)
+    _chunk_products(a, b, plan, bias, c, heap.rank, lambda i: cur.wait_event(plan.events[i]))
+    cur.wait_stream(plan.side)
+
+
+def _finish(heap, plan, s):
+    launch_planned(heap, plan.launches, "finish", _finish_kernel, (1,), s["state"], s["sig"], heap.heap_bases,
+                   s["status"], heap.rank, plan.cfg.max_spins, WORLD=heap.world_size,
+                   END_WAIT=plan.kw["END_WAIT"])
+
+
+def _chunk_products(a, b, plan, bias, c, rank, wait):
+    """C from our shard, then from each staged peer shard once ``wait(i)`` has ordered its copy:
+    row blocks of C gathered along M; along K, partial products added into C (one bf16
+    rounding per shard, as PyTorch's fused op adds them)."""
+    bias = bias.to(a.dtype) if bias is not None else None
+    if plan.gather_dim == 0:
+        def block(p, x):
+            rows = c[p * plan.S_M:(p + 1) * plan.S_M]
+            torch.mm(x, b, out=rows) if bias is None else torch.addmm(bias, x, b, out=rows)
+    else:
+        def block(p, x):
+            bp = b[p * plan.S_K:(p + 1) * plan.S_K]
+            if p == rank:
+                torch.mm(x, bp, out=c) if bias is None else torch.addmm(bias, x, bp, out=c)
+            else:
+                c.addmm_(x, bp)
+    block(rank, a)
+    for i, (p, dst, _) in enumerate(plan.chunks):
+        wait(i)
+        block(p, dst)
 
 
 def _gather_ours(a, heap, plan):

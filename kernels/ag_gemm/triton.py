@@ -534,3 +534,21 @@ def _next_epoch_kernel(state_ptr, out_ptr, n, BLOCK: tl.constexpr):
     for s in range(0, n, BLOCK):
         tl.store(out_ptr + s + offs, tl.full([BLOCK], 1, tl.int32) + tl.load(state_ptr),
                  mask=s + offs < n)
+
+
+@triton.jit(do_not_specialize=["rank", "max_spins"])
+def _finish_kernel(state_ptr, sig_ptr, heap_bases, status_ptr, rank, max_spins,
+                   WORLD: tl.constexpr, END_WAIT: tl.constexpr):
+    """The end of a ``chunked`` call (one program, stream-ordered after its copies from the
+    peers): what the last GEMM program does in the other variants. Next epoch; tell every
+    peer we are done reading its shard; with END_WAIT (a resident shard) wait until every
+    peer is done reading ours."""
+    epoch = tl.load(state_ptr)
+    done_ptr = sig_ptr + WORLD
+    tl.store(state_ptr, epoch + 1)
+    for i in tl.static_range(1, WORLD):
+        signal(done_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", "sys")
+    if END_WAIT:
+        for i in tl.static_range(1, WORLD):
+            peer = (rank + i) % WORLD
+            _wait_flag(done_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - WORLD - peer, "sys")
