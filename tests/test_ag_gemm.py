@@ -735,3 +735,25 @@ def test_script_times_a_case_in_rotating_passes(monkeypatch):
     by = {r["variant"]: r for r in rows}
     assert by["fused"]["ms"] == 2.5 and by["fused"]["passes"] == 4 and by["fused"]["config"] == "{}"
     assert by["nccl_cublas"]["ms"] == 5.5 and by["broken"]["status"] == "error" and "lost" in by["broken"]["error"]
+
+
+def test_chunked_sums_the_shards_products_before_rounding():
+    """Gathered along K, the chunked variant adds one product per shard. Summed in fp32 and
+    rounded once (as a single GEMM rounds), every element of C is within half a bf16 step
+    (plus fp32's error) of the fp64 product; rounding C after each shard's product, as
+    PyTorch's fused op does, is not (checked here too, so the bound can tell them apart)."""
+    W, gd = 4, 1
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 19)
+    shards, b, _ = _problem(W, gd, seed=17, shard=(32, 96), n=48)
+    ref = reference(shards, b, gd, None)
+
+    def steps(c):  # |C - ref| in bf16 steps of ref's magnitude
+        ulp = torch.finfo(torch.bfloat16).eps * torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(1e-30))))
+        return ((c.double() - ref).abs() / ulp).max().item()
+
+    outs = _run(world, shards, b, gd, None, SIM.replace(variant="chunked"))
+    assert all(steps(c) <= 0.51 for c in outs), [steps(c) for c in outs]
+    per_shard = torch.zeros(ref.shape, dtype=torch.bfloat16)
+    for p, x in enumerate(shards):
+        per_shard = (per_shard.float() + x.float() @ b[p * 96:(p + 1) * 96].float()).to(torch.bfloat16)
+    assert steps(per_shard) > 0.51

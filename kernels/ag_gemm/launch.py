@@ -71,6 +71,7 @@ class Plan:
     chunks: list = dataclasses.field(default_factory=list)
     side: Any = None
     events: list = dataclasses.field(default_factory=list)  # chunked: one per peer shard copied
+    acc: Any = None           # chunked, gathered along K: the fp32 sum of the per-shard products
     nccl: Any = None          # variant nccl: baselines.NcclCublas (its buffer for NCCL's output)
     auto: bool = False
     resident: bool = False    # the shard lies in the heap: peers read it in place (no publish copy)
@@ -260,6 +261,8 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
         plan.chunks = [(p, plan.stg[p], heap.peer_view(plan.pub, p)) for p in peers]
         plan.side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         plan.events = [torch.cuda.Event() for _ in plan.chunks] if dev.type == "cuda" else []
+        if gather_dim == 1:  # the partial products' fp32 sum
+            plan.acc = torch.empty((M, N), dtype=torch.float32, device=dev)
     else:  # the publish kernel's programs (its FETCHERS) all publish
         fetchers = publishers = min(total if cfg.publish_all else CE_PUBLISHERS, max(1, plan.MT * plan.KG))
         plan.grid = total
@@ -555,24 +558,37 @@ def _finish(heap, plan, s):
 
 def _chunk_products(a, b, plan, bias, c, rank, wait):
     """C from our shard, then from each staged peer shard once ``wait(i)`` has ordered its copy:
-    row blocks of C gathered along M; along K, partial products added into C (one bf16
-    rounding per shard, as PyTorch's fused op adds them)."""
-    bias = bias.to(a.dtype) if bias is not None else None
+    row blocks of C gathered along M; along K, partial products summed in fp32 (``plan.acc``)
+    and rounded once, as one GEMM rounds. (Summing them in C itself, as PyTorch's fused op
+    does, rounds once per shard: at 4 ranks that missed our bf16 tolerance on every shape.)"""
     if plan.gather_dim == 0:
+        bias = bias.to(a.dtype) if bias is not None else None
+
         def block(p, x):
             rows = c[p * plan.S_M:(p + 1) * plan.S_M]
             torch.mm(x, b, out=rows) if bias is None else torch.addmm(bias, x, b, out=rows)
     else:
         def block(p, x):
-            bp = b[p * plan.S_K:(p + 1) * plan.S_K]
-            if p == rank:
-                torch.mm(x, bp, out=c) if bias is None else torch.addmm(bias, x, bp, out=c)
-            else:
-                c.addmm_(x, bp)
+            _mm_fp32(x, b[p * plan.S_K:(p + 1) * plan.S_K], plan.acc, add=p != rank)
     block(rank, a)
     for i, (p, dst, _) in enumerate(plan.chunks):
         wait(i)
         block(p, dst)
+    if plan.gather_dim == 1:
+        torch.add(plan.acc, bias, out=c) if bias is not None else c.copy_(plan.acc)
+
+
+def _mm_fp32(x, y, acc, add):
+    """acc (+)= x @ y, products and sums in fp32 (cuBLAS's out_dtype on a GPU)."""
+    if acc.device.type == "cuda":
+        if add:
+            torch.addmm(acc, x, y, out_dtype=torch.float32, out=acc)
+        else:
+            torch.mm(x, y, out_dtype=torch.float32, out=acc)
+    elif add:
+        acc.addmm_(x.float(), y.float())
+    else:
+        torch.mm(x.float(), y.float(), out=acc)
 
 
 def _gather_ours(a, heap, plan):
