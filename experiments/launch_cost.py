@@ -45,6 +45,7 @@ one Gluon call's host time. ``--only gluon`` runs these alone (files
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import sys
@@ -779,20 +780,27 @@ def fused_world(rows, bench) -> None:
             "torch.mm": bench.host_time_us(lambda: torch.mm(a, b, out=c_loc), calls=CALLS)}
     gemm_scatter.check_gemm_all_scatter(heap)
     _fused_rows(rows, f"gemm_all_scatter {M}x{N}x{K} W{W}", host, heap.rank)
-    M, N, K = 1024, 3584, 8192
-    for gd in (1, 0):
+    # "ours": config=None (the auto-config); then each variant by name: one launch (fused), a
+    # publish kernel + chunk copies + flag copies + GEMM launch (copy_engine), or a publish kernel,
+    # one copy per peer and one cuBLAS call per shard (chunked)
+    variants = (None, "fused", "copy_engine", "chunked")
+    for (M, N, K), gd in itertools.product(((1024, 3584, 8192), (4096, 3584, 8192)), (1, 0)):
         shard = (M, K // W) if gd == 1 else (M // W, K)
         a, b = torch.randn(*shard, device=dev).bfloat16(), torch.randn(K, N, device=dev).bfloat16()
         nccl = NcclCublas(a, W, gd)
-        ag_gemm.prepare(a, b, heap, gather_dim=gd)
-        tdist.barrier()
-        ag_gemm.all_gather_matmul(a, b, heap, gather_dim=gd)
-        ag_gemm.check(heap)
-        host = {"ours": bench.host_time_us(lambda: ag_gemm.all_gather_matmul(a, b, heap, gather_dim=gd),
-                                           calls=CALLS),
-                "nccl+cublas": bench.host_time_us(lambda: nccl(a, b), calls=CALLS)}
-        ag_gemm.check(heap)
+        host = {}
+        for v in variants:
+            cfg = None if v is None else ag_gemm.AgGemmConfig(variant=v)
+            ag_gemm.prepare(a, b, heap, gather_dim=gd, config=cfg)
+            tdist.barrier()
+            ag_gemm.all_gather_matmul(a, b, heap, gather_dim=gd, config=cfg)
+            ag_gemm.check(heap)
+            host[v or "ours"] = bench.host_time_us(
+                lambda cfg=cfg: ag_gemm.all_gather_matmul(a, b, heap, gather_dim=gd, config=cfg), calls=CALLS)
+            ag_gemm.check(heap)
+        host["nccl+cublas"] = bench.host_time_us(lambda: nccl(a, b), calls=CALLS)
         _fused_rows(rows, f"all_gather_matmul {M}x{N}x{K} gather_dim={gd} W{W}", host, heap.rank)
+        heap.reset()
 
 
 def _fused_rows(rows, case, host, rank) -> None:
