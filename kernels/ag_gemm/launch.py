@@ -519,20 +519,18 @@ def _copy_engine(a, b, heap, plan, bias, c, s):
 
 
 def _chunked(a, b, heap, plan, bias, c, s):
-    """On a side stream: publish (the copy-engine variant's kernel), a copy of each peer's whole
-    shard into the staging buffer (copy engine) with an event after each, and a finish kernel
-    that ends the call for the peers. On the caller's stream: cuBLAS on our own shard at once,
-    then on each peer's as its copy lands. No SM fetches and the GEMMs run at the library's pace:
-    PyTorch async-TP's schedule, on our heap and flags. The side stream's work is issued first,
-    so the local GEMM overlaps the publish as well as the copies (a GEMM launched first would
-    hold every SM, and the publish the peers wait for would start only after it)."""
+    """Publish (the copy-engine variant's kernel), then on a side stream copy each peer's shard
+    whole into the staging buffer (copy engine), each copy followed by an event; on the
+    caller's stream cuBLAS multiplies our own shard at once and each peer's as its copy lands.
+    No SM fetches and the GEMMs run at the library's speed: PyTorch async-TP's schedule, on
+    our heap and flags. A finish kernel after the copies ends the call for the peers."""
     args = _args(a, b, heap, plan, bias, c, s)
     cs = (c.data_ptr() % 16, c.stride(0))
-    publish = dict(PUBLISH=True, FETCH=False, COMPUTE=False, WAIT_READY=not heap.simulated, **plan.kw)
     if heap.simulated:
         heap.barrier()
-        launch_planned(heap, plan.launches, ("ce_publish", cs), _ag_gemm_kernel, (plan.kw["FETCHERS"],), *args,
-                       **publish)
+    launch_planned(heap, plan.launches, ("ce_publish", cs), _ag_gemm_kernel, (plan.kw["FETCHERS"],), *args,
+                   PUBLISH=True, FETCH=False, COMPUTE=False, WAIT_READY=not heap.simulated, **plan.kw)
+    if heap.simulated:
         heap.barrier()
         for _, dst, src in plan.chunks:
             dst.copy_(src)
@@ -542,10 +540,8 @@ def _chunked(a, b, heap, plan, bias, c, s):
             heap.barrier()
         return
     cur = torch.cuda.current_stream(heap.device)
-    plan.side.wait_stream(cur)  # our shard (and C) as the caller's stream left them
+    plan.side.wait_stream(cur)  # the copies start once every peer has published
     with torch.cuda.stream(plan.side):
-        launch_planned(heap, plan.launches, ("ce_publish", cs), _ag_gemm_kernel, (plan.kw["FETCHERS"],), *args,
-                       **publish)  # returns once every peer has published: the copies may start
         for (_, dst, src), ev in zip(plan.chunks, plan.events):
             dst.copy_(src, non_blocking=True)  # cudaMemcpyAsync from the peer (copy engine)
             ev.record(plan.side)
