@@ -8,13 +8,16 @@ with start times and durations: whether the copies overlap the GEMMs as the vari
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as tdist
 from torch.profiler import ProfilerActivity, profile
 
-from kernels import ag_gemm
-from workbench import dist
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels import ag_gemm  # noqa: E402
+from workbench import dist  # noqa: E402
 
 
 def timeline(prof, limit: int = 40) -> list[str]:
