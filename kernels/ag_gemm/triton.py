@@ -272,15 +272,22 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
         if arrived == tl.num_programs(0) - 1:
             tl.store(state_ptr + 2, 0)
             tl.store(state_ptr + 5, 0)  # the tile counter: every program has made its last claim
-            tl.store(state_ptr, epoch + 1)
-            for i in tl.static_range(1, WORLD):
-                signal(done_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", "sys")
-            if END_WAIT:
-                # a resident shard is the caller's again once the call is over (they may
-                # overwrite it next): so the call ends only when every peer has read it
-                for i in tl.static_range(1, WORLD):
-                    peer = (rank + i) % WORLD
-                    _wait_flag(done_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - WORLD - peer, "sys")
+            _end_call(state_ptr, done_ptr, epoch, heap_bases, status_ptr, rank, max_spins, WORLD, END_WAIT)
+
+
+@triton.jit
+def _end_call(state_ptr, done_ptr, epoch, heap_bases, status_ptr, rank, max_spins,
+              WORLD: tl.constexpr, END_WAIT: tl.constexpr):
+    """Next epoch, and tell every peer we are done reading its shard. With END_WAIT (a resident
+    shard) wait until every peer is done reading ours: the shard is the caller's again once the
+    call is over (they may overwrite it next), so the call ends only when every peer has read it."""
+    tl.store(state_ptr, epoch + 1)
+    for i in tl.static_range(1, WORLD):
+        signal(done_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", "sys")
+    if END_WAIT:
+        for i in tl.static_range(1, WORLD):
+            peer = (rank + i) % WORLD
+            _wait_flag(done_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - WORLD - peer, "sys")
 
 
 @triton.jit
@@ -540,15 +547,6 @@ def _next_epoch_kernel(state_ptr, out_ptr, n, BLOCK: tl.constexpr):
 def _finish_kernel(state_ptr, sig_ptr, heap_bases, status_ptr, rank, max_spins,
                    WORLD: tl.constexpr, END_WAIT: tl.constexpr):
     """The end of a ``chunked`` call (one program, stream-ordered after its copies from the
-    peers): what the last GEMM program does in the other variants. Next epoch; tell every
-    peer we are done reading its shard; with END_WAIT (a resident shard) wait until every
-    peer is done reading ours."""
-    epoch = tl.load(state_ptr)
-    done_ptr = sig_ptr + WORLD
-    tl.store(state_ptr, epoch + 1)
-    for i in tl.static_range(1, WORLD):
-        signal(done_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", "sys")
-    if END_WAIT:
-        for i in tl.static_range(1, WORLD):
-            peer = (rank + i) % WORLD
-            _wait_flag(done_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - WORLD - peer, "sys")
+    peers): what the last GEMM program does in the other variants."""
+    _end_call(state_ptr, sig_ptr + WORLD, tl.load(state_ptr), heap_bases, status_ptr, rank, max_spins, WORLD,
+              END_WAIT)
