@@ -254,35 +254,14 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
         fetchers = min(cfg.fetchers, total - 1)
         plan.grid = total
         publishers = total if cfg.publish_all else fetchers
-    elif cfg.variant == "chunked":  # the publish kernel's programs, then copies and cuBLAS
+    else:  # copy_engine, chunked: the publish kernel's programs (its FETCHERS) all publish
         fetchers = publishers = min(total if cfg.publish_all else CE_PUBLISHERS, max(1, plan.MT * plan.KG))
         plan.grid = total
-        peers = [(heap.rank + q) % W for q in range(1, W)]  # staggered, as the fetchers go
-        plan.chunks = [(p, plan.stg[p], heap.peer_view(plan.pub, p)) for p in peers]
         plan.side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
-        plan.events = [torch.cuda.Event() for _ in plan.chunks] if dev.type == "cuda" else []
-        if gather_dim == 1:  # the partial products' fp32 sum
-            plan.acc = torch.empty((M, N), dtype=torch.float32, device=dev)
-    else:  # the publish kernel's programs (its FETCHERS) all publish
-        fetchers = publishers = min(total if cfg.publish_all else CE_PUBLISHERS, max(1, plan.MT * plan.KG))
-        plan.grid = total
-        tiles_per_chunk = triton.cdiv(plan.MT, cfg.ce_chunks)  # whole row tiles: a chunk owns its flags
-        n_chunk = triton.cdiv(plan.MT, tiles_per_chunk)
-        plan.nextval = torch.zeros(tiles_per_chunk * plan.KG, dtype=torch.int32, device=dev)
-        rows = tiles_per_chunk * cfg.block_m
-        for q in range(1, W):
-            p = (heap.rank + q) % W
-            if p == cfg.skip_rank:
-                continue
-            src = heap.peer_view(plan.pub, p)
-            for c in range(n_chunk):
-                r0, r1 = c * rows, min(S_M, (c + 1) * rows)
-                f0 = (p * plan.MT + c * tiles_per_chunk) * plan.KG
-                f1 = (p * plan.MT + min(plan.MT, (c + 1) * tiles_per_chunk)) * plan.KG
-                plan.chunks.append((plan.stg[p, r0:r1], src[r0:r1], plan.flags[f0:f1], f1 - f0))
-        if cfg.skip_rank < 0 and cfg.staged_flag:  # after the last chunk: the "all staged" flag
-            plan.chunks.append((None, None, plan.flags[-1:], 1))
-        plan.side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        if cfg.variant == "chunked":
+            _chunked_plan(plan, heap)
+        else:
+            _copy_engine_chunks(plan, heap)
     clock = _clock(heap)
     max_ev = MAX_EVENTS["sim" if heap.simulated else "gpu"]
     plan.trace = (torch.zeros((plan.grid, max_ev, TRACE_COLS), dtype=torch.int64, device=dev) if trace
@@ -300,6 +279,38 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
                               join=not heap.simulated or W == 1),
                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return plan
+
+
+def _copy_engine_chunks(plan: Plan, heap) -> None:
+    """copy_engine: each peer's shard in ce_chunks copies of whole row tiles, each with its flags."""
+    cfg, W = plan.cfg, heap.world_size
+    tiles_per_chunk = triton.cdiv(plan.MT, cfg.ce_chunks)  # whole row tiles: a chunk owns its flags
+    n_chunk = triton.cdiv(plan.MT, tiles_per_chunk)
+    plan.nextval = torch.zeros(tiles_per_chunk * plan.KG, dtype=torch.int32, device=heap.device)
+    rows = tiles_per_chunk * cfg.block_m
+    for q in range(1, W):
+        p = (heap.rank + q) % W
+        if p == cfg.skip_rank:
+            continue
+        src = heap.peer_view(plan.pub, p)
+        for c in range(n_chunk):
+            r0, r1 = c * rows, min(plan.S_M, (c + 1) * rows)
+            f0 = (p * plan.MT + c * tiles_per_chunk) * plan.KG
+            f1 = (p * plan.MT + min(plan.MT, (c + 1) * tiles_per_chunk)) * plan.KG
+            plan.chunks.append((plan.stg[p, r0:r1], src[r0:r1], plan.flags[f0:f1], f1 - f0))
+    if cfg.skip_rank < 0 and cfg.staged_flag:  # after the last chunk: the "all staged" flag
+        plan.chunks.append((None, None, plan.flags[-1:], 1))
+
+
+def _chunked_plan(plan: Plan, heap) -> None:
+    """chunked: one whole-shard copy per peer (staggered, as the fetchers go), an event after each,
+    and along K the fp32 buffer that sums the shards' products."""
+    W, dev = heap.world_size, heap.device
+    peers = [(heap.rank + q) % W for q in range(1, W)]
+    plan.chunks = [(p, plan.stg[p], heap.peer_view(plan.pub, p)) for p in peers]
+    plan.events = [torch.cuda.Event() for _ in plan.chunks] if dev.type == "cuda" else []
+    if plan.gather_dim == 1:
+        plan.acc = torch.empty(plan.out_shape, dtype=torch.float32, device=dev)
 
 
 def tma_allowed(a, b, cfg: AgGemmConfig, gather_dim: int, heap) -> bool:
