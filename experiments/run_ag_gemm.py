@@ -552,8 +552,9 @@ def finish(rows, out: Path, W: int, args) -> int:
             table.write_text(json.dumps(merge_auto_table(table, fit_auto_table(bench)), indent=1))
             written.append(str(table) if table.parent != out else table.name)
         cols = ["timing", "world_size", "gather_dim", "M", "N", "K", "nccl_cublas_ms", "sequential_ms", "fused_ms",
-                "copy_engine_ms", "chunked_ms", "torch_fused_ms", "auto_ms", "gemm_alone_ms", "fused_speedup_vs_nccl_cublas",
-                "copy_engine_speedup_vs_nccl_cublas", "chunked_speedup_vs_nccl_cublas", "auto_speedup_vs_nccl_cublas", "auto_variant", "winner"]
+                "copy_engine_ms", "chunked_ms", "torch_fused_ms", "auto_ms", "gemm_alone_ms",
+                "fused_speedup_vs_nccl_cublas", "copy_engine_speedup_vs_nccl_cublas", "chunked_speedup_vs_nccl_cublas",
+                "auto_speedup_vs_nccl_cublas", "auto_variant", "winner"]
         print(summary[[c for c in cols if c in summary]].round(3).to_string(index=False))
     print("wrote", ", ".join(written), "to", out)
     if len(bad):
