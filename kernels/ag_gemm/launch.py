@@ -309,8 +309,11 @@ def _chunked_plan(plan: Plan, heap) -> None:
     peers = [(heap.rank + q) % W for q in range(1, W)]
     plan.chunks = [(p, plan.stg[p], heap.peer_view(plan.pub, p)) for p in peers]
     plan.events = [torch.cuda.Event() for _ in plan.chunks] if dev.type == "cuda" else []
-    if plan.gather_dim == 1:
-        plan.acc = torch.empty(plan.out_shape, dtype=torch.float32, device=dev)
+    if plan.gather_dim == 1:  # one per output shape, shared by the plans like the staging buffer
+        shared, key = _shared(heap), ("acc",) + plan.out_shape
+        if key not in shared:
+            shared[key] = torch.empty(plan.out_shape, dtype=torch.float32, device=dev)
+        plan.acc = shared[key]
 
 
 def tma_allowed(a, b, cfg: AgGemmConfig, gather_dim: int, heap) -> bool:
