@@ -399,21 +399,20 @@ def prepare(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=Fal
     if heap.simulated or plan.cfg.variant in FALLBACKS:
         return plan
     c = torch.empty(plan.out_shape, dtype=a_shard.dtype, device=a_shard.device)
-    args = _args(a_shard, b, heap, plan, bias, c, _shared(heap))
+    s = _shared(heap)
+    args = _args(a_shard, b, heap, plan, bias, c, s)
     if plan.cfg.variant == "fused":
         _ag_gemm_kernel.warmup(*args, grid=(plan.grid,), PUBLISH=True, FETCH=True, COMPUTE=True, WAIT_READY=False,
                                **plan.kw)
-    elif plan.cfg.variant == "chunked":
-        _ag_gemm_kernel.warmup(*args, grid=(plan.kw["FETCHERS"],), PUBLISH=True, FETCH=False, COMPUTE=False,
-                               WAIT_READY=True, **plan.kw)
-        s = _shared(heap)
+        return plan
+    # copy_engine, chunked: the publish kernel, then each one's own
+    _ag_gemm_kernel.warmup(*args, grid=(plan.kw["FETCHERS"],), PUBLISH=True, FETCH=False, COMPUTE=False,
+                           WAIT_READY=True, **plan.kw)
+    if plan.cfg.variant == "chunked":
         _finish_kernel.warmup(s["state"], s["sig"], heap.heap_bases, s["status"], heap.rank, plan.cfg.max_spins,
                               WORLD=heap.world_size, END_WAIT=plan.kw["END_WAIT"], grid=(1,))
     else:
-        pubs = plan.kw["FETCHERS"]
-        _next_epoch_kernel.warmup(_shared(heap)["state"], plan.nextval, plan.nextval.numel(), BLOCK=128, grid=(1,))
-        _ag_gemm_kernel.warmup(*args, grid=(pubs,), PUBLISH=True, FETCH=False, COMPUTE=False, WAIT_READY=True,
-                               **plan.kw)
+        _next_epoch_kernel.warmup(s["state"], plan.nextval, plan.nextval.numel(), BLOCK=128, grid=(1,))
         _ag_gemm_kernel.warmup(*args, grid=(plan.grid,), PUBLISH=False, FETCH=False, COMPUTE=True,
                                WAIT_READY=False, **dict(plan.kw, FETCHERS=0))
     return plan
@@ -495,22 +494,26 @@ def _fused(a, b, heap, plan, bias, c, s):
         heap.barrier()
 
 
+def _publish(heap, plan, args, cs):
+    """The copy-engine variants' publish kernel (its FETCHERS programs): copy our shard into the
+    heap and, on a GPU, wait in-kernel until every peer has published, so that copies issued after
+    it read the peers' shards at once. In a simulated world, between two barriers instead."""
+    if heap.simulated:
+        heap.barrier()
+    launch_planned(heap, plan.launches, ("ce_publish", cs), _ag_gemm_kernel, (plan.kw["FETCHERS"],), *args,
+                   PUBLISH=True, FETCH=False, COMPUTE=False, WAIT_READY=not heap.simulated, **plan.kw)
+    if heap.simulated:
+        heap.barrier()
+
+
 def _copy_engine(a, b, heap, plan, bias, c, s):
     args = _args(a, b, heap, plan, bias, c, s)
     cs = (c.data_ptr() % 16, c.stride(0))
-    pub_kw = dict(plan.kw)
-    pubs = pub_kw["FETCHERS"]
     gemm_kw = dict(plan.kw, FETCHERS=0)
     launch_planned(heap, plan.launches, "next_epoch", _next_epoch_kernel, (1,), s["state"], plan.nextval,
                    plan.nextval.numel(), BLOCK=128)
+    _publish(heap, plan, args, cs)
     if heap.simulated:
-        heap.barrier()
-    # publish (and, on a GPU, wait in-kernel until every peer has published: the
-    # copies below read the peers' shards as soon as this kernel is done)
-    launch_planned(heap, plan.launches, ("ce_publish", cs), _ag_gemm_kernel, (pubs,), *args, PUBLISH=True,
-                   FETCH=False, COMPUTE=False, WAIT_READY=not heap.simulated, **pub_kw)
-    if heap.simulated:
-        heap.barrier()
         for dst, src, flags, n in plan.chunks:
             if dst is not None:
                 dst.copy_(src)
@@ -539,13 +542,8 @@ def _chunked(a, b, heap, plan, bias, c, s):
     No SM fetches and the GEMMs run at the library's speed: PyTorch async-TP's schedule, on
     our heap and flags. A finish kernel after the copies ends the call for the peers."""
     args = _args(a, b, heap, plan, bias, c, s)
-    cs = (c.data_ptr() % 16, c.stride(0))
+    _publish(heap, plan, args, (c.data_ptr() % 16, c.stride(0)))
     if heap.simulated:
-        heap.barrier()
-    launch_planned(heap, plan.launches, ("ce_publish", cs), _ag_gemm_kernel, (plan.kw["FETCHERS"],), *args,
-                   PUBLISH=True, FETCH=False, COMPUTE=False, WAIT_READY=not heap.simulated, **plan.kw)
-    if heap.simulated:
-        heap.barrier()
         for _, dst, src in plan.chunks:
             dst.copy_(src)
         _finish(heap, plan, s)
