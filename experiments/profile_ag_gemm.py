@@ -17,6 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import ag_gemm  # noqa: E402
+from run_ag_gemm import parse_shapes  # noqa: E402  (this folder: the script's own)
 from workbench import dist  # noqa: E402
 
 
@@ -33,9 +34,17 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="4096x3584x8192", help="MxNxK of the gathered problem")
     ap.add_argument("--gather-dim", type=int, default=0, choices=(0, 1))
     args = ap.parse_args(argv)
-    M, N, K = (int(x) for x in args.shape.lower().split("x"))
+    try:
+        shapes = parse_shapes(args.shape)
+    except ValueError:
+        shapes = []
+    if len(shapes) != 1:
+        ap.error(f"--shape {args.shape!r}: expected one MxNxK of positive integers, e.g. 4096x3584x8192")
+    (M, N, K), = shapes
     with dist.worker():
         W = tdist.get_world_size()
+        if M % W or K % W:
+            raise ValueError(f"--shape {args.shape}: M and K must be multiples of the world size {W}")
         heap = dist.SymmetricHeap(3 * M * K * 2 + (64 << 20))
         dev = heap.device
         a = torch.randn(*((M // W, K) if args.gather_dim == 0 else (M, K // W)), device=dev).bfloat16()
