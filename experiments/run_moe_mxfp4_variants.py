@@ -20,8 +20,8 @@ held-out M {8, 32, 128} are then scored with the pick of their range against the
 variant there (``regret``), and printed separately. M = 16384 keeps the BM128 default unless
 one of its own LOAD_AHEAD variants is faster (no pick from the small-M table).
 
-Prepacked variants (``PREPACK`` 1 and 2, issue 17): the same weights as ``Mxfp4Weights`` of
-level 1 and 2 (``prepare_weights``), made once before the sweep (not timed); same bytes, so the
+Prepacked variants (``PREPACK`` 1 to 3, issue 17): the same weights as ``Mxfp4Weights`` of
+levels 1 to 3 (``prepare_weights``), made once before the sweep (not timed); same bytes, so the
 same HBM bound. ``prepacked default`` is what a loader that prepacks gets at every M
 (``default_config(..., prepacked=2)``: config.py's ``_BY_BLOCK_M_PREPACKED``, fit at M 4, 16,
 64, 256 in the run of commit efb9efe); at large M (the heuristic's row tile 64 or 128: M =
@@ -121,6 +121,10 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             "BM64 BN64 prepack2": C(BLOCK_M=64, BLOCK_N=64, NT=False, PREPACK=2, **sw),
             "BM64 BN128 prepack2": C(BLOCK_M=64, BLOCK_N=128, NT=False, PREPACK=2, **sw),
             "BM128 BN128 prepack2 2mul": C(BLOCK_M=128, BLOCK_N=128, NT=False, PREPACK=2, ONE_MUL=False, **sw),
+            # level 3 (codes paired K = j, 64 + j: the activations meet the nibbles unsplit; cross-compiled
+            # 4.16 SASS instructions per weight and no spills, against 5.16 and 4 spill stores at level 2)
+            "BM128 BN128 prepack3": C(BLOCK_M=128, BLOCK_N=128, NT=False, PREPACK=3, **sw),
+            "BM64 BN64 prepack3": C(BLOCK_M=64, BLOCK_N=64, NT=False, PREPACK=3, **sw),
             # the prepacked default's tile on the plain layout: what the layout alone changes
             "prepacked default tile, plain": pdef.replace(PREPACK=0),
         })
@@ -175,6 +179,15 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             "BM16 BN64 prepack2 la1 r72": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1, maxnreg=72),
             "BM16 BN64 prepack2 r64": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, maxnreg=64),
             "BM16 BN128 prepack2 la1 sk2": C(BLOCK_M=16, BLOCK_N=128, NT=True, PREPACK=2, LOAD_AHEAD=1, SPLIT_K=2),
+            # level 3: each 128-K tile's codes paired (K = j, K = 64 + j) and its 4-byte register groups
+            # stored whole, so neither the activations' even/odd split nor the weights' row regrouping
+            # costs a PRMT (cross-compiled for sm_90: 3.06 SASS instructions per weight against 3.31 for
+            # the prepacked default; 79 registers, 6 programs per SM; LOAD_AHEAD 0: 66 and 7; capped
+            # at 64: 56 registers, 9 per SM, no spills; capped at 72 with LOAD_AHEAD 1: 7 per SM)
+            "BM16 BN64 prepack3 la1": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=3, LOAD_AHEAD=1),
+            "BM16 BN64 prepack3": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=3),
+            "BM16 BN64 prepack3 r64": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=3, maxnreg=64),
+            "BM16 BN64 prepack3 la1 r72": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=3, LOAD_AHEAD=1, maxnreg=72),
         })
     return v
 
@@ -258,7 +271,7 @@ def main(argv=None) -> int:
     w_buf = torch.empty_like(w_bf16)
     # the PREPACK variants read the same weights in quant.prepack_mxfp4's layouts (same bytes),
     # as a model loader keeps them: Mxfp4Weights, whose level the launcher checks against PREPACK
-    packed = {lvl: prepare_weights(w, w_scale, lvl) for lvl in (0, 1, 2)}
+    packed = {lvl: prepare_weights(w, w_scale, lvl) for lvl in (0, 1, 2, 3)}
     log("weights ready")
 
     over = False

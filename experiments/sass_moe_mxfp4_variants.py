@@ -4,7 +4,8 @@ on the CPU (no GPU): the issue-17 yardstick for the expansion's cost.
 
 For each variant (KIMI-K2.5 shapes: H = 7168, I = 512, top-9, w4a16, atomic epilogue) prints the
 SASS instructions per thread divided by the weights each thread expands (BLOCK_N * I / threads),
-by class, with registers, programs per SM and the shared-memory traffic (STS / LDS / BAR).
+by class, with registers, programs per SM and the shared-memory traffic (STS / LDS / BAR), for
+the plain layout and the prepacked levels 1-3.
 
     python3 experiments/sass_moe_mxfp4_variants.py [--csv out.csv]
 """
@@ -34,11 +35,18 @@ VARIANTS = {
     # as for trained weights (compile_for_target's one_mul); the two-multiply path for comparison
     "BM16 BN64 prepack2 la1 2mul": C(BLOCK_M=16, BLOCK_N=64, PREPACK=2, LOAD_AHEAD=1, ONE_MUL=False),
     "BM16 BN64 prepack2 la1 sk2": C(BLOCK_M=16, BLOCK_N=64, PREPACK=2, LOAD_AHEAD=1, SPLIT_K=2),
+    # level 3: the codes paired (K = j, K = 64 + j), so the bf16 activations are not split
+    "BM16 BN64 prepack3 la1": C(BLOCK_M=16, BLOCK_N=64, PREPACK=3, LOAD_AHEAD=1),
+    "BM16 BN64 prepack3 la1 2mul": C(BLOCK_M=16, BLOCK_N=64, PREPACK=3, LOAD_AHEAD=1, ONE_MUL=False),
     "BM16 BN128 prepack2": C(BLOCK_M=16, BLOCK_N=128, PREPACK=2),
     "BM32 BN64 prepack2": C(BLOCK_M=32, BLOCK_N=64, PREPACK=2),
     # the prepacked defaults at large M (config.py _BY_BLOCK_M_PREPACKED): the swapped kernel
     "BM64 BN64 prepack2 swap": C(BLOCK_M=64, BLOCK_N=64, SWAP_AB=True, NT=False, PREPACK=2),
     "BM128 BN64 prepack2 swap": C(BLOCK_M=128, BLOCK_N=64, SWAP_AB=True, NT=False, PREPACK=2),
+    "BM32 BN64 prepack3": C(BLOCK_M=32, BLOCK_N=64, PREPACK=3),
+    "BM64 BN64 prepack3 swap": C(BLOCK_M=64, BLOCK_N=64, SWAP_AB=True, NT=False, PREPACK=3),
+    "BM128 BN128 prepack2 swap": C(BLOCK_M=128, BLOCK_N=128, SWAP_AB=True, NT=False, PREPACK=2),
+    "BM128 BN128 prepack3 swap": C(BLOCK_M=128, BLOCK_N=128, SWAP_AB=True, NT=False, PREPACK=3),
 }
 CLASSES = {  # class -> opcode prefixes
     "bit ops (LOP3 SHF PRMT IMAD LEA IADD3 VIADD)": ("LOP3", "SHF", "PRMT", "IMAD", "LEA", "IADD3", "VIADD"),

@@ -29,8 +29,10 @@ class MoeMxfp4Config:
     PREPACK: 0, or the level of ``quant.prepack_mxfp4`` the weights and scales come in (same
     shapes): 1, each 64-row x 128-K tile stored in the order of wgmma's register operand (no
     shared-memory pass before the expansion); 2, also the code bits of each 4-byte register
-    group placed so that every bf16x2 pattern is one rotation and one mask (EXPAND="ptx").
-    Needs SWAP_AB, 4 warps, BLOCK_N % 64 == 0, BLOCK_K % 128 == 0 and H % BLOCK_N == 0. The
+    group placed so that every bf16x2 pattern is one rotation and one mask (EXPAND="ptx"); 3,
+    also the codes of each 128-K tile paired as (K = j, K = 64 + j) instead of (2j, 2j + 1), so
+    the low and high nibbles meet two contiguous halves of the bf16 activations (loaded as they
+    are) instead of their even and odd columns (a register split). Needs SWAP_AB, 4 warps, BLOCK_N % 64 == 0, BLOCK_K % 128 == 0 and H % BLOCK_N == 0. The
     launcher runs a PREPACK config only on ``Mxfp4Weights`` of that level (``prepare_weights``).
     ONE_MUL (PREPACK only): scale each bf16x2 pattern with one multiply by 2**(s - 1) instead of
     two (x 2**126, then x 2**(s - 127)); exact, and the same bits, only while every scale byte
@@ -116,10 +118,10 @@ class MoeMxfp4Config:
         if not isinstance(self.UNROLL, bool) or (self.LOAD_AHEAD and not self.UNROLL):
             raise ValueError(f"moe_mxfp4: UNROLL must be True or False, and LOAD_AHEAD (a rotation of unrolled "
                              f"steps) needs UNROLL=True; got UNROLL={self.UNROLL!r}, LOAD_AHEAD={self.LOAD_AHEAD}")
-        if self.PREPACK not in (0, 1, 2):
-            raise ValueError(f"moe_mxfp4: PREPACK must be 0, 1 or 2, got {self.PREPACK!r}")
-        if self.PREPACK == 2 and self.EXPAND != "ptx":
-            raise ValueError("moe_mxfp4: PREPACK=2 needs EXPAND='ptx'")
+        if self.PREPACK not in (0, 1, 2, 3):
+            raise ValueError(f"moe_mxfp4: PREPACK must be 0, 1, 2 or 3, got {self.PREPACK!r}")
+        if self.PREPACK >= 2 and self.EXPAND != "ptx":
+            raise ValueError(f"moe_mxfp4: PREPACK={self.PREPACK} needs EXPAND='ptx'")
         if self.PREPACK and not (self.swap_ab and self.num_warps == 4 and self.BLOCK_N % 64 == 0
                                  and self.BLOCK_K % 128 == 0):
             raise ValueError(f"moe_mxfp4: PREPACK needs SWAP_AB, num_warps=4, BLOCK_N % 64 == 0 and "
@@ -146,7 +148,7 @@ def default_config(M: int, top_k: int, num_experts: int, K: int, *, interpreter:
     times the alternatives; results/moe_mxfp4/ has the measurements.
 
     prepacked: the level of the weights' layout (``Mxfp4Weights.level``; 0 = plain). For 1
-    and 2 the same row tile, from ``_BY_BLOCK_M_PREPACKED`` (those tiles are also the
+    to 3 the same row tile, from ``_BY_BLOCK_M_PREPACKED`` (those tiles are also the
     smallest the prepacked layout allows, so ``interpreter`` changes nothing there).
 
     H and sms (the output columns and the GPU's SMs), when both given: also the SPLIT_K that
@@ -179,8 +181,8 @@ def config_for_block_m(block_m: int, K: int, *, deterministic: bool = False, pre
     output columns), when given: a prepacked tile wider than 64 columns that does not divide H
     falls back to 64 (every prepacked H is a multiple of 64)."""
     if prepacked:
-        if prepacked not in (1, 2):
-            raise ValueError(f"moe_mxfp4: prepacked must be 0, 1 or 2, got {prepacked!r}")
+        if prepacked not in (1, 2, 3):
+            raise ValueError(f"moe_mxfp4: prepacked must be 0, 1, 2 or 3, got {prepacked!r}")
         if K % 128:
             raise ValueError(f"moe_mxfp4: prepacked weights need I % 128 == 0, got I={K}")
         cfg = _BY_BLOCK_M_PREPACKED.get(block_m)
@@ -254,7 +256,7 @@ _BY_BLOCK_M = {
 # config per range (M <= 11, 12-47, 48-191, 192-4095) at M 4, 16, 64, 256 (picks.csv).
 _BY_M_RANGE: tuple = ()
 
-# Weights prepacked at level 1 or 2 (quant.prepare_weights; the launcher's no-config path for
+# Weights prepacked at level 1, 2 or 3 (quant.prepare_weights; the launcher's no-config path for
 # Mxfp4Weights). One layout serves every M, so every row tile needs a PREPACK config: SWAP_AB
 # (also at BM64/128, where the plain default does not swap), 4 warps, BLOCK_N 64 (H % 64 == 0 is
 # all the layout guarantees), BLOCK_K 128. PREPACK is set to the weights' level; the tiles were

@@ -114,8 +114,14 @@ PREPACK_K = 128      # K values per tile: 64 packed bytes, 4 scale blocks
 # layout with 2 bf16 per register): warp = r5 r4, lane = r2 r1 r0 c2 c1, and the 32 bytes of
 # one thread are r3 (two halves of 16) x c5 c4 c3 c0. Stored thread-major, [r3, r5r4, r2r1r0,
 # c2c1, c5c4c3, c0]: every thread reads its 16 + 16 bytes with two 128-bit loads and they
-# already sit in the registers the expansion and the dot use (no shared-memory pass).
+# already sit in the registers the expansion and the dot use (no shared-memory pass). The
+# expansion takes one register group (rows r, r + 8 x columns c, c + 1) per 32-bit word, so
+# at levels 1 and 2 one PRMT per word brings the bytes of row r + 8 next to row r's. Level 3
+# stores them so: the 32 bytes are c5 (two halves) x c4 c3 r3 c0, [c5, r5r4, r2r1r0, c2c1,
+# c4c3, r3, c0] (it is a new level, not a change of level 2's, because level 2's measured
+# kernel needed 9 registers more with that order, and 5 programs per SM instead of 6).
 _W_TILE = (2, 4, 8, 4, 8, 2)
+_W_TILE_L3 = (2, 4, 8, 4, 4, 2, 2)
 # The tile's 4 x 64 scale bytes (rows r, blocks g = c5 c4): a thread needs rows r, r + 8 of
 # its lane group, all 4 blocks: stored [r5r4, r2r1r0, r3, g], 8 bytes per thread (the four
 # lanes c2 c1 read the same 8).
@@ -162,6 +168,22 @@ def _rot_bit_map() -> list[tuple[int, int]]:
     return out
 
 
+def _pair_halves(w: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """Level 3: byte j of each 64-byte (128-K) tile holds the codes of K = j (low nibble) and
+    K = 64 + j (high) instead of 2j and 2j + 1, so the kernel's low-nibble tile is the first half
+    of the tile's K in order and its high-nibble tile the second: each meets a contiguous half of
+    the activations (inverse: back to the plain pairs)."""
+    t = w.reshape(*w.shape[:-1], w.shape[-1] // 64, 64)
+    if inverse:
+        codes = torch.cat([t & 0xF, t >> 4], dim=-1)                  # K = 0..127 of the tile
+        pairs = codes.reshape(*t.shape[:-1], 64, 2)
+        out = pairs[..., 0] | (pairs[..., 1] << 4)
+    else:
+        codes = torch.stack([t & 0xF, t >> 4], dim=-1).reshape(*t.shape[:-1], 128)
+        out = codes[..., :64] | (codes[..., 64:] << 4)
+    return out.reshape(w.shape)
+
+
 def _regroup_bits(w: torch.Tensor, inverse: bool) -> torch.Tensor:
     """Rearrange the bits of each register group (rows r, r + 8 x byte columns c, c + 1 of every
     16-row block) by _rot_bit_map (inverse: back)."""
@@ -184,21 +206,30 @@ def prepack_mxfp4(w: torch.Tensor, w_scale: torch.Tensor, level: int = 1) -> tup
     ``quantize_mxfp4`` gives them) -> the same bytes in the kernel's ``PREPACK`` layout, same
     shapes. Each block of 64 rows keeps its memory range; inside it, each K tile of 128
     values (64 x 64 packed bytes, 64 x 4 scales) is stored contiguously in the order of
-    wgmma's register operand (see ``_W_TILE``). H % 64 == 0 and I % 128 == 0. level=2 also
+    wgmma's register operand (see ``_W_TILE``; level 3: ``_W_TILE_L3``). H % 64 == 0 and I % 128 == 0. level=2 also
     rearranges the bits of every 4-byte register group (``_rot_bit_map``) for the kernel's
-    ``PREPACK=2`` expansion. ``unprepack_mxfp4`` inverts either."""
+    ``PREPACK=2`` expansion; level=3 first pairs the codes of each 128-K tile as (K = j,
+    K = 64 + j) (``_pair_halves``), then does what level 2 does. ``unprepack_mxfp4`` inverts
+    each."""
     H, K2 = _prepack_check(w, w_scale, "prepack_mxfp4")
-    if level not in (1, 2):
-        raise ValueError(f"prepack_mxfp4: level must be 1 or 2, got {level!r}")
-    if level == 2:
+    if level not in (1, 2, 3):
+        raise ValueError(f"prepack_mxfp4: level must be 1, 2 or 3, got {level!r}")
+    if level == 3:
+        w = _pair_halves(w, inverse=False)
+    if level >= 2:
         w = _regroup_bits(w, inverse=False)
     lead = w.shape[:-2]
     nb, kb = H // PREPACK_ROWS, K2 // 64
-    # w[..., nb, (r54, r3, r210), kb, (c543, c21, c0)] -> [..., nb, kb, r3, r54, r210, c21, c543, c0]
-    t = w.reshape(*lead, nb, 4, 2, 8, kb, 8, 4, 2)
     n = len(lead)
     d = lambda *i: [n + j for j in i]
-    wp = t.permute(*range(n), *d(0, 4, 2, 1, 3, 6, 5, 7)).reshape(w.shape)
+    if level == 3:
+        # w[..., nb, (r54, r3, r210), kb, (c5, c43, c21, c0)] -> [..., nb, kb, c5, r54, r210, c21, c43, r3, c0]
+        t = w.reshape(*lead, nb, 4, 2, 8, kb, 2, 4, 4, 2)
+        wp = t.permute(*range(n), *d(0, 4, 5, 1, 3, 7, 6, 2, 8)).reshape(w.shape)
+    else:
+        # w[..., nb, (r54, r3, r210), kb, (c543, c21, c0)] -> [..., nb, kb, r3, r54, r210, c21, c543, c0]
+        t = w.reshape(*lead, nb, 4, 2, 8, kb, 8, 4, 2)
+        wp = t.permute(*range(n), *d(0, 4, 2, 1, 3, 6, 5, 7)).reshape(w.shape)
     # scales[..., nb, (r54, r3, r210), kb, g] -> [..., nb, kb, r54, r210, r3, g]
     s = w_scale.reshape(*lead, nb, 4, 2, 8, kb, 4)
     sp = s.permute(*range(n), *d(0, 4, 1, 3, 2, 5)).reshape(w_scale.shape)
@@ -212,12 +243,18 @@ def unprepack_mxfp4(wp: torch.Tensor, sp: torch.Tensor, level: int = 1) -> tuple
     nb, kb = H // PREPACK_ROWS, K2 // 64
     n = len(lead)
     d = lambda *i: [n + j for j in i]
-    t = wp.reshape(*lead, nb, kb, 2, 4, 8, 4, 8, 2)            # nb, kb, r3, r54, r210, c21, c543, c0
-    w = t.permute(*range(n), *d(0, 3, 2, 4, 1, 6, 5, 7)).reshape(wp.shape)
+    if level == 3:
+        t = wp.reshape(*lead, nb, kb, 2, 4, 8, 4, 4, 2, 2)     # nb, kb, c5, r54, r210, c21, c43, r3, c0
+        w = t.permute(*range(n), *d(0, 3, 7, 4, 1, 2, 6, 5, 8)).reshape(wp.shape)
+    else:
+        t = wp.reshape(*lead, nb, kb, 2, 4, 8, 4, 8, 2)        # nb, kb, r3, r54, r210, c21, c543, c0
+        w = t.permute(*range(n), *d(0, 3, 2, 4, 1, 6, 5, 7)).reshape(wp.shape)
     s = sp.reshape(*lead, nb, kb, 4, 8, 2, 4)                  # nb, kb, r54, r210, r3, g
     ws = s.permute(*range(n), *d(0, 2, 4, 3, 1, 5)).reshape(sp.shape)
-    if level == 2:
+    if level >= 2:
         w = _regroup_bits(w, inverse=True)
+    if level == 3:
+        w = _pair_halves(w, inverse=True)
     return w.contiguous(), ws.contiguous()
 
 
@@ -231,7 +268,7 @@ class Mxfp4Weights:
     """MXFP4 expert weights together with the layout their bytes are in.
 
     w: uint8 [E, H, I / 2], w_scale: uint8 [E, H, I / 32]; level: 0 for the plain layout
-    (``quantize_mxfp4``'s), 1 or 2 for ``prepack_mxfp4(..., level)``'s (same shapes, other
+    (``quantize_mxfp4``'s), 1 to 3 for ``prepack_mxfp4(..., level)``'s (same shapes, other
     byte order). The prepacked layouts and the plain one cannot be told apart from the
     tensors, so the level travels with them: ``moe_mxfp4_down(a, weights, routing)`` reads
     it, picks a config of that layout when none is given, and refuses a config of another.
@@ -253,8 +290,8 @@ class Mxfp4Weights:
 
     def __post_init__(self):
         w, s = self.w, self.w_scale
-        if self.level not in (0, 1, 2):
-            raise ValueError(f"Mxfp4Weights: level must be 0 (plain), 1 or 2 (prepack_mxfp4), got {self.level!r}")
+        if self.level not in (0, 1, 2, 3):
+            raise ValueError(f"Mxfp4Weights: level must be 0 (plain), 1, 2 or 3 (prepack_mxfp4), got {self.level!r}")
         for name, t in (("w", w), ("w_scale", s)):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 3:
                 raise ValueError(f"Mxfp4Weights: {name} must be a 3-D uint8 tensor, got "
@@ -301,8 +338,8 @@ def prepare_weights(w: torch.Tensor, w_scale: torch.Tensor, level: int = 2, *,
     ``experts_per_chunk`` experts at a time (its int64 temporaries stay a few times that slice).
     Also reads the largest scale byte (``max_scale``; one synchronization, at load time).
     """
-    if level not in (0, 1, 2):
-        raise ValueError(f"prepare_weights: level must be 0 (plain), 1 or 2, got {level!r}")
+    if level not in (0, 1, 2, 3):
+        raise ValueError(f"prepare_weights: level must be 0 (plain), 1, 2 or 3, got {level!r}")
     Mxfp4Weights(w, w_scale, 0)                       # checks shapes, dtypes and device
     max_scale = int(w_scale.max()) if w_scale.numel() else 0
     if level == 0:

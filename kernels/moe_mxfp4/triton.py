@@ -105,6 +105,17 @@ per SM). What stays: two HMUL2 per pair (1.0 per weight; one multiply is not exa
 bytes above 128 with these patterns, see results/moe_mxfp4/README.md) and the activations'
 even/odd split (PRMT) and shared-memory tile.
 
+PREPACK=3 drops two kinds of byte moves (``quant._pair_halves``, ``quant._W_TILE_L3``): each
+thread's 4-byte register groups (rows r, r + 8 x columns c, c + 1) are stored together, so no PRMT
+assembles them from its two 16-byte loads, and each 128-K tile's codes are paired (K = j,
+K = 64 + j), so the low nibbles are the tile's first 64 K in order and the high nibbles the last
+64: the bf16 activations meet them as two contiguous [BM, 64] loads, not split into even and
+odd columns. The two nibbles of a byte then lie in different scale blocks, so the expansion's
+asm takes a scale word for each (``_E2M1_ROT_MUL_HI_PTX``). Cross-compiled (BM16 x BN64 x
+BK128, one multiply): 3.31 -> 3.06 SASS instructions per weight, PRMT 88 -> 28, same registers;
+at BM128 x BN128 5.16 -> 4.16 and no spill stores. Each step adds its products in another order
+than levels 0-2, so its bits differ from theirs within a rounding step.
+
 The K steps are unrolled (I is a constexpr; 4 steps at I = 512), loads stay
 plain 128-bit LDGs into registers (Triton's cp.async pipeliner, num_stages > 1,
 narrowed the packed-weight copies to 4 bytes and read the scales back byte by
@@ -223,22 +234,26 @@ shl.b32 $1, h, 7;
 """)
 
 
-def _with_scale_multiply(pattern_ptx: str) -> str:
+def _with_scale_multiply(pattern_ptx: str, hi_scales: bool = False) -> str:
     """ONE_MUL: a pattern PTX ($0..$3 out, $4 in) followed by one bf16x2 multiply of each pattern
     word by its bytes' scale patterns ($5: bytes 0, 1; $6: bytes 2, 3; the low-nibble words $0, $1
     and the high-nibble words $2, $3 hold bytes (0, 1) and (2, 3)). In the same asm block the
     scale words meet the pattern words they belong to as they are; multiplied in Triton, the
-    broadcast scales were regrouped into pairs with PRMTs and half the products ran one per op."""
+    broadcast scales were regrouped into pairs with PRMTs and half the products ran one per op.
+    hi_scales (PREPACK=3, whose two nibbles of a byte lie in different scale blocks): the
+    high-nibble words take their own scale words, $7 and $8."""
     inner = pattern_ptx.strip()[1:-1]
     for i in range(4):
         inner = inner.replace(f"${i}", f"q{i}")
+    hi = ("$7", "$8") if hi_scales else ("$5", "$6")
     return ("{\n.reg .b32 q0, q1, q2, q3;\n" + inner.strip("\n") + "\n"
             "mul.rn.bf16x2 $0, q0, $5;\nmul.rn.bf16x2 $1, q1, $6;\n"
-            "mul.rn.bf16x2 $2, q2, $5;\nmul.rn.bf16x2 $3, q3, $6;\n}\n")
+            f"mul.rn.bf16x2 $2, q2, {hi[0]};\nmul.rn.bf16x2 $3, q3, {hi[1]};\n}}\n")
 
 
 _E2M1_MUL_PTX = tl.constexpr(_with_scale_multiply(_E2M1_PATTERNS_PTX.value))
 _E2M1_ROT_MUL_PTX = tl.constexpr(_with_scale_multiply(_E2M1_ROT_PTX.value))
+_E2M1_ROT_MUL_HI_PTX = tl.constexpr(_with_scale_multiply(_E2M1_ROT_PTX.value, hi_scales=True))
 
 
 @triton.jit
@@ -253,11 +268,12 @@ def _rot_code(r, h: tl.constexpr):
 
 
 @triton.jit
-def _unrot_bytes(w, NB: tl.constexpr, KB: tl.constexpr):
-    """Interpreter path of PREPACK=2: the loaded tile [128, 2 (r3), NB, KB, 16 (c543, c0)] with
-    rearranged bits -> the plain bytes, through the same rotations and masks as _E2M1_ROT_PTX."""
-    x = tl.permute(tl.reshape(w, (128, 2, NB, KB, 8, 2)).to(tl.int64), (0, 2, 3, 4, 5, 1))
-    lo_row, hi_row = tl.split(x)               # r3 = 0, 1: [128, NB, KB, 8, 2 (c0)]
+def _unrot_tile(w, R: tl.constexpr, C: tl.constexpr):
+    """Interpreter path of PREPACK >= 2: a tile uint8 [R, C] in row and byte-column order whose
+    register groups (rows r, r + 8 x columns c, c + 1) carry rearranged bits -> the plain bytes,
+    through the same rotations and masks as _E2M1_ROT_PTX."""
+    x = tl.permute(tl.reshape(w, (R // 16, 2, 8, C // 2, 2)).to(tl.int64), (0, 2, 3, 4, 1))
+    lo_row, hi_row = tl.split(x)               # r3 = 0, 1: [R / 16, r210, C / 2, 2 (c0)]
     b0, b1 = tl.split(lo_row)
     b2, b3 = tl.split(hi_row)
     word = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
@@ -269,9 +285,9 @@ def _unrot_bytes(w, NB: tl.constexpr, KB: tl.constexpr):
     c1 = _rot_code(r0, 1) | (_rot_code(r2, 1) << 4)
     c2 = _rot_code(r1, 0) | (_rot_code(r3, 0) << 4)
     c3 = _rot_code(r1, 1) | (_rot_code(r3, 1) << 4)
-    x = tl.join(tl.join(c0, c1), tl.join(c2, c3))          # [128, NB, KB, 8, c0, r3]
-    x = tl.permute(x, (0, 5, 1, 2, 3, 4))
-    return tl.reshape(x, (128, 2, NB, KB, 16)).to(tl.uint8)
+    x = tl.join(tl.join(c0, c1), tl.join(c2, c3))          # [R / 16, r210, C / 2, c0, r3]
+    x = tl.permute(x, (0, 4, 1, 2, 3))
+    return tl.reshape(x, (R, C)).to(tl.uint8)
 
 
 @triton.jit
@@ -312,22 +328,30 @@ def _e2m1_halves(packed, scale, R: tl.constexpr, C: tl.constexpr, EXPAND: tl.con
 
 
 @triton.jit
-def _e2m1_halves_bits(packed, f, EXPAND: tl.constexpr, ROT: tl.constexpr = False, ONE_MUL: tl.constexpr = False):
+def _e2m1_halves_bits(packed, f, EXPAND: tl.constexpr, ROT: tl.constexpr, ONE_MUL: tl.constexpr, f_hi,
+                      HI_SCALES: tl.constexpr = False):
     """As _e2m1_halves, with the scales already as bit patterns broadcast to packed's shape
-    (``_scale_bits``: int32 fp32 patterns for EXPAND="fp32", int16 bf16 patterns otherwise).
-    ROT: the bytes carry PREPACK=2's rearranged bits (EXPAND="ptx" only). ONE_MUL: f holds
-    2**(s - 1) (every scale byte <= 128), so one multiply replaces x 2**126 then x 2**(s - 127)."""
+    (``_scale_bits``: int32 fp32 patterns for EXPAND="fp32", int16 bf16 patterns otherwise):
+    f for the low nibbles, f_hi for the high ones (the same tensor unless PREPACK=3, which says
+    so with HI_SCALES). ROT: the bytes carry PREPACK=2's rearranged bits (EXPAND="ptx" only).
+    ONE_MUL: f holds 2**(s - 1) (every scale byte <= 128), so one multiply replaces x 2**126
+    then x 2**(s - 127)."""
     if EXPAND == "fp32":
         p = packed.to(tl.int32)
         lo = ((p & 0x7) << 22) | ((p & 0x8) << 28)
         hi = ((p & 0x70) << 18) | ((p & 0x80) << 24)
         f = f.to(tl.float32, bitcast=True)
+        f_hi = f_hi.to(tl.float32, bitcast=True)
         if ONE_MUL:
             lo = (lo.to(tl.float32, bitcast=True) * f).to(tl.bfloat16)
-            hi = (hi.to(tl.float32, bitcast=True) * f).to(tl.bfloat16)
+            hi = (hi.to(tl.float32, bitcast=True) * f_hi).to(tl.bfloat16)
         else:
             lo = (lo.to(tl.float32, bitcast=True) * 8.507059173023462e37 * f).to(tl.bfloat16)
-            hi = (hi.to(tl.float32, bitcast=True) * 8.507059173023462e37 * f).to(tl.bfloat16)
+            hi = (hi.to(tl.float32, bitcast=True) * 8.507059173023462e37 * f_hi).to(tl.bfloat16)
+    elif EXPAND == "ptx" and ONE_MUL and HI_SCALES:
+        lo, hi = tl.inline_asm_elementwise(
+            asm=_E2M1_ROT_MUL_HI_PTX, constraints="=r,=r,=r,=r,r,r,r,r,r",
+            args=[packed, f, f_hi], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
     elif EXPAND == "ptx" and ONE_MUL:
         lo, hi = tl.inline_asm_elementwise(
             asm=_E2M1_ROT_MUL_PTX if ROT else _E2M1_MUL_PTX, constraints="=r,=r,=r,=r,r,r,r",
@@ -347,12 +371,13 @@ def _e2m1_halves_bits(packed, f, EXPAND: tl.constexpr, ROT: tl.constexpr = False
             lo = (((p & 0x7) << 6) | ((p & 0x8) << 12)).to(tl.bfloat16, bitcast=True)
             hi = (((p & 0x70) << 2) | ((p & 0x80) << 8)).to(tl.bfloat16, bitcast=True)
         f = f.to(tl.bfloat16, bitcast=True)
+        f_hi = f_hi.to(tl.bfloat16, bitcast=True)
         if ONE_MUL:
             lo = lo * f
-            hi = hi * f
+            hi = hi * f_hi
         else:
             lo = lo * 8.507059173023462e37 * f
-            hi = hi * 8.507059173023462e37 * f
+            hi = hi * 8.507059173023462e37 * f_hi
     return lo, hi
 
 
@@ -381,9 +406,11 @@ def _load_w_prepacked(w_ptr, w_scale_ptr, e, pid_n, k0, stride_we, stride_wn, st
                       NT: tl.constexpr, EXPAND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                       PREPACK: tl.constexpr = 1, ONE_MUL: tl.constexpr = False):
     """Step k0 of expert e's weights in the PREPACK layout (quant.prepack_mxfp4): packed [BN, BK/2]
-    and the scales' bit patterns broadcast to [BN, BK/2]. Each thread loads its bytes of a
-    64 x 64-byte tile as two 16-byte vectors and its 8 scale bytes as one 8-byte vector; the
-    reshapes and permutes below only rename registers (the loaded layout is wgmma's)."""
+    and the scales' bit patterns broadcast to [BN, BK/2] (PREPACK=3: those of the low and of the
+    high nibbles, joined). Each thread loads its bytes of a 64 x 64-byte tile as two 16-byte
+    vectors and its 8 scale bytes as one 8-byte vector; the reshapes and permutes below only
+    rename registers (the loaded layout is wgmma's; at levels 1 and 2 a PRMT per 4-byte register
+    group moves the bytes of row r + 8 next to those of row r, at level 3 they are stored so)."""
     NB: tl.constexpr = BN // 64
     KB: tl.constexpr = BK // 128
     # Dimension order: Triton's load layout gives lanes and warps to the dimensions after the
@@ -410,21 +437,39 @@ def _load_w_prepacked(w_ptr, w_scale_ptr, e, pid_n, k0, stride_we, stride_wn, st
     else:
         w = tl.load(w_ptrs)
         w_s = tl.load(s_ptrs)
-    if PREPACK == 2 and EXPAND != "ptx":
-        w = _unrot_bytes(w, NB, KB)
-    # [(r54, r210, c21), r3, nb, kb, (c543, c0)] -> [nb, r54, r3, r210, kb, c543, c21, c0]
-    w = tl.reshape(w, (4, 8, 4, 2, NB, KB, 8, 2))
-    w = tl.reshape(tl.permute(w, (4, 0, 3, 1, 5, 6, 2, 7)), (BN, BK // 2))
+    if PREPACK == 3:
+        # [(r54, r210, c21), c5, nb, kb, (c43, r3, c0)] -> [nb, r54, r3, r210, kb, c5, c43, c21, c0]
+        w = tl.reshape(w, (4, 8, 4, 2, NB, KB, 4, 2, 2))
+        w = tl.reshape(tl.permute(w, (4, 0, 7, 1, 5, 3, 6, 2, 8)), (BN, BK // 2))
+    else:
+        # [(r54, r210, c21), r3, nb, kb, (c543, c0)] -> [nb, r54, r3, r210, kb, c543, c21, c0]
+        w = tl.reshape(w, (4, 8, 4, 2, NB, KB, 8, 2))
+        w = tl.reshape(tl.permute(w, (4, 0, 3, 1, 5, 6, 2, 7)), (BN, BK // 2))
+    if PREPACK >= 2 and EXPAND != "ptx":
+        w = _unrot_tile(w, BN, BK // 2)
     if EXPAND == "ptx":
         f = tl.inline_asm_elementwise(asm=_SCALE_ONE_MUL_PTX if ONE_MUL else _SCALE_PATTERNS_PTX,
                                       constraints="=r,=r,r", args=[w_s], dtype=tl.int16, is_pure=True, pack=4)
     else:
         f = _scale_bits(w_s, EXPAND, ONE_MUL)
-    # [c21, r210, r54, nb, kb, (r3, g)] + (c3, c0) -> [nb, r54, r3, r210, kb, g, c3, c21, c0]
-    f = tl.reshape(f, (4, 8, 4, NB, KB, 2, 4, 1, 1))
-    f = tl.broadcast_to(f, (4, 8, 4, NB, KB, 2, 4, 2, 2))
-    f = tl.reshape(tl.permute(f, (3, 2, 5, 1, 4, 6, 7, 0, 8)), (BN, BK // 2))
+    if PREPACK == 3:
+        # block g = 2 gh + gl: the low nibbles of column (c5, ...) are in block c5, the high in 2 + c5
+        f_lo, f_hi = tl.split(tl.permute(tl.reshape(f, (4, 8, 4, NB, KB, 2, 2, 2)), (0, 1, 2, 3, 4, 5, 7, 6)))
+        f = tl.join(_broadcast_scales(f_lo, 2, NB, BN, BK), _broadcast_scales(f_hi, 2, NB, BN, BK))
+    else:
+        f = _broadcast_scales(f, 4, NB, BN, BK)
     return w, f
+
+
+@triton.jit
+def _broadcast_scales(f, G: tl.constexpr, NB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """A thread's scale patterns [c21, r210, r54, nb, kb, r3, G blocks] -> [BN, BK/2], each
+    pattern repeated over the byte columns of its block (G = 4: the blocks of c5 c4; G = 2, for
+    PREPACK=3's halves: of c5)."""
+    # [c21, r210, r54, nb, kb, r3, g] + (c43 or c3, c0) -> [nb, r54, r3, r210, kb, g, c.., c21, c0]
+    f = tl.reshape(f, (4, 8, 4, NB, BK // 128, 2, G, 1, 1))
+    f = tl.broadcast_to(f, (4, 8, 4, NB, BK // 128, 2, G, 8 // G, 2))
+    return tl.reshape(tl.permute(f, (3, 2, 5, 1, 4, 6, 7, 0, 8)), (BN, BK // 2))
 
 
 @triton.jit
@@ -436,9 +481,17 @@ def _e2m1_to_bf16(packed, scale, R: tl.constexpr, C: tl.constexpr, EXPAND: tl.co
 
 @triton.jit
 def _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm,
-            A_FP4: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
-    """Step k0 of the gathered activation rows: bf16 [BM, BK], or packed [BM, BK/2] + scales."""
-    if A_FP4:
+            A_FP4: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HALVES: tl.constexpr = False):
+    """Step k0 of the gathered activation rows: bf16 [BM, BK], or packed [BM, BK/2] + scales.
+    HALVES (PREPACK=3, bf16): the first and the second 64 columns of each 128-column tile as two
+    [BM, BK/2] tiles, the K order of the weights' low and high nibbles."""
+    if HALVES and not A_FP4:
+        i = tl.arange(0, BK // 2)
+        rk = k0 + (i // 64) * 128 + i % 64
+        a_ptrs = a_ptr + rows[:, None] * stride_am + rk[None, :]
+        a = tl.load(a_ptrs, mask=ok[:, None], other=0.0)
+        a_s = tl.load(a_ptrs + 64, mask=ok[:, None], other=0.0)
+    elif A_FP4:
         rkp = k0 // 2 + tl.arange(0, BK // 2)
         rks = k0 // 32 + tl.arange(0, BK // 32)
         a = tl.load(a_ptr + rows[:, None] * stride_am + rkp[None, :], mask=ok[:, None], other=0)
@@ -491,12 +544,26 @@ def _mma(acc, a, a_s, w, w_s, A_FP4: tl.constexpr, SWAP_AB: tl.constexpr, EXPAND
     over its even and its odd K indices: the weights' low and high nibbles expand into two
     tiles that need no interleaving, and bf16 activations split into their even and odd
     columns (a register-only split of adjacent pairs). PREPACK: w_s holds the scales' bit
-    patterns already broadcast to w's shape (_load_w_prepacked)."""
-    if PREPACK:
-        w_even, w_odd = _e2m1_halves_bits(w, w_s, EXPAND, PREPACK == 2, ONE_MUL)
+    patterns already broadcast to w's shape (_load_w_prepacked); PREPACK=3: the low and high
+    nibbles hold the first and second halves of each 128-K tile, so the activations' halves
+    meet them as loaded, and w_s is the two halves' scale patterns joined."""
+    if PREPACK == 3:
+        f_lo, f_hi = tl.split(w_s)
+        w_even, w_odd = _e2m1_halves_bits(w, f_lo, EXPAND, True, ONE_MUL, f_hi, True)
+    elif PREPACK:
+        w_even, w_odd = _e2m1_halves_bits(w, w_s, EXPAND, PREPACK == 2, ONE_MUL, w_s)
     else:
         w_even, w_odd = _e2m1_halves(w, w_s, BN, BK // 2, EXPAND)
-    if A_FP4:
+    if PREPACK == 3:
+        # the weights' "even" and "odd" tiles are the first and second halves of each 128-K tile
+        if A_FP4:
+            a_k = tl.reshape(_e2m1_to_bf16(a, a_s, BM, BK // 2, EXPAND), (BM, BK // 128, 2, 64))
+            a_even, a_odd = tl.split(tl.permute(a_k, (0, 1, 3, 2)))
+            a_even = tl.reshape(a_even, (BM, BK // 2))
+            a_odd = tl.reshape(a_odd, (BM, BK // 2))
+        else:
+            a_even, a_odd = a, a_s                         # _load_a(HALVES) loaded them apart
+    elif A_FP4:
         a_even, a_odd = _e2m1_halves(a, a_s, BM, BK // 2, EXPAND)
     else:
         a_even, a_odd = tl.split(tl.reshape(a, (BM, BK // 2, 2)))
@@ -539,7 +606,7 @@ def _moe_mxfp4_down_kernel(
         ok = ids < num_pairs
         rows = ids.to(tl.int64)
         e = tl.maximum(tl.load(expert_ids_ptr + pid_m), 0).to(tl.int64)
-        a0, as0 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo, stride_am, stride_asm, A_FP4, BM, BK)
+        a0, as0 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
         w0, ws0 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo, stride_we, stride_wn, stride_wse, stride_wsn,
                           NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
     if PREFETCH_EPILOGUE:
@@ -551,7 +618,7 @@ def _moe_mxfp4_down_kernel(
         ok = ids < num_pairs
         rows = ids.to(tl.int64)
         e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-        a0, as0 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo, stride_am, stride_asm, A_FP4, BM, BK)
+        a0, as0 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
         w0, ws0 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo, stride_we, stride_wn, stride_wse, stride_wsn,
                           NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
 
@@ -571,7 +638,7 @@ def _moe_mxfp4_down_kernel(
         acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
         for s in range(1, NSTEPS):
             k0 = k_lo + s * BK
-            a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK)
+            a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
             w, w_s = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
                              NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
             acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
@@ -579,7 +646,7 @@ def _moe_mxfp4_down_kernel(
         acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
         for s in tl.static_range(1, NSTEPS):
             k0 = k_lo + s * BK
-            a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK)
+            a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
             w, w_s = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
                              NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
             acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
@@ -591,15 +658,15 @@ def _moe_mxfp4_down_kernel(
         a2, as2, w2, ws2 = a0, as0, w0, ws0
         a3, as3, w3, ws3 = a0, as0, w0, ws0
         if LOAD_AHEAD >= 1 and NSTEPS > 1:
-            a1, as1 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + BK, stride_am, stride_asm, A_FP4, BM, BK)
+            a1, as1 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + BK, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
             w1, ws1 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo + BK, stride_we, stride_wn, stride_wse,
                               stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
         if LOAD_AHEAD >= 2 and NSTEPS > 2:
-            a2, as2 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + 2 * BK, stride_am, stride_asm, A_FP4, BM, BK)
+            a2, as2 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + 2 * BK, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
             w2, ws2 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo + 2 * BK, stride_we, stride_wn, stride_wse,
                               stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
         if LOAD_AHEAD >= 3 and NSTEPS > 3:
-            a3, as3 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + 3 * BK, stride_am, stride_asm, A_FP4, BM, BK)
+            a3, as3 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + 3 * BK, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
             w3, ws3 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo + 3 * BK, stride_we, stride_wn, stride_wse,
                               stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
         for s in tl.static_range(NSTEPS):
@@ -609,7 +676,7 @@ def _moe_mxfp4_down_kernel(
             a2, as2, w2, ws2 = a3, as3, w3, ws3
             if s + LOAD_AHEAD + 1 < NSTEPS:        # the step that now enters the last slot
                 kn = k_lo + (s + LOAD_AHEAD + 1) * BK
-                an, asn = _load_a(a_ptr, a_scale_ptr, rows, ok, kn, stride_am, stride_asm, A_FP4, BM, BK)
+                an, asn = _load_a(a_ptr, a_scale_ptr, rows, ok, kn, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
                 wn, wsn = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, kn, stride_we, stride_wn, stride_wse,
                                   stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
                 if LOAD_AHEAD == 1:
