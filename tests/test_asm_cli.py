@@ -65,6 +65,22 @@ def test_mix_json_default_stage_and_sass(capsys, cache):
     assert [(r["width_bits"], r["count"]) for r in stores] == [(16, 16)]
 
 
+def test_mix_opcodes(capsys, cache):
+    """--opcodes counts every instruction by opcode: the unhinted remote store's byte shuffles
+    (PRMT) next to its sixteen 16-bit stores, none of either with the hint."""
+    h = _hashes(capsys, cache, "sm90")
+    counts = {}
+    for hint in (False, True):
+        code, out, _ = run_cli(capsys, "asm", "mix", h[hint][:10], "--cache", str(cache), "--stage", "sass",
+                               "--opcodes", "--json")
+        assert code == 0
+        counts[hint] = {r["opcode"]: r["count"] for r in json.loads(out)}
+    assert counts[False]["STG"] == 16 and counts[True]["STG"] == 2
+    assert counts[False]["PRMT"] > 0 and "PRMT" not in counts[True]
+    code, out, _ = run_cli(capsys, "asm", "mix", h[False][:10], "--cache", str(cache), "--stage", "sass", "--opcodes")
+    assert code == 0 and "opcode" in out and "PRMT" in out and "width_bits" not in out
+
+
 def test_show_stage(capsys, cache):
     h = _hashes(capsys, cache, "gfx942")
     code, out, _ = run_cli(capsys, "asm", "show", h[True][:10], "--cache", str(cache))
@@ -78,12 +94,15 @@ def test_diff_table_and_json(capsys, cache):
     code, out, _ = run_cli(capsys, "asm", "diff", h[False][:10], h[True][:10], "--cache", str(cache))
     assert code == 0
     assert "instruction mix delta" in out and "global_store_short" in out and "global_store_dwordx4" in out
+    assert "opcodes whose count changed (a -> b)" in out
     code, out, _ = run_cli(capsys, "asm", "diff", h[False][:10], h[True][:10], "--cache", str(cache), "--json")
     d = json.loads(out)
     stores = {r["width_bits"]: (r["count_a"], r["count_b"]) for r in d["mix"]
               if r["space"] == "global" and r["kind"] == "store"}
     assert stores == {16: (8, 0), 128: (0, 1)}
     assert d["rows"]
+    ops = {r["opcode"]: r["delta"] for r in d["opcodes"]}
+    assert ops["global_store_short"] == -4 and ops["global_store_dwordx4"] == 1 and 0 not in ops.values()
 
 
 def test_entry_by_directory_path_and_kernel_name(capsys, cache):

@@ -474,6 +474,34 @@ def test_mix_columns_order_and_bytes():
     assert rows(other, category="other")["count"].tolist() == [1]
 
 
+def test_opcodes_count_every_instruction_by_operation():
+    sass = "\n".join([
+        "        /*0000*/                   PRMT R4, R2, 0x7632, R3 ;",
+        "        /*0010*/              @P0  PRMT R5, R2, 0x5410, R3 ;",
+        "        /*0020*/                   LOP3.LUT R6, R4, 0x81c081c0, RZ, 0xc0, !PT ;",
+        "        /*0030*/                   STG.E.128 desc[UR4][R8.64], R4 ;",
+        "        /*0040*/                   STG.E.U16 desc[UR4][R8.64+0x10], R4 ;",
+        "        /*0050*/                   WARPGROUP.ARRIVE ;",
+        "        /*0060*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
+        "        /*0070*/              @!PT LDS.128 RZ, [RZ] ;",
+    ])
+    df = isa.opcodes(sass, "sass")
+    assert list(df.columns) == ["opcode", "count", "category"]
+    got = {r.opcode: (r.count, r.category) for r in df.itertuples()}
+    assert got == {"PRMT": (2, "other"), "STG": (2, "memory"), "WARPGROUP": (2, "other+wait"),
+                   "LOP3": (1, "other"), "LDS": (1, "other")}          # @!PT: never run, 'other' as in mix
+    assert df.opcode.tolist()[:3] == ["PRMT", "STG", "WARPGROUP"]       # most frequent first, then by name
+    ptx = "\tprmt.b32 %r1, %r2, 0, 0x4140;\n\tst.global.v4.b32 [%rd1], {%r1, %r2, %r3, %r4};\n\tshl.b32 %r5, %r1, 7;\n"
+    assert dict(zip(*isa.opcodes(ptx, "ptx")[["opcode", "count"]].values.T)) == {"prmt": 1, "st": 1, "shl": 1}
+    amd = "\tv_perm_b32 v1, v2, v3, v4\n\tglobal_store_dwordx4 v[4:5], v[0:3], off\n\tv_perm_b32 v5, v2, v3, v4\n"
+    df = isa.opcodes(amd, "amdgcn")
+    assert df.opcode.tolist() == ["v_perm_b32", "global_store_dwordx4"] and df["count"].tolist() == [2, 1]
+    assert isa.opcodes("", "sass").empty
+    # every instruction mix() counts (its 'other' row included) is in one opcode row
+    text = fixture("gemm_bf16_sm90.sass")
+    assert isa.opcodes(text, "sass")["count"].sum() == mix(text, "sass", include_other=True)["count"].sum()
+
+
 def test_mix_unknown_width_gives_nan_bytes():
     df = mix("UTMALDG.2D [UR8], [UR4] ;\nUTMALDG.2D [UR8], [UR6] ;\n", "sass")
     assert df["count"].tolist() == [2]

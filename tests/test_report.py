@@ -301,6 +301,9 @@ def test_isa_diff_html_colours_widths_and_escapes(hint_pair):
     mem = isa_diff_html(a, b, "ptx", context="memory")
     assert "st.global.b16" in mem and "st.global.v4.b32" in mem and ".loc" not in mem
     assert "<td>-16</td>" in mem.replace(' style="color:#c62828;font-weight:bold"', "")
+    # the opcodes whose count changed, the byte moves of the unhinted store among them
+    plain = page.replace(' style="color:#c62828;font-weight:bold"', "").replace(' style="text-align:left"', "")
+    assert "opcodes whose count changed" in page and "<td>st</td>" in plain and "<td>mov</td>" in plain
 
 
 def test_diff_table_escapes_everything():

@@ -234,11 +234,11 @@ def diff_table_html(rows, stage: str, context: int | str | None = 3, max_rows: i
 
 
 def mix_table_html(mix: pd.DataFrame) -> str:
-    """The mix delta (count_a, count_b, delta per instruction class) as an HTML table."""
+    """The mix delta (count_a, count_b, delta per instruction class, or per opcode) as an HTML table."""
     if mix is None or mix.empty:
         return "<p><i>no instruction mix for this stage (only PTX, SASS and AMDGCN are classified)</i></p>"
-    cols = [c for c in ("category", "space", "kind", "width_bits", "mnemonics", "count_a", "count_b", "delta")
-            if c in mix.columns]
+    cols = [c for c in ("opcode", "category", "space", "kind", "width_bits", "mnemonics", "count_a", "count_b",
+                        "delta") if c in mix.columns]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     body = []
     for _, r in mix.iterrows():
@@ -252,7 +252,8 @@ def mix_table_html(mix: pd.DataFrame) -> str:
                 style = f' style="background:{bg};box-shadow:inset 4px 0 0 {bd}"'
             elif c == "delta" and text not in ("", "0"):
                 style = ' style="color:#2e7d32;font-weight:bold"' if int(v) > 0 else ' style="color:#c62828;font-weight:bold"'
-            align = ' style="text-align:left"' if c in ("category", "space", "kind", "mnemonics") and not style else style
+            align = (' style="text-align:left"' if c in ("opcode", "category", "space", "kind", "mnemonics")
+                     and not style else style)
             cells.append(f"<td{align}>{html.escape(text)}</td>")
         body.append(f'<tr class="wb-mixrow">{"".join(cells)}</tr>')
     return f'<table class="wb-mix"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
@@ -289,7 +290,15 @@ def isa_diff_html(a, b, stage: str | None = None, *, label_a: str | None = None,
             f"{legend_html()}{pane}<div>{changed} changed row(s) of {len(d.rows)}; {ctx}</div>"
             f"{diff_table_html(d.rows, d.stage, context, src_a=src_a, src_b=src_b)}"
             f"<h4>instruction mix: A, B and B &minus; A</h4>{mix_table_html(d.mix)}"
-            f"{_metadata_html(d.metadata)}</div>")
+            f"{_opcodes_html(d.opcodes)}{_metadata_html(d.metadata)}</div>")
+
+
+def _opcodes_html(ops: pd.DataFrame) -> str:
+    """The opcodes whose count changed (arithmetic and bit operations too, which the mix leaves out)."""
+    changed = ops[ops["delta"] != 0]
+    if changed.empty:
+        return ""
+    return f"<h4>opcodes whose count changed: A, B and B &minus; A</h4>{mix_table_html(changed)}"
 
 
 # ---------------------------------------------------------------------------

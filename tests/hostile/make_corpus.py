@@ -99,7 +99,7 @@ def build_cache(root: Path) -> tuple[Path, list[tuple[str, str, tuple[str, ...]]
         return d / (f"__grp__{NAME}.json" if ext == "grp" else f"{NAME}.{ext}")
 
     # Files far over the cap (2 GiB, sparse): refused by size, the listing goes on.
-    for ext, cmds, expect in (("json", ("show", "res"), "read cap"), ("ptx", ("show", "mix", "diff"), "read cap"),
+    for ext, cmds, expect in (("json", ("show", "res"), "read cap"), ("ptx", ("show", "mix", "opcodes", "diff"), "read cap"),
                               ("cubin", ("show:sass", "res"), "read cap"), ("llir", ("show:llir",), "read cap"),
                               ("ttgir", ("show:ttgir", "diff:ttgir"), "read cap"), ("grp", ("show",), "read cap"),
                               ("source", ("show:source", "show:python"), "read cap")):
@@ -126,7 +126,7 @@ def build_cache(root: Path) -> tuple[Path, list[tuple[str, str, tuple[str, ...]]
         shutil.rmtree(d)
     # Symlinks out of the entry: to a device, to a huge file, to a readable file elsewhere.
     big_outside = _sparse(outside / "big.bin")
-    for tag, ext, target, cmds in (("DEVZEROPTX", "ptx", "/dev/zero", ("show", "mix", "diff")),
+    for tag, ext, target, cmds in (("DEVZEROPTX", "ptx", "/dev/zero", ("show", "mix", "opcodes", "diff")),
                                    ("DEVZEROJSON", "json", "/dev/zero", ("show", "res")),
                                    ("URANDOMCUBIN", "cubin", "/dev/urandom", ("show:sass", "res")),
                                    ("OUTSIDECUBIN", "cubin", big_outside, ("show:sass", "res")),
@@ -156,7 +156,7 @@ def build_cache(root: Path) -> tuple[Path, list[tuple[str, str, tuple[str, ...]]
     # Seeded (the same garbage every run), ending in a byte other than '}' so it never
     # passes for a complete PTX file (1 random file in 256 did, and lacked its warning).
     f(d, "ptx").write_bytes(random.Random(1).randbytes(1 << 20) + b"~")
-    bad.append((d.name, "truncated", ("show=", "mix", "diff")))
+    bad.append((d.name, "truncated", ("show=", "mix", "opcodes", "diff")))
     d = entry("GARBAGECUBIN")
     f(d, "cubin").write_bytes(b"\x7fELF" + random.Random(2).randbytes(1 << 16))
     bad.append((d.name, "cuobjdump", ("show:sass", "res")))
@@ -215,7 +215,7 @@ def cache_cases(root: Path) -> list[Case]:
         for cmd in cmds:
             cmd, sep, alt = cmd.partition("=")
             verb, _, stage = cmd.partition(":")
-            argv = py + [verb, tag]
+            argv = py + ["mix", tag, "--opcodes"] if verb == "opcodes" else py + [verb, tag]
             if verb == "diff":
                 argv.append("GOODSM90")
             if stage:

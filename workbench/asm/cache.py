@@ -254,12 +254,26 @@ class Entry:
         """
         from .isa import isa_of_stage, mix
 
+        stage, text = self._assembly(stage, text)
+        return mix(text, isa_of_stage(stage))
+
+    def opcodes(self, stage: str | None = None, text: str | None = None):
+        """Instructions per opcode (pandas DataFrame, ``isa.opcodes``) of `stage`, default the
+        final assembly; arithmetic and bit operations included, which ``mix`` leaves in 'other'.
+        `text` and truncation as for ``mix``."""
+        from .isa import isa_of_stage, opcodes
+
+        stage, text = self._assembly(stage, text)
+        return opcodes(text, isa_of_stage(stage))
+
+    def _assembly(self, stage: str | None, text: str | None) -> tuple[str, str]:
+        """(stage, its text), a truncated text noted in `problems`."""
         stage = normalize_stage(stage or self.final_stage)
         text = self.text(stage) if text is None else text
         problem = truncation_problem(stage, text)
         if problem and problem not in self.problems:
             self.problems.append(problem)
-        return mix(text, isa_of_stage(stage))
+        return stage, text
 
     def resources(self) -> dict:
         from .resources import resources

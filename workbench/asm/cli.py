@@ -42,6 +42,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p = add("mix", "instruction mix: memory ops by space, kind and width; matrix ops; barriers", cmd_mix)
     p.add_argument("entry")
     p.add_argument("--stage", default=None, help="ptx, amdgcn or sass (default: ptx or amdgcn)")
+    p.add_argument("--opcodes", action="store_true",
+                   help="count every instruction by opcode instead (arithmetic and bit operations included)")
 
     p = add("lines", "the kernel's source, one row per line, with the instructions each line produced", cmd_lines)
     p.add_argument("entry")
@@ -54,7 +56,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p = add("res", "resource use: registers, spills, scratch, shared memory, occupancy", cmd_res)
     p.add_argument("entry")
 
-    p = add("diff", "diff two entries: stage text, mix delta, metadata", cmd_diff)
+    p = add("diff", "diff two entries: stage text, mix and opcode deltas, metadata", cmd_diff)
     p.add_argument("a")
     p.add_argument("b")
     p.add_argument("--stage", default=None)
@@ -200,7 +202,7 @@ def cmd_mix(args) -> int:
     entry = _open(args.entry, args.cache)
     stage = args.stage or entry.final_stage
     known = len(entry.problems)
-    df = entry.mix(stage)
+    df = entry.opcodes(stage) if args.opcodes else entry.mix(stage)
     _warn(entry, known)  # e.g. truncated assembly
     rows = json.loads(df.to_json(orient="records"))
     title = f"{entry.name} {entry.arch} [{entry.hash[:12]}] {stage}\n"
@@ -231,6 +233,7 @@ def cmd_diff(args) -> int:
             "stage": d.stage, "a": a.hash, "b": b.hash,
             "metadata": {k: list(v) for k, v in d.metadata.items()},
             "mix": json.loads(d.mix.to_json(orient="records")),
+            "opcodes": json.loads(d.opcodes[d.opcodes["delta"] != 0].to_json(orient="records")),
             "rows": [r.__dict__ for r in d.rows if r.tag != "equal"],
         }, "")
         return 0
@@ -243,6 +246,11 @@ def cmd_diff(args) -> int:
     if len(changed):
         out.append("instruction mix delta (a -> b):")
         out += ["  " + line for line in changed.to_string(index=False).splitlines()]
+        out.append("")
+    ops = d.opcodes[d.opcodes["delta"] != 0]
+    if len(ops):
+        out.append("opcodes whose count changed (a -> b):")
+        out += ["  " + line for line in ops.to_string(index=False).splitlines()]
         out.append("")
     out.append(f"{d.changed_lines} changed lines:")
     out += _render_side_by_side(d.rows, args.context)

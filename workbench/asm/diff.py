@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from .cache import CacheError, Entry, normalize_stage
+from .isa import opcodes
 
 # Mix columns that are measures; every other column identifies an instruction class.
 _MEASURES = ("count", "bytes_per_thread")
@@ -31,6 +32,7 @@ class EntryDiff:
     rows: list[Row]
     mix: pd.DataFrame
     metadata: dict[str, tuple] = field(default_factory=dict)
+    opcodes: pd.DataFrame = field(default_factory=lambda: _opcode_frame([]))  # opcode_delta of the stage
 
     @property
     def changed_lines(self) -> int:
@@ -69,6 +71,21 @@ def mix_delta(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     return merged.sort_values(keys, key=order).reset_index(drop=True)
 
 
+def opcode_delta(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Counts per opcode (``isa.opcodes`` tables) in a and b, and b - a; every opcode of either,
+    the largest changes first."""
+    merged = pd.merge(a[["opcode", "count"]].rename(columns={"count": "count_a"}),
+                      b[["opcode", "count"]].rename(columns={"count": "count_b"}), on="opcode", how="outer")
+    merged[["count_a", "count_b"]] = merged[["count_a", "count_b"]].fillna(0).astype(int)
+    merged["delta"] = merged["count_b"] - merged["count_a"]
+    order = merged["delta"].abs().sort_values(ascending=False, kind="stable").index
+    return merged.loc[order].reset_index(drop=True)
+
+
+def _opcode_frame(rows: list) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=["opcode", "count_a", "count_b", "delta"])
+
+
 def _names(a: pd.DataFrame, b: pd.DataFrame, key: tuple) -> str:
     """Mnemonic names (without counts) of one instruction class, from both sides."""
     names: list[str] = []
@@ -100,9 +117,11 @@ def diff_entries(a: Entry, b: Entry, stage: str | None = None) -> EntryDiff:
                              "`workbench asm show` outputs with a diff tool")
     if stage in ("ptx", "amdgcn", "sass"):
         mix = mix_delta(a.mix(stage, text_a), b.mix(stage, text_b))
+        ops = opcode_delta(opcodes(text_a, stage), opcodes(text_b, stage))
     else:
         mix = pd.DataFrame(columns=["category", "space", "kind", "width_bits", "count_a", "count_b", "delta"])
-    return EntryDiff(stage, side_by_side(text_a, text_b), mix, metadata_delta(a, b))
+        ops = _opcode_frame([])
+    return EntryDiff(stage, side_by_side(text_a, text_b), mix, metadata_delta(a, b), ops)
 
 
 def unified(a_text: str, b_text: str, a_name: str = "a", b_name: str = "b", context: int = 3) -> str:

@@ -29,6 +29,11 @@ Counts are static: one per instruction line in the text, whatever its
 predicate, except SASS instructions guarded by ``@!PT`` (never executed,
 emitted as scoreboard padding), which are ``other``.
 
+``mix`` groups the counts by class (what moves data, and how wide);
+``opcodes`` counts every instruction by its opcode, arithmetic and bit
+operations included (the byte shuffles a layout costs show up there:
+SASS ``PRMT``, AMDGCN ``v_perm_b32``).
+
 This module must stay cheap to import: no torch, no triton.
 """
 from __future__ import annotations
@@ -50,6 +55,7 @@ __all__ = [
     "classify",
     "tally",
     "mix",
+    "opcodes",
     "isa_of_stage",
 ]
 
@@ -635,6 +641,35 @@ _STR = "str" if int(pd.__version__.split(".", 1)[0]) >= 3 else object
 def _sort_key(key: tuple):
     cat, space, kind, width = key
     return (cat, space or "", kind or "", -1 if width is None else width)
+
+
+def opcode_of(mnemonic: str, isa: str) -> str:
+    """The operation a mnemonic names: SASS and PTX drop the dotted modifiers (``PRMT``,
+    ``LDG``, ``mul``); an AMDGCN mnemonic is kept whole (``v_perm_b32``: its suffixes are
+    part of the operation)."""
+    return mnemonic if isa == "amdgcn" else mnemonic.split(".", 1)[0]
+
+
+def opcodes(text: str, isa: str) -> pd.DataFrame:
+    """Instructions per opcode (``opcode_of``), every line counted, most frequent first.
+
+    Columns: ``opcode``, ``count``, ``category`` (the ``mix`` category of its
+    mnemonics; several joined by '+' where they differ, e.g. SASS
+    ``WARPGROUP`` is a wait as ``WARPGROUP.DEPBAR`` and other as
+    ``WARPGROUP.ARRIVE``).
+    """
+    counts: Counter = Counter()
+    cats: dict[str, set] = {}
+    for key, names in tally(text, isa).items():
+        for mn, n in names.items():
+            op = opcode_of(mn, isa)
+            counts[op] += n
+            cats.setdefault(op, set()).add(key[0])
+    ops = sorted(counts, key=lambda o: (-counts[o], o))
+    return pd.DataFrame({"opcode": pd.array(ops, dtype=_STR),
+                         "count": np.array([counts[o] for o in ops], dtype=np.int64),
+                         "category": pd.array(["+".join(sorted(cats[o])) for o in ops], dtype=_STR)},
+                        columns=["opcode", "count", "category"])
 
 
 def mix(text: str, isa: str, include_other: bool = False) -> pd.DataFrame:
