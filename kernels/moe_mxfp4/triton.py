@@ -658,15 +658,18 @@ def _moe_mxfp4_down_kernel(
         a2, as2, w2, ws2 = a0, as0, w0, ws0
         a3, as3, w3, ws3 = a0, as0, w0, ws0
         if LOAD_AHEAD >= 1 and NSTEPS > 1:
-            a1, as1 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + BK, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
+            a1, as1 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + BK, stride_am, stride_asm, A_FP4, BM, BK,
+                              PREPACK == 3)
             w1, ws1 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo + BK, stride_we, stride_wn, stride_wse,
                               stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
         if LOAD_AHEAD >= 2 and NSTEPS > 2:
-            a2, as2 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + 2 * BK, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
+            a2, as2 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + 2 * BK, stride_am, stride_asm, A_FP4, BM, BK,
+                              PREPACK == 3)
             w2, ws2 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo + 2 * BK, stride_we, stride_wn, stride_wse,
                               stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
         if LOAD_AHEAD >= 3 and NSTEPS > 3:
-            a3, as3 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + 3 * BK, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
+            a3, as3 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + 3 * BK, stride_am, stride_asm, A_FP4, BM, BK,
+                              PREPACK == 3)
             w3, ws3 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo + 3 * BK, stride_we, stride_wn, stride_wse,
                               stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
         for s in tl.static_range(NSTEPS):
