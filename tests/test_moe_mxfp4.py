@@ -378,6 +378,22 @@ def test_kernel_prepack_is_exact(a_fp4, det, bn, I_, level):
     _same_as_plain(a, b, level)
 
 
+def test_kernel_prepack3_a4w4_two_tiles_per_step():
+    """Level 3 with MXFP4 activations and K steps of two 128-K tiles (BLOCK_K 256): the packed
+    bytes and scales of each tile's two halves are gathered apart, within the reference bound and a
+    rounding step of the plain layout's kernel, on poisoned outputs."""
+    from kernels.moe_mxfp4 import prepack_mxfp4
+
+    H_, I_ = 128, 512
+    p = _problem(5, H_=H_, I_=I_, a_fp4=True, seed=77)
+    plain = MoeMxfp4Config(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_warps=4)
+    q = dict(p, w=Mxfp4Weights(*prepack_mxfp4(p["w"], p["w_scale"], 3), 3), w_scale=None)
+    out = torch.full((5, H_), float("nan"), dtype=torch.bfloat16, device=DEV)
+    got = _run(q, plain.replace(PREPACK=3), out=out)
+    _check(got, p)
+    _same_as_plain(got, _run(p, plain), 3)
+
+
 def _same_as_plain(got, plain, level):
     """The prepacked kernel's output against the plain layout's: the same bits at levels 1 and 2;
     at level 3 (another order of the fp32 additions) the same NaN and infinities and the finite

@@ -32,7 +32,8 @@ class MoeMxfp4Config:
     group placed so that every bf16x2 pattern is one rotation and one mask (EXPAND="ptx"); 3,
     also the codes of each 128-K tile paired as (K = j, K = 64 + j) instead of (2j, 2j + 1), so
     the low and high nibbles meet two contiguous halves of the bf16 activations (loaded as they
-    are) instead of their even and odd columns (a register split). Needs SWAP_AB, 4 warps,
+    are) instead of their even and odd columns (a register split; MXFP4 activations are then
+    interleaved back into K order, which costs more than level 2 saves). Needs SWAP_AB, 4 warps,
     BLOCK_N % 64 == 0, BLOCK_K % 128 == 0 and H % BLOCK_N == 0. The launcher runs a PREPACK
     config only on ``Mxfp4Weights`` of that level (``prepare_weights``).
     ONE_MUL (PREPACK only): scale each bf16x2 pattern with one multiply by 2**(s - 1) instead of

@@ -333,7 +333,9 @@ def prepare_weights(w: torch.Tensor, w_scale: torch.Tensor, level: int = 2, *,
     ``Mxfp4Weights`` a model loader keeps and passes to ``moe_mxfp4_down`` at every M.
 
     level 2 (the default): ``prepack_mxfp4(..., 2)``, the fastest layout measured (issue 17;
-    results/moe_mxfp4/README.md); 1: tile order only; 0: the tensors as they are (no copy).
+    results/moe_mxfp4/README.md); 1: tile order only; 3: level 2 with the codes paired by K
+    halves, fewer instructions with bf16 activations when cross-compiled, not yet timed (with
+    MXFP4 activations it needs more registers than level 2); 0: the tensors as they are (no copy).
     Prepacking needs H % 64 == 0 and I % 128 == 0 (use level 0 otherwise) and writes a copy,
     ``experts_per_chunk`` experts at a time (its int64 temporaries stay a few times that slice).
     Also reads the largest scale byte (``max_scale``; one synchronization, at load time).
