@@ -12,7 +12,6 @@ the plain layout and the prepacked levels 1-3.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import tempfile
 from collections import Counter
@@ -24,7 +23,6 @@ sys.path.insert(0, str(ROOT))
 from kernels.moe_mxfp4 import MoeMxfp4Config  # noqa: E402
 from kernels.moe_mxfp4.launch import compile_for_target  # noqa: E402
 
-_OP = re.compile(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]+)")
 C = MoeMxfp4Config
 VARIANTS = {
     "default (BM16 BN64)": C(BLOCK_M=16, BLOCK_N=64),
@@ -59,7 +57,7 @@ CLASSES = {  # class -> opcode prefixes
 
 def count(cfg: MoeMxfp4Config, cache: str, I: int = 512) -> dict:
     e = compile_for_target(cfg, cache_dir=cache)[0]
-    ops = Counter(m.group(1).split(".")[0] for m in map(_OP.search, e.text("sass").splitlines()) if m)
+    ops = Counter(dict(e.opcodes("sass")[["opcode", "count"]].itertuples(index=False)))
     per_thread = cfg.BLOCK_N * I / cfg.SPLIT_K / (32 * cfg.num_warps)
     res = e.resources()
     row = {"config": cfg.label(), "instr": sum(ops.values()), "per_weight": sum(ops.values()) / per_thread}
