@@ -52,7 +52,7 @@ def eager_times(sweep: Path) -> pd.Series:
 def load(sweep: Path):
     import torch
 
-    from kernels.gemm import config as gconfig
+    from kernels.gemm import cold as gcold, config as gconfig
 
     df = pd.read_csv(sweep)
     df = df[(df["mode"] == "graph") & (df.status == "ok") & df.median_ms.notna()].copy()
@@ -66,20 +66,22 @@ def load(sweep: Path):
         cfgs.append(cfg)
         dt = getattr(torch, r.dtype)
         aligned = (r.K * dt.itemsize) % 16 == 0 and (r.N * dt.itemsize) % 16 == 0
-        pads.append(0.0 if aligned else gconfig.pad_bytes(int(r.M), int(r.N), int(r.K), dt))
-        units.append(gconfig.work_units(cfg, int(r.M), int(r.N), int(r.K), dt, int(r.num_sms)) if cfg else None)
+        pads.append(0.0 if aligned else gcold.pad_bytes(int(r.M), int(r.N), int(r.K), dt))
+        units.append(gcold.work_units(cfg, int(r.M), int(r.N), int(r.K), dt, int(r.num_sms)) if cfg else None)
     df["cfg"], df["pad"], df["units"] = cfgs, pads, units
     return df
 
 
 def _fit_one(rows: pd.DataFrame, gconfig, fp32: np.ndarray) -> tuple:
     """(rate, bw, per_tile, per_launch), least relative squared error."""
+    from kernels.gemm import cold as gcold
+
     y = rows.us.to_numpy()
     rounds = np.array([u["rounds"] for u in rows.units])
     flop = np.array([u["flop"] for u in rows.units])
     nbytes = np.array([u["bytes"] for u in rows.units])
     bmin = np.array([u["bytes_min"] for u in rows.units])
-    extra = np.array([(u["partials"] + 2 * p) / (gconfig.HBM_GBPS * 1e3) + (gconfig.PAD_LAUNCH_US if p else 0.0)
+    extra = np.array([(u["partials"] + 2 * p) / (gcold.HBM_GBPS * 1e3) + (gcold.PAD_LAUNCH_US if p else 0.0)
                       for u, p in zip(rows.units, rows.pad)])
     rate_scale = np.where(fp32, 0.5, 1.0)
     def search(rates, bws, streams, best):
@@ -144,7 +146,7 @@ def prune(df: pd.DataFrame, max_loss: float) -> list[str]:
 
 
 def fit(df: pd.DataFrame, keep: list[str] | None = None) -> dict:
-    from kernels.gemm import config as gconfig
+    from kernels.gemm import cold as gcold, config as gconfig
 
     ours = df[(df.variant != "cublas") & (df.split == "fit") & df.cfg.notna()]
     if keep is not None:
@@ -160,7 +162,7 @@ def fit(df: pd.DataFrame, keep: list[str] | None = None) -> dict:
 def evaluate(df: pd.DataFrame, cost: dict, eager: pd.Series | None = None) -> pd.DataFrame:
     import torch
 
-    from kernels.gemm import config as gconfig
+    from kernels.gemm import cold as gcold, config as gconfig
 
     rows = []
     for (M, N, K, dtype), g in df.groupby(["M", "N", "K", "dtype"]):
@@ -169,7 +171,7 @@ def evaluate(df: pd.DataFrame, cost: dict, eager: pd.Series | None = None) -> pd
         if not len(ours) or not len(cub):
             continue
         dt = getattr(torch, dtype)
-        pred = {r.variant: gconfig.estimate_us(r.cfg, int(M), int(N), int(K), dt, int(r.num_sms), cost[r.variant],
+        pred = {r.variant: gcold.estimate_us(r.cfg, int(M), int(N), int(K), dt, int(r.num_sms), cost[r.variant],
                                                r.pad) for r in ours.itertuples() if r.variant in cost}
         if not pred:
             continue
@@ -219,9 +221,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     df = load(Path(args.sweep))
     if args.in_use:
-        from kernels.gemm import config as gconfig
+        from kernels.gemm import cold as gcold, config as gconfig
 
-        cost = dict(gconfig.COST)
+        cost = dict(gcold.COST)
     else:
         keep = prune(df, args.max_loss)
         print(f"candidates kept ({len(keep)}): {', '.join(keep)}")

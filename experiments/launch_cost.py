@@ -400,7 +400,7 @@ class _DescRun:
 
         from kernels import gemm
         from kernels.gemm import launch as gl
-        from kernels.gemm.config import heuristic
+        from kernels.gemm.cold import heuristic
 
         case = f"matmul {M}x{N}x{K}" + (" triton" if force_triton else "")
         g = torch.Generator(device="cuda").manual_seed(M * 3 + N * 5 + K)

@@ -169,7 +169,7 @@ def time_stream_k(args, prov) -> list[dict]:
     import torch
 
     from kernels import gemm
-    from kernels.gemm import config as gconfig, launch as glaunch, sweep as gsweep
+    from kernels.gemm import cold as gcold, config as gconfig, launch as glaunch, sweep as gsweep
     from workbench import bench
 
     base = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, tma_store=False)
@@ -233,7 +233,7 @@ def mid_m_configs(M: int, N: int, K: int, num_sms: int) -> dict:
     every MID_SPLITS split whose programs fit in two rounds (plus the split ``split_for`` picks)."""
     import math
 
-    from kernels.gemm import config as gconfig
+    from kernels.gemm import cold as gcold, config as gconfig
 
     st = dict(tma_store=False, group_m=8)
     out = {"t64x128": dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=6, **st),
@@ -311,7 +311,7 @@ def fp32_small_variants(M: int, N: int, K: int, num_sms: int, b_kmajor: bool, al
     which takes them for M <= FMA_MAX_M with B row-major, the tf32 rule otherwise)."""
     import torch
 
-    from kernels.gemm import config as gconfig
+    from kernels.gemm import cold as gcold, config as gconfig
 
     rule = gconfig.fma_config(M, N, K, num_sms, b_kmajor)
     pieces = rule.split_k
@@ -328,7 +328,7 @@ def fp32_small_variants(M: int, N: int, K: int, num_sms: int, b_kmajor: bool, al
         "fma_dot_n64": gconfig.GemmConfig(block_m=dot_m, block_n=64, block_k=32, num_warps=4, num_stages=4,
                                           tma_store=False, fma=True),
         # What the heuristic ran before the FMA kernel: the cost model's tf32 pick (the "swap" kernel).
-        "tf32_rule": gconfig.cost_model_rule(M, N, K, torch.float32, num_sms, gluon=False, tma=aligned),
+        "tf32_rule": gcold.cost_model_rule(M, N, K, torch.float32, num_sms, gluon=False, tma=aligned),
     }
     return out
 
@@ -349,7 +349,7 @@ def time_fp32_small(args, prov) -> list[dict]:
     import torch
 
     from kernels import gemm
-    from kernels.gemm import config as gconfig, launch as glaunch
+    from kernels.gemm import cold as gcold, config as gconfig, launch as glaunch
     from workbench import bench
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -384,7 +384,7 @@ def time_fp32_small(args, prov) -> list[dict]:
             status, labels, errs = check_each(fns, c, ref, label, tol)
             t = bench.interleave(fns, warmup_ms=20, rep_ms=args.rep_ms, min_reps=10, max_reps=100, mode="graph")
             base = t["cublas"].median_ms if "cublas" in t else float("nan")
-            bound_us = gconfig.fma_bound_us(M, N, K)
+            bound_us = gcold.fma_bound_us(M, N, K)
             for name in ["cublas", "cublas_fp32"] + list(configs):
                 tm = t.get(name)
                 ms = tm.median_ms if tm else float("nan")
@@ -406,10 +406,10 @@ def dry_run_fp32_small(num_sms: int = 132) -> None:
         for b_layout in ("row", "t"):
             for name, cfg in fp32_small_variants(M, N, K, num_sms, b_layout == "t", True).items():
                 if cfg is None:
-                    from kernels.gemm import config as gconfig
+                    from kernels.gemm import cold as gcold, config as gconfig
                     import torch
 
-                    cfg = gconfig.heuristic(M, N, K, torch.float32, num_sms, b_kmajor=b_layout == "t")
+                    cfg = gcold.heuristic(M, N, K, torch.float32, num_sms, b_kmajor=b_layout == "t")
                 print(f"{M}x{N}x{K} {b_layout:3s} {name:17s} {cfg.label()}")
             print(f"{M}x{N}x{K} {b_layout:3s} cublas, cublas_fp32")
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kernels import gemm
-from kernels.gemm import config as gconfig, gluon as ggluon, launch as glaunch, sweep as gsweep
+from kernels.gemm import cold as gcold, config as gconfig, gluon as ggluon, launch as glaunch, sweep as gsweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -752,7 +752,7 @@ def test_gpu_fma_small_m_fp32(M, N, K, b_t):
     kernel where the rule takes it (within FMA_TOL: true fp32, not tf32), the tf32 kernels
     elsewhere (tf32's tolerance); fresh inputs, poisoned outputs, twice (the split-K counters
     reset themselves), against float64."""
-    fma = M <= gconfig.FMA_MAX_M and not b_t
+    fma = M <= gcold.FMA_MAX_M and not b_t
     g = torch.Generator(device="cuda").manual_seed(M + 5 * N + 3 * K)
     for _ in range(2):
         a = torch.randn(M, K, device="cuda", generator=g)
@@ -822,18 +822,18 @@ def test_heuristic_is_the_cost_models_argmin(M, N, K):
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for gl in (True, False):
             cfg = gemm.heuristic(M, N, K, dtype, num_sms=132, gluon=gl)
-            if gconfig.in_tiling_domain(M, N, K, dtype, True, True):
-                assert cfg == gconfig.tiling_rule(M, N, K, dtype, 132, gl)
+            if gcold.in_tiling_domain(M, N, K, dtype, True, True):
+                assert cfg == gcold.tiling_rule(M, N, K, dtype, 132, gl)
                 continue
             cands = gconfig.candidates(M, N, K, dtype, 132, gluon=gl)
-            if dtype == torch.float32 and M <= gconfig.FMA_MAX_M:   # a stated rule, not the model
+            if dtype == torch.float32 and M <= gcold.FMA_MAX_M:   # a stated rule, not the model
                 assert cfg == cands["fma"]
                 continue
-            if dtype != torch.float32 and N <= gconfig.TALL_MAX_N and M > gconfig.SMALL_M:   # likewise
+            if dtype != torch.float32 and N <= gcold.TALL_MAX_N and M > gconfig.SMALL_M:   # likewise
                 assert cfg == cands["tall"]
                 continue
-            est = {n: gconfig.estimate_us(c, M, N, K, dtype, 132, gconfig.COST[n])
-                   for n, c in cands.items() if n in gconfig.COST}
+            est = {n: gcold.estimate_us(c, M, N, K, dtype, 132, gcold.COST[n])
+                   for n, c in cands.items() if n in gcold.COST}
             assert cfg == cands[min(est, key=est.get)]
             assert cfg.gluon is None or (gl and dtype != torch.float32)
     assert gemm.heuristic(M, N, K, num_sms=132, hopper=False).gluon is None
@@ -856,7 +856,7 @@ def test_heuristic_few_columns_take_the_tall_tile():
         assert (cfg.block_m, cfg.block_n, cfg.split_k is not None) == (128, 16, True), (M, N, K, cfg.label())
     for M, N, K, dtype in [(8147, 32, 512, torch.bfloat16), (32, 8, 4096, torch.bfloat16),
                            (12075, 8, 896, torch.float32)]:
-        assert gemm.heuristic(M, N, K, dtype, 132) == gconfig.cost_model_rule(M, N, K, dtype, 132), (M, N, K)
+        assert gemm.heuristic(M, N, K, dtype, 132) == gcold.cost_model_rule(M, N, K, dtype, 132), (M, N, K)
 
 
 def test_heuristic_small_m_takes_the_split_k_kernel():
@@ -870,7 +870,7 @@ def test_heuristic_fp32_small_m_takes_the_fma_kernel():
     tiles up to M = 16, 32 x 128 beyond), on Hopper or not; with B K-major, larger M or 16-bit
     types the other rules; "fma" is a sweep candidate for fp32 up to SMALL_M, either layout."""
     for M, N, K in FP32_SMALL_M + [(3, 1678, 2150), (4, 192, 224)]:
-        if M > gconfig.FMA_MAX_M:
+        if M > gcold.FMA_MAX_M:
             assert not gemm.heuristic(M, N, K, torch.float32, 132).fma
             assert "fma" in gconfig.candidates(M, N, K, torch.float32, 132)
             continue
@@ -886,7 +886,7 @@ def test_heuristic_fp32_small_m_takes_the_fma_kernel():
     assert "fma" not in gconfig.candidates(65, 3584, 3584, torch.float32, 132)
     cfg = gemm.heuristic(1, 3584, 3584, torch.float32, 132)
     tiles = math.ceil(3584 / cfg.block_n)
-    assert cfg.split_k * tiles >= 132 and gconfig.fma_bound_us(1, 3584, 3584) == pytest.approx(12.0, abs=0.1)
+    assert cfg.split_k * tiles >= 132 and gcold.fma_bound_us(1, 3584, 3584) == pytest.approx(12.0, abs=0.1)
 
 
 def test_probe_fp32_small_parses_and_dry_runs():
@@ -908,7 +908,7 @@ def test_probe_fp32_small_parses_and_dry_runs():
 def test_heuristic_pads_unaligned_operands():
     cfg = gemm.heuristic(2313, 1024, 113, num_sms=132, gluon=False, tma=False)
     assert cfg.pad and cfg.tma is not False and not cfg.gluon
-    assert gconfig.pad_bytes(2313, 1024, 113, torch.bfloat16) == 2313 * 113 * 2   # A only: N is aligned
+    assert gcold.pad_bytes(2313, 1024, 113, torch.bfloat16) == 2313 * 113 * 2   # A only: N is aligned
 
 
 def test_gluon_config_validation_and_cpu_refusal():

@@ -228,7 +228,8 @@ def test_small_m_takes_the_gemm_familys_split_tiles():
     """M <= SMALL_M with TMA-addressable 16-bit operands: the GEMM family's cost-model choice
     (split K pieces, swapped operands), run by the small-M kernel; above it, or without TMA,
     the persistent kernel's tile rule."""
-    from kernels.gemm.config import SMALL_M, heuristic as gemm_heuristic
+    from kernels.gemm.cold import heuristic as gemm_heuristic
+    from kernels.gemm.config import SMALL_M
 
     for M, n, K in ((1, 2048, 14336), (16, 4096, 4096), (SMALL_M, 2048, 14336)):
         cfg, g = gs.heuristic(M, n, K, torch.bfloat16, 132), gemm_heuristic(M, n, K, torch.bfloat16, 132)

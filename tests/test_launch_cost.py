@@ -67,7 +67,7 @@ def test_gluon_rows_are_the_shapes_the_plan_sends_to_gluon():
     (132 SMs, bf16, aligned); the grouped cases' fwd and dgrad take it on sm_90 by default."""
     import torch
 
-    from kernels.gemm.config import heuristic
+    from kernels.gemm.cold import heuristic
     from kernels.moe import config as mconfig
 
     sys.path.insert(0, str(ROOT / "experiments"))

@@ -26,6 +26,11 @@ def capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+@functools.lru_cache(maxsize=None)
+def device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
 PLAN_CACHE_SIZE = 256  # plans kept per launcher (least recently used dropped)
 
 

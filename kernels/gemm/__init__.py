@@ -51,7 +51,7 @@ FMA units, no tensor cores, K split over programs as above. Up to 8 rows of A,
 one outer product per row of B, read with 128-bit loads along N; more rows (or
 a K-major B) through ``tl.dot`` in ieee precision, which Triton builds from FMAs
 on tiles staged in shared memory. The heuristic takes it for fp32 with M <= 64
-(``config.FMA_MAX_M``; a stated rule, not yet measured: ``config.fma_config``).
+(``cold.FMA_MAX_M``; a stated rule, not yet measured: ``config.fma_config``).
 
 Unaligned rows (``GemmConfig.pad``): TMA needs 16-byte aligned row strides (K
 and N multiples of 8 in bf16); an operand without them is copied into a fresh
@@ -61,10 +61,10 @@ the pointer kernel (5-10x slower on such shapes on an H200).
 Config heuristic (``heuristic``): a cost model over the named configurations
 of ``config.candidates`` (persistent 128x256 / 64x128 tiles, the Gluon
 ping-pong kernel, the swapped split-K kernel for M <= 64, a narrow-N tile for
-N <= 64), each with five constants (``config.COST``) fitted by
+N <= 64), each with five constants (``cold.COST``) fitted by
 ``experiments/fit_gemm_heuristic.py`` on the "fit" half of the shape zoo
 (``experiments/gemm_shapes.yaml``); it returns the candidate with the least
-modelled time (``config.estimate_us``: rounds of programs over the SMs, one
+modelled time (``cold.estimate_us``: rounds of programs over the SMs, one
 program's compute or loads per round, the whole kernel's streaming bandwidth,
 fixed costs, split-K partials and padding copies). Results on both halves of
 the zoo: ``results/gemm_zoo/``.
@@ -87,7 +87,8 @@ signature), ``reference``, ``baselines`` (cuBLAS), ``metrics`` (FLOPs, bytes)
 and ``sweep`` (the ``workbench sweep`` protocol).
 """
 from kernels.gemm.baselines import cublas
-from kernels.gemm.config import GemmConfig, WsConfig, heuristic
+from kernels.gemm.cold import heuristic
+from kernels.gemm.config import GemmConfig, WsConfig
 from kernels.gemm.launch import matmul, matmul_ws
 from kernels.gemm.metrics import bytes_moved, flops
 from kernels.gemm.reference import reference

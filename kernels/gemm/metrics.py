@@ -23,3 +23,8 @@ def bytes_moved(shape: Mapping[str, int], dtype: torch.dtype = torch.bfloat16) -
     return (M * K + K * N + M * N) * es
 
 
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Largest accepted ||C - ref|| / ||ref|| (C rounded to dtype; tf32 for fp32)."""
+    return {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 2e-3}[dtype]

@@ -11,7 +11,7 @@ import triton
 from kernels.gemm.baselines import cublas
 from kernels.gemm.config import PARAMS, SMEM_LIMIT_SM90, GemmConfig, smem_bytes
 from kernels.gemm.launch import matmul
-from kernels.gemm.metrics import _mnk, bytes_moved, flops  # noqa: F401  (the protocol's names)
+from kernels.gemm.metrics import _mnk, bytes_moved, flops, tolerance  # noqa: F401  (the protocol's names)
 from kernels.gemm.reference import reference  # noqa: F401
 from workbench.dtypes import element_size
 
@@ -40,11 +40,6 @@ def poison(inputs: GemmInputs) -> None:
 
 def run(inputs: GemmInputs, **params) -> torch.Tensor:
     return matmul(inputs.a, inputs.b, params or None, out=inputs.out)
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    """Largest accepted ||C - ref|| / ||ref|| (C rounded to dtype; tf32 for fp32)."""
-    return {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 2e-3}[dtype]
 
 
 def _consumer_warps(cfg: GemmConfig) -> int:

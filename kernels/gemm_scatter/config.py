@@ -15,7 +15,7 @@ num_sms`` -> 64x64 tiles, else 128x64). ``heuristic`` scores every tile of
 
 and takes the cheapest (ties: the smaller tile, which wastes less MMA work on
 rows past M). ``rate`` and ``fixed`` are the GEMM family's least-squares fit
-to its H200 tiling sweep (``kernels.gemm.config._TILING_TILES``,
+to its H200 tiling sweep (``kernels.gemm.cold._TILING_TILES``,
 ``results/gemm_tiling/``), with the
 warps and stages that sweep found best per tile; ``per_sm_bw`` is each SM's
 share of the measured HBM copy bandwidth (``results/ceilings/``): a problem
@@ -49,7 +49,8 @@ from typing import Any, Mapping
 import torch
 
 from kernels.common.configs import config_of
-from kernels.gemm.config import MID_M, SMALL_M, _TILING_TILES as _GEMM_FIT, heuristic as gemm_heuristic, split_for, split_pieces
+from kernels.gemm.cold import _TILING_TILES as _GEMM_FIT, heuristic as gemm_heuristic
+from kernels.gemm.config import MID_M, SMALL_M, split_for, split_pieces
 from workbench.asm.resources import smem_per_block
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -1,0 +1,231 @@
+"""The GEMM family's cold-start rule: the configuration ``matmul`` runs for a problem no tuning
+table has and no one asked to tune (``kernels.gemm.select`` consults the tables first).
+
+Two rules, each where it was measured: large aligned 16-bit problems take the tiling study's
+``tiling_rule``; everything else takes, of ``kernels.gemm.config.candidates``, the one the
+cost model ``estimate_us`` says is fastest (constants ``COST``, fitted on the fit half of the
+shape zoo by ``experiments/fit_gemm_heuristic.py``). fp32 at small M takes the FMA kernel,
+few columns the narrow "tall" tile.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels.gemm.config import (
+    _GLUON_COOP, _GLUON_PINGPONG, _STREAM_K_CONFIG, SMALL_M, TAIL_SPLIT, GemmConfig, _fit_smem, candidates,
+    fma_config, smem_bytes, split_pieces,
+)
+from workbench.dtypes import element_size
+
+# Earlier rule (before the shape zoo): per-tile rates fitted to the 35 shapes of
+# results/gemm_tiling/ and a hand-made hand-over to the Gluon kernels; it ran
+# 1.01-1.05x cuBLAS on its own 8 goal shapes and 0.58-0.96x on shapes it had not
+# seen (16x4096x4096, 4000x3000x2000, 3072^3). The findings behind the fixed
+# configurations kept below: 128x256x64 with 8 warps is the best large-shape
+# tile; 128x128x64 wants a 6-deep pipeline; GROUP_M 8 is as good as any.
+#
+
+# What the model charges for work outside the tiles, from measured ceilings of an
+# H200 (results/gemm_zoo/ceilings_run1.json: device-to-device copy, read + write):
+HBM_GBPS = 4275.0
+PAD_LAUNCH_US = 2.0  # one more kernel (the copy into an aligned buffer) in the stream
+
+# Per candidate of ``candidates``: (TFLOP/s per program, GB/s per program, us per
+# tile, us per launch, GB/s of the whole kernel streaming its operands), fitted by
+# experiments/fit_gemm_heuristic.py to the fit half
+# of the shape zoo (results/gemm_zoo/sweep.csv, CUDA-graph times); see
+# ``estimate_us`` for the model. Candidates that were rarely the fastest were
+# pruned first (the fit half's per-shape best loses 1% geomean without them);
+# a candidate without constants is never chosen.
+COST: dict[str, tuple[float, float, float, float, float]] = {
+    "gl_pp": (7.48, 89.6, 1.58, 7.18, 4188),
+    "swap_n64": (1.5, 104, 0, 8.14, 3413),
+    "t128x256": (7.48, 77.4, 1.92, 7.26, 2267),
+    "t64x128": (5.12, 89.6, 0, 8.05, 2978),
+    "tall": (1.03, 20.8, 0.926, 5.46, 1726),
+}
+
+
+def _resident(cfg: GemmConfig, elem: int) -> int:
+    """Programs of the split-K kernel one SM holds at once (shared memory decides)."""
+    return max(1, min(4, SMEM_PER_SM // (smem_bytes(cfg, elem) + 1024)))
+
+
+SMEM_PER_SM = 233472  # bytes of shared memory per SM on sm_90 (228 KiB)
+
+
+def work_units(cfg: GemmConfig, M: int, N: int, K: int, dtype: torch.dtype, num_sms: int) -> dict:
+    """The quantities the cost model counts for one config: rounds of programs
+    over the SMs, one program's FLOP (whole tile) and bytes loaded (rows past the
+    edge are not read) per round, and the fewest bytes the product moves."""
+    elem = element_size(dtype)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    tiles = math.ceil(M / bm) * math.ceil(N / bn)
+    k_steps = math.ceil(K / bk)
+    pieces, per = split_pieces(k_steps, cfg.split_k) if cfg.split_k is not None else (1, k_steps)
+    # Persistent kernels: programs beyond the SMs share them (two CTAs per SM run
+    # at about half speed each), so rounds count tiles per SM; the split-K kernel's
+    # programs are short and several fit on an SM at once.
+    slots = num_sms * _resident(cfg, elem) if cfg.split_k is not None else num_sms
+    programs = tiles * pieces
+    rounds = programs / slots if cfg.stream_k else math.ceil(programs / slots)
+    k_len = min(K, per * bk)
+    return {"rounds": rounds, "flop": 2.0 * bm * bn * k_len, "bytes": (min(bm, M) + min(bn, N)) * k_len * elem,
+            "partials": 2.0 * 4 * bm * bn * programs if pieces > 1 else 0.0, "programs": programs,
+            "bytes_min": float(M * K + K * N + M * N) * elem}
+
+
+def estimate_us(cfg: GemmConfig, M: int, N: int, K: int, dtype: torch.dtype, num_sms: int,
+                const: tuple[float, ...], pad_bytes: float = 0.0) -> float:
+    """Modelled time of ``cfg`` on an M x N x K product, with the candidate's
+    constants ``(rate, bandwidth, per_tile, per_launch, stream)``::
+
+        max(rounds * (max(flop / rate, bytes / bandwidth) + per_tile),
+            fewest bytes / stream) + per_launch
+          + (split-K partials + padding copies) / HBM bandwidth
+
+    ``rounds`` counts wave quantisation (a last, partial round costs a whole one;
+    stream-K's tail is spread, so there it is fractional); flop and bytes are one
+    program's share of a round (its tile, over its K range); ``stream`` is the
+    whole kernel's bandwidth (GB/s) when it only streams its operands through
+    (small M); tf32 (fp32 inputs) runs at half the 16-bit rate. The extra terms
+    use the measured copy bandwidth."""
+    rate, bw, per_tile, per_launch, stream = const
+    if dtype == torch.float32:
+        rate = rate / 2
+    w = work_units(cfg, M, N, K, dtype, num_sms)
+    tile_us = max(w["flop"] / (rate * 1e6), w["bytes"] / (bw * 1e3)) + per_tile
+    body = max(w["rounds"] * tile_us, w["bytes_min"] / (stream * 1e3))
+    extra = (w["partials"] + 2.0 * pad_bytes) / (HBM_GBPS * 1e3) + (PAD_LAUNCH_US if pad_bytes else 0.0)
+    return body + per_launch + extra
+
+
+def pad_bytes(M: int, N: int, K: int, dtype: torch.dtype) -> float:
+    """Bytes the padding copies read (and write again): A when its rows (K) are
+    not 16-byte multiples, B when N's are not."""
+    es = element_size(dtype)
+    return (M * K * es if (K * es) % 16 else 0) + (K * N * es if (N * es) % 16 else 0)
+
+
+# The tiling study's rule (run 5-12 goal tables: 8 large aligned shapes, 1.010-1.013x cuBLAS in every
+# repeat) holds where it was measured: 16-bit operands TMA can address, M >= 512, N and K >= 2048.
+# Per tile (BM, BN, BK, warps, stages): (per-SM TFLOP/s, fixed us per tile), least squares on 35
+# shapes of results/gemm_tiling/rows.parquet; ping-pong / cooperative Gluon kernels and the
+# stream-K tail for multi-round problems (see results/gemm_tiling/README.md).
+TILING_DOMAIN = dict(min_m=512, min_n=2048, min_k=2048)
+_TILING_TILES: dict[tuple[int, int, int, int, int], tuple[float, float]] = {
+    (128, 256, 64, 8, 4): (5.54, 2.0),
+    (128, 128, 64, 4, 6): (5.20, 0.6),
+    (64, 128, 64, 4, 6): (4.40, 0.5),
+    (128, 64, 64, 4, 4): (3.42, 0.8),
+}
+SK_MIN_ROUNDS = 12  # whole rounds of 128x256 tiles before the stream-K tail pays (variants.csv)
+GLUON_PP_MIN_FILL = 0.99  # ping-pong where 128x128 tiles fill the last round this well
+GLUON_SK_MIN_K = 8192  # with a long K the stream-K tail beats the cooperative Gluon kernel
+
+
+def in_tiling_domain(M: int, N: int, K: int, dtype: torch.dtype, tma: bool, c_aligned: bool) -> bool:
+    d = TILING_DOMAIN
+    return (tma and c_aligned and dtype in (torch.bfloat16, torch.float16)
+            and M >= d["min_m"] and N >= d["min_n"] and K >= d["min_k"])
+
+
+def tiling_rule(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
+                gluon: bool = True) -> GemmConfig:
+    """The tiling study's choice: the cheapest of ``_TILING_TILES`` by rounds x (work / rate + fixed),
+    handed to the Gluon kernels or the stream-K tail when the problem takes several rounds."""
+    best, best_t = None, float("inf")
+    for key, (rate, fixed) in _TILING_TILES.items():
+        bm, bn, bk, w, st = key
+        rounds = math.ceil(math.ceil(M / bm) * math.ceil(N / bn) / num_sms)
+        t = rounds * (2.0 * bm * bn * max(K, 1) / (rate * 1e12) * 1e6 + fixed)
+        if t < best_t:
+            best, best_t = GemmConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st,
+                                      tma_store=False, group_m=8,
+                                      tail_split=TAIL_SPLIT if bm == 128 and bn >= 128 else 1), t
+    tiles = math.ceil(M / best.block_m) * math.ceil(N / best.block_n)
+    stream_k = best.block_n == 256 and tiles % num_sms and tiles // num_sms >= SK_MIN_ROUNDS
+    big_tiles = math.ceil(M / 128) * math.ceil(N / 256)
+    if gluon and big_tiles > num_sms and best.block_m == 128:
+        pp_tiles = math.ceil(M / 128) * math.ceil(N / 128)
+        pp_fill = pp_tiles / (math.ceil(pp_tiles / num_sms) * num_sms)   # last round's share of SMs busy
+        if best.block_n == 128 or pp_fill >= GLUON_PP_MIN_FILL:
+            return _GLUON_PINGPONG
+        if best.block_n == 256 and not (stream_k and K >= GLUON_SK_MIN_K):
+            return _GLUON_COOP
+    if stream_k:
+        best = _STREAM_K_CONFIG
+    return _fit_smem(best, element_size(dtype))
+
+
+def heuristic(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
+              hopper: bool = True, gluon: bool = True, tma: bool = True, c_aligned: bool = True,
+              b_kmajor: bool = False) -> GemmConfig:
+    """The config ``matmul`` runs when none is given. Two rules, each where it was measured:
+    large aligned 16-bit problems (``in_tiling_domain``) take the tiling study's ``tiling_rule``;
+    everything else (small M, irregular and unaligned sizes, fp32) takes, of ``candidates``,
+    the one ``estimate_us`` (constants ``COST``, fitted on the fit half of the shape zoo) says is
+    fastest. ``tma=False``: some operand's rows are not 16-byte aligned (the candidates then
+    copy it into an aligned buffer first, and the model charges the copy); ``gluon=False``
+    keeps to the Triton kernels; ``c_aligned=False``: C's rows are not aligned (no TMA stores).
+    fp32 with M <= ``FMA_MAX_M`` and B row-major takes the FMA kernel (``fma_config``), on any
+    GPU and in the interpreter; ``b_kmajor``: B is a transposed view, K contiguous.
+    16-bit products at most ``TALL_MAX_N`` wide with M > SMALL_M take the "tall" candidate."""
+    if dtype == torch.float32 and M <= FMA_MAX_M and not b_kmajor:
+        return fma_config(M, N, K, num_sms, b_kmajor)
+    if not hopper:
+        # Pointer path (interpreter, pre-Hopper): modest tiles.
+        return GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3, group_m=8)
+    if in_tiling_domain(M, N, K, dtype, tma, c_aligned):
+        return tiling_rule(M, N, K, dtype, num_sms, gluon)
+    if N <= TALL_MAX_N and M > SMALL_M and dtype != torch.float32:
+        return candidates(M, N, K, dtype, num_sms, aligned=tma, gluon=gluon, c_aligned=c_aligned)["tall"]
+    return cost_model_rule(M, N, K, dtype, num_sms, gluon, tma, c_aligned)
+
+
+# At most this many columns (and M > SMALL_M), 16-bit: the "tall" candidate (128 x 16 tiles), whose
+# MMA does no work past N, where a 64-128 wide tile does 4-64x the useful work. On the fit half of
+# the zoo (run 11's sweep) it was the fastest candidate on all three such shapes (512x8x4096,
+# 5572x2x2160, 5787x8x80), while the cost model picked it on one; held out (one shape, 12075x8x896)
+# it is the fastest there too, 15.5 us against 20.4 for the model's pick (gl_pp). From N = 32 the
+# wider tiles won on the fit half (t128x64 at 8147x32x514 and 8303x48x880).
+TALL_MAX_N = 16
+
+
+def cost_model_rule(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
+                    gluon: bool = True, tma: bool = True, c_aligned: bool = True) -> GemmConfig:
+    """Of ``candidates``, the one the zoo-fitted cost model says is fastest."""
+    extra = 0.0 if tma else pad_bytes(M, N, K, dtype)
+    best, best_t = None, float("inf")
+    for name, cfg in candidates(M, N, K, dtype, num_sms, aligned=tma, gluon=gluon, c_aligned=c_aligned).items():
+        const = COST.get(name)
+        if const is None:
+            continue
+        t = estimate_us(cfg, M, N, K, dtype, num_sms, const, extra)
+        if t < best_t:
+            best, best_t = cfg, t
+    if best is None:  # no fitted constants (never in a release): the large-tile default
+        best = candidates(M, N, K, dtype, num_sms, aligned=tma, gluon=False, c_aligned=c_aligned)["t128x256"]
+    return best
+
+
+
+# The rule (``heuristic``): fp32 with M <= FMA_MAX_M and B row-major runs the FMA kernel. Its
+# modelled time is B's bytes at the copy bandwidth, ``fma_bound_us`` (B is read once; A and C
+# are small). Measured on an H200 (results/gemm_zoo/gaps/fp32_small.csv, commit 2bb2790, the 8
+# fp32 zoo shapes with M <= 64, both halves: the rule below was read off them, so fp32 has no
+# clean held-out test): with B row-major, tl.dot tiles of 16 x 64 (M <= 16) and 32 x 128 ran
+# 1.10-2.32x the split-K "swap" kernel (tf32) at M 1-19; at M = 64 they ran 0.79-0.80x of it,
+# where FMA throughput, not B, bounds them (2*M*N*K FLOP at about 67 TFLOP/s is 25 us on
+# 64x3584x3584; B takes 12). With B K-major the swap kernel reads B as it is and was faster at
+# every M (0.3-0.9x for the FMA kernel). The outer-product form (block_m < 16) ran 1.3-2.6x
+# slower than the 16 x 64 tl.dot tile at M 1-4: it stays an explicit config.
+FMA_MAX_M = 32
+
+
+def fma_bound_us(M: int, N: int, K: int) -> float:
+    """The FMA kernel's modelled time: fp32 B (K x N) read once at HBM_GBPS."""
+    return K * N * 4 / (HBM_GBPS * 1e3)
+

@@ -1,0 +1,139 @@
+"""The GEMM family in the selection layer (``kernels.common.select``): a call's problem key,
+its candidates as (variant, config) pairs, the cold rule's candidate, table entries, and
+tune-on-miss on the call's own operands.
+
+Problem key: ``dtype=bf16,M=..,N=..,K=..,b=row|t|other,tma=ABC`` (``b``: B row-major, a
+transposed view (K-major) or any other strides; ``tma``: whether A, B and C rows are each
+TMA-addressable, 1 or 0), exactly the facts the candidates and the cold rule depend on.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import torch
+
+from kernels.common import select as common
+from kernels.common import tune as common_tune
+from kernels.gemm import cold as cold_rule
+from kernels.gemm import config as gconfig
+from kernels.gemm import variants
+from kernels.gemm.metrics import tolerance
+from kernels.gemm.plan import Call
+
+NAME = "gemm"
+_DT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+LIBRARY = "cublas"   # the library candidate's name
+
+
+def problem(call: Call) -> dict[str, Any]:
+    b = call.b
+    layout = "t" if call.b_kmajor_layout else "row" if b.stride(1) == 1 else "other"
+    return {"dtype": _DT[call.dtype], "M": call.M, "N": call.N, "K": call.K, "b": layout,
+            "tma": f"{int(call.a_ok)}{int(call.b_ok)}{int(call.c_ok)}"}
+
+
+def _flags(call: Call) -> dict:
+    """The candidates' and the cold rule's view of the call (as ``matmul`` has always planned)."""
+    aligned = call.aligned
+    return dict(num_sms=call.sms, gluon=aligned and call.sm90, c_aligned=call.c_ok, b_kmajor=call.b_kmajor_layout)
+
+
+def candidates(call: Call) -> dict[str, common.Candidate]:
+    """Every candidate worth timing on this call, cheapest by the cost model first; the
+    library (cuBLAS) last, on a GPU."""
+    f = _flags(call)
+    flat = gconfig.candidates(call.M, call.N, call.K, call.dtype, f["num_sms"], aligned=call.aligned,
+                              gluon=f["gluon"], c_aligned=f["c_aligned"], b_kmajor=f["b_kmajor"])
+    out = {}
+    for name, cfg in flat.items():
+        mod, vcfg = variants.of(cfg)
+        out[name] = common.Candidate(name, mod.NAME, vcfg)
+    order = sorted(out, key=lambda n: _estimate(call, flat[n], n))
+    ranked = {n: out[n] for n in order}
+    if call.on_gpu:
+        ranked[LIBRARY] = common.Candidate(LIBRARY, variants.library.NAME, variants.library.Config())
+    return ranked
+
+
+def _estimate(call: Call, cfg: gconfig.GemmConfig, name: str) -> float:
+    const = cold_rule.COST.get(name)
+    if const is None:
+        return float("inf")
+    pad = 0.0 if call.aligned else cold_rule.pad_bytes(call.M, call.N, call.K, call.dtype)
+    return cold_rule.estimate_us(cfg, call.M, call.N, call.K, call.dtype, call.sms, const, pad)
+
+
+def cold(call: Call) -> common.Candidate:
+    """The cold rule's candidate (``kernels.gemm.cold.heuristic``), named as the candidate it
+    equals (else "cold")."""
+    f = _flags(call)
+    cfg = cold_rule.heuristic(call.M, call.N, call.K, call.dtype, f["num_sms"], hopper=call.hopper,
+                              gluon=f["gluon"], tma=call.aligned, c_aligned=f["c_aligned"], b_kmajor=f["b_kmajor"])
+    mod, vcfg = variants.of(cfg)
+    name = "cold"
+    if call.hopper:
+        flat = gconfig.candidates(call.M, call.N, call.K, call.dtype, f["num_sms"], aligned=call.aligned,
+                                  gluon=f["gluon"], c_aligned=f["c_aligned"], b_kmajor=f["b_kmajor"])
+        name = next((n for n, c in flat.items() if c == cfg), name)
+    return common.Candidate(name, mod.NAME, vcfg)
+
+
+@dataclasses.dataclass
+class Family:
+    """The selection layer's view of one call (``from_entry`` checks an entry against it)."""
+
+    call: Call
+    name: str = NAME
+
+    def from_entry(self, entry: Mapping[str, Any], problem: Mapping[str, Any]) -> common.Candidate:
+        mod, cfg = variants.from_dict(str(entry["variant"]), dict(entry["config"]))
+        mod.usable(self.call, cfg)
+        return common.Candidate(str(entry["candidate"]), mod.NAME, cfg)
+
+    def to_entry(self, candidate: common.Candidate) -> dict:
+        knobs = dataclasses.asdict(candidate.config)
+        return {"candidate": candidate.name, "variant": candidate.variant, "config": knobs}
+
+
+def agree(ref: torch.Tensor, out: torch.Tensor) -> bool:
+    """Two candidates' results agree: each is within the dtype's tolerance of the exact
+    product, so they are within twice it of each other."""
+    diff = torch.linalg.vector_norm((out.float() - ref.float()).flatten())
+    scale = torch.linalg.vector_norm(ref.float().flatten())
+    return bool(torch.isfinite(out.float()).all() and diff <= 2 * tolerance(ref.dtype) * scale)
+
+
+def tuner(call: Call, budget: float | None = None, timer=None, progress=None):
+    """The tune-on-miss callable for ``common.choose``: times this call's candidates on its own
+    A and B (results into scratch outputs; the caller's C is untouched)."""
+    def run(cold_candidate: common.Candidate):
+        cands = list(candidates(call).values())
+        scratch = torch.empty((call.M, call.N), dtype=call.dtype, device=call.a.device)
+
+        def make(cand: common.Candidate):
+            p = variants.VARIANTS[cand.variant].plan(call, cand.config, explicit=True)
+            first = [True]
+
+            def once():
+                # The first run writes a copy the others are compared with (the cold one's).
+                out = torch.empty_like(scratch) if first[0] else scratch
+                first[0] = False
+                variants.execute(p, call.a, call.b, out)
+                return out
+            return once
+
+        return common_tune.tune(cands, cold_candidate, make, agree=agree, budget=budget, timer=timer,
+                                progress=progress)
+    return run
+
+
+def choose(call: Call, *, tune: bool = False, capturing: bool = False, budget: float | None = None,
+           timer=None, tables=None) -> common.Choice:
+    """Which candidate runs this call when no config was given (see ``kernels.common.select``)."""
+    index = None
+    if call.on_gpu:
+        index = call.a.device.index if call.a.device.index is not None else torch.cuda.current_device()
+    device = common.device_of(index)
+    return common.choose(Family(call), problem(call), device, cold=lambda: cold(call), tune=tune,
+                         capturing=capturing, tuner=tuner(call, budget, timer), tables=tables)
