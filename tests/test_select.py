@@ -1,0 +1,381 @@
+"""The selection layer (kernels.common.select / tables / tune) and the GEMM family through it:
+tuning tables as untrusted files, tune-on-miss with a fake timer, the cold rule under graph
+capture, and matmul choosing from a table (CPU, Triton's interpreter)."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.common import select, tables, tune
+from kernels.common.select import Candidate
+from kernels.gemm import launch as glaunch, select as gselect, variants
+
+DEVICE = {"name": "NVIDIA H200", "capability": "9.0"}
+
+
+def _head(**over):
+    return {**tables.header(DEVICE, "toy"), **over}
+
+
+def _entry(name="b", variant="v", **knobs):
+    return {"candidate": name, "variant": variant, "config": dict(knobs)}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings(monkeypatch, tmp_path):
+    """Each test: its own user and shipped roots, and warnings said anew."""
+    monkeypatch.setattr(tables, "_said", set())
+    monkeypatch.setenv("WORKBENCH_TUNING_DIR", str(tmp_path / "user"))
+    monkeypatch.setattr(tables, "SHIPPED_ROOT", tmp_path / "shipped")
+    monkeypatch.setattr(select, "TABLES", tables.Tables())
+    monkeypatch.delenv("WORKBENCH_TUNE", raising=False)
+    monkeypatch.delenv("WORKBENCH_TUNE_BUDGET_S", raising=False)
+    glaunch.clear_plans()
+    yield
+    glaunch.clear_plans()
+
+
+def _write(root: Path, doc) -> Path:
+    path = tables.table_path(root, DEVICE, "toy")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return path
+
+
+# --------------------------------------------------------------------------------------- tables
+def test_write_then_lookup_user_over_shipped(tmp_path):
+    t = tables.Tables()
+    shipped = tables.table_path(tables.SHIPPED_ROOT, DEVICE, "toy")
+    tables.write_entry(shipped, _head(), "M=1", _entry("shipped"))
+    assert t.lookup(DEVICE, "toy", "M=1")[0]["candidate"] == "shipped"
+    assert t.save(DEVICE, "toy", "M=1", _entry("mine")) == tables.table_path(tables.user_root(), DEVICE, "toy")
+    entry, where = t.lookup(DEVICE, "toy", "M=1")
+    assert entry["candidate"] == "mine" and where.startswith("user table")
+    assert t.lookup(DEVICE, "toy", "M=2") == (None, "")
+    doc = json.loads(shipped.read_text())
+    assert doc["device"] == "NVIDIA H200" and doc["capability"] == "9.0" and doc["family"] == "toy"
+    assert tables.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+@pytest.mark.parametrize("what", ["corrupt", "truncated", "huge", "not-a-table", "old-version", "bad-entry"])
+def test_bad_table_files_are_ignored_and_said_once(tmp_path, what, monkeypatch):
+    good = {**_head(), "entries": {"M=1": _entry("a"), "M=2": _entry("b")}}
+    text = json.dumps(good)
+    doc = {"corrupt": "{not json at all", "truncated": text[: len(text) // 2],
+           "huge": " " * (tables.MAX_TABLE_BYTES + 10) + text, "not-a-table": json.dumps([1, 2, 3]),
+           "old-version": json.dumps({**good, "version": 99}),
+           "bad-entry": json.dumps({**good, "entries": {"M=1": {"candidate": 3}, "M=2": _entry("b")}})}[what]
+    _write(tables.user_root(), doc)
+    t = tables.Tables()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        first = t.lookup(DEVICE, "toy", "M=2")
+        t.lookup(DEVICE, "toy", "M=1")
+        tables.Tables().lookup(DEVICE, "toy", "M=2")   # another reader in the same process: not said again
+    said = [x for x in w if issubclass(x.category, tables.TuningTableWarning)]
+    assert len(said) == 1, [str(x.message) for x in said]
+    assert "toy.json" in str(said[0].message)
+    if what == "bad-entry":   # the good entry of a partly bad file still serves
+        assert first[0]["candidate"] == "b" and t.lookup(DEVICE, "toy", "M=1") == (None, "")
+    else:
+        assert first == (None, "")
+
+
+def test_a_huge_table_is_read_bounded(monkeypatch):
+    path = _write(tables.user_root(), "x")
+    reads = []
+
+    class Spy:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def read(self, n=-1):
+            reads.append(n)
+            return b" " * (tables.MAX_TABLE_BYTES + 1)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            self.fh.close()
+
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: Spy(real_open(p, *a, **k)) if str(p) == str(path)
+                        else real_open(p, *a, **k))
+    with pytest.warns(tables.TuningTableWarning, match="larger than"):
+        assert tables.read(path) == {}
+    assert reads == [tables.MAX_TABLE_BYTES + 1]
+
+
+@pytest.mark.parametrize("field,value", [("device", "NVIDIA H100 80GB HBM3"), ("triton", "3.5.0"),
+                                         ("capability", "8.0")])
+def test_a_table_of_another_device_or_triton_is_ignored(field, value):
+    _write(tables.user_root(), {**_head(**{field: value}), "entries": {"M=1": _entry("a")}})
+    with pytest.warns(tables.TuningTableWarning, match=f"made for {field}"):
+        assert tables.Tables().lookup(DEVICE, "toy", "M=1") == (None, "")
+
+
+def _writer(root: str, worker: int, n: int) -> None:
+    for i in range(n):
+        tables.write_entry(Path(root) / "t.json", _head(), f"w={worker},i={i}", _entry(f"c{worker}-{i}"))
+
+
+def test_concurrent_writers_lose_no_entry(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, 15)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    entries = tables.read(tmp_path / "t.json")
+    assert len(entries) == 60 and all(entries[f"w={w},i={i}"]["candidate"] == f"c{w}-{i}"
+                                      for w in range(4) for i in range(15))
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_an_unwritable_place_keeps_the_result_for_this_process(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("WORKBENCH_TUNING_DIR", str(blocker / "tuning"))   # under a file: cannot be made
+    t = tables.Tables()
+    with pytest.warns(tables.TuningTableWarning, match="could not be saved.*WORKBENCH_TUNING_DIR"):
+        assert t.save(DEVICE, "toy", "M=1", _entry("x")) is None
+    entry, where = t.lookup(DEVICE, "toy", "M=1")
+    assert entry["candidate"] == "x" and "not saved" in where
+
+
+# ---------------------------------------------------------------------------------------- tuner
+def _fake_timer(times):
+    def timer(fn, rep_ms):
+        fn()
+        return times[fn.name], 0.005, "fake"
+    return timer
+
+
+def _cands(*names):
+    return [Candidate(n, "v", {}) for n in names]
+
+
+def _make(c):
+    def fn():
+        return c.name
+    fn.name = c.name
+    return fn
+
+
+def test_tuner_picks_the_fastest_and_keeps_the_cold_pick_within_the_margin():
+    cands = _cands("cold", "a", "b")
+    r = tune.tune(cands, cands[0], _make, timer=_fake_timer({"cold": 10.0, "a": 7.0, "b": 8.0}), budget=5)
+    assert r.kept and r.candidate.name == "a" and set(r.times_us) == {"cold", "a", "b"}
+    r = tune.tune(cands, cands[0], _make, timer=_fake_timer({"cold": 10.0, "a": 9.8, "b": 11.0}), budget=5)
+    assert not r.kept and r.candidate.name == "cold"   # 2% faster is within the noise margin
+
+
+def test_tuner_skips_failing_and_disagreeing_candidates():
+    cands = _cands("cold", "broken", "wrong", "ok")
+
+    def make(c):
+        if c.name == "broken":
+            raise ValueError("needs sm_90")
+        return _make(c)
+
+    r = tune.tune(cands, cands[0], make, agree=lambda ref, out: out != "wrong",
+                  timer=_fake_timer({"cold": 10.0, "wrong": 1.0, "ok": 5.0}), budget=5)
+    assert r.candidate.name == "ok" and set(r.failed) == {"broken", "wrong"}
+
+
+def test_tuner_stops_starting_candidates_after_the_budget(monkeypatch):
+    clock = iter(range(0, 1000, 1))
+    monkeypatch.setattr(tune.time, "monotonic", lambda: next(clock))
+    cands = _cands(*[f"c{i}" for i in range(10)])
+    r = tune.tune(cands, cands[0], _make, timer=_fake_timer({c.name: 10.0 - i for i, c in enumerate(cands)}),
+                  budget=3)
+    assert 1 < len(r.times_us) < 10
+
+
+def test_tuning_budget_from_the_environment(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_TUNE_BUDGET_S", "0.5")
+    assert tune.budget_s() == 0.5
+    monkeypatch.setenv("WORKBENCH_TUNE_BUDGET_S", "soon")
+    with pytest.raises(ValueError, match="number of seconds"):
+        tune.budget_s()
+
+
+# ----------------------------------------------------------------------------- the choice itself
+class Toy:
+    name = "toy"
+
+    def from_entry(self, entry, problem):
+        if entry["config"].get("block") not in (16, 32):
+            raise ValueError(f"block={entry['config'].get('block')!r} must be 16 or 32")
+        return Candidate(entry["candidate"], entry["variant"], entry["config"])
+
+    def to_entry(self, c):
+        return {"candidate": c.name, "variant": c.variant, "config": dict(c.config)}
+
+
+def _choose(tune_=False, capturing=False, result=None):
+    calls = []
+
+    def tuner(cold):
+        calls.append(cold)
+        return result
+    cold = Candidate("cold", "v", {"block": 16})
+    choice = select.choose(Toy(), {"M": 1}, DEVICE, cold=lambda: cold, tune=tune_, capturing=capturing,
+                           tuner=tuner)
+    return choice, calls
+
+
+def test_no_tuning_while_a_graph_is_captured():
+    choice, calls = _choose(tune_=True, capturing=True)
+    assert choice.source == "cold" and "captured" in choice.where and not calls
+
+
+def test_a_hand_edited_invalid_entry_is_refused_and_the_cold_rule_serves():
+    _write(tables.user_root(), {**_head(), "entries": {"M=1": _entry("fast", block=7)}})
+    with pytest.warns(tables.TuningTableWarning, match="block=7 must be 16 or 32"):
+        choice, _ = _choose()
+    assert choice.source == "cold" and choice.candidate.name == "cold"
+
+
+def test_tuned_winner_is_saved_with_provenance_and_served_next():
+    cands = [Candidate("cold", "v", {"block": 16}), Candidate("fast", "v", {"block": 32})]
+    result = tune.tune(cands, cands[0], _make, timer=_fake_timer({"cold": 10.0, "fast": 5.0}), budget=5)
+    choice, calls = _choose(tune_=True, result=result)
+    assert choice.source == "tuned" and choice.candidate.name == "fast" and len(calls) == 1
+    entry = tables.read(tables.table_path(tables.user_root(), DEVICE, "toy"))["M=1"]
+    assert entry["us"] == 5.0 and entry["cold"] == "cold" and entry["cold_us"] == 10.0 and entry["kept"]
+    assert {"date", "git", "torch", "how", "by"} <= set(entry) and entry["config"] == {"block": 32}
+    select.TABLES = tables.Tables()   # a later process: served from the table, nothing timed
+    again, calls = _choose(tune_=True)
+    assert again.source == "table" and again.candidate.name == "fast" and not calls
+
+
+# -------------------------------------------------------------------- the GEMM family through it
+def _operands(M=33, N=40, K=48, dtype=torch.float16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g).to(dtype))
+
+
+def _reference_ok(c, a, b):
+    ref = a.double() @ b.double()
+    err = torch.linalg.vector_norm(c.double() - ref) / torch.linalg.vector_norm(ref)
+    return bool(torch.isfinite(c).all()) and float(err) < 5e-3
+
+
+def test_gemm_table_entry_runs_and_says_where_it_came_from():
+    a, b = _operands()
+    call = glaunch._call(a, b, None, 33, 40, 48, False, False)
+    key = select.problem_key(gselect.problem(call))
+    assert key == "dtype=fp16,M=33,N=40,K=48,b=row,tma=111"
+    knobs = dict(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=1, num_stages=1, num_sms=3)
+    dev = select.device_of(None)
+    tables.write_entry(tables.table_path(tables.user_root(), dev, "gemm"), tables.header(dev, "gemm"), key,
+                       {"candidate": "tiny", "variant": "persistent", "config": knobs})
+    p = glaunch.plan_for(a, b)
+    assert p.choice.source == "table" and p.choice.candidate.name == "tiny" and p.config.block_m == 16
+    c = torch.full((33, 40), float("nan"), dtype=torch.float16)
+    glaunch.matmul(a, b, out=c)
+    assert _reference_ok(c, a, b)
+
+
+def test_gemm_invalid_table_config_falls_back_to_the_cold_rule():
+    a, b = _operands()
+    call = glaunch._call(a, b, None, 33, 40, 48, False, False)
+    key = select.problem_key(gselect.problem(call))
+    dev = select.device_of(None)
+    path = tables.table_path(tables.user_root(), dev, "gemm")
+    tables.write_entry(path, tables.header(dev, "gemm"), key,
+                       {"candidate": "x", "variant": "persistent", "config": {"block_m": 24}})
+    with pytest.warns(tables.TuningTableWarning, match="block_m=24"):
+        p = glaunch.plan_for(a, b)
+    assert p.choice.source == "cold"
+    assert _reference_ok(glaunch.matmul(a, b), a, b)
+
+
+def test_gemm_tune_on_miss_times_candidates_saves_the_winner_and_results_agree(monkeypatch):
+    tiny = variants.persistent.Config(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=1, num_stages=1)
+    split = variants.splitk.Config(block_m=16, block_n=32, block_k=16, num_warps=1, num_stages=1, split_k=2)
+    monkeypatch.setattr(gselect, "candidates", lambda call: {
+        "tiny": Candidate("tiny", "persistent", tiny), "split": Candidate("split", "splitk", split)})
+    times = {"cold": 50.0, "tiny": 40.0, "split": 20.0}
+    seen = []
+
+    def timer(fn, rep_ms):
+        fn()
+        name = ["cold", "tiny", "split"][len(seen)]
+        seen.append(name)
+        return times[name], 0.01, "fake"
+    monkeypatch.setattr(tune, "gpu_timer", timer)
+    a, b = _operands(M=20, N=24, K=64)
+    c = torch.full((20, 24), float("nan"), dtype=torch.float16)
+    glaunch.matmul(a, b, out=c, tune=True)
+    assert _reference_ok(c, a, b) and seen == ["cold", "tiny", "split"]
+    p = glaunch.plan_for(a, b, out=c, tune=True)
+    assert p.choice.source == "tuned" and p.kind == "splitk"
+    entry = next(iter(tables.read(tables.table_path(tables.user_root(), select.device_of(None), "gemm")).values()))
+    assert entry["candidate"] == "split" and entry["variant"] == "splitk" and entry["config"]["split_k"] == 2
+    # A later process (fresh plans) serves it from the table, tuning nothing.
+    glaunch.clear_plans()
+    monkeypatch.setattr(select, "TABLES", tables.Tables())
+    seen.clear()
+    assert glaunch.plan_for(a, b, out=c, tune=True).choice.source == "table" and not seen
+    # Without tune the table still serves; WORKBENCH_TUNE=1 asks as tune=True does.
+    assert glaunch.plan_for(a, b, out=c).choice.source == "table"
+    monkeypatch.setenv("WORKBENCH_TUNE", "1")
+    assert select.tune_requested(None) and not select.tune_requested(False)
+
+
+def test_gemm_library_candidate_is_refused_off_the_gpu():
+    a, b = _operands()
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        glaunch.matmul(a, b, variants.library.Config())
+
+
+def test_every_variant_config_round_trips_through_a_table_entry():
+    for name, mod in variants.VARIANTS.items():
+        cfg = mod.Config()
+        fam = gselect.Family(call=None)
+        entry = fam.to_entry(Candidate("c", name, cfg))
+        json.dumps(entry)
+        back_mod, back = variants.from_dict(entry["variant"], entry["config"])
+        assert back_mod is mod and back == cfg
+    with pytest.raises(ValueError, match="no knob"):
+        variants.from_dict("splitk", {"stream_k": True})
+    with pytest.raises(ValueError, match="unknown gemm variant"):
+        variants.from_dict("magic", {})
+
+
+@pytest.mark.gpu
+def test_gpu_shipped_tables_load_and_their_configs_run_correctly():
+    """Every entry of this GPU's shipped GEMM table (zoo shapes) plans and runs within tolerance."""
+    dev = select.device_of(torch.cuda.current_device())
+    path = tables.table_path(Path(tables.__file__).parent / "tables", dev, "gemm")
+    entries = tables.read(path, {k: v for k, v in tables.header(dev, "gemm").items()
+                                 if k in ("device", "capability", "triton", "family")})
+    if not entries:
+        pytest.skip(f"no shipped GEMM table for {dev['name']} ({path})")
+    checked = 0
+    for key, entry in list(entries.items())[:40]:
+        f = dict(kv.split("=") for kv in key.split(","))
+        if f["b"] != "row" or f["tma"] != "111":
+            continue
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[f["dtype"]]
+        M, N, K = int(f["M"]), int(f["N"]), int(f["K"])
+        a = torch.randn(M, K, device="cuda").to(dtype)
+        b = torch.randn(K, N, device="cuda").to(dtype)
+        c = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+        mod, cfg = variants.from_dict(entry["variant"], entry["config"])
+        glaunch.matmul(a, b, cfg, out=c)
+        ref = a.float() @ b.float()
+        err = torch.linalg.vector_norm(c.float() - ref) / torch.linalg.vector_norm(ref)
+        assert torch.isfinite(c).all() and float(err) < 2e-2, (key, entry["candidate"], float(err))
+        checked += 1
+    assert checked > 0
