@@ -15,6 +15,7 @@ COMMANDS = {
     "asm": ("workbench.asm.cli", "inspect, compile and diff kernels in the Triton cache"),
     "report": ("workbench.report", "re-run notebooks headless into self-contained HTML"),
     "sweep": ("workbench.sweep", "run a declared parameter sweep into results/"),
+    "tune": ("workbench.tune", "build a kernel family's tuning table for this GPU (or --show one)"),
 }
 
 
