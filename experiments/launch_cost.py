@@ -1,6 +1,7 @@
 """Host time per call of every public launcher, beside the library it is compared with.
 
     python experiments/launch_cost.py --out results/launch_cost            # one GPU
+    python experiments/launch_cost.py --out results/launch_cost --paths 12 # every GEMM config path, held-out shapes
     torchrun --nproc-per-node 2 experiments/launch_cost.py --out results/launch_cost --comm   # + all_gather
     torchrun --nproc-per-node 1 experiments/launch_cost.py --out DIR --comm   # the fused launchers alone
     python experiments/launch_cost.py --out DIR --descriptors              # host vs device TMA descriptors
@@ -127,6 +128,57 @@ def single_gpu(rows, bench) -> None:
         _pair(f"matmul {M}x{N}x{K}", lambda: gemm.matmul(A, B), lambda: torch.mm(A, B), "torch.mm", bench, rows,
               2 * M * N * K)
     _grouped(rows, bench)
+
+
+def config_paths(rows, bench, n_shapes: int, calls: int = CALLS) -> None:
+    """Every config path of ``matmul`` (each candidate of ``kernels.gemm.select.candidates``: persistent
+    TMA, stream-K, tail slices, split-K / swap-AB, Gluon, padded operands, the library) and the
+    selection's own choice (tables, as users call it), host time per call beside ``torch.mm``, on
+    the first ``n_shapes`` held-out zoo shapes; then a profile of the slowest path's calls."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    from experiments.run_gemm_zoo import load_shapes
+    from kernels.gemm import launch as glaunch, select as gselect
+
+    shapes = [s for s in load_shapes() if s["split"] == "held_out" and s["dtype"] == "bfloat16"][:n_shapes]
+    worst = (0.0, None, "")
+    for i, s in enumerate(shapes):
+        s = gselect.shape_of(s)
+        A, B = gselect.operands(s, "cuda", seed=i)
+        M, K = A.shape
+        N = B.shape[1]
+        call = glaunch._call(A, B, None, M, N, K, False, False)
+        fns = {"torch.mm": lambda: torch.mm(A, B), "matmul (selected)": lambda: glaunch.matmul(A, B)}
+        for name, cand in gselect.candidates(call).items():
+            fns[f"{name} [{cand.variant}]"] = (lambda cfg=cand.config: glaunch.matmul(A, B, cfg))
+        base = None
+        for name, fn in fns.items():
+            try:
+                fn()
+                torch.cuda.synchronize()
+            except Exception as exc:   # a path this shape cannot take
+                print(f"  {M}x{N}x{K} {name}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                continue
+            h = bench.host_time_us(fn, calls=calls, warmup=10)
+            base = h["median_us"] if name == "torch.mm" else base
+            ratio = h["median_us"] / base if base else math.nan
+            rows.append(_row(f"paths {M}x{N}x{K}", name, h, ratio_vs_torch_mm=ratio))
+            if name != "torch.mm" and ratio > worst[0]:
+                worst = (ratio, fn, f"{M}x{N}x{K} {name}")
+        line = ", ".join(f"{r['impl'].split(' ')[0]} {r['host_us']:.0f}" for r in rows if r["case"] == f"paths {M}x{N}x{K}")
+        print(f"paths {M}x{N}x{K} (host us per call): {line}", flush=True)
+    if worst[1] is not None:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            worst[1]()
+        prof.disable()
+        torch.cuda.synchronize()
+        print(f"profile of the slowest path ({worst[2]}: {worst[0]:.2f}x torch.mm), 200 calls:", flush=True)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(14)
 
 
 def _grouped(rows, bench) -> None:
@@ -817,6 +869,8 @@ def main(argv=None) -> int:
     ap.add_argument("--comm", action="store_true",
                     help="under torchrun: all_gather vs NCCL (world size >= 2), the fused launchers (any size)")
     ap.add_argument("--breakdown", action="store_true", help="only: where a planned matmul call's host time goes")
+    ap.add_argument("--paths", type=int, default=0, metavar="N",
+                    help="only: every GEMM config path's host time on N held-out zoo shapes (paths.csv)")
     ap.add_argument("--descriptors", action="store_true",
                     help="only: host vs device TMA descriptors (files descriptors*.csv, descriptors_log.txt)")
     ap.add_argument("--dry-run", action="store_true",
@@ -859,6 +913,8 @@ def main(argv=None) -> int:
             fused_world(rows, bench)
     elif args.breakdown:
         breakdown(rows, bench)
+    elif args.paths:
+        config_paths(rows, bench, args.paths)
     else:
         single_gpu(rows, bench)
     if rows:
@@ -866,7 +922,8 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         prov = provenance.flat(provenance.collect(world_size=world))
         df = pd.DataFrame([{**r, **prov} for r in rows])
-        name = "launch_cost_comm.csv" if args.comm else "breakdown.csv" if args.breakdown else "launch_cost.csv"
+        name = ("launch_cost_comm.csv" if args.comm else "breakdown.csv" if args.breakdown else
+                "paths.csv" if args.paths else "launch_cost.csv")
         df.to_csv(out / name, index=False)
         print(f"wrote {out / name} ({len(df)} rows)")
     return 0

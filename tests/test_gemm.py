@@ -1005,7 +1005,7 @@ def test_plan_cache_is_bounded(monkeypatch):
 
 def test_device_descriptors_only_for_short_eager_kernels(monkeypatch):
     """Device descriptors where switched on, for kernels under DEVICE_DESC_MAX_US by the
-    bound, never while a CUDA graph is captured (host descriptors go into the graph once);
+    bound (every size by default), never while a CUDA graph is captured (host descriptors go into the graph once);
     each outcome is its own plan."""
     monkeypatch.setattr(glaunch, "_PLANS", glaunch.PlanCache())
     monkeypatch.setattr(glaunch, "DEVICE_DESCRIPTORS", True)
@@ -1013,8 +1013,11 @@ def test_device_descriptors_only_for_short_eager_kernels(monkeypatch):
     a, b = torch.randn(64, 96).half(), torch.randn(96, 48).half()
     assert glaunch._descriptors_on_device(64, 48, 96, 2, False, True, True) == (True, True)
     assert glaunch.plan_for(a, b, tma).device_desc
-    assert gconfig.bound_us(8192, 8192, 8192, 2) > gconfig.DEVICE_DESC_MAX_US
+    assert glaunch._descriptors_on_device(8192, 8192, 8192, 2, False, True, True) == (True, True)   # every size
+    monkeypatch.setattr(glaunch, "DEVICE_DESC_MAX_US", 20.0)   # a bound keeps host descriptors above it
+    assert gconfig.bound_us(8192, 8192, 8192, 2) > glaunch.DEVICE_DESC_MAX_US
     assert glaunch._descriptors_on_device(8192, 8192, 8192, 2, False, True, True) == (False, False)
+    monkeypatch.setattr(glaunch, "DEVICE_DESC_MAX_US", gconfig.DEVICE_DESC_MAX_US)
     assert glaunch._descriptors_on_device(64, 48, 96, 2, True, True, True) == (False, False)   # capturing
     assert glaunch._descriptors_on_device(64, 48, 96, 2, False, False, True) == (False, True)
     monkeypatch.setattr(glaunch, "capturing", lambda t: True)

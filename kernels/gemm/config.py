@@ -285,6 +285,11 @@ _GLUON_COOP = GemmConfig(block_m=128, block_n=256, block_k=32, num_stages=6, gro
                          gluon="coop")
 _STREAM_K_CONFIG = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, group_m=8,
                               tma_store=True, epilogue_split=2, stream_k=True)
+# The same schedule on 128x128 tiles (twice the tiles: a finer last round), 5 stages as the
+# 128x128 persistent tile likes them deep; a candidate only, for the tuner (not yet measured).
+_STREAM_K_128 = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=5, group_m=8,
+                           tma_store=True, epilogue_split=2, stream_k=True)
+SK_LONG_K_STEPS = 64  # K-steps of 64 from which stream-K over every tile is a candidate (K >= 4096)
 
 
 def _fit_smem(cfg: GemmConfig, elem_bytes: int, limit: int = SMEM_LIMIT_SM90) -> GemmConfig:
@@ -328,12 +333,17 @@ class StreamKPlan:
 
 
 # Device descriptors (the kernel encodes its TMA descriptors) save the launcher
-# 10-30 us of host time per call but add a few microseconds to the kernel (21 us
-# kernels took 23 us on an H200). Worth it only where the host is the bottleneck:
-# kernels shorter than this bound, in eager calls. Chosen on the zoo's fit half
-# (results/gemm_zoo/descriptors/: eager regret 1.078 at 20 us against 1.090 with
-# device descriptors everywhere; held out: 1.047 against 1.066).
-DEVICE_DESC_MAX_US = 20.0
+# 10-30 us of host time per call (results/launch_cost/descriptors/: matmul 14.7-31.6 us
+# against 24-59 with host descriptors, GPU time no worse: graph ratio 0.99-1.23). In eager
+# calls they are taken at every size: with host descriptors the longer kernels' calls cost
+# 2-3x torch.mm's host time (a user measured 38-89 us against 24 on held-out shapes), and a
+# call's host time is what a Python loop pays whether or not the GPU hides it. The price: a
+# few microseconds of GPU time per kernel (on the zoo's fit half the eager regret was 1.090
+# with device descriptors everywhere against 1.078 with them below 20 us of modelled time,
+# results/gemm_zoo/descriptors/), at most 2% of a 100 us kernel. Set a bound (in us of
+# ``bound_us``) to keep host descriptors above it; under CUDA-graph capture host descriptors
+# are always used (encoded once, into the graph).
+DEVICE_DESC_MAX_US = math.inf
 _PEAK_FLOPS, _PEAK_BYTES = 660e12, 3.3e12   # the bound below: H200-like 16-bit MMA and HBM rates
 
 
@@ -616,9 +626,18 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, num_
         out["t128x128x2"] = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3,
                                        num_sms=2 * num_sms, **st)
     tiles256 = math.ceil(M / 128) * math.ceil(N / 256)
-    if tiles256 > num_sms and tiles256 % num_sms:
+    k_steps64 = math.ceil(K / 64)
+    # Stream-K: the last, partial round's K-steps spread over every SM; under one round with a
+    # long K (1536x1536x24576: 72 tiles of 128x256 on 132 SMs) that is every tile's K, split over
+    # all the SMs with the fix-up in the kernel (no second pass). A split tile costs a partial
+    # written and read back, which only a long K pays for (SK_LONG_K_STEPS).
+    if (tiles256 > num_sms and tiles256 % num_sms) or (tiles256 < num_sms and k_steps64 >= SK_LONG_K_STEPS):
         out["t128x256sk"] = _STREAM_K_CONFIG if c_aligned else dataclasses.replace(
             _STREAM_K_CONFIG, tma_store=False, epilogue_split=1)
+    tiles128 = math.ceil(M / 128) * math.ceil(N / 128)
+    if tiles128 % num_sms and (tiles128 > num_sms or k_steps64 >= SK_LONG_K_STEPS) and M > SMALL_M:
+        out["t128x128sk"] = _STREAM_K_128 if c_aligned else dataclasses.replace(
+            _STREAM_K_128, tma_store=False, epilogue_split=1)
     if gluon and aligned and c_aligned and dtype in (torch.bfloat16, torch.float16) and M > SMALL_M:
         out["gl_pp"] = _GLUON_PINGPONG
         out["gl_coop"] = _GLUON_COOP

@@ -174,8 +174,13 @@ def workspace(device: torch.device, elems: int, counters: int):
     and stream, so calls on two streams never share counters; an outgrown pair is
     kept alive (a CUDA graph captured with it still points there). Call it ahead
     of a graph capture with the largest sizes, so the capture allocates nothing."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
+    if device.type == "cuda":   # Triton's driver call: a fraction of torch.cuda.current_stream's host cost
+        from triton.runtime.driver import driver
+
+        index = device.index if device.index is not None else driver.active.get_current_device()
+        key = (index, driver.active.get_current_stream(index))
+    else:
+        key = (-1, 0)
     ws, cnt = _SK_WORKSPACE.get(key, (None, None))
     if ws is None or ws.numel() < elems or cnt.numel() < counters:
         if ws is not None:

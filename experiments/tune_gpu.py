@@ -1,0 +1,118 @@
+"""One GPU node, one command: tune every family's shipped shape list into tables for this GPU,
+then check the tables as users call the kernels (held-out and fresh shapes, eager and graph,
+the library in the same run), and measure each config path's host time.
+
+    python experiments/tune_gpu.py --out results/tuning/h200              # everything, in order
+    python experiments/tune_gpu.py --out DIR --only tune-gemm,verify-gemm  # some phases
+    python experiments/tune_gpu.py --out DIR --list                        # the phases and their commands
+
+Phases run one after another as subprocesses, each with its own time limit, under one overall
+deadline (``--deadline-s``): a phase that would start after the deadline is skipped and said.
+Tables go to ``OUT/tables/<device>/<family>.json`` (``WORKBENCH_TUNING_DIR=OUT/tables``, so the
+checks that follow use them; copy them into ``kernels/common/tables/`` to ship them), every
+candidate's time to ``OUT/times_<family>.csv``, the checks' tables beside them, each phase's
+output to ``OUT/log.txt``; after every phase everything is packed into ``OUT/results.tar.gz``
+(so a run stopped by its time limit keeps what it finished).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def phases(out: Path, fresh: int, day: str | None, gemm_budget: float) -> list[tuple[str, list[str], float]]:
+    """(name, argv, time limit in seconds) of every phase, in the order they run."""
+    day_args = ["--day", day] if day else []
+    wb = [PY, "-m", "workbench.cli", "tune"]
+    fresh_yaml = out / "fresh.yaml"
+    return [
+        ("tests", [PY, "-m", "pytest", "-q", "-x", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_select.py",
+                   "tests/test_gemm.py", "tests/test_grouped_gemm.py", "tests/test_moe_mxfp4.py"], 200),
+        ("draw-fresh", [PY, "experiments/run_gemm_selection.py", "--fresh", str(fresh), "--write-fresh",
+                        str(fresh_yaml), *day_args], 30),
+        ("tune-gemm", [*wb, "gemm", "--shapes", "experiments/gemm_shapes.yaml", "--budget-s", str(gemm_budget),
+                       "--times", str(out / "times_gemm.csv")], 290),
+        ("tune-gemm-fresh", [*wb, "gemm", "--shapes", str(fresh_yaml), "--budget-s", str(gemm_budget),
+                             "--times", str(out / "times_gemm.csv")], 60),
+        ("tune-grouped", [*wb, "grouped", "--shapes", "experiments/grouped_gemm_layers.yaml", "--budget-s", "3",
+                          "--times", str(out / "times_grouped.csv")], 100),
+        ("tune-moe-mxfp4", [*wb, "moe_mxfp4", "--shapes", "experiments/moe_mxfp4_tiles.yaml", "--budget-s", "2",
+                            "--times", str(out / "times_moe_mxfp4.csv")], 80),
+        ("verify-gemm", [PY, "experiments/run_gemm_selection.py", "--out", str(out / "gemm"), "--split", "held_out",
+                         "--fresh-yaml", str(fresh_yaml), "--tune-on-miss", "3", "--fresh", str(fresh),
+                         *day_args, "--budget-s", "100"], 130),
+        ("paths", [PY, "experiments/launch_cost.py", "--out", str(out / "launch_cost"), "--paths", "8"], 60),
+    ]
+
+
+def pack(out: Path) -> None:
+    tmp = out / "results.tar.gz.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        for p in sorted(out.rglob("*")):
+            if p.is_file() and p.name not in ("results.tar.gz", tmp.name):
+                tar.add(p, arcname=str(p.relative_to(out)))
+    tmp.replace(out / "results.tar.gz")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--only", default="", help="comma-separated phase names (default: all)")
+    ap.add_argument("--skip", default="", help="comma-separated phase names to leave out")
+    ap.add_argument("--deadline-s", type=float, default=570, help="start no phase after this many seconds")
+    ap.add_argument("--fresh", type=int, default=20, help="fresh shapes drawn by date")
+    ap.add_argument("--day", default=None, help="YYYYMMDD seeding the fresh shapes (default: today, UTC)")
+    ap.add_argument("--gemm-budget-s", type=float, default=1.5, help="tuning seconds per GEMM shape")
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args(argv)
+    out = args.out.resolve()
+    todo = phases(out, args.fresh, args.day, args.gemm_budget_s)
+    only = {s for s in args.only.split(",") if s}
+    skip = {s for s in args.skip.split(",") if s}
+    unknown = (only | skip) - {n for n, _, _ in todo}
+    if unknown:
+        ap.error(f"unknown phase(s) {sorted(unknown)}; phases: {', '.join(n for n, _, _ in todo)}")
+    todo = [t for t in todo if (not only or t[0] in only) and t[0] not in skip]
+    if args.list:
+        for name, argv_, limit in todo:
+            print(f"{name} ({limit:.0f} s): {shlex.join(argv_)}")
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, WORKBENCH_TUNING_DIR=str(out / "tables"), PYTHONUNBUFFERED="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.time()
+    status = []
+    with open(out / "log.txt", "a") as log:
+        for name, argv_, limit in todo:
+            left = args.deadline_s - (time.time() - t0)
+            if left < 20:
+                status.append(f"{name}: skipped (deadline)")
+                continue
+            log.write(f"\n===== {name}: {shlex.join(argv_)}\n")
+            log.flush()
+            start = time.time()
+            try:
+                rc = subprocess.run(argv_, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    timeout=min(limit, left)).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+            status.append(f"{name}: rc {rc} in {time.time() - start:.0f} s")
+            print(status[-1], flush=True)
+            log.write(f"===== {status[-1]}\n")
+            log.flush()
+            pack(out)
+    print("\n".join(status))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
