@@ -1,7 +1,9 @@
 """The GEMM family's cold-start rule: the configuration ``matmul`` runs for a problem no tuning
 table has and no one asked to tune (``kernels.gemm.select`` consults the tables first).
 
-Two rules, each where it was measured: large aligned 16-bit problems take the tiling study's
+First the region table (``REGIONS``, fitted by ``experiments/fit_gemm_cold_rule.py`` on measured
+candidates and shipped as ``cold_rule.json``) where it has the problem's region; else two
+rules, each where it was measured: large aligned 16-bit problems take the tiling study's
 ``tiling_rule``; everything else takes, of ``kernels.gemm.config.candidates``, the one the
 cost model ``estimate_us`` says is fastest (constants ``COST``, fitted on the fit half of the
 shape zoo by ``experiments/fit_gemm_heuristic.py``). fp32 at small M takes the FMA kernel,
@@ -9,7 +11,9 @@ few columns the narrow "tall" tile.
 """
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 
@@ -229,3 +233,43 @@ def fma_bound_us(M: int, N: int, K: int) -> float:
     """The FMA kernel's modelled time: fp32 B (K x N) read once at HBM_GBPS."""
     return K * N * 4 / (HBM_GBPS * 1e3)
 
+
+
+# --------------------------------------------------------------------------
+# The region table: fitted on measured candidates (experiments/fit_gemm_cold_rule.py)
+# --------------------------------------------------------------------------
+RULE_PATH = Path(__file__).resolve().parent / "cold_rule.json"
+MAX_RULE_BYTES = 1 << 20
+
+
+def region(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> str:
+    """The coarse class of a problem the region table is keyed on: dtype (16-bit or fp32),
+    operands TMA-aligned or padded, M (<= 16, <= 64, <= 512, more), N <= 64, rounds of 128x256
+    tiles over the SMs (< 1, < 4, more) and K (>= 8192: long)."""
+    dt = "fp32" if dtype == torch.float32 else "16"
+    m = "m16" if M <= 16 else "m64" if M <= 64 else "m512" if M <= 512 else "mbig"
+    rounds = math.ceil(M / 128) * math.ceil(N / 256) / max(1, num_sms)
+    w = "r<1" if rounds < 1 else "r<4" if rounds < 4 else "r4+"
+    return f"{dt},{'tma' if aligned else 'pad'},{m},{'n64' if N <= 64 else 'n'},{w},{'klong' if K >= 8192 else 'k'}"
+
+
+def load_regions(path: Path = RULE_PATH) -> dict[str, str]:
+    """region -> candidate name, from the fitted rule file (empty when absent, or when the fit kept
+    the cost model). The file ships with the package; a damaged one is an error naming it."""
+    if not path.is_file():
+        return {}
+    with open(path, "rb") as fh:
+        raw = fh.read(MAX_RULE_BYTES + 1)
+    try:
+        doc = json.loads(raw) if len(raw) <= MAX_RULE_BYTES else None
+    except ValueError:
+        doc = None
+    regions = doc.get("regions") if isinstance(doc, dict) else None
+    if not isinstance(regions, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in regions.items()):
+        raise ValueError(f"{path}: not a GEMM cold rule (expected {{'regions': {{region: candidate}}}}); re-run "
+                         f"experiments/fit_gemm_cold_rule.py --write-rule, or delete it to use the cost model")
+    return dict(regions)
+
+
+REGIONS = load_regions()

@@ -65,8 +65,14 @@ def _estimate(call: Call, cfg: gconfig.GemmConfig, name: str) -> float:
 
 
 def cold(call: Call) -> common.Candidate:
-    """The cold rule's candidate (``kernels.gemm.cold.heuristic``), named as the candidate it
-    equals (else "cold")."""
+    """The cold rule's candidate: the region table's pick for the call's region (on sm_90+, when
+    that candidate exists for the call), else ``kernels.gemm.cold.heuristic``'s, named as the
+    candidate it equals (else "cold")."""
+    if cold_rule.REGIONS and call.hopper:
+        name = cold_rule.REGIONS.get(cold_rule.region(call.M, call.N, call.K, call.dtype, call.aligned, call.sms))
+        cands = candidates(call) if name else {}
+        if name in cands:
+            return cands[name]
     f = _flags(call)
     cfg = cold_rule.heuristic(call.M, call.N, call.K, call.dtype, f["num_sms"], hopper=call.hopper,
                               gluon=f["gluon"], tma=call.aligned, c_aligned=f["c_aligned"], b_kmajor=f["b_kmajor"])

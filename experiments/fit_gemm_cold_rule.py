@@ -1,0 +1,218 @@
+"""Fit the GEMM cold-start rule on the zoo's fit half, timed on every GPU given, and report it
+on the held-out half and on the fresh shapes, against the per-shape best candidate and cuBLAS.
+
+    python experiments/fit_gemm_cold_rule.py --times results/gemm_selection/h100/times_gemm.csv \\
+        results/gemm_selection/h200/times_gemm.csv --out results/gemm_selection --write-rule
+
+Input: the per-candidate times ``workbench tune gemm --times`` writes (every candidate of a shape
+timed in the same tuning run, cuBLAS among them). Two rules are compared:
+
+* ``cost model``: the rule in ``kernels/gemm/cold.py`` as it is (without a region table), the
+  cost model fitted earlier on one H200's zoo sweep;
+* ``regions``: a table from a few coarse features (dtype, operands TMA-aligned, M class, rounds
+  of 128x256 tiles over the SMs, long K) to the one candidate with the least geometric-mean
+  regret over the fit half's shapes of that region on every GPU (at least ``--min-shapes`` of
+  them; other regions fall back to the cost model).
+
+Which is kept is decided on the fit half alone, by 5-fold cross-validation (shapes split by a
+hash of their key, both GPUs' timings of a shape in the same fold): the region table is kept
+(``--write-rule`` writes ``kernels/gemm/cold_rule.json``) only if its cross-validated regret
+beats the cost model's by more than ``--margin``; otherwise the simpler of the two that is
+within the margin. Then both are reported on the held-out half and the fresh shapes, which
+took no part in the choice: ``cold_rule_report.csv`` (per shape and GPU) and
+``cold_rule_summary.csv`` / ``.md`` (per rule, set and GPU: regret and ratio to cuBLAS).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RULE_PATH = ROOT / "kernels" / "gemm" / "cold_rule.json"
+SMS = 132  # H100 SXM and H200: the rule's features count rounds over this many SMs
+LIBRARY = "cublas"
+
+
+def load_times(paths: list[Path]) -> dict:
+    """{(device, key): {"shape": {...}, "us": {candidate: us}}} from ``--times`` CSVs."""
+    import pandas as pd
+
+    out: dict = {}
+    for p in paths:
+        df = pd.read_csv(p)
+        df = df[(df.family == "gemm") & (df.status == "ok")]
+        for r in df.itertuples():
+            rec = out.setdefault((r.device, r.key), {"shape": json.loads(r.shape), "us": {}})
+            rec["us"][r.candidate] = float(r.us)
+    return out
+
+
+def split_of(shape: dict) -> str:
+    s = str(shape.get("split", ""))
+    return "fresh" if s.startswith("fresh") else s or "unknown"
+
+
+def fake_call(shape: dict):
+    """The planning facts of a shape on an sm_90 GPU with SMS SMs, off the GPU (meta tensors)."""
+    import torch
+
+    from kernels.gemm import select as gselect
+    from kernels.gemm.plan import Call
+
+    s = gselect.shape_of(shape)
+    dtype = gselect.DTYPES[s["dtype"]]
+    M, N, K = s["M"], s["N"], s["K"]
+    es = torch.empty((), dtype=dtype).element_size()
+    a = torch.empty(M, K, dtype=dtype, device="meta")
+    b = torch.empty(N, K, dtype=dtype, device="meta").t() if s["b"] == "t" else torch.empty(K, N, dtype=dtype,
+                                                                                           device="meta")
+    a_ok, c_ok = (K * es) % 16 == 0, (N * es) % 16 == 0
+    b_ok = (K * es) % 16 == 0 if s["b"] == "t" else (N * es) % 16 == 0
+    return Call(a, b, None, M, N, K, on_gpu=True, hopper=True, sm90=True, sms=SMS, a_ok=a_ok, b_ok=b_ok,
+                b_km=s["b"] == "t" and b_ok, c_ok=c_ok, device_descriptors=True, gluon_device_descriptors=True)
+
+
+def region(shape: dict) -> str:
+    """The coarse features the region table is keyed on (also ``kernels.gemm.cold.region``)."""
+    from kernels.gemm import cold
+
+    call = fake_call(shape)
+    return cold.region(call.M, call.N, call.K, call.dtype, call.aligned, SMS)
+
+
+def cost_model_pick(shape: dict) -> str:
+    from kernels.gemm import cold, select as gselect
+
+    saved = cold.REGIONS
+    cold.REGIONS = {}
+    try:
+        return gselect.cold(fake_call(shape)).name
+    finally:
+        cold.REGIONS = saved
+
+
+def geomean(xs) -> float:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
+
+
+def fit_regions(recs: list[dict], min_shapes: int) -> dict[str, str]:
+    """region -> the candidate of least geometric-mean regret over the region's records (each a
+    shape on one GPU) that timed it, among candidates timed on all of them."""
+    by_region: dict[str, list[dict]] = defaultdict(list)
+    for r in recs:
+        by_region[r["region"]].append(r)
+    table = {}
+    for reg, rows in by_region.items():
+        if len({r["key"] for r in rows}) < min_shapes:
+            continue
+        common = set.intersection(*(set(r["us"]) for r in rows))
+        scores = {c: geomean(r["us"][c] / min(r["us"].values()) for r in rows) for c in common}
+        if scores:
+            table[reg] = min(scores, key=scores.get)
+    return table
+
+
+def pick(rule: str, table: dict, rec: dict) -> str:
+    if rule == "regions":
+        c = table.get(rec["region"])
+        if c is not None and c in rec["us"]:
+            return c
+    return rec["cost_model"]
+
+
+def regret(rule: str, table: dict, recs: list[dict]) -> list[float]:
+    out = []
+    for r in recs:
+        c = pick(rule, table, r)
+        out.append(r["us"][c] / min(r["us"].values()) if c in r["us"] else math.nan)
+    return out
+
+
+def fold_of(key: str, k: int = 5) -> int:
+    return int(hashlib.sha256(key.encode()).hexdigest(), 16) % k
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--times", type=Path, nargs="+", required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--min-shapes", type=int, default=2)
+    ap.add_argument("--margin", type=float, default=0.005, help="CV regret the region table must win by")
+    ap.add_argument("--write-rule", action="store_true", help="write kernels/gemm/cold_rule.json if it is kept")
+    args = ap.parse_args(argv)
+    import pandas as pd
+
+    times = load_times(args.times)
+    recs = []
+    for (device, key), rec in times.items():
+        if LIBRARY not in rec["us"] or len(rec["us"]) < 2:
+            continue
+        shape = rec["shape"]
+        recs.append({"device": device, "key": key, "shape": shape, "split": split_of(shape), "us": rec["us"],
+                     "region": region(shape), "cost_model": cost_model_pick(shape)})
+    fit = [r for r in recs if r["split"] == "fit"]
+    # Cross-validation on the fit half only.
+    cv = {"cost model": [], "regions": []}
+    for k in range(5):
+        train = [r for r in fit if fold_of(r["key"]) != k]
+        test = [r for r in fit if fold_of(r["key"]) == k]
+        table = fit_regions(train, args.min_shapes)
+        for rule in cv:
+            cv[rule] += regret(rule, table, test)
+    cv_gm = {rule: geomean(v) for rule, v in cv.items()}
+    keep = "regions" if cv_gm["regions"] < cv_gm["cost model"] * (1 - args.margin) else "cost model"
+    table = fit_regions(fit, args.min_shapes)
+    print(f"5-fold CV on the fit half ({len(fit)} shape-GPU records): regret cost model {cv_gm['cost model']:.3f}, "
+          f"regions {cv_gm['regions']:.3f} -> keep {keep}")
+    rows = []
+    for r in recs:
+        best = min(r["us"], key=r["us"].get)
+        for rule in ("cost model", "regions"):
+            c = pick(rule, table, r)
+            t = r["us"].get(c, math.nan)
+            rows.append({"device": r["device"], "key": r["key"], "split": r["split"], "region": r["region"],
+                         "rule": rule, "pick": c, "us": t, "best": best, "best_us": r["us"][best],
+                         "cublas_us": r["us"][LIBRARY], "regret": t / r["us"][best],
+                         "vs_cublas": r["us"][LIBRARY] / t,
+                         "best_ours": min((v for n, v in r["us"].items() if n != LIBRARY), default=math.nan)})
+    df = pd.DataFrame(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(args.out / "cold_rule_report.csv", index=False)
+    summ = []
+    for (rule, split, dev), g in df.groupby(["rule", "split", "device"]):
+        ours_best = g.cublas_us / g.best_ours
+        summ.append({"rule": rule, "set": split, "device": dev, "shapes": len(g),
+                     "regret_geomean": geomean(g.regret), "regret_worst": g.regret.max(),
+                     "vs_cublas_geomean": geomean(g.vs_cublas), "vs_cublas_min": g.vs_cublas.min(),
+                     "below_0.80": int((g.vs_cublas < 0.8).sum()), "below_0.90": int((g.vs_cublas < 0.9).sum()),
+                     "library_picked": int((g["pick"] == LIBRARY).sum()),
+                     "tables_vs_cublas_geomean": geomean(g.cublas_us / g.best_us),
+                     "tables_vs_cublas_min": float((g.cublas_us / g.best_us).min()),
+                     "best_ours_vs_cublas_geomean": geomean(ours_best)})
+    sdf = pd.DataFrame(summ)
+    sdf.to_csv(args.out / "cold_rule_summary.csv", index=False)
+    md = ["# GEMM cold rule: fitted on the fit half, reported on the others\n",
+          f"5-fold cross-validated regret on the fit half: cost model {cv_gm['cost model']:.3f}, region table "
+          f"{cv_gm['regions']:.3f}; kept: **{keep}** (margin {args.margin}).\n",
+          "```", sdf.to_string(index=False, float_format=lambda x: f"{x:.3f}"), "```", ""]
+    (args.out / "cold_rule_summary.md").write_text("\n".join(md))
+    print(sdf.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if args.write_rule:
+        doc = {"format": "kernel-workbench gemm cold rule", "version": 1, "rule": keep,
+               "regions": table if keep == "regions" else {}, "sms": SMS,
+               "fitted_on": sorted({str(p) for p in args.times}), "cv_regret": cv_gm,
+               "fit_records": len(fit)}
+        RULE_PATH.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {RULE_PATH} ({keep}, {len(doc['regions'])} regions)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
