@@ -228,7 +228,7 @@ def _header_of(path: Path) -> dict:
         with open(path, "rb") as fh:
             doc = json.loads(fh.read(tables.MAX_TABLE_BYTES + 1))
         return {k: doc.get(k) for k in ("device", "capability", "triton", "family")} if isinstance(doc, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
 
 

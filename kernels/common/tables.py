@@ -117,7 +117,7 @@ def read(path: Path, expect: Mapping[str, str] | None = None) -> dict[str, dict]
         return {}
     try:
         doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:   # RecursionError: nested too deeply
         warn_once(path, "json", f"tuning table {path}: not valid JSON ({exc}), perhaps truncated; ignored "
                                 f"(delete it, or re-run `workbench tune`)")
         return {}

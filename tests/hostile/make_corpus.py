@@ -408,10 +408,53 @@ def report_cases(root: Path) -> list[Case]:
     return cases
 
 
+def table_cases(root: Path) -> list[Case]:
+    """Tuning tables (kernels.common.tables) as a user's cache directory may hold them: read by
+    ``workbench tune --show`` and by a GEMM call that consults them."""
+    cases: list[Case] = []
+    show = ["-m", "workbench.cli", "tune", "--show", "gemm"]
+    payload = f"__import__('os').system('touch {CANARY}')"
+    head = {"format": "kernel-workbench tuning table", "version": 1, "device": "Triton interpreter",
+            "capability": "cpu", "triton": "3.6.0", "family": "gemm"}
+    bodies = {
+        "garbage": (b"\x00\xff{{{" * 1000, "not valid JSON"),
+        "deep nesting": (b"[" * 200_000 + b"]" * 200_000, "not valid JSON"),
+        "payload entry": (json.dumps({**head, "entries": {payload: {"candidate": payload, "variant": payload,
+                                                                     "config": {"block_m": payload}}}}).encode(),
+                          "1 entries"),
+    }
+    for name, (body, expect) in bodies.items():
+        d = root / "tables" / name.replace(" ", "_")
+        (d / "triton-interpreter").mkdir(parents=True)
+        (d / "triton-interpreter" / "gemm.json").write_bytes(body)
+        cases.append(Case(f"table {name}", show, expect, rcs=(0,), deadline_s=30,
+                          env={"WORKBENCH_TUNING_DIR": str(d), "TRITON_INTERPRET": "1"}))
+    for name, make, expect in (("2 GiB", lambda p: _sparse(p), "larger than"), ("FIFO", _fifo, "no tables"),
+                               ("/dev/zero", lambda p: _symlink(p, "/dev/zero"), "no tables")):
+        d = root / "tables" / name.replace(" ", "_").replace("/", "")
+        (d / "triton-interpreter").mkdir(parents=True)
+        make(d / "triton-interpreter" / "gemm.json")
+        cases.append(Case(f"table {name}", show, expect, rcs=(0,), deadline_s=30,
+                          env={"WORKBENCH_TUNING_DIR": str(d), "TRITON_INTERPRET": "1"}))
+    # A GEMM call whose user table names a payload as its config: refused (said), the cold rule runs it.
+    d = root / "tables" / "payload_call" / "triton-interpreter"
+    d.mkdir(parents=True)
+    key = "dtype=fp16,M=8,N=8,K=16,b=row,tma=111"   # kernels.gemm.select.problem of the call below
+    (d / "gemm.json").write_text(json.dumps({**head, "entries": {key: {
+        "candidate": payload, "variant": "persistent", "config": {"block_m": payload, "num_warps": 1e308}}}}))
+    code = ("import torch; from kernels.gemm import launch as L; a = torch.randn(8, 16).half(); "
+            "b = torch.randn(16, 8).half(); c = L.matmul(a, b); ok = torch.allclose(c.float(), a.float() @ b.float(), "
+            "atol=1e-2, rtol=1e-2); print('cold rule served' if ok and L.plan_for(a, b).choice.source == 'cold' "
+            "else 'WRONG')")
+    cases.append(Case("table payload config in a call", ["-c", code], "cannot run here", rcs=(0,), deadline_s=60,
+                      env={"WORKBENCH_TUNING_DIR": str(d.parent), "TRITON_INTERPRET": "1"}))
+    return cases
+
+
 def build(root: Path) -> list[Case]:
     """Every case (caches, tools, specs, report parameters) built under `root`."""
     root = Path(root)
-    cases = cache_cases(root) + tool_cases(root) + spec_cases(root) + report_cases(root)
+    cases = cache_cases(root) + tool_cases(root) + spec_cases(root) + report_cases(root) + table_cases(root)
     names = [c.name for c in cases]
     assert len(set(names)) == len(names), "case names must be unique"
     return cases
