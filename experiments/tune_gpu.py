@@ -36,20 +36,22 @@ def phases(out: Path, fresh: int, day: str | None, gemm_budget: float) -> list[t
     fresh_yaml = out / "fresh.yaml"
     return [
         ("tests", [PY, "-m", "pytest", "-q", "-x", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_select.py",
-                   "tests/test_gemm.py", "tests/test_grouped_gemm.py", "tests/test_moe_mxfp4.py"], 200),
+                   "tests/test_gemm.py", "tests/test_gemm_ws.py"], 220),
         ("draw-fresh", [PY, "experiments/run_gemm_selection.py", "--fresh", str(fresh), "--write-fresh",
                         str(fresh_yaml), *day_args], 30),
-        ("tune-gemm", [*wb, "gemm", "--shapes", "experiments/gemm_shapes.yaml", "--budget-s", str(gemm_budget),
-                       "--times", str(out / "times_gemm.csv")], 290),
         ("tune-gemm-fresh", [*wb, "gemm", "--shapes", str(fresh_yaml), "--budget-s", str(gemm_budget),
-                             "--times", str(out / "times_gemm.csv")], 60),
+                             "--times", str(out / "times_gemm.csv")], 70),
+        ("tune-gemm", [*wb, "gemm", "--shapes", "experiments/gemm_shapes.yaml", "--budget-s", str(gemm_budget),
+                       "--times", str(out / "times_gemm.csv")], 280),
+        ("tests-moe", [PY, "-m", "pytest", "-q", "-x", "-m", "gpu", "-p", "no:cacheprovider",
+                       "tests/test_grouped_gemm.py", "tests/test_moe_mxfp4.py"], 120),
         ("tune-grouped", [*wb, "grouped", "--shapes", "experiments/grouped_gemm_layers.yaml", "--budget-s", "3",
                           "--times", str(out / "times_grouped.csv")], 100),
         ("tune-moe-mxfp4", [*wb, "moe_mxfp4", "--shapes", "experiments/moe_mxfp4_tiles.yaml", "--budget-s", "2",
                             "--times", str(out / "times_moe_mxfp4.csv")], 80),
         ("verify-gemm", [PY, "experiments/run_gemm_selection.py", "--out", str(out / "gemm"), "--split", "held_out",
                          "--fresh-yaml", str(fresh_yaml), "--tune-on-miss", "3", "--fresh", str(fresh),
-                         *day_args, "--budget-s", "100"], 130),
+                         *day_args, "--budget-s", "150", "--host-calls", "60"], 180),
         ("paths", [PY, "experiments/launch_cost.py", "--out", str(out / "launch_cost"), "--paths", "8"], 60),
     ]
 
@@ -71,7 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline-s", type=float, default=570, help="start no phase after this many seconds")
     ap.add_argument("--fresh", type=int, default=20, help="fresh shapes drawn by date")
     ap.add_argument("--day", default=None, help="YYYYMMDD seeding the fresh shapes (default: today, UTC)")
-    ap.add_argument("--gemm-budget-s", type=float, default=1.5, help="tuning seconds per GEMM shape")
+    ap.add_argument("--gemm-budget-s", type=float, default=1.2, help="tuning seconds per GEMM shape")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
     out = args.out.resolve()

@@ -142,7 +142,7 @@ def tune(family_name: str, shapes: list[dict], *, root: Path | None = None, budg
         bar.set_postfix_str(label[:60])
         try:
             key, entry, result = family.tune_shape(shape, budget=budget, seed=1000 + i)
-        except (ValueError, RuntimeError) as exc:   # one shape that cannot run: said, the rest go on
+        except Exception as exc:   # one shape that cannot run: said, the rest go on
             log(f"  {label}: not tuned ({type(exc).__name__}: {str(exc)[:300]})")
             continue
         tables.write_entry(path, head, key, entry)

@@ -101,7 +101,7 @@ def tune(candidates: Sequence[Candidate], cold: Candidate, make: Callable[[Candi
                 failed[cand.name] = "result differs from the cold candidate's beyond tolerance"
                 continue
             us, spread, how = timer(fn, rep_ms)
-        except (ValueError, RuntimeError, TypeError) as exc:   # a config this problem cannot take
+        except Exception as exc:   # a config this problem cannot take (refused, failed to compile, out of resources)
             if i == 0:
                 raise
             failed[cand.name] = f"{type(exc).__name__}: {exc}"[:300]
