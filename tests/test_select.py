@@ -379,3 +379,31 @@ def test_gpu_shipped_tables_load_and_their_configs_run_correctly():
         assert torch.isfinite(c).all() and float(err) < 2e-2, (key, entry["candidate"], float(err))
         checked += 1
     assert checked > 0
+
+
+def test_workbench_tune_does_not_count_compiles_against_the_budget(monkeypatch):
+    """A first run (the compile) takes 10 s of the fake clock, a timing 1 s: with a 5 s budget a
+    user's first call stops after the compiles eat it; ``workbench tune`` times every candidate."""
+    clock = {"t": 0.0}
+    monkeypatch.setattr(tune.time, "monotonic", lambda: clock["t"])
+    cands = _cands("cold", "a", "b", "c")
+
+    def make(c):
+        state = {"first": True}
+
+        def fn():
+            if state["first"]:
+                clock["t"] += 10.0
+                state["first"] = False
+            return c.name
+        fn.name = c.name
+        return fn
+
+    def timer(fn, rep_ms):
+        clock["t"] += 1.0
+        return {"cold": 9.0, "a": 8.0, "b": 7.0, "c": 1.0}[fn.name], 0.0, "fake"
+
+    user = tune.tune(cands, cands[0], make, timer=timer, budget=5)
+    assert len(user.times_us) == 1 and user.candidate.name == "cold"
+    whole = tune.tune(cands, cands[0], make, timer=timer, budget=5, count_first_runs=False)
+    assert set(whole.times_us) == {"cold", "a", "b", "c"} and whole.candidate.name == "c"

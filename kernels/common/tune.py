@@ -69,14 +69,16 @@ def gpu_timer(fn: Callable[[], Any], rep_ms: float) -> tuple[float, float, str]:
 def tune(candidates: Sequence[Candidate], cold: Candidate, make: Callable[[Candidate], Callable[[], Any]], *,
          agree: Callable[[Any, Any], bool] | None = None, budget: float | None = None,
          margin: float = DEFAULT_MARGIN, timer: Timer | None = None,
-         progress: Callable[[str], None] | None = None) -> Result:
+         progress: Callable[[str], None] | None = None, count_first_runs: bool = True) -> Result:
     """Time ``candidates`` (the cold one first) and pick one; see the module docstring.
 
     ``make(candidate)`` returns a callable that runs it once and returns its output (it may
     raise ValueError/RuntimeError: that candidate is skipped). ``agree(cold_out, out)``: whether
     an output matches the cold candidate's within tolerance (a disagreeing candidate is never
     kept). ``timer(fn, rep_ms)`` -> (median us, relative spread, how) replaces the GPU timer
-    (tests use a fake)."""
+    (tests use a fake). ``count_first_runs=False`` (``workbench tune``): each candidate's first
+    run, which compiles it, is not counted against the budget (a first call of a user's
+    program that tunes counts everything)."""
     budget = budget_s(budget)
     timer = timer or gpu_timer
     order = [cold] + [c for c in candidates if c.name != cold.name]
@@ -94,7 +96,10 @@ def tune(candidates: Sequence[Candidate], cold: Candidate, make: Callable[[Candi
             break
         try:
             fn = make(cand)
+            t_first = time.monotonic()
             out = fn()
+            if not count_first_runs:
+                deadline += time.monotonic() - t_first
             if i == 0:
                 reference = out
             elif agree is not None and not agree(reference, out):
