@@ -8,11 +8,11 @@ the library in the same run), and measure each config path's host time.
 
 Phases run one after another as subprocesses, each with its own time limit, under one overall
 deadline (``--deadline-s``): a phase that would start after the deadline is skipped and said.
-Tables go to ``OUT/tables/<device>/<family>.json`` (``WORKBENCH_TUNING_DIR=OUT/tables``, so the
-checks that follow use them; copy them into ``kernels/common/tables/`` to ship them), every
-candidate's time to ``OUT/times_<family>.csv``, the checks' tables beside them, each phase's
-output to ``OUT/log.txt``; after every phase everything is packed into ``OUT/results.tar.gz``
-(so a run stopped by its time limit keeps what it finished).
+Tables go to ``OUT/work/tables/<device>/<family>.json`` (``WORKBENCH_TUNING_DIR`` points there,
+so the checks that follow use them; copy them into ``kernels/common/tables/`` to ship them),
+every candidate's time to ``OUT/work/times_<family>.csv``, the checks' tables beside them, each
+phase's output to ``OUT/log.txt``; after every phase ``OUT/work`` and the log are packed into
+``OUT/results.tar.gz`` (so a run stopped by its time limit keeps what it finished).
 """
 from __future__ import annotations
 
@@ -56,13 +56,14 @@ def phases(out: Path, fresh: int, day: str | None, gemm_budget: float) -> list[t
     ]
 
 
-def pack(out: Path) -> None:
-    tmp = out / "results.tar.gz.tmp"
+def pack(top: Path) -> None:
+    """``top/work`` and ``top/log.txt`` into ``top/results.tar.gz`` (replaced atomically)."""
+    tmp = top / "results.tar.gz.tmp"
     with tarfile.open(tmp, "w:gz") as tar:
-        for p in sorted(out.rglob("*")):
-            if p.is_file() and p.name not in ("results.tar.gz", tmp.name):
-                tar.add(p, arcname=str(p.relative_to(out)))
-    tmp.replace(out / "results.tar.gz")
+        for p in [top / "log.txt", *sorted((top / "work").rglob("*"))]:
+            if p.is_file():
+                tar.add(p, arcname=str(p.relative_to(top)))
+    tmp.replace(top / "results.tar.gz")
 
 
 def main(argv=None) -> int:
@@ -76,7 +77,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gemm-budget-s", type=float, default=1.2, help="tuning seconds per GEMM shape")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
-    out = args.out.resolve()
+    top = args.out.resolve()
+    out = top / "work"
     todo = phases(out, args.fresh, args.day, args.gemm_budget_s)
     only = {s for s in args.only.split(",") if s}
     skip = {s for s in args.skip.split(",") if s}
@@ -93,7 +95,7 @@ def main(argv=None) -> int:
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.time()
     status = []
-    with open(out / "log.txt", "a") as log:
+    with open(top / "log.txt", "a") as log:
         for name, argv_, limit in todo:
             left = args.deadline_s - (time.time() - t0)
             if left < 20:
@@ -111,7 +113,7 @@ def main(argv=None) -> int:
             print(status[-1], flush=True)
             log.write(f"===== {status[-1]}\n")
             log.flush()
-            pack(out)
+            pack(top)
     print("\n".join(status))
     return 0
 
