@@ -1,13 +1,15 @@
-"""Probe the warp-specialised Gluon grouped GEMM (kernels.moe.grouped_gemm_ws) on an H200
-against our Triton grouped GEMM, the per-expert cuBLAS loop and torch._grouped_mm,
-bf16, forward and dgrad, on the seed's MoE layers.
+"""Probe: the warp-specialised Gluon grouped GEMM's variants against our Triton kernel and the libraries.
 
-    PYTHONUNBUFFERED=1 python experiments/probe_grouped_gemm_ws.py --out results/grouped_gemm/probe [--quick] [--model gpt-oss-20B]
+kernels.moe.grouped_gemm_ws on one GPU against our Triton grouped GEMM, the per-expert cuBLAS loop
+and torch._grouped_mm, bf16, forward and dgrad, on the seed's MoE layers (run 12 of
+results/grouped_gemm/README.md).
+
+    PYTHONUNBUFFERED=1 python experiments/probes/probe_grouped_gemm_ws.py --out results/grouped_gemm/probe [--quick] [--model gpt-oss-20B]
 
 Cases: gpt-oss-20B (B = 4, 32 experts; GateUP N, K = 5760, 2880 and Down 2880, 2880)
 and DeepSeek-V3 (B = 16, 32; GateUP 4096, 7168 and Down 7168, 2048), M = 2048 and
 4096 tokens per expert, routings balanced / mild / extreme (kernels.moe.routing.make,
-seed 1234 + B + M as experiments/run_grouped_gemm_h200.py), ops fwd
+seed 1234 + B + M as experiments/run_grouped_gemm.py), ops fwd
 (``x [T, K] @ w[g]``, out [T, N]) and dgrad (``dy [T, N] @ w[g].T``, out [T, K],
 our kernels with trans_w=True on the stored [G, K, N] weight).
 
@@ -44,7 +46,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from workbench.child import run_records  # noqa: E402
@@ -163,7 +165,7 @@ def variant_ok(chk: dict, model, layer, op, n_expected: int) -> tuple[bool, str 
 
 class Problem:
     """Inputs for one (model, layer, B, M): x [T, K], w [B, K, N], dy [T, N], bf16
-    (seeded as experiments/run_grouped_gemm_h200.py)."""
+    (seeded as experiments/run_grouped_gemm.py)."""
 
     def __init__(self, B, M, N, K):
         import torch

@@ -20,8 +20,8 @@ one after another; `median_ms`/`q25_ms`/`q75_ms` are over those runs.
 torch._grouped_mm gets its int32 offsets and the cuBLAS loop its host sizes
 precomputed, outside the timed region; ours takes the sizes tensor as it is.
 
-Usage (on an H200 node):
-    python3 experiments/run_grouped_gemm_h200.py --out results/grouped_gemm/run [--sweep] [--quick]
+Usage (on a GPU node, sm_90: H100 or H200):
+    python3 experiments/run_grouped_gemm.py --out results/grouped_gemm/run [--sweep] [--quick]
 
 The whole table (144 cases x 4 backends, eager and graph-replayed) takes about
 4.5 minutes on one H200 with a warm autotuner cache (run 15: 269 s) and about
@@ -406,11 +406,11 @@ def main(argv=None):
         for op in OPS:
             SWEEP_CONFIGS[op] = configs
     if not torch.cuda.is_available():
-        sys.exit("run_grouped_gemm_h200.py needs a CUDA GPU; the notebook renders committed results without one")
+        sys.exit("run_grouped_gemm.py needs a CUDA GPU; the notebook renders committed results without one")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
-    command = "python3 experiments/run_grouped_gemm_h200.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python3 experiments/run_grouped_gemm.py " + " ".join(sys.argv[1:] if argv is None else argv)
     t0 = time.time()
     prov = provenance(command)
     ceil = ceilings()
@@ -429,12 +429,12 @@ def main(argv=None):
     ceil.update(cpu_overhead())
     log("host overhead per call (us): " + ", ".join(f"{k[7:]}={v:.1f}" for k, v in ceil.items()
                                                     if k.startswith("cpu_us_")))
-    rows = run_main(args.quick, prov, out / "autotune_cache.json", out / "grouped_gemm_h200.csv", args.model)
+    rows = run_main(args.quick, prov, out / "autotune_cache.json", out / "grouped_gemm.csv", args.model)
     df = pd.DataFrame(rows)
     for k, v in ceil.items():
         df[f"ceiling_{k}"] = v
-    df.to_parquet(out / "grouped_gemm_h200.parquet", index=False)
-    df.to_csv(out / "grouped_gemm_h200.csv", index=False)
+    df.to_parquet(out / "grouped_gemm.parquet", index=False)
+    df.to_csv(out / "grouped_gemm.csv", index=False)
     text = summarize(df)
     (out / "summary.md").write_text(f"command: {command}\n{text}\n")
     log(text)

@@ -1,7 +1,7 @@
-"""Run one MXFP4 down-projection call a few times at KIMI-K2.5's shapes: a target for a profiler.
+"""Probe: one MXFP4 down-projection call at KIMI-K2.5's shapes, run a few times: a profiler's target.
 
     ncu --clock-control none --kernel-name regex:_moe_mxfp4 --launch-skip 3 --launch-count 1 \
-        python experiments/run_one_moe_mxfp4.py 4 --config '{"LOAD_AHEAD": 0}'
+        python experiments/probes/run_one_moe_mxfp4.py 4 --config '{"LOAD_AHEAD": 0}'
 
 Random MXFP4 weights (385 experts, hidden 7168, intermediate 512) prepacked as a model
 loader would (``prepare_weights``, --level), random top-9 routing of M tokens, bf16
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 MAX_CONFIG_CHARS = 2000  # the --config string is parsed as JSON, never evaluated
 E, H, I, TOP_K = 385, 7168, 512, 9

@@ -1,9 +1,10 @@
-"""SHA-1 of the sm_90 SASS of every kernel family's main configurations, cross-compiled
-(no GPU). Run it at two commits and compare the output to show that a change left
+"""Probe: SHA-1 of the cross-compiled sm_90 SASS of every kernel family's main configurations.
+
+No GPU needed. Run it at two commits and compare the output to show that a change left
 the compiled kernels alone (a module move, a launcher change):
 
-    python experiments/sass_fingerprints.py > after.json
-    git stash; python experiments/sass_fingerprints.py > before.json; git stash pop
+    python experiments/probes/sass_fingerprints.py > after.json
+    git stash; python experiments/probes/sass_fingerprints.py > before.json; git stash pop
     diff before.json after.json && echo identical
 
 For a kernel that did change, ``workbench asm diff`` of the two entries shows how.
@@ -16,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 GEMM_CONFIGS = {
     "heuristic-4096": None,

@@ -1,9 +1,9 @@
-"""GPU timeline of all_gather_matmul calls, eager and CUDA-graph replayed (torch.profiler).
+"""Probe: GPU timeline of all_gather_matmul calls, eager and CUDA-graph replayed (torch.profiler).
 
 Rank 0 prints every kernel and copy of two eager calls and of one replay of a graph of two calls,
 with start times and durations: whether the copies overlap the GEMMs as the variant intends.
 
-    torchrun --nproc-per-node 2 experiments/profile_ag_gemm.py --variant chunked --shape 4096x3584x8192 --gather-dim 0
+    torchrun --nproc-per-node 2 experiments/probes/profile_ag_gemm.py --variant chunked --shape 4096x3584x8192 --gather-dim 0
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import torch
 import torch.distributed as tdist
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 from kernels import ag_gemm  # noqa: E402
-from run_ag_gemm import parse_shapes  # noqa: E402  (this folder: the script's own)
+from run_ag_gemm import parse_shapes  # noqa: E402  (experiments/: the study script's own)
 from workbench import dist  # noqa: E402
 
 

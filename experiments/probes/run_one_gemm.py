@@ -1,7 +1,7 @@
-"""Run one kernels.gemm.matmul call signature a few times: a target for a profiler.
+"""Probe: one kernels.gemm.matmul call signature, run a few times: a target for a profiler.
 
     ncu --clock-control none --kernel-name regex:_gemm --launch-skip 3 --launch-count 1 \
-        python experiments/run_one_gemm.py 1539 2824 4224 --config '{"stream_k": true}'
+        python experiments/probes/run_one_gemm.py 1539 2824 4224 --config '{"stream_k": true}'
 
 Fresh random bf16 (or --dtype) operands, the config as JSON (a dict of GemmConfig
 fields; omitted: the heuristic), ``--iters`` calls, then one check against an fp32
@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 MAX_CONFIG_CHARS = 2000  # the --config string is parsed as JSON, never evaluated
 

@@ -1,7 +1,8 @@
-"""Probe the warp-specialised Gluon GEMM (kernels.gemm.gluon) on an H200 against
-cuBLAS and the existing Triton kernel (kernels.gemm), bf16, on the 8 goal shapes.
+"""Probe: the warp-specialised Gluon GEMM's variants against cuBLAS and the Triton GEMM on the goal shapes.
 
-    PYTHONUNBUFFERED=1 python experiments/probe_gemm_ws.py --out results/gemm_tiling/probe
+kernels.gemm.gluon on one GPU, bf16, the 8 goal shapes (run 9a of results/gemm_tiling/README.md).
+
+    PYTHONUNBUFFERED=1 python experiments/probes/probe_gemm_ws.py --out results/gemm_tiling/probe
 
 1. Every ``matmul_ws`` variant first runs in a child process, with a time limit
    (``--child-timeout``): compile, then every shape against an fp32 reference
@@ -30,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from workbench.child import run_records  # noqa: E402

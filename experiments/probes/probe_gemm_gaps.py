@@ -1,7 +1,6 @@
-"""Probe the zoo shapes where kernels.gemm is furthest behind cuBLAS: which cuBLAS
-kernel runs them, and how other tilings of ours fare there.
+"""Probe: which cuBLAS kernel runs the zoo shapes where kernels.gemm lags, and how other tilings fare.
 
-    PYTHONUNBUFFERED=1 python experiments/probe_gemm_gaps.py --out results/gemm_zoo/gaps
+    PYTHONUNBUFFERED=1 python experiments/probes/probe_gemm_gaps.py --out results/gemm_zoo/gaps
 
 1. ``cublas_kernels.csv``: for every shape, the kernels ``torch.matmul`` launches
    (names from ``torch.profiler``; cuBLAS names carry the tile, cluster and
@@ -37,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 # The zoo's worst held-out and fit shapes (results/gemm_zoo/final.csv, run 4).

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""SASS instructions per weight of the MXFP4 down-projection's variants, cross-compiled for sm_90
-on the CPU (no GPU): the issue-17 yardstick for the expansion's cost.
+"""Probe: SASS instructions per weight of the MXFP4 down-projection's variants (sm_90, cross-compiled).
+
+No GPU needed: the yardstick for the cost of expanding the weights (issue 17).
 
 For each variant (KIMI-K2.5 shapes: H = 7168, I = 512, top-9, w4a16, atomic epilogue) prints the
 SASS instructions per thread divided by the weights each thread expands (BLOCK_N * I / threads),
 by class, with registers, programs per SM and the shared-memory traffic (STS / LDS / BAR), for
 the plain layout and the prepacked levels 1-3.
 
-    python3 experiments/sass_moe_mxfp4_variants.py [--csv out.csv]
+    python3 experiments/probes/sass_moe_mxfp4_variants.py [--csv out.csv]
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kernels.moe_mxfp4 import MoeMxfp4Config  # noqa: E402

@@ -1,8 +1,8 @@
 """One scripted GPU run for the GEMM tiling study (needs only torch, triton,
 pandas, pyarrow, pyyaml, tqdm: what a bare GPU node has).
 
-    PYTHONUNBUFFERED=1 python experiments/run_gemm_h200.py --out results/gemm_tiling/run          # full
-    PYTHONUNBUFFERED=1 python experiments/run_gemm_h200.py --out results/gemm_tiling/run --quick  # quick
+    PYTHONUNBUFFERED=1 python experiments/run_gemm_tiling.py --out results/gemm_tiling/run          # full
+    PYTHONUNBUFFERED=1 python experiments/run_gemm_tiling.py --out results/gemm_tiling/run --quick  # quick
 
 1. measures the device ceilings (copy bandwidth, cuBLAS bf16/fp16 GEMM);
 2. times, on the goal shapes, the heuristic's configuration (kernels.gemm.heuristic),
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not bench.gpu_timing_available():
-        print("run_gemm_h200: needs a CUDA GPU (and TRITON_INTERPRET unset)", file=sys.stderr)
+        print("run_gemm_tiling: needs a CUDA GPU (and TRITON_INTERPRET unset)", file=sys.stderr)
         return 2
     prov = provenance.collect()
     print(f"device {prov['device_name']} x{prov['device_count']}, torch {prov['torch_version']}, "
