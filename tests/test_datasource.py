@@ -19,13 +19,20 @@ import textwrap
 import time
 from pathlib import Path
 
-import nbformat
 import pandas as pd
 import pytest
 
-from test_report import REPO, workbench_report
-from workbench import datasource
-from workbench.datasource import MeasureError, compare_cases, plan
+# The notebook stack (a GPU node running `pytest -m gpu tests/` may not have it): without it this
+# module skips, and the rest of the suite still collects.
+for _stack in ("nbformat", "papermill", "nbconvert"):
+    pytest.importorskip(_stack, reason=f"needs the notebook stack ({_stack} is not importable: make setup)",
+                        exc_type=ImportError)
+pytest.importorskip("IPython", reason="needs IPython (the notebook stack: make setup)", exc_type=ImportError)
+
+import nbformat  # noqa: E402
+from test_report import REPO, workbench_report  # noqa: E402
+from workbench import datasource  # noqa: E402
+from workbench.datasource import MeasureError, compare_cases, plan  # noqa: E402
 
 NO_GPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}  # a GPU node running these tests measures nothing
 
