@@ -179,3 +179,18 @@ def test_notebook_names_only_files_that_exist(nb):
             if not any(f == name or f.endswith("/" + name) or fnmatch.fnmatch(f, "*" + name) for f in _committed_data()):
                 missing.append(name)
     assert not missing, f"{nb.name} names files that are not in the tree: {sorted(set(missing))}"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_cells_carry_ids_and_tag_their_setup(nb):
+    """Cell ids (nbformat 4.5: without them every run of `make report` warns), the setup cells a report
+    folds (workbench.report_layout: at least the parameters and the imports) and the findings it shows first."""
+    data = json.loads(nb.read_text(encoding="utf-8"))
+    assert (data["nbformat"], data["nbformat_minor"]) >= (4, 5)
+    ids = [c.get("id") for c in data["cells"]]
+    assert all(ids) and len(set(ids)) == len(ids), f"{nb.name}: cells without an id or with a repeated one"
+    tags = [set(c.get("metadata", {}).get("tags", [])) for c in data["cells"]]
+    setup = [i for i, t in enumerate(tags) if "setup" in t]
+    assert any("parameters" in tags[i] for i in setup) and len(setup) >= 2, f"{nb.name}: setup cells {setup}"
+    assert all(data["cells"][i]["cell_type"] == "code" for i in setup)
+    assert any("findings" in t for t in tags), f"{nb.name}: no cell tagged findings"
