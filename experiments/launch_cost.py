@@ -24,7 +24,7 @@ kernel encodes them into the launcher's scratch buffer), beside ``torch.mm``
 reference on NaN-poisoned outputs, host time per call (median of 200), and
 eager and graph-replayed time taken in turns (a kernel that got slower from
 building its descriptors shows in ``graph_ms``). Shapes: this script's, the
-GEMM goal table's (``experiments/run_gemm_h200.py``) and small M. Shapes the
+GEMM goal table's (``experiments/run_gemm_tiling.py``) and small M. Shapes the
 plan sends to the Gluon kernel (host descriptors in both variants) are also
 run with the Triton kernel forced. Files: ``descriptors.csv`` (timings),
 ``descriptors_check.csv`` (errors), ``descriptors_log.txt``; rewritten after
@@ -246,7 +246,7 @@ VARIANTS = ("host", "device")
 def _desc_shapes():
     """This script's shapes first (the host-time goal), then the goal table's, then small M."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from run_gemm_h200 import GOAL_SHAPES   # the GEMM goal table
+    from run_gemm_tiling import GOAL_SHAPES   # the GEMM goal table
 
     seen, out = set(), []
     for s in GEMM_SHAPES + GOAL_SHAPES + SMALL_SHAPES:

@@ -1,4 +1,4 @@
-"""All-gather on H200s: checks against NCCL, bandwidth against SM count, hints,
+"""All-gather on a multi-GPU node: checks against NCCL, bandwidth against SM count, hints,
 tiles, and the NVLink peer copy bandwidth, in one command.
 
     python experiments/run_all_gather.py --world-sizes 2,4 --out results/all_gather

@@ -411,7 +411,7 @@ XC_CONFIGS = {
     "tma-store": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
     "warp-specialized": dict(block_m=128, block_n=256, block_k=64, num_warps=4, num_stages=3,
                              warp_specialize=True, tma_store=False, flatten=False),
-    # the widest tile of experiments/probe_gemm_gaps.py --wide: 128 x (256 + 32), two MMAs per K-step
+    # the widest tile of experiments/probes/probe_gemm_gaps.py --wide: 128 x (256 + 32), two MMAs per K-step
     "wide-288": dict(block_m=128, block_n=256, extra_n=32, block_k=64, num_warps=8, num_stages=3,
                      tma_store=False),
 }
@@ -890,9 +890,9 @@ def test_heuristic_fp32_small_m_takes_the_fma_kernel():
 
 
 def test_probe_fp32_small_parses_and_dry_runs():
-    """experiments/probe_gemm_gaps.py --fp32-small (a GPU timing) lists what it would time
+    """experiments/probes/probe_gemm_gaps.py --fp32-small (a GPU timing) lists what it would time
     without a GPU: every fp32 zoo shape with M <= 64, both B layouts, the FMA kernel first."""
-    probe = str(ROOT / "experiments" / "probe_gemm_gaps.py")
+    probe = str(ROOT / "experiments" / "probes" / "probe_gemm_gaps.py")
     r = subprocess.run([sys.executable, probe, "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "--fp32-small" in r.stdout and "--dry-run" in r.stdout, r.stderr
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -1211,17 +1211,17 @@ def test_plan_pads_only_what_tma_cannot_address(monkeypatch):
 
 
 def test_quick_run_sweeps_a_subset_of_the_committed_sweep():
-    """`run_gemm_h200.py --quick` (the notebook's quick run) sweeps the spec's first three
+    """`run_gemm_tiling.py --quick` (the notebook's quick run) sweeps the spec's first three
     shapes; every such point is one of the committed full sweep's, and the goal table it
     compares keeps the committed table's shapes."""
     import pandas as pd
 
     sys.path.insert(0, str(ROOT / "experiments"))
     try:
-        import run_gemm_h200 as run
+        import run_gemm_tiling as run
     finally:
         sys.path.remove(str(ROOT / "experiments"))
-    res = subprocess.run([sys.executable, str(ROOT / "experiments" / "run_gemm_h200.py"), "--help"],
+    res = subprocess.run([sys.executable, str(ROOT / "experiments" / "run_gemm_tiling.py"), "--help"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "--quick" in res.stdout and "--sweep-shapes" in res.stdout, res.stderr
     spec = str(ROOT / "experiments" / "gemm_tiling.yaml")

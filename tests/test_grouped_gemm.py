@@ -779,18 +779,18 @@ def test_autotune_default_timing_interleaves_and_skips_failing_backend(tmp_path,
 
 
 def test_quick_grid_is_a_subset_of_the_committed_table(capsys):
-    """experiments/run_grouped_gemm_h200.py --quick (notebook 04's `measure="quick"`) measures
+    """experiments/run_grouped_gemm.py --quick (notebook 04's `measure="quick"`) measures
     cases of the committed table, so the notebook's fresh-against-committed comparison has
     cases in common; and the whole grid is the committed table's 144 cases."""
     import importlib.util
 
     import pandas as pd
 
-    spec = importlib.util.spec_from_file_location("run_grouped_gemm_h200",
-                                                  ROOT / "experiments" / "run_grouped_gemm_h200.py")
+    spec = importlib.util.spec_from_file_location("run_grouped_gemm",
+                                                  ROOT / "experiments" / "run_grouped_gemm.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    table = pd.read_parquet(ROOT / "results" / "grouped_gemm" / "grouped_gemm_h200.parquet")
+    table = pd.read_parquet(ROOT / "results" / "grouped_gemm" / "grouped_gemm.parquet")
     committed = set(table[["model", "layer", "B", "M", "N", "K", "routing", "op"]]
                     .drop_duplicates().itertuples(index=False, name=None))
 

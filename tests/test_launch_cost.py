@@ -44,12 +44,12 @@ def test_descriptor_shapes_cover_the_goal_table_and_small_m():
     sys.path.insert(0, str(ROOT / "experiments"))
     try:
         import launch_cost
-        import run_gemm_h200
+        import run_gemm_tiling
     finally:
         sys.path.pop(0)
     shapes = launch_cost._desc_shapes()
     assert len(shapes) == len(set(shapes))
-    assert set(run_gemm_h200.GOAL_SHAPES) <= set(shapes) and set(launch_cost.GEMM_SHAPES) <= set(shapes)
+    assert set(run_gemm_tiling.GOAL_SHAPES) <= set(shapes) and set(launch_cost.GEMM_SHAPES) <= set(shapes)
     assert {M for M, _, _ in shapes} >= {1, 16, 128}
 
 

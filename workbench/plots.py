@@ -1,7 +1,7 @@
 """Plotly figure builders for kernel studies (imported only where plotly is).
 
 Every builder takes tidy tables (rows of ``workbench.sweep`` or the
-heuristic-vs-cuBLAS table of ``experiments/run_gemm_h200.py``) and returns a
+heuristic-vs-cuBLAS table of ``experiments/run_gemm_tiling.py``) and returns a
 ``plotly.graph_objects.Figure``. Numbers that are not GPU measurements
 (``is_performance`` False) are labelled so in the title.
 """

@@ -9,7 +9,10 @@ the executed notebook is exported with nbconvert to ONE HTML file that needs
 no network: plotly figures are rendered from their JSON with plotly.js
 inlined once per report, and the template's CDN scripts (require.js, MathJax,
 mermaid, the widget manager) are left out. Widgets show the static snapshot
-they put next to their live view (see ``workbench.widgets``).
+they put next to their live view (see ``workbench.widgets``). The HTML shows the
+cells tagged ``findings`` again right after the title and folds the cells tagged
+``setup`` (parameters, imports, data-source plumbing) into closed ``<details>``
+(``workbench.report_layout``); the executed notebook keeps every cell as it ran.
 
 A failing cell still gives an executed notebook and an HTML report with every
 output up to the error and the error itself; the command then exits 1 and the
@@ -37,6 +40,8 @@ from dataclasses import asdict, dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+
+from . import report_layout
 
 DEFAULT_OUT = Path("results/reports")
 KERNEL_NAME = "python3"
@@ -231,6 +236,13 @@ _OFFLINE_TEMPLATE = r"""{%- extends 'index.html.j2' -%}
 {{ super() }}
 {{ resources.wb_banner }}
 {%- endblock body_header -%}
+{%- block any_cell scoped -%}
+{%- if cell.metadata.get("wb_box_open") %}{{ cell.metadata.get("wb_box_open") }}{% endif -%}
+{%- if cell.metadata.get("wb_fold_open") %}<details class="wb-setup"><summary>{{ cell.metadata.get("wb_fold_open") | e }}</summary>{% endif -%}
+{{ super() }}
+{%- if cell.metadata.get("wb_fold_close") %}</details>{% endif -%}
+{%- if cell.metadata.get("wb_box_close") %}</section>{% endif -%}
+{%- endblock any_cell -%}
 """
 
 _REPORT_CSS = """
@@ -245,7 +257,7 @@ _REPORT_CSS = """
 .wb-data { font-size: 12px; color: #555; margin: 2px 0; }
 .wb-data-fresh { color: #1b5e20; } .wb-data-committed { color: #0d47a1; }
 .wb-data::before { content: "data \2014  "; font-weight: bold; }
-"""
+""" + report_layout.CSS
 
 
 def _fmt_value(v: Any) -> str:
@@ -425,6 +437,7 @@ def export_html(nb_or_path, html_path: str | os.PathLike, result: ReportResult |
     else:
         nb = nbformat.from_dict(json.loads(json.dumps(nb_or_path)))  # a deep copy
     html_path = Path(html_path)
+    report_layout.arrange(nb)  # findings first, setup folded (this copy only)
     needs_plotly = make_offline(nb)
     plotly_js = ""
     if needs_plotly:

@@ -32,7 +32,8 @@ from workbench.dtypes import element_size
 #
 
 # What the model charges for work outside the tiles, from measured ceilings of an
-# H200 (results/gemm_zoo/ceilings_run1.json: device-to-device copy, read + write):
+# H200 (device-to-device copy, read + write; the zoo's first run:
+# git show 28d4ba6:results/gemm_zoo/ceilings_run1.json):
 HBM_GBPS = 4275.0
 PAD_LAUNCH_US = 2.0  # one more kernel (the copy into an aligned buffer) in the stream
 

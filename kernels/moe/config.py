@@ -85,7 +85,7 @@ def validate_config(c: GroupedConfig) -> GroupedConfig:
 
 
 # Config table, derived from the H200 sweep recorded under results/grouped_gemm/
-# (experiments/run_grouped_gemm_h200.py --sweep). Keys: (op, N, K) of the
+# (experiments/run_grouped_gemm.py --sweep). Keys: (op, N, K) of the
 # *call* (fwd/dgrad: N the output width, K the reduction; wgrad: the layer's N
 # and K); a missing key falls back to the op's default. Launch plans keep the config
 # they picked: after changing the table at run time, call kernels.moe.launch.clear_plans().

@@ -281,7 +281,7 @@ _BY_BLOCK_M_PREPACKED = {
     # sm_90 (cross-compiled, KIMI shapes: BM64 126 registers, 4 programs per SM, HGMMA.64x64x16;
     # BM128 220 registers, 2 per SM, HGMMA.64x128x16). NT off: an expert's row blocks reread its
     # weights from L2, as in _BY_BLOCK_M. M = 16384 at KIMI-K2.5 runs BM128. SASS instructions per
-    # weight and 128 rows (experiments/sass_moe_mxfp4_variants.py): 7.6 here against 6.3 for the
+    # weight and 128 rows (experiments/probes/sass_moe_mxfp4_variants.py): 7.6 here against 6.3 for the
     # plain BM128 default (the activations' even/odd split and shared-memory tile are paid per 64
     # columns) and 6.0 for BM128 BN128 PREPACK=2 (255 registers, 12 spill stores; 35 in the
     # deterministic mode; needs H % 128 == 0): if M = 16384 stays issue-bound, BN128 is the

@@ -99,7 +99,7 @@ an address) and converted two per 32-bit op by ``_SCALE_PATTERNS_PTX`` (no ISETP
 PREPACK=2 also rearranges the 32 code bits of each 4-byte register group (``_E2M1_ROT_PTX``:
 one rotation and one mask per bf16x2 pattern). Same values as the plain path, bit for bit
 (tests: interpreter, and a model of both PTX sequences). Cross-compiled for sm_90 at BM16 x
-BN64 x BK128 (2026-11-25; experiments/sass_moe_mxfp4_variants.py), SASS instructions per weight
+BN64 x BK128 (2026-11-25; experiments/probes/sass_moe_mxfp4_variants.py), SASS instructions per weight
 6.81 (plain) -> 5.19 (PREPACK=1, 74 registers) -> 4.06 (PREPACK=2, 66 registers, 7 programs
 per SM). What stays: two HMUL2 per pair (1.0 per weight; one multiply is not exact for scale
 bytes above 128 with these patterns, see results/moe_mxfp4/README.md) and the activations'
