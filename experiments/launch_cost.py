@@ -899,7 +899,7 @@ def main(argv=None) -> int:
         return dry_run(Path(args.out))
 
     if not bench.gpu_timing_available():
-        print("launch_cost: needs a CUDA GPU (H200 or other sm_90), and TRITON_INTERPRET unset", file=sys.stderr)
+        print("launch_cost: needs a CUDA GPU (sm_90: H100 or H200), and TRITON_INTERPRET unset", file=sys.stderr)
         return 2
     if args.descriptors:
         return descriptors(Path(args.out), bench, args.budget_s, only=args.only)

@@ -255,7 +255,7 @@ def main(argv=None) -> int:
     from workbench import bench, provenance, roofline
 
     if not bench.gpu_timing_available():
-        print("run_gemm_zoo: needs a CUDA GPU (H200 or other sm_90) and TRITON_INTERPRET unset", file=sys.stderr)
+        print("run_gemm_zoo: needs a CUDA GPU (sm_90: H100 or H200) and TRITON_INTERPRET unset", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -179,7 +179,7 @@ def main(argv=None) -> int:
         from kernels.common.interpreter import active
 
         if not (args.small and active()):
-            print("run_moe_mxfp4.py needs a CUDA GPU (H200 or other sm_90); without one only "
+            print("run_moe_mxfp4.py needs a CUDA GPU (sm_90: H100 or H200); without one only "
                   "`TRITON_INTERPRET=1 ... --small` runs (a smoke test)", file=sys.stderr)
             return 2
         DEV = "cpu"

@@ -29,8 +29,8 @@ if CUDA_COUNT == 0:
 
 
 def pytest_collection_modifyitems(config, items):
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (H200 or other sm_90)")
-    skip_multi = pytest.mark.skip(reason=f"needs 2+ CUDA GPUs, found {CUDA_COUNT} (H200s or other sm_90 GPUs on one node)")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (sm_90: H100 or H200)")
+    skip_multi = pytest.mark.skip(reason=f"needs 2 or more CUDA GPUs on one node (sm_90: H100 or H200), found {CUDA_COUNT}")
     for item in items:
         if "multigpu" in item.keywords and CUDA_COUNT < 2:
             item.add_marker(skip_multi)

@@ -482,7 +482,7 @@ def test_trace_off_build_has_no_extra_instructions(tmp_path, monkeypatch, sm90_d
 @pytest.mark.multigpu
 def test_seed_shapes_on_two_gpus():
     if torch.cuda.device_count() < 2:
-        pytest.skip("needs a CUDA GPU (H200 or other sm_90), two of them")
+        pytest.skip("needs 2 CUDA GPUs (sm_90: H100 or H200) on one node")
     res = dist.launch(REPO / "experiments" / "run_ag_gemm.py", 2, ["--worker", "--check-only"], timeout_s=480)
     checks = [r for r in res.rows if r.get("kind") == "check"]
     assert checks, "no check rows came back"

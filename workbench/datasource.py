@@ -47,7 +47,7 @@ ENV_FRESH_DIR = "WORKBENCH_FRESH_DIR"
 ENV_TIMEOUT = "WORKBENCH_MEASURE_TIMEOUT_S"
 META_KEY = "workbench"  # output metadata key the report reads (see workbench.report.data_sources)
 LOG_TAIL_LINES = 40
-GPU_REASON = "needs {n} CUDA GPU(s) (H200 or other sm_90)"
+GPU_REASON = "needs {n} CUDA GPU(s) (sm_90: H100 or H200)"
 
 __all__ = ["MODES", "MeasureError", "StudyData", "plan", "compare_cases"]
 

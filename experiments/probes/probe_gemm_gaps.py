@@ -442,7 +442,7 @@ def main(argv=None) -> int:
     from workbench import provenance
 
     if not torch.cuda.is_available():
-        raise SystemExit("probe_gemm_gaps needs a CUDA GPU (H200 or other sm_90)")
+        raise SystemExit("probe_gemm_gaps needs a CUDA GPU (sm_90: H100 or H200)")
     torch.backends.cuda.matmul.allow_tf32 = True  # fp32 baseline on the tensor cores, as ours
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     from kernels.gemm import launch as glaunch
 
     if not torch.cuda.is_available():
-        raise SystemExit("run_one_gemm needs a CUDA GPU (H200 or other sm_90)")
+        raise SystemExit("run_one_gemm needs a CUDA GPU (sm_90: H100 or H200)")
     dtype = getattr(torch, args.dtype)
     a = torch.randn(args.M, args.K, device="cuda").to(dtype)
     b = torch.randn(args.K, args.N, device="cuda").to(dtype)

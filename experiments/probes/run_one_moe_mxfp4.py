@@ -42,7 +42,7 @@ def main(argv=None) -> int:
                                    prepare_routing, prepare_weights, quantize_mxfp4)
 
     if not torch.cuda.is_available():
-        raise SystemExit("run_one_moe_mxfp4 needs a CUDA GPU (H200 or other sm_90)")
+        raise SystemExit("run_one_moe_mxfp4 needs a CUDA GPU (sm_90: H100 or H200)")
     g = torch.Generator(device="cuda").manual_seed(0)
     w = torch.empty(E, H, I // 2, dtype=torch.uint8, device="cuda")
     ws = torch.empty(E, H, I // 32, dtype=torch.uint8, device="cuda")
