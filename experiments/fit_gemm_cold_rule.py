@@ -62,11 +62,11 @@ def fake_call(shape: dict):
     """The planning facts of a shape on an sm_90 GPU with SMS SMs, off the GPU (meta tensors)."""
     import torch
 
-    from kernels.gemm import select as gselect
+    from kernels.gemm import tuning as gtuning
     from kernels.gemm.plan import Call
 
-    s = gselect.shape_of(shape)
-    dtype = gselect.DTYPES[s["dtype"]]
+    s = gtuning.shape_of(shape)
+    dtype = gtuning.DTYPES[s["dtype"]]
     M, N, K = s["M"], s["N"], s["K"]
     es = torch.empty((), dtype=dtype).element_size()
     a = torch.empty(M, K, dtype=dtype, device="meta")

@@ -141,15 +141,15 @@ def config_paths(rows, bench, n_shapes: int, calls: int = CALLS) -> None:
     import torch
 
     from experiments.run_gemm_zoo import load_shapes
-    from kernels.gemm import launch as glaunch, select as gselect
+    from kernels.gemm import launch as glaunch, select as gselect, tuning as gtuning
 
     # Held-out shapes short enough that 200 queued calls cost the GPU little (at most 50 GFLOP each).
     shapes = [s for s in load_shapes() if s["split"] == "held_out" and s["dtype"] == "bfloat16"
               and 2 * s["M"] * s["N"] * s["K"] <= 50e9][:n_shapes]
     worst = (0.0, None, "")
     for i, s in enumerate(shapes):
-        s = gselect.shape_of(s)
-        A, B = gselect.operands(s, "cuda", seed=i)
+        s = gtuning.shape_of(s)
+        A, B = gtuning.operands(s, "cuda", seed=i)
         M, K = A.shape
         N = B.shape[1]
         call = glaunch._call(A, B, None, M, N, K, False, False)

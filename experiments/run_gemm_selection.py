@@ -70,7 +70,7 @@ def verify(shapes: list[dict], args, prov, out_csv: Path) -> None:
     import pandas as pd
     import torch
 
-    from kernels.gemm import launch as glaunch, select as gselect, sweep as gsweep
+    from kernels.gemm import launch as glaunch, select as gselect, sweep as gsweep, tuning as gtuning
     from workbench import bench, provenance
 
     on_gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
@@ -80,8 +80,8 @@ def verify(shapes: list[dict], args, prov, out_csv: Path) -> None:
         if time.time() - t0 > args.budget_s:
             print(f"verify: budget of {args.budget_s:.0f} s spent; {len(shapes) - i} shapes not run", flush=True)
             break
-        s = gselect.shape_of(s)
-        a, b = gselect.operands(s, device, seed=7000 + i)
+        s = gtuning.shape_of(s)
+        a, b = gtuning.operands(s, device, seed=7000 + i)
         M, K = a.shape
         N = b.shape[1]
         c = torch.empty(M, N, dtype=a.dtype, device=device)
@@ -140,7 +140,7 @@ def tune_on_miss(shapes: list[dict], args, prov, out_csv: Path) -> None:
     import torch
 
     from kernels.common import select, tables, tune
-    from kernels.gemm import launch as glaunch, select as gselect
+    from kernels.gemm import launch as glaunch, tuning as gtuning
     from workbench import bench, provenance
 
     on_gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
@@ -150,8 +150,8 @@ def tune_on_miss(shapes: list[dict], args, prov, out_csv: Path) -> None:
         os.environ["WORKBENCH_TUNING_DIR"] = tmp
         select.TABLES = tables.Tables(shipped=Path(tmp) / "none")   # nothing shipped either: a miss
         for i, s in enumerate(shapes):
-            s = gselect.shape_of(s)
-            a, b = gselect.operands(s, device, seed=9000 + i)
+            s = gtuning.shape_of(s)
+            a, b = gtuning.operands(s, device, seed=9000 + i)
             if on_gpu:
                 torch.cuda.synchronize()
             t1 = time.perf_counter()
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     from experiments.run_gemm_zoo import load_shapes
     from workbench import provenance
     from workbench.tune import load_shapes as load_spec
-    from kernels.gemm import select as gselect
+    from kernels.gemm import tuning as gtuning
 
     if args.small:
         shapes = [dict(M=m, N=n, K=k, dtype="float16", split="small") for m, n, k in ((5, 24, 40), (33, 40, 64))]
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
         shapes = [] if args.split == "none" else [s for s in load_shapes()
                                                    if args.split == "all" or s["split"] == args.split]
         if args.fresh_yaml:
-            shapes += load_spec(str(args.fresh_yaml), gselect)
+            shapes += load_spec(str(args.fresh_yaml), gtuning)
     args.out.mkdir(parents=True, exist_ok=True)
     prov = provenance.collect(knobs={"script": "experiments/run_gemm_selection.py", "argv": " ".join(sys.argv[1:])})
     verify(shapes, args, prov, args.out / "verify.csv")

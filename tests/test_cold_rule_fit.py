@@ -24,7 +24,7 @@ def _script():
 def _write_times(path: Path, shapes, fastest: str, seed: int) -> None:
     """Every candidate of each shape timed on two GPUs; ``fastest`` wins by 20% wherever it exists,
     cuBLAS sits between."""
-    from kernels.gemm import select as gselect
+    from kernels.gemm import select as gselect, tuning as gtuning
 
     fit = _script()
     rng = random.Random(seed)
@@ -35,7 +35,7 @@ def _write_times(path: Path, shapes, fastest: str, seed: int) -> None:
         for dev in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"):
             for s in shapes:
                 call = fit.fake_call(s)
-                key = gselect.key_of(gselect.shape_of(s))
+                key = gtuning.key_of(gtuning.shape_of(s))
                 names = [n for n in gselect.candidates(call)]
                 base = 100.0 * rng.uniform(0.5, 2)
                 for n in names:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 # family name (its tables' file name, the module's NAME) -> the module that tunes it
-FAMILIES = {"gemm": "kernels.gemm.select", "grouped": "kernels.moe.select", "moe_mxfp4": "kernels.moe_mxfp4.select"}
+FAMILIES = {"gemm": "kernels.gemm.tuning", "grouped": "kernels.moe.select", "moe_mxfp4": "kernels.moe_mxfp4.select"}
 MAX_SHAPES = 100_000
 
 
