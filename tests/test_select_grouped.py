@@ -407,3 +407,22 @@ def test_gpu_shipped_grouped_tables_run_correctly(tmp_path, monkeypatch):
             del out, ref
         del a, b
         torch.cuda.empty_cache()
+
+
+@interpreted
+def test_measure_script_runs_small_in_the_interpreter(tmp_path):
+    """experiments/measure_grouped_gemm.py --small: one spec row shrunk, both routings, a CSV
+    with provenance and a summary (its numbers are no performance: the interpreter)."""
+    import importlib.util
+
+    import pandas as pd
+
+    spec = importlib.util.spec_from_file_location("measure_grouped_gemm", ROOT / "experiments" /
+                                                  "measure_grouped_gemm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--small", "--rows", "1", "--out", str(tmp_path)]) == 0
+    df = pd.read_csv(tmp_path / mod.CSV)
+    assert list(df.routing) == ["balanced", "mild"] and set(df.op) == {"fwd"}
+    assert (df.err_ours < 1.5e-2).all() and (df.ours_source == "cold").all() and df.prov_git_sha.notna().all()
+    assert "geomean" in (tmp_path / "summary.md").read_text()
