@@ -4,6 +4,7 @@ explicit configs untouched, `workbench tune grouped` end to end (CPU, Triton's i
 the layer spec; on a GPU, every entry of a shipped grouped table runs correctly."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -120,10 +121,12 @@ def test_cold_rule_is_todays_default_path(monkeypatch):
     x = torch.empty(4096, 5760, dtype=torch.bfloat16, device="meta")
     w = torch.empty(4, 2880, 5760, dtype=torch.bfloat16, device="meta")
     sz = torch.empty(4, dtype=torch.int32, device="meta")
-    gpu = mselect.Call("dgrad", x, w, sz, None, 4096, 5760, 2880, 4, True, True, True)
+    gpu = mselect.Call("dgrad", x, w, sz, None, 4096, 5760, 2880, 4, True, True, True, sm90=True)
     c = mselect.cold(gpu)
     assert (c.variant, c.name, c.config) == ("gluon", "ws_s5", mconfig.pick_ws_config("dgrad", 2880, 5760))
     assert list(mselect.candidates(gpu))[:2] == [mselect.LIBRARY, "ws_s5"]    # the library right after the cold pick
+    other = dataclasses.replace(gpu, sm90=False, ws_ok=False)                   # another GPU: no library candidate
+    assert mselect.LIBRARY not in mselect.candidates(other)
     wg = mselect.cold(mselect.Call("wgrad", x, torch.empty(4096, 7168, dtype=torch.bfloat16, device="meta"), sz,
                                    None, 4096, 7168, 5760, 4, True, True, False))
     assert wg.variant == "triton" and wg.config == mconfig.pick_config("wgrad", 7168, 5760, x.device)

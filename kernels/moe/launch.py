@@ -333,8 +333,10 @@ def _call(op: str, a, b, group_sizes, out, device_descriptors: bool = False,
         fresh_ok = (width * a.element_size()) % 16 == 0
         tma = all(_ws_tma_ok(t) for t in (a, b) + ((out,) if out is not None else ())) and (out is not None or fresh_ok)
         ws_ok = a.device.type == "cuda" and can_run(a, b, group_sizes, out, op == "dgrad")
-    return mselect.Call(op, a, b, group_sizes, out, M, N, K, G, a.device.type == "cuda", tma, ws_ok,
-                        device_descriptors, gluon_device_descriptors)
+    on_gpu = a.device.type == "cuda"
+    sm90 = on_gpu and _capability(a.device.index if a.device.index is not None else torch.cuda.current_device())[0] == 9
+    return mselect.Call(op, a, b, group_sizes, out, M, N, K, G, on_gpu, tma, ws_ok, device_descriptors,
+                        gluon_device_descriptors, sm90=sm90)
 
 
 def _variant_plan(call: mselect.Call, cand) -> _Plan:

@@ -15,8 +15,8 @@ across the routings a spec lists (the geometric mean of its times). ``tma``: eve
 
 Variants: ``gluon`` (``GroupedWsConfig``: the warp-specialised kernel, fwd/dgrad on sm_90),
 ``triton`` (``GroupedConfig``: every op, every device, the interpreter) and ``library``
-(``LibraryConfig``: ``torch._grouped_mm``, bf16 on a GPU; named "grouped_mm"; never the cold
-rule's pick). The candidates are named in ``kernels.moe.config`` (``WS_CANDIDATES``,
+(``LibraryConfig``: ``torch._grouped_mm``, bf16 on an sm_90 GPU; named "grouped_mm"; never
+the cold rule's pick). The candidates are named in ``kernels.moe.config`` (``WS_CANDIDATES``,
 ``TRITON_CANDIDATES``, ``INTERPRET_CANDIDATES``). The cold rule is today's default path:
 the Gluon kernel with ``pick_ws_config`` where it takes the call, else the Triton kernel
 with ``pick_config``.
@@ -60,6 +60,7 @@ class Call:
     ws_ok: bool               # the Gluon kernel takes this call (fwd/dgrad, sm_90, bf16/fp16, aligned)
     device_descriptors: bool = False
     gluon_device_descriptors: bool = False
+    sm90: bool = False        # a CUDA GPU of compute capability 9.x (H100, H200)
 
     @property
     def out_width(self) -> int:
@@ -92,10 +93,14 @@ def problem(call: Call) -> dict[str, Any]:
 # Candidates, the cold rule, table entries
 # --------------------------------------------------------------------------
 def check_library(call: Call) -> None:
-    """ValueError unless ``torch._grouped_mm`` takes the call (bf16 on a CUDA GPU, TMA-aligned)."""
+    """ValueError unless ``torch._grouped_mm`` takes the call (bf16 on an sm_90 GPU, TMA-aligned)."""
     if not call.on_gpu:
         raise ValueError("grouped_gemm: the library candidate (torch._grouped_mm) runs on a CUDA GPU; in the "
                          "interpreter use a Triton config")
+    if not call.sm90:
+        # Its CUTLASS kernels are built for sm_90 here; elsewhere it may take a per-group fallback
+        # that reads the offsets on the host (a sync, and no CUDA graph).
+        raise ValueError("grouped_gemm: the library candidate (torch._grouped_mm) is offered on sm_90 GPUs only")
     if call.dtype != torch.bfloat16:
         raise ValueError(f"grouped_gemm: torch._grouped_mm takes bf16 only, got {call.dtype}")
     if not call.tma:
