@@ -311,7 +311,7 @@ def run_main(quick, prov, tuner_path, partial_csv=None, models=None):
                 fl = moe.flops(p.M, N, K)
                 gmm = times["grouped_mm"][0]
                 ggmm = gtimes["grouped_mm"][0]
-                cfg_label = (mconfig.pick_config(op, *(key_of(op, N, K)[1:]), torch.device(DEV)).label() if op == "wgrad"
+                cfg_label = (mlaunch.plan_for_wgrad(a, b, s).label if op == "wgrad"
                              else mlaunch.default_label(a, b, s, trans_w=(op == "dgrad")))
                 for name in BACKENDS:
                     med, q25, q75, host_us = times[name]

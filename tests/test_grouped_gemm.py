@@ -215,6 +215,7 @@ def test_device_descriptor_plans_only_where_legal(monkeypatch):
 # ---------------------------------------------------------------------------
 
 from kernels import moe  # noqa: E402
+from kernels.common import select, tables  # noqa: E402
 from kernels.moe import autotune as ga  # noqa: E402
 
 
@@ -388,20 +389,41 @@ def _args(M=64, G=4, K=32, N=16, dtype=torch.bfloat16):
     return torch.empty(M, K, dtype=dtype), torch.empty(G, K, N, dtype=dtype), torch.zeros(G, dtype=torch.int32)
 
 
+def _saved(path):
+    """The entries of an autotuner's table file (a selection-layer tuning table)."""
+    doc = json.loads(Path(path).read_text())
+    assert doc["format"] == tables.FORMAT and doc["family"] == ga.TABLE_FAMILY
+    return doc["entries"]
+
+
 def test_autotune_picks_fastest_and_persists(tmp_path, monkeypatch):
     fake = _FakeBackends(monkeypatch, {"triton": 2.0, "grouped_mm": 1.0, "cublas_loop": 3.0})
     path = tmp_path / "cache.json"
     tuner = ga.GroupedGemmAutotuner(path, timer=fake.timer)
     assert tuner("fwd", *_args()) == "grouped_mm"
     assert tuner.tunings == 1
-    data = json.loads(path.read_text())
-    (key, entry), = data["entries"].items()
-    assert entry["backend"] == "grouped_mm" and "fwd|G=4|N=16|K=32|bfloat16" in key
+    (key, entry), = _saved(path).items()
+    assert entry["backend"] == entry["candidate"] == "grouped_mm" and "fwd|G=4|N=16|K=32|bfloat16" in key
+    assert entry["variant"] == "backend" and entry["config"] == {} and entry["times_ms"]["triton"] == 2.0
     # A fresh tuner reads the file and does not time again, even if timings change.
     fake.times = {"triton": 0.1, "grouped_mm": 9.0, "cublas_loop": 9.0}
     tuner2 = ga.GroupedGemmAutotuner(path, timer=fake.timer)
     assert tuner2("fwd", *_args()) == "grouped_mm"
     assert tuner2.tunings == 0
+
+
+def test_autotune_keeps_its_choices_in_the_users_tuning_tables(tmp_path, monkeypatch):
+    """No path given: the choices go to this device's ``grouped_backend`` table under
+    $WORKBENCH_TUNING_DIR, beside the selection layer's own tables."""
+    monkeypatch.setenv("WORKBENCH_TUNING_DIR", str(tmp_path / "tuning"))
+    monkeypatch.delenv("WORKBENCH_GROUPED_GEMM_CACHE", raising=False)
+    fake = _FakeBackends(monkeypatch, {"triton": 1.0, "grouped_mm": 2.0, "cublas_loop": 3.0})
+    tuner = ga.GroupedGemmAutotuner(timer=fake.timer)
+    assert tuner("fwd", *_args()) == "triton"
+    path = tables.table_path(tmp_path / "tuning", select.device_of(None), ga.TABLE_FAMILY)
+    assert tuner.cache_path == path and len(_saved(path)) == 1
+    entry, where = tables.Tables().lookup(select.device_of(None), ga.TABLE_FAMILY, next(iter(_saved(path))))
+    assert entry["backend"] == "triton" and where.startswith("user table")
 
 
 def test_autotune_key_ignores_token_counts(tmp_path, monkeypatch):
@@ -545,27 +567,43 @@ def test_autotune_skips_failing_backends(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("content", ["{not json", "[]", '{"version": 1, "entries": {"k": {"backend": "nope"}}}',
                                      '{"version": 99, "entries": {}}', ""])
-def test_autotune_corrupt_cache_is_rebuilt_with_warning(tmp_path, monkeypatch, content):
+def test_autotune_corrupt_table_is_ignored_with_warning_and_replaced(tmp_path, monkeypatch, content):
+    monkeypatch.setattr(tables, "_said", set())
     fake = _FakeBackends(monkeypatch, {"triton": 1.0, "grouped_mm": 2.0, "cublas_loop": 3.0})
     path = tmp_path / "cache.json"
     path.write_text(content)
-    with pytest.warns(RuntimeWarning, match="unreadable"):
-        tuner = ga.GroupedGemmAutotuner(path, timer=fake.timer)
-    assert tuner.entries == {}
-    assert json.loads(path.read_text()) == {"version": ga.CACHE_VERSION, "entries": {}}
-    assert tuner("fwd", *_args()) == "triton"
-    assert len(json.loads(path.read_text())["entries"]) == 1
+    tuner = ga.GroupedGemmAutotuner(path, timer=fake.timer)
+    with pytest.warns(tables.TuningTableWarning, match="cache.json"):
+        assert tuner("fwd", *_args()) == "triton"
+    assert len(_saved(path)) == 1        # the unusable file was replaced by a table at the save
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ga.GroupedGemmAutotuner(path, timer=fake.timer)     # now clean: no warning
+        assert ga.GroupedGemmAutotuner(path, timer=fake.timer)("fwd", *_args()) == "triton"   # now clean
+
+
+def test_autotune_table_of_another_device_is_not_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(tables, "_said", set())
+    fake = _FakeBackends(monkeypatch, {"triton": 1.0, "grouped_mm": 2.0, "cublas_loop": 3.0})
+    path = tmp_path / "cache.json"
+    key = ga.GroupedGemmAutotuner.key("fwd", *_args())
+    other = {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}
+    tables.write_entry(path, tables.header(other, ga.TABLE_FAMILY), key,
+                       {"candidate": "cublas_loop", "variant": "backend", "config": {}, "backend": "cublas_loop"})
+    tuner = ga.GroupedGemmAutotuner(path, timer=fake.timer)
+    with pytest.warns(tables.TuningTableWarning, match="made for device"):
+        assert tuner.choose("fwd", *_args()) == "triton" and tuner.tunings == 1
 
 
 def test_autotune_cache_path_env_override(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_GROUPED_GEMM_CACHE", str(tmp_path / "x" / "y.json"))
     assert ga.default_cache_path() == tmp_path / "x" / "y.json"
+    assert ga.GroupedGemmAutotuner().cache_path == tmp_path / "x" / "y.json"
     monkeypatch.delenv("WORKBENCH_GROUPED_GEMM_CACHE")
+    monkeypatch.delenv("WORKBENCH_TUNING_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert ga.default_cache_path() == tmp_path / "kernel-workbench" / "grouped_gemm_autotune.json"
+    dev = {"name": "NVIDIA H200", "capability": "9.0"}
+    want = tmp_path / "kernel-workbench" / "tuning" / "nvidia-h200" / "grouped_backend.json"
+    assert ga.default_cache_path(dev) == want
 
 
 def test_autotune_unwritable_cache_does_not_crash(tmp_path, monkeypatch):

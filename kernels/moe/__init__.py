@@ -75,8 +75,17 @@ config tables, ``tail_width``), ``launch`` (``grouped_gemm``,
 ``grouped_gemm_wgrad``, ``grouped_gemm_ws``, ``grouped_linear``: plans cached
 per call signature; cross-compilation helpers), ``reference``, ``baselines``
 (``torch._grouped_mm``, a per-expert cuBLAS loop), ``metrics`` (FLOPs, bytes),
-``routing`` (token routings for benchmarks), ``autotune`` (picks among ours
-and the baselines per layer) and ``sweep`` (the ``workbench sweep`` protocol).
+``routing`` (token routings for benchmarks), ``select`` (the family in the
+selection layer: problem keys, candidates, the cold rule, tune-on-miss and
+``workbench tune grouped``), ``autotune`` (picks among ours and the baselines
+per layer; its choices live in a tuning table beside the family's) and
+``sweep`` (the ``workbench sweep`` protocol).
+
+Without a config, ``grouped_gemm`` and ``grouped_gemm_wgrad`` run what the
+selection layer names for the call: a tuning table's entry for this GPU (which
+may be ``torch._grouped_mm`` where none of ours was faster), a tuning run on the
+call's own tensors with ``tune=True`` or ``WORKBENCH_TUNE=1``, else the cold rule
+(the default path described above).
 """
 from kernels.moe.autotune import GroupedGemmAutotuner, autotuned
 from kernels.moe.baselines import cublas_loop, grouped_mm

@@ -15,20 +15,31 @@ Operations, with the layer's weight ``w`` of shape ``[G, K, N]``:
 
 The autotuner times the backends once per key ``(op, G, N, K, dtype, device)``
 (the layer's N and K; the token count and its split across experts are left
-out, so dynamic routing never retunes) and persists the choices as JSON
-(``$WORKBENCH_GROUPED_GEMM_CACHE``, else
-``$XDG_CACHE_HOME/kernel-workbench/grouped_gemm_autotune.json``, else under
-``~/.cache``). Because one key serves every token count, the tuner times the
-backends at the caller's count and at ``probe_scales`` times it (default: twice
-it, the same routing proportions) and keeps a backend that is good at all of
-them: the first in ``BACKENDS`` order within ``margin`` of the fastest at every
-probed count (so the choice does not flip on noise), else the one whose worst
-ratio to the fastest is highest. A corrupt cache file is rebuilt with a
-warning; a backend that fails is skipped.
+out, so dynamic routing never retunes) and keeps the choices in a tuning table of
+the selection layer (``kernels.common.tables``: plain JSON per device model,
+compute capability and Triton version, read bounded, written merged and
+atomically), family ``grouped_backend``, beside the ``grouped`` table that
+``grouped_gemm`` itself consults: ``$WORKBENCH_TUNING_DIR/<device>/grouped_backend.json``
+(default ``~/.cache/kernel-workbench/tuning``), or the file
+``$WORKBENCH_GROUPED_GEMM_CACHE`` / ``cache_path`` names. Its ``triton`` backend is
+``grouped_gemm`` as a user calls it, so whatever that table says for the call (one of
+our kernels, or ``torch._grouped_mm``) is what "ours" runs. The two tables stay
+apart because their keys and backends differ: a backend choice may name the
+per-expert cuBLAS loop, which needs the group sizes on the host (so
+``grouped_gemm``, which never reads them there, cannot run it), and may key on a
+routing class computed from those host sizes.
+
+Because one key serves every token count, the tuner times the backends at the
+caller's count and at ``probe_scales`` times it (default: twice it, the same
+routing proportions) and keeps a backend that is good at all of them: the
+first in ``BACKENDS`` order within ``margin`` of the fastest at every probed
+count (so the choice does not flip on noise), else the one whose worst ratio to
+the fastest is highest. A table file that is corrupt, too large, or made
+on another device or Triton version is ignored with one warning and replaced at the
+next save; a backend that fails is skipped.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import warnings
@@ -38,6 +49,8 @@ from typing import Callable
 
 import torch
 
+from kernels.common import select as common_select
+from kernels.common import tables
 from kernels.moe.baselines import BackendUnavailable, cublas_loop, grouped_mm, grouped_mm_offsets
 from kernels.moe.config import OPS
 from kernels.moe.launch import grouped_gemm, grouped_gemm_wgrad
@@ -56,7 +69,7 @@ __all__ = [
 ]
 
 BACKENDS = ("triton", "grouped_mm", "cublas_loop")   # preference order on ties
-CACHE_VERSION = 1
+TABLE_FAMILY = "grouped_backend"   # its tables' name in the selection layer's directory
 
 
 # ---------------------------------------------------------------------------
@@ -153,12 +166,24 @@ def scale_tokens(scale: float, op: str, a: torch.Tensor, b: torch.Tensor, group_
 # ---------------------------------------------------------------------------
 
 
-def default_cache_path() -> Path:
+def default_cache_path(device: dict[str, str] | None = None) -> Path:
+    """The table file the autotuner keeps its choices in for ``device`` ({'name', 'capability'},
+    default this process's first CUDA GPU, else the interpreter's):
+    ``$WORKBENCH_GROUPED_GEMM_CACHE`` if set, else ``grouped_backend.json`` in that device's
+    directory of the user's tuning tables (``$WORKBENCH_TUNING_DIR``, default
+    ``~/.cache/kernel-workbench/tuning``)."""
     env = os.environ.get("WORKBENCH_GROUPED_GEMM_CACHE")
     if env:
         return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kernel-workbench" / "grouped_gemm_autotune.json"
+    if device is None:
+        device = common_select.device_of(torch.cuda.current_device() if torch.cuda.is_available() else None)
+    return tables.table_path(tables.user_root(), device, TABLE_FAMILY)
+
+
+def _device_of(t: torch.Tensor) -> dict[str, str]:
+    if t.device.type == "cuda":
+        return common_select.device_of(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return common_select.device_of(None)
 
 
 def _device_name(t: torch.Tensor) -> str:
@@ -178,7 +203,10 @@ class GroupedGemmAutotuner:
         for b in backends:
             if b not in _IMPLS:
                 raise ValueError(f"unknown backend {b!r}; choose from {', '.join(BACKENDS)}")
-        self.cache_path = Path(cache_path).expanduser() if cache_path is not None else default_cache_path()
+        # An explicit file (one device's table), else each device's file under the user's tables.
+        self._explicit = Path(cache_path).expanduser() if cache_path is not None else None
+        if self._explicit is None and os.environ.get("WORKBENCH_GROUPED_GEMM_CACHE"):
+            self._explicit = default_cache_path()
         self.backends = tuple(backends)
         # 1.5%: a backend this close to the fastest at every probed count is a tie,
         # and ties go to the earlier backend (ours first), so noise cannot flip it.
@@ -196,39 +224,36 @@ class GroupedGemmAutotuner:
         self.rounds = max(1, int(rounds))
         self._timer = timer
         self.warmup_ms, self.rep_ms = float(warmup_ms), float(rep_ms)
-        self.entries: dict[str, dict] = {}
+        self.entries: dict[str, dict] = {}   # key -> entry, of every table read (on first use) or written
+        self._read: set[Path] = set()
         self.tunings = 0          # how many keys this instance timed (tests read it)
-        self._load()
 
-    # -- persistence ------------------------------------------------------------
-    def _load(self) -> None:
-        path = self.cache_path
-        if not path.exists():
+    @property
+    def cache_path(self) -> Path:
+        """The table file of this process's device (or the explicit one)."""
+        return self._explicit if self._explicit is not None else default_cache_path()
+
+    def _path(self, device: dict[str, str]) -> Path:
+        return self._explicit if self._explicit is not None else default_cache_path(device)
+
+    # -- persistence: a selection-layer tuning table -------------------------------
+    def _load(self, device: dict[str, str]) -> None:
+        """Read a device's table once (bounded; a bad file, or one made on another device or
+        Triton version, is ignored with one warning)."""
+        path = self._path(device)
+        if path in self._read:
             return
-        try:
-            data = json.loads(path.read_text())
-            if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
-                raise ValueError(f"unexpected layout or version {data.get('version') if isinstance(data, dict) else None!r}")
-            entries = data["entries"]
-            if not isinstance(entries, dict) or not all(
-                    isinstance(v, dict) and v.get("backend") in _IMPLS for v in entries.values()):
-                raise ValueError("malformed entries")
-            self.entries = entries
-        except Exception as exc:   # corrupt, truncated, foreign: start afresh, never crash
-            warnings.warn(f"grouped GEMM autotune cache {path} is unreadable ({exc}); rebuilding it",
-                          RuntimeWarning, stacklevel=3)
-            self.entries = {}
-            self._save()
+        self._read.add(path)
+        head = tables.header(device, TABLE_FAMILY)
+        entries = tables.read(path, {k: head[k] for k in ("device", "capability", "triton", "family")})
+        self.entries.update({k: v for k, v in entries.items() if v.get("backend") in _IMPLS})
 
-    def _save(self) -> None:
-        path = self.cache_path
+    def _save(self, key: str, entry: dict, device: dict[str, str]) -> None:
+        path = self._path(device)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"version": CACHE_VERSION, "entries": self.entries}, indent=1, sort_keys=True))
-            os.replace(tmp, path)
+            tables.write_entry(path, tables.header(device, TABLE_FAMILY), key, entry)
         except OSError as exc:
-            warnings.warn(f"cannot write grouped GEMM autotune cache {path} ({exc}); "
+            warnings.warn(f"cannot write grouped GEMM autotune table {path} ({exc}); "
                           f"choices stay in memory", RuntimeWarning, stacklevel=3)
 
     # -- keys and choices ----------------------------------------------------------
@@ -305,16 +330,25 @@ class GroupedGemmAutotuner:
         def jsonable(times):
             return {k: (v if math.isfinite(v) else None) for k, v in times.items()}
 
-        self.entries[self.key(op, a, b, group_sizes, kwargs.get("host_sizes"))] = {
+        key = self.key(op, a, b, group_sizes, kwargs.get("host_sizes"))
+        first = probes[0]["times_ms"] if probes else {}
+        entry = {
+            # the selection layer's entry fields (a backend has no knobs), then the autotuner's
+            "candidate": choice, "variant": "backend", "config": {},
             "backend": choice,
-            "times_ms": jsonable(probes[0]["times_ms"]),
+            "times_ms": jsonable(first),
             "probes": [{"tokens": p["tokens"], "times_ms": jsonable(p["times_ms"])} for p in probes[1:]],
             "errors": errors,
             "tuned_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "tuned_tokens": int(a.shape[0]),
+            "how": "custom timer" if self._timer is not None else "eager, backends in turn, L2 flushed, median",
+            "by": "GroupedGemmAutotuner",
         }
+        if math.isfinite(first.get(choice, math.inf)):
+            entry["us"] = round(first[choice] * 1e3, 3)
+        self.entries[key] = entry
         self.tunings += 1
-        self._save()
+        self._save(key, entry, _device_of(a))
         return choice
 
     def _time_backends(self, op, a, b, group_sizes, kwargs, *, errors: dict, tag: str) -> dict[str, float]:
@@ -353,6 +387,7 @@ class GroupedGemmAutotuner:
         return times
 
     def choose(self, op: str, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor, **kwargs) -> str:
+        self._load(_device_of(a))
         entry = self.entries.get(self.key(op, a, b, group_sizes, kwargs.get("host_sizes")))
         if entry is not None and entry.get("backend") in self.backends:
             return entry["backend"]

@@ -8,6 +8,10 @@ take the call; ``tail_width`` sizes the narrow tiles of a last column strip.
 (``kernels.moe.gluon``, the dense ``kernels.gemm.config.WsConfig`` with 5
 stages by default); ``pick_ws_config`` is the default path's choice; its
 limits (``WS_MAX_GROUPS``, ``check_alignment``) say what that kernel takes.
+``pick_ws_config`` / ``pick_config`` are the cold rule of the selection layer
+(``kernels.moe.select``); ``LibraryConfig`` names ``torch._grouped_mm`` as a
+candidate, and ``WS_CANDIDATES``, ``TRITON_CANDIDATES`` and
+``INTERPRET_CANDIDATES`` are the configs a tuning run times.
 """
 from __future__ import annotations
 
@@ -227,3 +231,45 @@ WS_TABLE: dict[tuple[str, int, int], GroupedWsConfig] = {
 def pick_ws_config(op: str, N: int, K: int) -> GroupedWsConfig:
     """The Gluon kernel's config on the default path for one (op, N, K): output width N, reduction K."""
     return WS_TABLE.get((op, N, K), WS_DEFAULT_CONFIG)
+
+
+# --------------------------------------------------------------------------
+# The library, and the candidates the selection layer times (kernels.moe.select)
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LibraryConfig:
+    """``torch._grouped_mm`` (CUTLASS's grouped GEMM on sm_90): no knobs, the library picks
+    its own kernel. A candidate like ours, so that where none of ours is faster a tuned table
+    runs the library; never the cold rule's pick. bf16 only, on a CUDA GPU."""
+
+    def label(self) -> str:
+        return "torch._grouped_mm"
+
+    def as_dict(self) -> dict:
+        return {}
+
+
+# Candidates worth timing, by name (the names tables record). Gluon (fwd/dgrad on sm_90):
+# the probe of results/grouped_gemm run 12 (probe_ws_run12.csv, 96 fwd/dgrad cases on an H200):
+# ping-pong with 5 stages was fastest in 63 cases, 4 stages in 16, cooperative 128x256 with
+# 3 stages in 9 (cooperative 256x128 in none, so it is not offered).
+WS_CANDIDATES: dict[str, GroupedWsConfig] = {
+    "ws_s5": GroupedWsConfig(),
+    "ws_s4": GroupedWsConfig(num_stages=4),
+    "coop_128x256_s3": GroupedWsConfig(cooperative=True, block_n=256, num_stages=3),
+}
+# Triton (every op; the only kernel of wgrad): the table's two (run 7's sweep: 4 stages won but
+# on two wgrad keys, 3 stages within 0.2%), and two 128-wide tiles that tied on gpt-oss Down
+# in run 6 and may suit narrower layers than the study's (more tiles per expert).
+TRITON_CANDIDATES: dict[str, GroupedConfig] = {
+    "t128x256_s4": _S4,
+    "t128x256_s3": GroupedConfig(),
+    "t128x128_w4_s3_x2": GroupedConfig(BLOCK_N=128, num_warps=4, num_stages=3, CTAS_PER_SM=2),
+    "t128x128_w8_s4": GroupedConfig(BLOCK_N=128, num_stages=4),
+}
+# In Triton's interpreter (correctness only: what a tuning run without a GPU can try).
+INTERPRET_CANDIDATES: dict[str, GroupedConfig] = {
+    "i16x16": _INTERPRET_CONFIG,
+    "i32x16": dataclasses.replace(_INTERPRET_CONFIG, BLOCK_M=32),
+    "i16x16_tma": dataclasses.replace(_INTERPRET_CONFIG, USE_TMA=True),
+}

@@ -4,9 +4,17 @@ alone) and the differentiable ``grouped_linear``.
 
 A call is validated, then planned once per call signature: the shapes,
 strides, dtypes and devices of x, w (or dy), group_sizes and out, whether each
-base pointer is 16-byte aligned, ``trans_w``, the explicit config and whether
-``out`` is given decide the kernel, its config, grid, constants and the
-descriptors' shapes, strides and boxes. Plans live in bounded LRUs
+base pointer is 16-byte aligned, ``trans_w``, the explicit config, whether
+``out`` is given, whether a CUDA graph is being captured and whether tuning was
+asked decide the kernel, its config, grid, constants and the descriptors'
+shapes, strides and boxes. An explicit config runs the Triton kernel with it.
+Without one, the selection layer (``kernels.moe.select``) names the candidate,
+a (variant, config) pair: a tuning table's entry for this GPU and problem, a
+tuning run on this call when asked (``tune=True`` or ``WORKBENCH_TUNE=1``), else
+the cold rule (the Gluon kernel where it takes the call, else the Triton config
+table); the variant's plan builder (``_variant_plan``: Gluon, Triton or the
+library, ``torch._grouped_mm``) does the rest, and the plan keeps the choice
+(``plan.choice``: what ran and why). Plans live in bounded LRUs
 (``kernels.gemm.launch.PlanCache``); a repeated call is a dictionary lookup,
 the output's allocation (when none is given), the TMA descriptors (their base
 pointers change from call to call) and a launch.
@@ -41,14 +49,15 @@ import torch
 import triton
 
 from kernels.common import cuda_context, interpreter
+from kernels.common import select as common_select
 from kernels.common.launcher import PlannedLaunch
 from kernels.common.plans import PlanCache, capturing, config_key, tensor_signature
 from kernels.common.plans import capability as _capability, sm_count as _sm_count
 from kernels.gemm.launch import _tma_ok
-from kernels.moe import gluon, triton as kernels
+from kernels.moe import gluon, select as mselect, triton as kernels
 from kernels.moe.config import (
     DTYPES, FALLBACK, MAX_GROUPS, MAXNREG, WS_DTYPES, GroupedConfig, GroupedWsConfig, as_config, check_alignment,
-    check_groups, default_config, dot_precision, g_pad, g_pad_triton, num_warps, pick_config, pick_ws_config,
+    check_groups, default_config, dot_precision, g_pad, g_pad_triton, num_warps, pick_config,
     tail_width, validate_config, validate_ws,
 )
 from kernels.gemm.config import ws_device_desc_fits
@@ -238,6 +247,7 @@ class _Plan:
     sizes_contiguous: bool = True
     launcher: Any = dataclasses.field(default=None, compare=False)  # made from kernel, grid and meta
     device_desc: bool = False  # the kernel encodes its TMA descriptors itself (Triton: descs all None; Gluon: none)
+    choice: Any = dataclasses.field(default=None, compare=False)  # the selection layer's Choice (no config given)
 
     def __post_init__(self):
         if self.kind == "launch" and self.launcher is None:
@@ -273,7 +283,7 @@ def _ws_plan(x, w, group_sizes, out, cfg: GroupedWsConfig, trans_w: bool, M: int
 
 
 def _plan_mm(x, w, group_sizes, trans_w: bool, config, out, device_descriptors: bool = False,
-             gluon_device_descriptors: bool = False) -> _Plan:
+             gluon_device_descriptors: bool = False, capture: bool = False, tune: bool = False) -> _Plan:
     _check_common("x", x, "w", w, group_sizes, 3)
     G = w.shape[0]
     _check_g(G, group_sizes, "w")
@@ -289,13 +299,81 @@ def _plan_mm(x, w, group_sizes, trans_w: bool, config, out, device_descriptors: 
     _check_out(out, (M, N), x, "grouped_gemm", contiguous=True)
     op = "dgrad" if trans_w else "fwd"
     cfg = as_config(config)
-    if cfg is None and x.device.type == "cuda" and M and N and K and can_run(x, w, group_sizes, out, trans_w):
-        # sm_90, bf16/fp16, TMA-aligned: the warp-specialised Gluon kernel, 1-5% ahead of
-        # the Triton kernel on every seed layer (results/grouped_gemm run 12).
-        ws_cfg = pick_ws_config(op, N, K)
-        return _ws_plan(x, w, group_sizes, out, ws_cfg, trans_w, M, N, K, G, "gluon " + ws_cfg.label(),
-                        gluon_device_descriptors)
-    cfg = validate_config(cfg or pick_config(op, N, K, x.device))
+    if cfg is not None or not (M and N and K):
+        # An explicit config runs the Triton kernel; with nothing to compute there is nothing to choose.
+        cfg = validate_config(cfg or pick_config(op, N, K, x.device))
+        return _triton_mm_plan(x, w, group_sizes, trans_w, cfg, out, M, N, K, G, device_descriptors)
+    call = _call(op, x, w, group_sizes, out, device_descriptors, gluon_device_descriptors)
+    return _chosen(call, tune, capture)
+
+
+def _chosen(call: mselect.Call, tune: bool, capture: bool) -> _Plan:
+    """The plan of the candidate the selection layer names for ``call`` (a tuning table's
+    entry, a tuning run on this call when asked, else the cold rule: the Gluon kernel where it
+    takes the call, else the Triton kernel's config table), with that choice kept."""
+    choice = mselect.choose(call, tune=tune, capturing=capture, prepare=_prepare)
+    return dataclasses.replace(_variant_plan(call, choice.candidate), choice=choice)
+
+
+def _call(op: str, a, b, group_sizes, out, device_descriptors: bool = False,
+          gluon_device_descriptors: bool = False) -> mselect.Call:
+    """The selection layer's view of validated operands: fwd/dgrad a = x (or dy), b = w;
+    wgrad a = x, b = dy. N and K are the layer's (its weight is [G, K, N])."""
+    M = a.shape[0]
+    if op == "wgrad":
+        G, K, N = group_sizes.shape[0], a.shape[1], b.shape[1]
+        es = a.element_size()
+        fresh_ok = (N * es) % 16 == 0
+        tma = fresh_ok if out is None else _strides_ok(out.stride(), es) and out.data_ptr() % 16 == 0
+        tma = tma and all(t.data_ptr() % 16 == 0 and _strides_ok(t.stride(), es) for t in (a, b))
+        ws_ok = False
+    else:
+        G, K, N = b.shape[0], b.shape[1], b.shape[2]
+        width = K if op == "dgrad" else N
+        fresh_ok = (width * a.element_size()) % 16 == 0
+        tma = all(_ws_tma_ok(t) for t in (a, b) + ((out,) if out is not None else ())) and (out is not None or fresh_ok)
+        ws_ok = a.device.type == "cuda" and can_run(a, b, group_sizes, out, op == "dgrad")
+    on_gpu = a.device.type == "cuda"
+    sm90 = on_gpu and _capability(a.device.index if a.device.index is not None else torch.cuda.current_device())[0] == 9
+    return mselect.Call(op, a, b, group_sizes, out, M, N, K, G, on_gpu, tma, ws_ok, device_descriptors,
+                        gluon_device_descriptors, sm90=sm90)
+
+
+def _variant_plan(call: mselect.Call, cand) -> _Plan:
+    """The plan of one candidate (variant, config) for a call (ValueError if it cannot run it)."""
+    a, b, s, out = call.a, call.b, call.sizes, call.out
+    if cand.variant == "library":
+        mselect.check_library(call)
+        return _Plan("library", call.out_shape, "library " + cand.config.label(), args=(call.op,))
+    if cand.variant == "gluon":
+        if not call.ws_ok:
+            raise ValueError(f"grouped_gemm: the Gluon kernel does not take this call (sm_90, bf16/fp16, TMA-aligned "
+                             f"operands, at most {mselect.WS_MAX_GROUPS} groups)")
+        cfg = validate_ws(cand.config)
+        return _ws_plan(a, b, s, out, cfg, call.op == "dgrad", call.M, call.out_width, call.reduction, call.G,
+                        "gluon " + cfg.label(), call.gluon_device_descriptors)
+    if cand.variant != "triton":
+        raise ValueError(f"grouped_gemm: unknown variant {cand.variant!r} (gluon, triton or library)")
+    cfg = validate_config(cand.config)
+    if call.op == "wgrad":
+        return _triton_wgrad_plan(a, b, s, cfg, out, call.M, call.K, call.N, call.G, call.device_descriptors)
+    return _triton_mm_plan(a, b, s, call.op == "dgrad", cfg, out, call.M, call.out_width, call.reduction, call.G,
+                           call.device_descriptors)
+
+
+def _prepare(call: mselect.Call, cand):
+    """For tuning: ``run(out)`` runs one candidate's plan on the call's operands (``out`` None:
+    a new output, as the call itself would)."""
+    p = _variant_plan(call, cand)
+    return lambda out=None: _launch(p, call.a, call.b, call.sizes, out)
+
+
+mselect.use_launcher(_call, _prepare)   # what ``workbench tune grouped`` builds and runs calls with
+
+
+def _triton_mm_plan(x, w, group_sizes, trans_w: bool, cfg: GroupedConfig, out, M: int, N: int, K: int, G: int,
+                    device_descriptors: bool) -> _Plan:
+    """The Triton kernel's fwd/dgrad plan: N the output width, K the reduction."""
     if M == 0 or N == 0:
         return _Plan("empty", (M, N), cfg.label())
     if K == 0:
@@ -331,7 +409,8 @@ def _plan_mm(x, w, group_sizes, trans_w: bool, config, out, device_descriptors: 
                  use_tma and x.device.type == "cuda", group_sizes.stride(0) == 1, device_desc=dev)
 
 
-def _plan_wgrad(x, dy, group_sizes, config, out, device_descriptors: bool = False) -> _Plan:
+def _plan_wgrad(x, dy, group_sizes, config, out, device_descriptors: bool = False, capture: bool = False,
+                tune: bool = False) -> _Plan:
     _check_common("x", x, "dy", dy, group_sizes, 2)
     if dy.stride(-1) != 1 or (dy.shape[0] > 1 and dy.stride(0) < dy.shape[1]):
         raise ValueError(f"grouped_gemm_wgrad: dy must be row-major (got strides {dy.stride()}); "
@@ -343,7 +422,15 @@ def _plan_wgrad(x, dy, group_sizes, config, out, device_descriptors: bool = Fals
     G = group_sizes.shape[0]
     _check_g(G, group_sizes, "group_sizes")
     _check_out(out, (G, K, N), x, "grouped_gemm_wgrad", contiguous=True)
-    cfg = validate_config(as_config(config) or pick_config("wgrad", N, K, x.device))
+    cfg = as_config(config)
+    if cfg is not None or not (M and N and K):
+        cfg = validate_config(cfg or pick_config("wgrad", N, K, x.device))
+        return _triton_wgrad_plan(x, dy, group_sizes, cfg, out, M, K, N, G, device_descriptors)
+    return _chosen(_call("wgrad", x, dy, group_sizes, out, device_descriptors), tune, capture)
+
+
+def _triton_wgrad_plan(x, dy, group_sizes, cfg: GroupedConfig, out, M: int, K: int, N: int, G: int,
+                       device_descriptors: bool) -> _Plan:
     if K == 0 or N == 0:
         return _Plan("empty", (G, K, N), cfg.label())
     if M == 0:
@@ -386,25 +473,32 @@ def _plan_ws(x, w, group_sizes, trans_w: bool, config, out, gluon_device_descrip
     return _ws_plan(x, w, group_sizes, out, cfg, trans_w, M, N, K, G, cfg.label(), gluon_device_descriptors)
 
 
-def plan_for(x, w, group_sizes, *, trans_w: bool = False, config=None, out=None) -> _Plan:
-    """The plan ``grouped_gemm(x, w, group_sizes, trans_w=..., config=..., out=...)`` runs
-    (made once per call signature and descriptor settings; under CUDA-graph capture the
-    descriptors are encoded on the host, once, into the graph)."""
+def plan_for(x, w, group_sizes, *, trans_w: bool = False, config=None, out=None, tune: bool | None = None) -> _Plan:
+    """The plan ``grouped_gemm(x, w, group_sizes, trans_w=..., config=..., out=..., tune=...)``
+    runs (made once per call signature, descriptor settings, whether a CUDA graph is being
+    captured (its descriptors are then encoded on the host, once, into the graph) and whether
+    tuning was asked). A plan keeps the choice it was made with: after editing a tuning table
+    at run time, call ``clear_plans()``."""
     cap = isinstance(x, torch.Tensor) and capturing(x)
     dd, gdd = DEVICE_DESCRIPTORS and not cap, GLUON_DEVICE_DESCRIPTORS and not cap
+    want_tune = config is None and common_select.tune_requested(tune)
     key = (_signature("grouped_gemm", "x", x), _signature("grouped_gemm", "w", w),
            _signature("grouped_gemm", "group_sizes", group_sizes), bool(trans_w), config_key(config),
-           None if out is None else _signature("grouped_gemm", "out", out), dd, gdd)
-    return _PLANS.get(key) or _PLANS.put(key, _plan_mm(x, w, group_sizes, bool(trans_w), config, out, dd, gdd))
+           None if out is None else _signature("grouped_gemm", "out", out), dd, gdd, cap, want_tune)
+    return _PLANS.get(key) or _PLANS.put(key, _plan_mm(x, w, group_sizes, bool(trans_w), config, out, dd, gdd,
+                                                       cap, want_tune))
 
 
-def plan_for_wgrad(x, dy, group_sizes, *, config=None, out=None) -> _Plan:
-    """The plan ``grouped_gemm_wgrad(x, dy, group_sizes, config=..., out=...)`` runs."""
+def plan_for_wgrad(x, dy, group_sizes, *, config=None, out=None, tune: bool | None = None) -> _Plan:
+    """The plan ``grouped_gemm_wgrad(x, dy, group_sizes, config=..., out=..., tune=...)`` runs."""
     who = "grouped_gemm_wgrad"
-    dd = DEVICE_DESCRIPTORS and not (isinstance(x, torch.Tensor) and capturing(x))
+    cap = isinstance(x, torch.Tensor) and capturing(x)
+    dd = DEVICE_DESCRIPTORS and not cap
+    want_tune = config is None and common_select.tune_requested(tune)
     key = (_signature(who, "x", x), _signature(who, "dy", dy), _signature(who, "group_sizes", group_sizes),
-           config_key(config), None if out is None else _signature(who, "out", out), dd)
-    return _WGRAD_PLANS.get(key) or _WGRAD_PLANS.put(key, _plan_wgrad(x, dy, group_sizes, config, out, dd))
+           config_key(config), None if out is None else _signature(who, "out", out), dd, cap, want_tune)
+    return _WGRAD_PLANS.get(key) or _WGRAD_PLANS.put(key, _plan_wgrad(x, dy, group_sizes, config, out, dd, cap,
+                                                                      want_tune))
 
 
 def plan_for_ws(x, w, group_sizes, *, trans_w: bool = False, config=None, out=None) -> _Plan:
@@ -425,6 +519,9 @@ def clear_plans() -> None:
 def _launch(p: _Plan, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor,
             out: torch.Tensor | None) -> torch.Tensor:
     """Run plan ``p`` on operands of its signature: out (or a new one) filled."""
+    if p.kind == "library":
+        res = _library(p.args[0], a, b, group_sizes)
+        return res if out is None else out.copy_(res)
     if out is None:
         out = torch.empty(p.out_shape, device=a.device, dtype=a.dtype)
     if p.kind == "launch":
@@ -447,25 +544,43 @@ def _launch(p: _Plan, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tenso
     return out
 
 
+def _library(op: str, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
+    """``torch._grouped_mm`` for one op (checked when the plan was made: ``select.check_library``);
+    its int32 end offsets are computed on the device (no sync)."""
+    offs = torch.cumsum(group_sizes, 0, dtype=torch.int32)
+    if op == "fwd":
+        return torch._grouped_mm(a, b, offs=offs)
+    if op == "dgrad":
+        return torch._grouped_mm(a, b.transpose(-2, -1), offs=offs)
+    return torch._grouped_mm(a.t(), b, offs=offs)   # wgrad: [K, M] x [M, N] -> [G, K, N]
+
+
 # --------------------------------------------------------------------------
 # Launchers
 # --------------------------------------------------------------------------
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, group_sizes: torch.Tensor, *,
                  trans_w: bool = False, config: GroupedConfig | Mapping[str, Any] | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, tune: bool | None = None) -> torch.Tensor:
     """Grouped x @ w[g] (or x @ w[g].T with ``trans_w``) over row groups of x.
 
     x: [M, K]; w: [G, K, N] ([G, N, K] with trans_w); group_sizes: int tensor
     [G] on x's device, summing to M (not checked: that would need a host sync;
     rows past the sum are left unwritten, groups are clipped at M).
-    Returns out [M, N] in x's dtype (fp32 accumulation). Without a ``config``,
-    operands the warp-specialised Gluon kernel takes (sm_90, bf16/fp16, K and N
-    multiples of 8) go to it (``kernels.moe.gluon``); a ``config``
-    (``GroupedConfig`` or a dict of its fields), or any other case, runs the
-    Triton kernel. Everything but the launch is decided once per call signature
-    (``plan_for``).
+    Returns out [M, N] in x's dtype (fp32 accumulation). A ``config``
+    (``GroupedConfig`` or a dict of its fields) runs the Triton kernel with it.
+    Without one the selection layer (``kernels.moe.select``) names the kernel: a
+    tuning table's entry for this GPU and problem (which may name the Gluon kernel,
+    a Triton config or ``torch._grouped_mm``), else the cold rule: operands the
+    warp-specialised Gluon kernel takes (sm_90, bf16/fp16, K and N multiples of 8)
+    go to it (``kernels.moe.gluon``), any other case to the Triton kernel.
+    ``tune=True`` (or ``WORKBENCH_TUNE=1``): a problem no table has is tuned on this
+    call's own tensors (bounded by ``WORKBENCH_TUNE_BUDGET_S``, 2 s by default; never
+    while a CUDA graph is captured; reads the group sizes once, on that first call)
+    and the winner saved to the user's table (``$WORKBENCH_TUNING_DIR``).
+    Everything but the launch is decided once per call signature (``plan_for``).
     """
-    return _launch(plan_for(x, w, group_sizes, trans_w=trans_w, config=config, out=out), x, w, group_sizes, out)
+    p = plan_for(x, w, group_sizes, trans_w=trans_w, config=config, out=out, tune=tune)
+    return _launch(p, x, w, group_sizes, out)
 
 
 def default_label(x: torch.Tensor, w: torch.Tensor, group_sizes: torch.Tensor, *, trans_w: bool = False) -> str:
@@ -475,13 +590,15 @@ def default_label(x: torch.Tensor, w: torch.Tensor, group_sizes: torch.Tensor, *
 
 def grouped_gemm_wgrad(x: torch.Tensor, dy: torch.Tensor, group_sizes: torch.Tensor, *,
                        config: GroupedConfig | Mapping[str, Any] | None = None,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
+                       out: torch.Tensor | None = None, tune: bool | None = None) -> torch.Tensor:
     """dw[g] = x[rows of g].T @ dy[rows of g] -> [G, K, N]; an empty group gives zeros.
 
     x: [M, K], dy: [M, N], group_sizes: int tensor [G] on their device. Planned
-    once per call signature, like ``grouped_gemm``.
+    once per call signature, like ``grouped_gemm``; without a ``config`` the
+    selection layer chooses (a table, ``tune``, else the Triton config table).
     """
-    return _launch(plan_for_wgrad(x, dy, group_sizes, config=config, out=out), x, dy, group_sizes, out)
+    p = plan_for_wgrad(x, dy, group_sizes, config=config, out=out, tune=tune)
+    return _launch(p, x, dy, group_sizes, out)
 
 
 def grid_size(M: int, N: int, G: int, config: GroupedWsConfig, num_sms: int) -> int:
