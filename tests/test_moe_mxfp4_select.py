@@ -317,6 +317,25 @@ def test_workbench_tune_moe_mxfp4_end_to_end(tmp_path, monkeypatch, capsys):
     assert "top_k=9 is more than the E=4 experts" in capsys.readouterr().err
 
 
+def test_selection_measurement_summary():
+    """run_moe_mxfp4.py --selection: the launcher and the cold rule on the same call, its summary
+    (synthetic timings)."""
+    import importlib.util
+
+    import pandas as pd
+
+    spec = importlib.util.spec_from_file_location("run_moe_mxfp4", ROOT / "experiments" / "run_moe_mxfp4.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    v = run.selection_variants(16384)
+    assert v["launcher"] == (None, False, 2, 128) and v["launcher"] == v["cold rule"]
+    rows = [dict(M=4, name=n, method=m, median_us=t, hbm_bound_us=16.5, selected_source=src, config="cfg")
+            for m in ("graph", "eager") for n, t, src in (("launcher", 30.0, "table"), ("cold rule", 33.0, "explicit"),
+                                                           ("bf16 grouped_gemm", 130.0, None))]
+    text = run.selection_summary(pd.DataFrame(rows))
+    assert "cold/launcher" in text and "1.1" in text and "table" in text and "eager" in text
+
+
 # ----------------------------------------------------------------------------------------- GPU
 def _layer_reference(a, a_scale, w, w_scale, ids, wts, split):
     """(sum, magnitude bound) in fp32 with the weights dequantized one routed expert at a time; with
