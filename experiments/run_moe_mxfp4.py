@@ -67,6 +67,7 @@ from kernels.moe_mxfp4 import (MoeMxfp4Config, block_m_for, default_config, dequ
 from kernels.moe_mxfp4 import baselines as bl  # noqa: E402
 from kernels.moe_mxfp4 import launch as mx_launch  # noqa: E402
 from kernels.moe_mxfp4 import metrics  # noqa: E402
+from kernels.moe_mxfp4 import plan as mx_plan  # noqa: E402
 from kernels.moe_mxfp4 import select as mx_select  # noqa: E402
 from workbench import bench  # noqa: E402
 from workbench import provenance as wb_provenance  # noqa: E402
@@ -160,7 +161,7 @@ def selection_variants(M: int) -> dict[str, tuple[MoeMxfp4Config | None, bool, i
 
 def cold_for(a, weights, routing) -> MoeMxfp4Config:
     """What the launcher runs for this call without a tuning table (the selection layer's cold rule)."""
-    return mx_select.cold_config(mx_launch.call_of(a, None, weights, routing))
+    return mx_select.cold_config(mx_plan.call_of(a, None, weights, routing))
 
 
 def prepackable() -> bool:

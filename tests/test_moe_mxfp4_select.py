@@ -329,6 +329,9 @@ def test_selection_measurement_summary():
     spec.loader.exec_module(run)
     v = run.selection_variants(16384)
     assert v["launcher"] == (None, False, 2, 128) and v["launcher"] == v["cold rule"]
+    p = _problem(seed=8)
+    assert run.cold_for(p["a"], p["weights"], p["routing"]) == \
+        mselect.cold_config(mx_plan.call_of(p["a"], None, p["weights"], p["routing"]))
     rows = [dict(M=4, name=n, method=m, median_us=t, hbm_bound_us=16.5, selected_source=src, config="cfg")
             for m in ("graph", "eager") for n, t, src in (("launcher", 30.0, "table"), ("cold rule", 33.0, "explicit"),
                                                            ("bf16 grouped_gemm", 130.0, None))]
