@@ -33,7 +33,8 @@ def _isolated_tables(monkeypatch, tmp_path):
     monkeypatch.setattr(tables, "SHIPPED_ROOT", tmp_path / "shipped")
     monkeypatch.setattr(select, "TABLES", tables.Tables())
     monkeypatch.delenv("WORKBENCH_TUNE", raising=False)
-    monkeypatch.delenv("WORKBENCH_TUNE_BUDGET_S", raising=False)
+    # a budget no loaded CPU runs out of: the tests count what was timed (the interpreter is slow)
+    monkeypatch.setenv("WORKBENCH_TUNE_BUDGET_S", "600")
     mx_launch.clear_plans()
     yield
     mx_launch.clear_plans()
@@ -172,6 +173,36 @@ def test_tune_on_miss_picks_the_fastest_saves_it_and_a_later_process_reads_it(mo
     assert mx_launch.plan_for(q["a"], q["weights"], q["routing"]).choice.source == "tuned" and seen
     kept = tables.read(tables.table_path(tables.user_root(), select.device_of(None), "moe_mxfp4"))[_key(q)]
     assert kept["candidate"] == cold.name and not kept["kept"]
+
+
+def test_a_candidate_that_does_not_compile_is_reported_and_the_call_still_runs(monkeypatch):
+    """Triton's compile and resource errors are not RuntimeErrors: the tuner reports them as that
+    candidate's failure (the user's call is not failed by tune-on-miss)."""
+    from triton.runtime.errors import OutOfResources
+
+    p = _problem(seed=9)
+    cands = mselect.candidates(mx_plan.call_of(p["a"], None, p["weights"], p["routing"]))
+    bad = list(cands)[1]
+    real = mx_plan.builder
+
+    def builder(call):
+        build = real(call)
+
+        def build_one(cfg):
+            if cfg.label() != bad:
+                return build(cfg)
+
+            def run(out):
+                raise OutOfResources(300000, 232448, "shared memory")
+            return run
+        return build_one
+    monkeypatch.setattr(mx_plan, "builder", builder)
+    seen = []
+    monkeypatch.setattr(tune, "gpu_timer", _fake_timer({bad: 1.0}, seen))
+    plan = mx_launch.plan_for(p["a"], p["weights"], p["routing"], tune=True)
+    assert plan.choice.source == "tuned" and plan.choice.candidate.name != bad and bad not in seen
+    assert plan.choice.entry["timed"] == len(cands) - 1 and plan.choice.entry["of"] == len(cands)
+    _check(_run(p, tune=True), p)
 
 
 def test_no_tuning_while_a_graph_is_captured(monkeypatch):
