@@ -32,9 +32,18 @@ to bf16, gather rows, grouped GEMM, weighted sum), ``bf16 grouped_gemm`` (bf16 w
 pipeline) and the GEMMs alone on pre-gathered rows (``bf16 grouped_gemm (gemm only)``,
 ``bf16 grouped_mm (gemm only)``).
 
+``--selection``: the launcher as users call it instead of the variants: weights prepared once
+(``prepare_weights``, level 2 where the shapes allow), the routing padded to ``block_m_for``'s
+row tile, and no config, so the selection layer picks the config (this GPU's tuning tables,
+``$WORKBENCH_TUNING_DIR`` over the package's; else the cold rule): ``launcher``; next to it the
+cold rule's config passed explicitly (``cold rule``: what runs without tables) and the baselines.
+Its rows name the config that ran and where it came from (``selected_source``: table or cold,
+``selected_where``). About 1 minute on an H100 or H200.
+
 Usage on a GPU node (about 1-2 minutes on an H200; the committed run took 47 s):
     python3 experiments/run_moe_mxfp4.py --out results/moe_mxfp4
     python3 experiments/run_moe_mxfp4.py --out /tmp/x --quick      # M in {4, 32}, under a minute
+    python3 experiments/run_moe_mxfp4.py --out results/moe_mxfp4/selection --selection   # the tuned launcher
     TRITON_INTERPRET=1 python3 experiments/run_moe_mxfp4.py --out /tmp/x --small --rep-ms 1   # no GPU
 """
 from __future__ import annotations
@@ -52,12 +61,14 @@ sys.path.insert(0, str(ROOT))
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from kernels.moe_mxfp4 import (MoeMxfp4Config, default_config, dequantize_mxfp4,  # noqa: E402
+from kernels.moe_mxfp4 import (MoeMxfp4Config, block_m_for, default_config, dequantize_mxfp4,  # noqa: E402
                                dequantize_weights_bf16, moe_mxfp4_down, prepare_routing, prepare_weights,
                                quantize_mxfp4)
 from kernels.moe_mxfp4 import baselines as bl  # noqa: E402
 from kernels.moe_mxfp4 import launch as mx_launch  # noqa: E402
 from kernels.moe_mxfp4 import metrics  # noqa: E402
+from kernels.moe_mxfp4 import plan as mx_plan  # noqa: E402
+from kernels.moe_mxfp4 import select as mx_select  # noqa: E402
 from workbench import bench  # noqa: E402
 from workbench import provenance as wb_provenance  # noqa: E402
 
@@ -140,6 +151,19 @@ def variants(M: int) -> dict[str, tuple[MoeMxfp4Config, bool]]:
     return v
 
 
+def selection_variants(M: int) -> dict[str, tuple[MoeMxfp4Config | None, bool, int, int]]:
+    """--selection: name -> (config, a4w4, weights' level, routing's BLOCK_M): the launcher with no
+    config (config None: the selection layer picks) and the cold rule's config for the same call
+    (filled in by ``cold_for`` once the call's tensors exist)."""
+    level, bm = (2 if prepackable() else 0), block_m_for(M, TOP_K, E)
+    return {"launcher": (None, False, level, bm), "cold rule": (None, False, level, bm)}
+
+
+def cold_for(a, weights, routing) -> MoeMxfp4Config:
+    """What the launcher runs for this call without a tuning table (the selection layer's cold rule)."""
+    return mx_select.cold_config(mx_plan.call_of(a, None, weights, routing))
+
+
 def prepackable() -> bool:
     """Whether the shapes allow the prepacked layout (H % 64 == 0 and I % 128 == 0)."""
     return H % 64 == 0 and I % 128 == 0
@@ -171,6 +195,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rep-ms", type=float, default=60.0, help="timed milliseconds per callable and method")
     ap.add_argument("--small", action="store_true",
                     help="tiny shapes; without a GPU a smoke run of the script in Triton's interpreter")
+    ap.add_argument("--selection", action="store_true",
+                    help="time the launcher as users call it (prepared weights, no config: tuning tables, else the "
+                         "cold rule) against the cold rule's config and the baselines (about a minute)")
     args = ap.parse_args(argv)
     global E, H, I, TOP_K, M_LIST, DEV
     if args.small:
@@ -204,6 +231,12 @@ def main(argv=None) -> int:
     w_bf16 = dequantize_weights_bf16(w, w_scale)                     # exact: the bf16-weight baseline's weights
     # the weights as a loader keeps them: plain, and prepacked once (not timed) where the shapes allow
     weights = {0: prepare_weights(w, w_scale, 0), **({2: prepare_weights(w, w_scale, 2)} if prepackable() else {})}
+    if args.selection:   # the tables this process reads (the launcher's choice comes from them)
+        from kernels.common import tables as wb_tables
+
+        tuning = f"{wb_tables.user_root()} over {wb_tables.SHIPPED_ROOT}"
+        prov["prov_tuning_tables"] = tuning
+        log(f"tuning tables: {tuning}")
     w_buf = torch.empty_like(w_bf16)                                  # the dequantize baselines write here
     log(f"weights quantized ({time.time() - t_start:.0f} s)")
 
@@ -226,19 +259,27 @@ def main(argv=None) -> int:
         out = torch.empty(M, H, dtype=torch.bfloat16, device=DEV)
 
         fns, meta = {}, {}
-        for name, (cfg, fp4) in variants(M).items():
-            r = routings[cfg.BLOCK_M]
+        specs = (selection_variants(M) if args.selection
+                 else {n: (c, fp4, c.PREPACK, c.BLOCK_M) for n, (c, fp4) in variants(M).items()})
+        for name, (cfg, fp4, level, bm) in specs.items():
+            r = routings[bm]
             aa, asc = (a4, a4_s) if fp4 else (a, None)
+            if name == "cold rule":
+                cfg = cold_for(aa, weights[level], r)
 
-            def run(aa=aa, asc=asc, r=r, cfg=cfg, wq=weights[cfg.PREPACK]):
+            def run(aa=aa, asc=asc, r=r, cfg=cfg, wq=weights[level]):
                 return moe_mxfp4_down(aa, wq, routing=r, a_scale=asc, config=cfg, out=out)
 
             try:
                 run()                                   # compile, build the plan (and its workspace)
             except Exception as exc:
                 log(f"M={M} {name}: failed to run ({type(exc).__name__}: {str(exc)[:200]})")
-                checks.append(dict(M=M, name=name, config=cfg.label(), form="a4w4" if fp4 else "w4a16", ok=False))
+                checks.append(dict(M=M, name=name, config=cfg.label() if cfg else "", form="a4w4" if fp4 else "w4a16",
+                                   ok=False))
                 continue
+            plan = mx_launch.plan_for(aa, weights[level], routing=r, a_scale=asc, config=cfg, out=out)
+            choice = plan.choice
+            cfg = plan.config                           # what runs (the selected one for the launcher)
             out.fill_(float("nan"))
             for plan in mx_launch._PLANS.values():
                 if plan.workspace is not None:
@@ -253,7 +294,10 @@ def main(argv=None) -> int:
             meta[name] = dict(kind="ours", config=cfg.label(), form="a4w4" if fp4 else "w4a16",
                               block_m=cfg.BLOCK_M, nt=cfg.NT, early_loads=cfg.EARLY_LOADS,
                               prefetch_epilogue=cfg.PREFETCH_EPILOGUE, deterministic=cfg.DETERMINISTIC,
-                              prepack=cfg.PREPACK)
+                              prepack=cfg.PREPACK, selected_source=choice.source if choice else "explicit",
+                              selected_where=choice.where if choice else "")
+            if choice is not None:
+                log(f"M={M} {name}: {cfg.label()} ({choice.source}: {choice.where})")
 
         x_sorted = a.index_select(0, srt.order)
         base = {
@@ -305,12 +349,37 @@ def main(argv=None) -> int:
         {"command": command, "copy_gbps": copy_gbps, "copy_timing": t_copy.as_row(), "E": E, "H": H, "I": I,
          "top_k": TOP_K, "M": list(m_list), "seed": SEED, "wall_s": time.time() - t_start,
          "provenance": {k[5:]: v for k, v in prov.items()}}, indent=1, default=str))
-    text = summary(df)
+    text = selection_summary(df) if args.selection else summary(df)
     (out_dir / "summary.md").write_text(f"command: `{command}`\n\n{text}\n")
     print(text)
     n_bad = int((~ck.ok).sum())
     log(f"done in {time.time() - t_start:.0f} s; {len(ck) - n_bad}/{len(ck)} checks ok; wrote {out_dir}")
     return 1 if n_bad else 0
+
+
+def selection_summary(df: pd.DataFrame) -> str:
+    """--selection: per M, the launcher (tables, else cold) against the cold rule's config and the
+    baselines, graph replay and eager."""
+    lines = ["latency in us (L2 flushed), KIMI-K2.5 down-projection, w4a16, prepared weights; launcher = no config "
+             "(the selection layer: tuning table, else the cold rule)", ""]
+    for method in ("graph", "eager"):
+        g = df[df.method == method].pivot_table(index="M", columns="name", values="median_us")
+        if g.empty or "launcher" not in g:
+            continue
+        cols = [c for c in ("launcher", "cold rule", "dequant+grouped_gemm", "dequant+grouped_mm", "bf16 grouped_gemm",
+                            "bf16 grouped_mm (gemm only)") if c in g.columns]
+        t = g[cols].copy()
+        if "cold rule" in g:
+            t["cold/launcher"] = g["cold rule"] / g["launcher"]
+        for base in ("dequant+grouped_mm", "bf16 grouped_gemm", "bf16 grouped_mm (gemm only)"):
+            if base in g:
+                t[f"{base}/launcher"] = g[base] / g["launcher"]
+        ours = df[(df.method == method) & (df.name == "launcher")].set_index("M")
+        t["launcher/HBM bound"] = ours.hbm_bound_us / g["launcher"]
+        t["source"] = ours.selected_source
+        t["config"] = ours.config
+        lines += [f"{method}:", "", t.to_string(float_format=lambda v: f"{v:.3g}"), ""]
+    return "\n".join(lines)
 
 
 def summary(df: pd.DataFrame) -> str:

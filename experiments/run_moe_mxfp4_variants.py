@@ -101,9 +101,9 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
     v = {"default": d}
     for la in (1, 2, 3):
         v[f"default la{la}"] = d.replace(LOAD_AHEAD=la)
-    # what moe_mxfp4_down(a, prepare_weights(w, w_scale), routing) runs with no config
-    # (its SPLIT_K too: default_config with H and the SMs is the launcher's no-config choice, and
-    # the sweep calls it with config=None)
+    # what moe_mxfp4_down(a, prepare_weights(w, w_scale), routing) runs with no config and no
+    # tuning table (the selection layer's cold rule, its SPLIT_K too: default_config with H and the
+    # SMs); passed explicitly, so that a tuning table on the machine does not replace it
     sms = sm_count(0) if torch.cuda.is_available() else 0
     pdef = v["prepacked default"] = default_config(M, top_k, E, I, prepacked=2, H=base.H, sms=sms)
     C = MoeMxfp4Config
@@ -312,7 +312,7 @@ def main(argv=None) -> int:
                 routings[cfg.BLOCK_M] = prepare_routing(ids, wts, E, cfg.BLOCK_M)
             r = routings[cfg.BLOCK_M]
 
-            def run(r=r, cfg=None if name == "prepacked default" else cfg, wq=packed[cfg.PREPACK]):
+            def run(r=r, cfg=cfg, wq=packed[cfg.PREPACK]):
                 return moe_mxfp4_down(a, wq, routing=r, config=cfg, out=out)
 
             try:

@@ -29,6 +29,7 @@ from kernels.moe_mxfp4 import (MoeMxfp4Config, Mxfp4Weights, config_for_block_m,
                                quantize_mxfp4, reference_rows)
 from kernels.moe_mxfp4 import launch as mx_launch
 from kernels.moe_mxfp4 import metrics
+from kernels.moe_mxfp4 import plan as mx_plan
 from kernels.moe_mxfp4.quant import E2M1_VALUES
 from kernels.moe_mxfp4.routing import max_rows, reference_routing
 
@@ -512,8 +513,8 @@ def test_prepared_weights_plan_key_has_the_layout():
     assert len(set(same)) == 3
     w2 = prepare_weights(p["w"], p["w_scale"], 2)
     assert w2.max_scale == int(p["w_scale"].max()) <= 128 and w2.one_mul
-    assert mx_launch._unwrap_weights(p["w"], p["w_scale"], r)[3:] == (0, False)
-    assert mx_launch._unwrap_weights(w2, r, None)[1:] == (w2.w_scale, r, 2, True)    # (a, weights, routing)
+    assert mx_plan.unwrap_weights(p["w"], p["w_scale"], r)[3:] == (0, False)
+    assert mx_plan.unwrap_weights(w2, r, None)[1:] == (w2.w_scale, r, 2, True)    # (a, weights, routing)
     moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r)
     moe_mxfp4_down(p["a"], w2, r)
     assert mx_launch._PLANS.get(key(p["w"], p["w_scale"], 0)).config.PREPACK == 0
@@ -741,7 +742,7 @@ def test_split_k_rule_and_the_launcher_uses_it(monkeypatch):
     assert split_k_for(600, 2048, 128, 132) == 2 and split_k_for(1056, 2048, 128, 132) == 1
     assert split_k_for(512, 1536, 128, 132) == 1                     # 12 steps: parts of 6 are too short
     monkeypatch.setattr(mx_config, "SPLIT_MIN_STEPS", 1)
-    monkeypatch.setattr(mx_launch, "_sms", lambda device: 64)
+    monkeypatch.setattr(mx_plan, "sms", lambda device: 64)
     mx_launch._PLANS.clear()
     I_, H_ = 512, 128
     p = _problem(5, H_=H_, I_=I_, seed=71)
@@ -772,7 +773,7 @@ def test_kernel_long_reduction_loop_equals_unrolled(monkeypatch, level, bk, spli
     q = dict(p, w=prepare_weights(p["w"], p["w_scale"], level), w_scale=None) if level else p
     unrolled = _run(q, cfg).clone()
     mx_launch._PLANS.clear()
-    monkeypatch.setattr(mx_launch, "MAX_UNROLLED_STEPS", 1)
+    monkeypatch.setattr(mx_plan, "MAX_UNROLLED_STEPS", 1)
     _run(q, cfg)
     _poison_workspaces()
     out = torch.full((5, H_), float("nan"), dtype=torch.bfloat16, device=DEV)
