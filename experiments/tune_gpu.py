@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
 
-def phases(out: Path, fresh: int, day: str | None, gemm_budget: float) -> list[tuple[str, list[str], float]]:
+def phases(out: Path, fresh: int, day: str | None, gemm_budget: float,
+           mx_where: list[str] = ()) -> list[tuple[str, list[str], float]]:
     """(name, argv, time limit in seconds) of every phase, in the order they run."""
     day_args = ["--day", day] if day else []
     wb = [PY, "-m", "workbench.cli", "tune"]
@@ -44,13 +45,15 @@ def phases(out: Path, fresh: int, day: str | None, gemm_budget: float) -> list[t
         ("tune-gemm", [*wb, "gemm", "--shapes", "experiments/gemm_shapes.yaml", "--budget-s", str(gemm_budget),
                        "--times", str(out / "times_gemm.csv")], 280),
         ("tests-moe", [PY, "-m", "pytest", "-q", "-x", "-m", "gpu", "-p", "no:cacheprovider",
-                       "tests/test_select_grouped.py", "tests/test_select_moe_mxfp4.py"], 90),
-        ("tune-grouped", [*wb, "grouped", "--shapes", "experiments/grouped_gemm_layers.yaml", "--budget-s", "1.0",
+                       "tests/test_select_grouped.py", "tests/test_moe_mxfp4_select.py"], 90),
+        ("tune-grouped", [*wb, "grouped", "--shapes", "experiments/grouped_gemm_layers.yaml", "--budget-s", "0.6",
                           "--times", str(out / "times_grouped.csv")], 220),
         ("measure-grouped", [PY, "experiments/measure_grouped_gemm.py", "--shapes", "experiments/grouped_gemm_layers.yaml",
                              "--out", str(out / "grouped"), "--rep-ms", "20"], 150),
         ("tune-moe-mxfp4", [*wb, "moe_mxfp4", "--shapes", "experiments/moe_mxfp4_tiles.yaml", "--budget-s", "1.0",
-                            "--times", str(out / "times_moe_mxfp4.csv")], 90),
+                            "--times", str(out / "times_moe_mxfp4.csv"), *mx_where], 150),
+        ("measure-moe-mxfp4", [PY, "experiments/run_moe_mxfp4.py", "--selection", "--out", str(out / "moe_mxfp4"),
+                               "--rep-ms", "20"], 120),
         ("verify-gemm", [PY, "experiments/run_gemm_selection.py", "--out", str(out / "gemm"), "--split", "held_out",
                          "--fresh-yaml", str(fresh_yaml), "--tune-on-miss", "3", "--fresh", str(fresh),
                          *day_args, "--budget-s", "150", "--host-calls", "60"], 180),
@@ -77,11 +80,14 @@ def main(argv=None) -> int:
     ap.add_argument("--fresh", type=int, default=20, help="fresh shapes drawn by date")
     ap.add_argument("--day", default=None, help="YYYYMMDD seeding the fresh shapes (default: today, UTC)")
     ap.add_argument("--gemm-budget-s", type=float, default=1.2, help="tuning seconds per GEMM shape")
+    ap.add_argument("--mxfp4-where", action="append", default=[], metavar="FIELD=VALUE",
+                    help="tune only these MXFP4 shapes (e.g. source=kimi-k2.5); repeatable")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
     top = args.out.resolve()
     out = top / "work"
-    todo = phases(out, args.fresh, args.day, args.gemm_budget_s)
+    todo = phases(out, args.fresh, args.day, args.gemm_budget_s,
+                  [a for w in args.mxfp4_where for a in ("--where", w)])
     only = {s for s in args.only.split(",") if s}
     skip = {s for s in args.skip.split(",") if s}
     unknown = (only | skip) - {n for n, _, _ in todo}

@@ -5,9 +5,11 @@
   test modules are imported. (Cross-compilation still works: workbench.asm
   rebuilds interpreted functions as compilable ones.)
 - Tests marked `gpu` / `multigpu` skip cleanly, with a reason, without GPUs.
+- Tuning tables: a fresh, empty user directory (WORKBENCH_TUNING_DIR); no tune-on-miss.
 """
 import importlib.util
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,10 @@ def _cuda_count() -> int:
 CUDA_COUNT = _cuda_count()
 if CUDA_COUNT == 0:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# The tests' tuning tables are their own (the shipped ones still load): a developer's tables in
+# ~/.cache, or $WORKBENCH_TUNING_DIR, must not change which config a test's call runs.
+os.environ["WORKBENCH_TUNING_DIR"] = tempfile.mkdtemp(prefix="workbench-tuning-tests-")
+os.environ.pop("WORKBENCH_TUNE", None)
 
 
 def pytest_collection_modifyitems(config, items):
