@@ -72,7 +72,6 @@ RESIDENT = ("fused_resident", "copy_engine_resident")
 OURS = FUSED + ("sequential", "auto") + RESIDENT
 LIBRARY = ("nccl_cublas", "torch_fused", "gemm_alone")  # the baselines: timed even where inaccurate
 PASSES = 4  # the bench times each case's methods in this many passes, the order rotating (time_all)
-MAX_SPINS = 1 << 22  # kernels are compiled (prepare) before any timed or checked call: no wait covers a compile
 
 
 # --------------------------------------------------------------------------
@@ -138,11 +137,11 @@ class Rank:
         # a fixed fetcher count (the placeholder rule's), not the measured table's pick, so that
         # "fused" means the same configuration in every run
         fused = AgGemmConfig(variant="fused", fetchers=max(4, self.sms // PLACEHOLDER_FETCH_FRACTION),
-                             num_sms=self.sms, max_spins=MAX_SPINS)
+                             num_sms=self.sms)
         cfgs = {"fused": fused, "fused_by_k": fused.replace(fetch_order="k"),  # peers' tiles k-group by k-group
                 "fused_f32": fused.replace(fetchers=32),  # twice the fetchers (the fetcher sweep's pick along K)
-                "copy_engine": AgGemmConfig(variant="copy_engine", num_sms=self.sms, max_spins=MAX_SPINS),
-                "chunked": AgGemmConfig(variant="chunked", num_sms=self.sms, max_spins=MAX_SPINS),
+                "copy_engine": AgGemmConfig(variant="copy_engine", num_sms=self.sms),
+                "chunked": AgGemmConfig(variant="chunked", num_sms=self.sms),
                 "sequential": AgGemmConfig(variant="sequential"), "auto": None}
         out = {}
         for name, c in cfgs.items():
@@ -303,12 +302,9 @@ class Rank:
                 if si == 1:  # bias and the m-contiguous layout, once per convention
                     from kernels.ag_gemm import AgGemmConfig
 
-                    for label, cfg, bs in (("fused+bias", AgGemmConfig(fetchers=16, num_sms=self.sms,
-                                                                       max_spins=MAX_SPINS), bias),
-                                           ("fused_layout_m", AgGemmConfig(fetchers=16, layout="m", num_sms=self.sms,
-                                                                           max_spins=MAX_SPINS), None),
-                                           ("copy_engine+bias", AgGemmConfig(variant="copy_engine", num_sms=self.sms,
-                                                                             max_spins=MAX_SPINS), bias)):
+                    for label, cfg, bs in (("fused+bias", AgGemmConfig(fetchers=16, num_sms=self.sms), bias),
+                                           ("fused_layout_m", AgGemmConfig(fetchers=16, layout="m", num_sms=self.sms), None),
+                                           ("copy_engine+bias", AgGemmConfig(variant="copy_engine", num_sms=self.sms), bias)):
                         self.ag.prepare(a, b, self.heap, gather_dim=gd, bias=bs, config=cfg)
                         self.tdist.barrier()
                         r = ref + bs.float() if bs is not None else ref
@@ -371,7 +367,7 @@ class Rank:
             if self.over_budget():
                 self.skip(f"sweep {study} {kw}", base)
                 continue
-            cfg = AgGemmConfig(num_sms=self.sms, max_spins=MAX_SPINS, **kw)
+            cfg = AgGemmConfig(num_sms=self.sms, **kw)
             self.w.stage(f"sweep {study} {kw}")
             self.ag.prepare(a, b, self.heap, gather_dim=gd, config=cfg)
             self.tdist.barrier()
@@ -385,7 +381,7 @@ class Rank:
         from kernels.ag_gemm.trace import frame
 
         self.w.stage(f"trace fetch_order={fetch_order}")
-        cfg = AgGemmConfig(fetchers=16, num_sms=self.sms, max_spins=MAX_SPINS, fetch_order=fetch_order)
+        cfg = AgGemmConfig(fetchers=16, num_sms=self.sms, fetch_order=fetch_order)
         self.ag.prepare(a, b, self.heap, gather_dim=gd, config=cfg, trace=True)
         self.tdist.barrier()
         for _ in range(3):  # warm: the last call is the one kept

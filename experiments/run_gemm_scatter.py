@@ -45,7 +45,6 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 SPEC = REPO / "experiments" / "gemm_scatter.yaml"
-MAX_SPINS = 1 << 26
 BASELINES = ("cublas+nccl", "triton+all_gather", "cublas_alone", "triton_alone")
 # (M, N, K): odd sizes (M=1, M not a multiple of any tile, N / W not a multiple of BLOCK_N
 # at W=2 and 4), then two seed shapes
@@ -159,7 +158,7 @@ class Runner:
 
         heap = self.heap
         if variant == "fused":
-            return lambda: gemm_all_scatter(a, b, heap, config=config, hints=hints, max_spins=MAX_SPINS)
+            return lambda: gemm_all_scatter(a, b, heap, config=config, hints=hints)
         if variant == "cublas+nccl":
             return lambda: gemm_then_all_gather(a, b, heap, gemm="cublas", gather="nccl")
         if variant == "triton+all_gather":

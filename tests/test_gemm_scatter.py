@@ -105,11 +105,11 @@ def test_rank_that_never_signals_is_named():
     the next call, or check_gemm_all_scatter, names the silent rank."""
     world = dist.SimulatedWorld(2, heap_bytes=1 << 16)
     a, bs = _operands(2, 4, 16, 16, torch.float16, seed=3)
-    world.run(lambda h: gs.gemm_all_scatter(a, bs[h.rank], h, config=SMALL, max_spins=20), ranks=[0])
+    world.run(lambda h: gs.gemm_all_scatter(a, bs[h.rank], h, config=SMALL, timeout_s=0.05), ranks=[0])
     with pytest.raises(WaitTimeout, match="tiles from rank 1"):
         gs.check_gemm_all_scatter(world.heaps[0])
     with pytest.raises(dist.RankError) as info:
-        world.run(lambda h: gs.gemm_all_scatter(a, bs[h.rank], h, config=SMALL, max_spins=20), ranks=[0])
+        world.run(lambda h: gs.gemm_all_scatter(a, bs[h.rank], h, config=SMALL, timeout_s=0.05), ranks=[0])
     err = info.value.__cause__
     assert isinstance(err, WaitTimeout) and "rank 0" in str(err) and "tiles from rank 1" in str(err)
     gs.check_gemm_all_scatter(world.heaps[1])  # rank 1 never called: nothing to report
@@ -119,7 +119,7 @@ def test_check_true_raises_at_once():
     world = dist.SimulatedWorld(3, heap_bytes=1 << 16)
     a, bs = _operands(3, 4, 16, 16, torch.float16, seed=4)
     with pytest.raises(dist.RankError) as info:
-        world.run(lambda h: gs.gemm_all_scatter(a, bs[h.rank], h, config=SMALL, max_spins=20, check=True),
+        world.run(lambda h: gs.gemm_all_scatter(a, bs[h.rank], h, config=SMALL, timeout_s=0.05, check=True),
                   ranks=[0, 1])
     assert isinstance(info.value.__cause__, WaitTimeout) and "tiles from rank 2" in str(info.value.__cause__)
 

@@ -39,6 +39,7 @@ __all__ = ["SymmetricHeap", "SimulatedWorld", "SimHeap", "RankError", "interpret
 # ==========================================================================
 _ALIGN = 256
 FLAG_SLOTS = 1024  # int32 flags at the start of every heap
+STATUS_WORDS = 8   # int32 status words of the bounded waits (kernels.comm.remote uses the first STATUS_WORDS there)
 
 
 class _BumpHeap:
@@ -181,7 +182,7 @@ class SymmetricHeap(_BumpHeap):
         self.signal_pad_bases = torch.tensor([int(p) for p in self.handle.signal_pad_ptrs], dtype=torch.int64,
                                              device=self.device)
         self._init_alloc()
-        self._status = torch.zeros(4, dtype=torch.int32, device=self.device)
+        self._status = torch.zeros(STATUS_WORDS, dtype=torch.int32, device=self.device)
         torch.cuda.synchronize(self.device)
         self.barrier()
 
@@ -249,7 +250,7 @@ class SimHeap(_BumpHeap):
         self.device = torch.device("cpu")
         self.group = None
         self._init_alloc()
-        self._status = torch.zeros(4, dtype=torch.int32)
+        self._status = torch.zeros(STATUS_WORDS, dtype=torch.int32)
 
     def barrier(self) -> None:
         self.world._barrier_wait(self.rank)

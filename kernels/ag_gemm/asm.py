@@ -11,7 +11,7 @@ from workbench.dtypes import triton_type
 SIGNATURE = {"a_ptr": "*{t}", "pub_ptr": "*{t}", "stg_ptr": "*{t}", "b_ptr": "*{t}", "bias_ptr": "*{t}",
              "c_ptr": "*{t}", "heap_bases": "*i64", "sig_ptr": "*i32", "flags_ptr": "*i32", "state_ptr": "*i32",
              "status_ptr": "*i32", "trace_ptr": "*i64", "S_M": "i32", "S_K": "i32", "N": "i32", "stride_bk": "i32",
-             "stride_cm": "i32", "rank": "i32", "max_spins": "i32", "pub_off16": "i32"}
+             "stride_cm": "i32", "rank": "i32", "timeout_us": "i32", "pub_off16": "i32"}
 POINTERS = [k for k, v in SIGNATURE.items() if v.startswith("*")]
 
 

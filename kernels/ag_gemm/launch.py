@@ -37,7 +37,8 @@ import triton
 
 from kernels.ag_gemm.config import FALLBACKS, AgGemmConfig, as_config, auto_config, validate
 from kernels.ag_gemm.triton import TRACE_COLS, _ag_gemm_kernel, _finish_kernel, _next_epoch_kernel
-from kernels.comm.remote import STATUS_WORDS, StatusWatch, WaitTimeout
+from kernels.comm.clock import TIMEOUT_ENV, timeout_us as _timeout_us
+from kernels.comm.remote import STATUS_WORDS, StatusWatch, WaitTimeout, waited_s
 from kernels.common.launcher import launch_planned
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -136,8 +137,9 @@ def _shared(heap) -> dict:
 
 
 def describe_status(values, plan: Plan | None, rank: int, world: int) -> str:
-    """The error text for status words [count, flag id, seen, expected]."""
-    count, fid, seen, expected = (int(v) for v in values[:STATUS_WORDS])
+    """The error text for status words [count, flag id, seen, expected, microseconds waited]."""
+    count, fid, seen, expected = (int(v) for v in values[:4])
+    waited = waited_s(list(values[:STATUS_WORDS]))
     if fid < 0 and -fid <= world:
         what = (f"rank {-fid - 1} never published its shard (ready flag from rank {-fid - 1})")
     elif fid < 0 and -fid <= 2 * world:
@@ -161,9 +163,10 @@ def describe_status(values, plan: Plan | None, rank: int, world: int) -> str:
                 f"fetchers never fetched it")
     else:
         what = f"staging flag {fid} never set"
-    return (f"rank {rank}: all_gather_matmul: {count} bounded wait(s) timed out; {what} (saw {seen}, expected "
-            f">= {expected}). Every rank must make the same calls; call kernels.ag_gemm.recover(heap) on every "
-            f"rank before the next call.")
+    return (f"rank {rank}: all_gather_matmul: {count} bounded wait(s) timed out after waiting {waited:.3f} s; "
+            f"{what} (saw {seen}, expected >= {expected}). Every rank must make the same calls (a rank held back "
+            f"longer than that on purpose needs a larger timeout_s= or ${TIMEOUT_ENV}); call "
+            f"kernels.ag_gemm.recover(heap) on every rank before the next call.")
 
 
 def _raise_if_failed(values, s, heap):
@@ -400,7 +403,8 @@ def prepare(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=Fal
         return plan
     c = torch.empty(plan.out_shape, dtype=a_shard.dtype, device=a_shard.device)
     s = _shared(heap)
-    args = _args(a_shard, b, heap, plan, bias, c, s)
+    wait_us = _timeout_us(None)
+    args = _args(a_shard, b, heap, plan, bias, c, s, wait_us)
     if plan.cfg.variant == "fused":
         _ag_gemm_kernel.warmup(*args, grid=(plan.grid,), PUBLISH=True, FETCH=True, COMPUTE=True, WAIT_READY=False,
                                **plan.kw)
@@ -409,7 +413,7 @@ def prepare(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=Fal
     _ag_gemm_kernel.warmup(*args, grid=(plan.kw["FETCHERS"],), PUBLISH=True, FETCH=False, COMPUTE=False,
                            WAIT_READY=True, **plan.kw)
     if plan.cfg.variant == "chunked":
-        _finish_kernel.warmup(s["state"], s["sig"], heap.heap_bases, s["status"], heap.rank, plan.cfg.max_spins,
+        _finish_kernel.warmup(s["state"], s["sig"], heap.heap_bases, s["status"], heap.rank, wait_us,
                               WORLD=heap.world_size, END_WAIT=plan.kw["END_WAIT"], grid=(1,))
     else:
         _next_epoch_kernel.warmup(s["state"], plan.nextval, plan.nextval.numel(), BLOCK=128, grid=(1,))
@@ -423,7 +427,7 @@ def prepare(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=Fal
 # --------------------------------------------------------------------------
 def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_dim: int = 1,
                       bias: torch.Tensor | None = None, config: AgGemmConfig | dict | None = None,
-                      trace: bool = False, out: torch.Tensor | None = None):
+                      trace: bool = False, out: torch.Tensor | None = None, timeout_s: float | None = None):
     """C = all_gather(A) @ B (+ bias) on every rank, the gather hidden behind the GEMM.
 
     gather_dim=1 (iris' convention): each rank holds ``a_shard = A[:, r*K/W:(r+1)*K/W]``
@@ -445,7 +449,12 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_di
     ``heap.alloc`` by the same calls on every rank, so at the same offset; a producer writes
     it there with ``out=``) is read by the peers in place: no copy, and the fetch starts at
     once. The call then ends on the stream only when every peer has read it.
+
+    ``timeout_s``: how long any wait for a peer may last, in seconds of the GPU's clock
+    (default ``$WORKBENCH_WAIT_TIMEOUT_S``, else 60; ``kernels.comm.clock``); the error then
+    says how long it waited, which rank and which tile or chunk.
     """
+    wait_us = _timeout_us(timeout_s)
     s = _shared(heap)
     s["watch"].poll()   # an earlier call's timeout, if the device has reported one by now
     plan = get_plan(a_shard, b, heap, gather_dim=gather_dim, bias=bias, config=config, trace=trace)
@@ -459,24 +468,24 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_di
     c = out if out is not None else torch.empty(plan.out_shape, dtype=a_shard.dtype, device=a_shard.device)
     if trace:
         plan.trace.zero_()
+    args = _args(a_shard, b, heap, plan, bias, c, s, wait_us)
     if plan.cfg.variant == "fused":
-        _fused(a_shard, b, heap, plan, bias, c, s)
+        _fused(heap, plan, c, args)
     elif plan.cfg.variant == "chunked":
-        _chunked(a_shard, b, heap, plan, bias, c, s)
+        _chunked(a_shard, b, heap, plan, bias, c, s, args)
     else:
-        _copy_engine(a_shard, b, heap, plan, bias, c, s)
+        _copy_engine(heap, plan, c, s, args)
     _after_call(s, heap, plan)
     return (c, plan.trace) if trace else c
 
 
-def _args(a, b, heap, plan, bias, c, s):
+def _args(a, b, heap, plan, bias, c, s, wait_us):
     return (a, plan.pub, plan.stg, b, bias if bias is not None else c, c, heap.heap_bases, s["sig"], plan.flags,
             s["state"], s["status"], plan.trace, plan.S_M, plan.S_K, plan.N, b.stride(0), b.stride(1), c.stride(0),
-            heap.rank, plan.cfg.max_spins, plan.pub_off16)
+            heap.rank, wait_us, plan.pub_off16)
 
 
-def _fused(a, b, heap, plan, bias, c, s):
-    args = _args(a, b, heap, plan, bias, c, s)
+def _fused(heap, plan, c, args):
     cs = (c.data_ptr() % 16, c.stride(0))  # C (given or fresh) is the one argument the plan's key leaves open
     if not heap.simulated or heap.world_size == 1:  # one launch (a world of one never waits on a peer)
         launch_planned(heap, plan.launches, ("fused", cs), _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=True,
@@ -506,8 +515,7 @@ def _publish(heap, plan, args, cs):
         heap.barrier()
 
 
-def _copy_engine(a, b, heap, plan, bias, c, s):
-    args = _args(a, b, heap, plan, bias, c, s)
+def _copy_engine(heap, plan, c, s, args):
     cs = (c.data_ptr() % 16, c.stride(0))
     gemm_kw = dict(plan.kw, FETCHERS=0)
     launch_planned(heap, plan.launches, "next_epoch", _next_epoch_kernel, (1,), s["state"], plan.nextval,
@@ -535,18 +543,17 @@ def _copy_engine(a, b, heap, plan, bias, c, s):
     cur.wait_stream(plan.side)
 
 
-def _chunked(a, b, heap, plan, bias, c, s):
+def _chunked(a, b, heap, plan, bias, c, s, args):
     """Publish (the copy-engine variant's kernel), then on a side stream copy each peer's shard
     whole into the staging buffer (copy engine), each copy followed by an event; on the
     caller's stream cuBLAS multiplies our own shard at once and each peer's as its copy lands.
     No SM fetches and the GEMMs run at the library's speed: PyTorch async-TP's schedule, on
     our heap and flags. A finish kernel after the copies ends the call for the peers."""
-    args = _args(a, b, heap, plan, bias, c, s)
     _publish(heap, plan, args, (c.data_ptr() % 16, c.stride(0)))
     if heap.simulated:
         for _, dst, src in plan.chunks:
             dst.copy_(src)
-        _finish(heap, plan, s)
+        _finish(heap, plan, s, args[-2])
         _chunk_products(a, b, plan, bias, c, heap.rank, lambda i: None)
         if plan.resident:  # the GPU's END_WAIT: the peers have read our shard before the call returns
             heap.barrier()
@@ -557,14 +564,14 @@ def _chunked(a, b, heap, plan, bias, c, s):
         for (_, dst, src), ev in zip(plan.chunks, plan.events):
             dst.copy_(src, non_blocking=True)  # cudaMemcpyAsync from the peer (copy engine)
             ev.record(plan.side)
-        _finish(heap, plan, s)
+        _finish(heap, plan, s, args[-2])
     _chunk_products(a, b, plan, bias, c, heap.rank, lambda i: cur.wait_event(plan.events[i]))
     cur.wait_stream(plan.side)
 
 
-def _finish(heap, plan, s):
+def _finish(heap, plan, s, wait_us):
     launch_planned(heap, plan.launches, "finish", _finish_kernel, (1,), s["state"], s["sig"], heap.heap_bases,
-                   s["status"], heap.rank, plan.cfg.max_spins, WORLD=heap.world_size,
+                   s["status"], heap.rank, wait_us, WORLD=heap.world_size,
                    END_WAIT=plan.kw["END_WAIT"])
 
 

@@ -106,16 +106,16 @@ def _record(trace_ptr, n, kind, item, t0, t1, sm, MAX_EVENTS: tl.constexpr):
 
 
 @triton.jit
-def _wait_flag(flag_ptr, expected, max_spins, status_ptr, flag_id, SCOPE: tl.constexpr):
+def _wait_flag(flag_ptr, expected, timeout_us, status_ptr, flag_id, SCOPE: tl.constexpr):
     """`kernels.comm.remote.wait` behind a fast path: one acquire read and a CTA barrier
     when the flag is already set (the common case once the gather is ahead). Once any
-    wait of this launch has given up, the others poll once instead of max_spins
-    times (one lost peer must not cost max_spins for every tile)."""
+    wait of this launch has given up, the others poll once instead of waiting out the
+    bound (one lost peer must not cost timeout_us for every tile)."""
     seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
     if seen < expected:
         failed = tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu")
-        spins = tl.where(failed > 0, 0, max_spins)
-        wait(flag_ptr, expected, spins, status_ptr, flag_id, SCOPE)
+        bound = tl.where(failed > 0, 0, timeout_us)
+        wait(flag_ptr, expected, bound, status_ptr, flag_id, SCOPE)
     tl.debug_barrier()  # the acquire (one thread's) ordered before every thread's loads
 
 
@@ -154,11 +154,11 @@ def _copy_item(src_ptr, stg_ptr, pub_ptr, flags_ptr, block, mt, g, epoch, S_M, S
         tl.atomic_xchg(flags_ptr + (block * MT + mt) * KG + g, epoch + 1, sem="release", scope="gpu")
 
 
-@triton.jit(do_not_specialize=["rank", "max_spins", "pub_off16"])
+@triton.jit(do_not_specialize=["rank", "timeout_us", "pub_off16"])
 def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     heap_bases, sig_ptr, flags_ptr, state_ptr, status_ptr, trace_ptr,
                     S_M, S_K, N, stride_bk, stride_bn, stride_cm,
-                    rank, max_spins, pub_off16,
+                    rank, timeout_us, pub_off16,
                     WORLD: tl.constexpr, GATHER_K: tl.constexpr, M_CONTIG: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                     K_PER_FLAG: tl.constexpr, FETCH_K: tl.constexpr, FETCHERS: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -198,7 +198,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
         # Peers must be done with our previous shard before pub is overwritten.
         for i in tl.static_range(1, WORLD):
             peer = (rank + i) % WORLD
-            _wait_flag(done_ptr + peer, epoch, max_spins, status_ptr, -1 - WORLD - peer, "sys")
+            _wait_flag(done_ptr + peer, epoch, timeout_us, status_ptr, -1 - WORLD - peer, "sys")
         for item in range(pid, MT * KG * (WORLD > 1), PUBLISHERS):  # a world of one has no reader
             if TRACE:
                 t0 = _now(tick_ptr, CLOCK)
@@ -222,7 +222,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
             if pid == 0:
                 for i in tl.static_range(1, WORLD):
                     peer = (rank + i) % WORLD
-                    _wait_flag(ready_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - peer, "sys")
+                    _wait_flag(ready_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - peer, "sys")
                     _same_place(where_ptr, peer, pub_off16, status_ptr, WORLD, RESIDENT)
         if FETCH:
             for i in tl.static_range(1, WORLD):
@@ -230,7 +230,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                 if peer != SKIP_RANK:  # SKIP_RANK: fault injection for tests (-1: none)
                     if TRACE:
                         t0 = _now(tick_ptr, CLOCK)
-                    _wait_flag(ready_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - peer, "sys")
+                    _wait_flag(ready_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - peer, "sys")
                     if TRACE:
                         n_ev = _record(trace_ptr, n_ev, EV_WAIT, -1 - peer, t0, _now(tick_ptr, CLOCK), sm,
                                        MAX_EVENTS)
@@ -262,7 +262,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
     if COMPUTE:
         # GEMM programs (and, with JOIN, the fetchers too once their copies are done)
         _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr, state_ptr + 5,
-                 S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, pid - FETCHERS,
+                 S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, timeout_us, epoch, MT, KT, KG, pid - FETCHERS,
                  tl.num_programs(0) - FETCHERS, n_ev, sm, WORLD, GATHER_K, M_CONTIG, BLOCK_M, BLOCK_N, BLOCK_K,
                  GROUP_M, K_PER_FLAG, HAS_BIAS, EVEN_K, ALIGNED_M, ALIGNED_N, STAGED_FLAG, TRACE, CLOCK, MAX_EVENTS,
                  TMA, PROXY_FENCE, CLAIM, JOIN, WAIT_GROWTH)
@@ -272,11 +272,11 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
         if arrived == tl.num_programs(0) - 1:
             tl.store(state_ptr + 2, 0)
             tl.store(state_ptr + 5, 0)  # the tile counter: every program has made its last claim
-            _end_call(state_ptr, done_ptr, epoch, heap_bases, status_ptr, rank, max_spins, WORLD, END_WAIT)
+            _end_call(state_ptr, done_ptr, epoch, heap_bases, status_ptr, rank, timeout_us, WORLD, END_WAIT)
 
 
 @triton.jit
-def _end_call(state_ptr, done_ptr, epoch, heap_bases, status_ptr, rank, max_spins,
+def _end_call(state_ptr, done_ptr, epoch, heap_bases, status_ptr, rank, timeout_us,
               WORLD: tl.constexpr, END_WAIT: tl.constexpr):
     """Next epoch, and tell every peer we are done reading its shard. With END_WAIT (a resident
     shard) wait until every peer is done reading ours: the shard is the caller's again once the
@@ -287,7 +287,7 @@ def _end_call(state_ptr, done_ptr, epoch, heap_bases, status_ptr, rank, max_spin
     if END_WAIT:
         for i in tl.static_range(1, WORLD):
             peer = (rank + i) % WORLD
-            _wait_flag(done_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - WORLD - peer, "sys")
+            _wait_flag(done_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - WORLD - peer, "sys")
 
 
 @triton.jit
@@ -300,10 +300,10 @@ def _same_place(where_ptr, peer, pub_off16, status_ptr, WORLD: tl.constexpr, RES
     if RESIDENT:
         theirs = tl.atomic_add(where_ptr + peer, 0, sem="relaxed", scope="gpu")  # ordered by the ready acquire
         if theirs != pub_off16:
-            tl.atomic_add(status_ptr, 1)
-            tl.atomic_xchg(status_ptr + 1, -1 - 2 * WORLD - peer)
-            tl.atomic_xchg(status_ptr + 2, theirs)
-            tl.atomic_xchg(status_ptr + 3, pub_off16)
+            if tl.atomic_add(status_ptr, 1) == 0:   # the first failure says what it was
+                tl.atomic_xchg(status_ptr + 1, -1 - 2 * WORLD - peer)
+                tl.atomic_xchg(status_ptr + 2, theirs)
+                tl.atomic_xchg(status_ptr + 3, pub_off16)
             ok = 0
     return ok
 
@@ -362,7 +362,7 @@ def _fence_async_proxy(ON: tl.constexpr):
 
 @triton.jit
 def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr, claim_ptr,
-             S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, gid, num_gemm,
+             S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, timeout_us, epoch, MT, KT, KG, gid, num_gemm,
              n_ev, sm, WORLD: tl.constexpr, GATHER_K: tl.constexpr, M_CONTIG: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
              K_PER_FLAG: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED_M: tl.constexpr,
@@ -508,7 +508,7 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
                             if TRACE:
                                 t0 = _now(tick_ptr, CLOCK)
                             flag = (block * MT + mt) * KG + g
-                            _wait_flag(flags_ptr + flag, epoch + 1, max_spins, status_ptr, flag, "gpu")
+                            _wait_flag(flags_ptr + flag, epoch + 1, timeout_us, status_ptr, flag, "gpu")
                             if TRACE:
                                 n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm,
                                                MAX_EVENTS)
@@ -543,10 +543,10 @@ def _next_epoch_kernel(state_ptr, out_ptr, n, BLOCK: tl.constexpr):
                  mask=s + offs < n)
 
 
-@triton.jit(do_not_specialize=["rank", "max_spins"])
-def _finish_kernel(state_ptr, sig_ptr, heap_bases, status_ptr, rank, max_spins,
+@triton.jit(do_not_specialize=["rank", "timeout_us"])
+def _finish_kernel(state_ptr, sig_ptr, heap_bases, status_ptr, rank, timeout_us,
                    WORLD: tl.constexpr, END_WAIT: tl.constexpr):
     """The end of a ``chunked`` call (one program, stream-ordered after its copies from the
     peers): what the last GEMM program does in the other variants."""
-    _end_call(state_ptr, sig_ptr + WORLD, tl.load(state_ptr), heap_bases, status_ptr, rank, max_spins, WORLD,
+    _end_call(state_ptr, sig_ptr + WORLD, tl.load(state_ptr), heap_bases, status_ptr, rank, timeout_us, WORLD,
               END_WAIT)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from kernels.comm.baselines import nccl_all_gather
-from kernels.comm.config import DEFAULT_MAX_SPINS, VARIANTS, _validate, auto_choice, pick_config
+from kernels.comm.clock import timeout_us as _timeout_us
+from kernels.comm.config import VARIANTS, _validate, auto_choice, pick_config
 from kernels.comm.gluon import GLUON_AVAILABLE
 from kernels.comm.remote import StatusWatch, wait_all_kernel
 from kernels.comm.triton import _all_gather_kernel
@@ -35,7 +36,7 @@ def _device_sms(heap) -> int | None:
 
 def all_gather(x: torch.Tensor, heap, *, variant: str = "triton", num_sms: int | None = None, block=None,
                hints: bool = True, num_warps: int | None = None, out: torch.Tensor | None = None, check: bool = False,
-               max_spins: int = DEFAULT_MAX_SPINS, scope: str = "sys") -> torch.Tensor:
+               timeout_s: float | None = None, scope: str = "sys") -> torch.Tensor:
     """Gather every rank's ``x`` into ``out`` (rank-major along dim 0) on every rank.
 
     ``heap``: a `workbench.dist.SymmetricHeap` (GPU) or a `SimHeap` of a
@@ -47,13 +48,16 @@ def all_gather(x: torch.Tensor, heap, *, variant: str = "triton", num_sms: int |
     ``out``: a heap tensor to fill (default: a heap buffer reused per shape).
     A peer that never signals makes the bounded device-side wait give up and
     record it in the rank's status word; that surfaces as `WaitTimeout`
-    (naming the rank and the peer) at this rank's next ``all_gather`` call,
+    (naming the rank and the peer, and how long the wait lasted) at this rank's next ``all_gather`` call,
     without synchronizing the host on any call. ``check=True`` synchronizes
     after this call and raises at once; ``check_all_gather(heap)`` does the same
     after a batch of calls. The flag totals live on the device, so a captured
     graph of calls replays correctly (check it with ``check_all_gather``).
+    ``timeout_s``: how long the wait for the peers may last, in seconds of the
+    GPU's clock (default ``$WORKBENCH_WAIT_TIMEOUT_S``, else 60; ``kernels.comm.clock``).
     """
     _validate(x, heap, variant)
+    wait_us = _timeout_us(timeout_s)
     watch = _watch(heap)
     watch.poll()   # an earlier call's timeout, if the device has reported one by now
     W = heap.world_size
@@ -77,14 +81,14 @@ def all_gather(x: torch.Tensor, heap, *, variant: str = "triton", num_sms: int |
         return _copy_engine(x, heap, plan)
     kernel, grid, out, flags, total, kw, launch = plan
     status = heap.status()
-    args = (x, out, heap.heap_bases, flags, status, total, x.shape[0], x.numel() // x.shape[0], heap.rank, max_spins)
+    args = (x, out, heap.heap_bases, flags, status, total, x.shape[0], x.numel() // x.shape[0], heap.rank, wait_us)
     if launch is None:   # a simulated world: the heap runs it in the interpreter, one rank at a time
         heap.launch(kernel, (grid,), *args, **kw)
     else:
         launch(*args)
     if heap.simulated:  # ranks take turns in the interpreter: wait in a launch of its own
         heap.barrier()
-        heap.launch(wait_all_kernel, (1,), flags, total, grid, max_spins, status, WORLD=W, SCOPE=scope)
+        heap.launch(wait_all_kernel, (1,), flags, total, grid, wait_us, status, WORLD=W, SCOPE=scope)
     watch.arm()
     if check:
         watch.check()
@@ -185,7 +189,7 @@ def compile_kernel(variant: str, hints: bool, *, target: str = "sm90", dtype: to
     ty = triton_type(dtype)
     signature = {"x_ptr": f"*{ty}", "out_ptr": f"*{ty}", "heap_bases": "*i64", "flags_ptr": "*i32",
                  "status_ptr": "*i32", "total_ptr": "*i32", "M": "i32", "N": "i32", "rank": "i32",
-                 "max_spins": "i32"}
+                 "timeout_us": "i32"}
     constexprs = {"WORLD": world_size, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "VEC": cfg["VEC"],
                   "ESIZE": esize,
                   "HINTS": bool(hints) and cfg["VEC"] > 1, "EVEN_N": cfg["EVEN_N"], "WAIT": wait, "SCOPE": "sys"}

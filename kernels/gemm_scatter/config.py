@@ -54,7 +54,6 @@ from workbench.asm.resources import smem_per_block
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SMEM_LIMIT_SM90 = smem_per_block(90)
-DEFAULT_MAX_SPINS = 1 << 26   # polls before a wait gives up (bounded: a silent peer is reported, never hangs)
 
 # (BLOCK_M, BLOCK_N) -> (BLOCK_K, warps, stages, per-SM TFLOP/s, fixed us per tile); see the module docstring
 TILES = {(bm, bn): (bk, w, st, rate, fixed) for (bm, bn, bk, w, st), (rate, fixed) in _GEMM_FIT.items()}

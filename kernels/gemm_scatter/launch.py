@@ -20,7 +20,8 @@ from kernels.common.plans import PlanCache, config_key, tensor_signature
 from kernels.common.plans import capability as _capability, sm_count as _sm_count
 from kernels.gemm.config import split_pieces
 from kernels.gemm.launch import TensorDescriptor, _tma_ok, workspace
-from kernels.gemm_scatter.config import DEFAULT_MAX_SPINS, DTYPES, ScatterConfig, as_config, heuristic, validate
+from kernels.comm.clock import timeout_us as _timeout_us
+from kernels.gemm_scatter.config import DTYPES, ScatterConfig, as_config, heuristic, validate
 from kernels.gemm_scatter.triton import _gemm_scatter_kernel, _gemm_scatter_split_kernel
 from workbench.dtypes import triton_type
 
@@ -116,8 +117,8 @@ def _plan(a, b_local, heap, config, hints, out, scope) -> _ScatterPlan:
     # base, its row length and every rank's column offset (multiples of n_local) are.
     hints_ok = bool(hints) and out.data_ptr() % 16 == 0 and (N * esize) % 16 == 0 and (n_local * esize) % 16 == 0
     meta = dict(WORLD=W, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, TMA_LOADS=tma,
-                HINTS=hints_ok, WAIT=not heap.simulated, SCOPE=scope, num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages)
+                HINTS=hints_ok, WAIT=not heap.simulated, SCOPE=scope,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (M, n_local, K, a.stride(0), a.stride(1), b_local.stride(0), b_local.stride(1), out.stride(0))
     flags, total = heap.flags("gemm_scatter", W), heap.flags("gemm_scatter.total", 1)
     if cfg.split_kernel:
@@ -158,7 +159,7 @@ def _watch(heap) -> StatusWatch:
 
 def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
                      config: ScatterConfig | Mapping[str, Any] | None = None, hints: bool = True,
-                     out: torch.Tensor | None = None, check: bool = False, max_spins: int = DEFAULT_MAX_SPINS,
+                     out: torch.Tensor | None = None, check: bool = False, timeout_s: float | None = None,
                      scope: str = "sys") -> torch.Tensor:
     """``C = A @ [B_0 | B_1 | ... | B_{W-1}]`` on every rank, each rank computing its column block.
 
@@ -174,8 +175,11 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
     A peer that never signals makes the bounded device-side wait give up and
     record it; that surfaces as ``kernels.comm.remote.WaitTimeout`` naming the
     rank at this rank's next call, at ``check_gemm_all_scatter(heap)``, or at
-    once with ``check=True`` (which synchronizes).
+    once with ``check=True`` (which synchronizes). ``timeout_s``: how long that
+    wait may last, in seconds of the GPU's clock (default
+    ``$WORKBENCH_WAIT_TIMEOUT_S``, else 60; ``kernels.comm.clock``).
     """
+    wait_us = _timeout_us(timeout_s)
     watch = _watch(heap)
     watch.poll()  # an earlier call's timeout, if the device has reported one by now
     p = plan_for(a, b_local, heap, config, hints=hints, out=out, scope=scope)
@@ -191,15 +195,15 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
         cfg = p.config
         ws, cnt = workspace(a.device, grid[0] * grid[1] * cfg.block_m * cfg.block_n, grid[0])
         launch_planned(heap, p.launches, "split", _gemm_scatter_split_kernel, grid, a, b_local, a_desc, b_desc,
-                       p.out, ws, cnt, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, max_spins,
+                       p.out, ws, cnt, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, wait_us,
                        *pieces, **p.meta)
     else:
         launch_planned(heap, p.launches, "persistent", _gemm_scatter_kernel, (p.grid,), a, b_local, a_desc, b_desc,
-                       p.out, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, max_spins, p.grid,
+                       p.out, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, wait_us, p.grid,
                        p.config.group_m, **p.meta)
     if heap.simulated:  # ranks take turns in the interpreter: wait in a launch of its own
         heap.barrier()
-        heap.launch(wait_all_kernel, (1,), p.flags, p.total, p.grid, max_spins, status, WORLD=heap.world_size,
+        heap.launch(wait_all_kernel, (1,), p.flags, p.total, p.grid, wait_us, status, WORLD=heap.world_size,
                     SCOPE=scope)
     watch.arm()
     if check:
@@ -238,7 +242,7 @@ def compile_kernel(hints: bool, *, target="sm90", dtype: torch.dtype = torch.flo
     sig = {"a_ptr": f"*{ty}", "b_ptr": f"*{ty}", "c_ptr": f"*{ty}", "heap_bases": "*i64", "flags_ptr": "*i32",
            "status_ptr": "*i32", "total_ptr": "*i32", "M": "i32", "N_LOCAL": "i32", "K": "i32",
            "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32", "stride_cm": "i32",
-           "rank": "i32", "max_spins": "i32", "num_sms": "i32", "group_m": "i32"}
+           "rank": "i32", "timeout_us": "i32", "num_sms": "i32", "group_m": "i32"}
     constexprs = {"WORLD": world_size, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                   "TMA_LOADS": tma_loads, "FROM_REGISTERS": cfg.from_registers, "HINTS": bool(hints),
                   "WAIT": True, "FLATTEN": cfg.flatten, "SCOPE": "sys", "stride_ak": 1, "stride_bn": 1}

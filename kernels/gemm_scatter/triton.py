@@ -22,7 +22,7 @@ if interpreter.active():
 # Integers that vary between calls of one configuration stay unspecialized (no
 # recompiles): the rank, the wait bound, the grid, the swizzle, and M (the
 # seed's M sweep runs 1..1024 through one compiled kernel).
-_RUNTIME_INTS = ["M", "rank", "max_spins", "num_sms", "group_m"]
+_RUNTIME_INTS = ["M", "rank", "timeout_us", "num_sms", "group_m"]
 
 
 @triton.jit
@@ -48,7 +48,7 @@ def _peer_tile_ptrs(ptrs, rank, peer, heap_bases, HINTS: tl.constexpr, BLOCK_N: 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _gemm_scatter_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, heap_bases, flags_ptr, status_ptr, total_ptr,
                          M, N_LOCAL, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
-                         rank, max_spins, num_sms, group_m,
+                         rank, timeout_us, num_sms, group_m,
                          WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, TMA_LOADS: tl.constexpr, FROM_REGISTERS: tl.constexpr,
                          HINTS: tl.constexpr, WAIT: tl.constexpr, FLATTEN: tl.constexpr, SCOPE: tl.constexpr):
@@ -86,7 +86,7 @@ def _gemm_scatter_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, heap_bases, flags_
             _scatter(tile, dst, mask, rank, heap_bases, 1, WORLD, HINTS, BLOCK_N)
         else:
             _scatter(tile, dst, mask, rank, heap_bases, 0, WORLD, HINTS, BLOCK_N)
-    _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, max_spins, pid == 0, num_sms, WORLD, WAIT, SCOPE)
+    _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, timeout_us, pid == 0, num_sms, WORLD, WAIT, SCOPE)
 
 
 @triton.jit
@@ -101,7 +101,7 @@ def _scatter(tile, dst, mask, rank, heap_bases, FIRST: tl.constexpr, WORLD: tl.c
 
 
 @triton.jit
-def _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, max_spins, waiter, programs,
+def _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, timeout_us, waiter, programs,
             WORLD: tl.constexpr, WAIT: tl.constexpr, SCOPE: tl.constexpr):
     """Completion: this program's stores, a CTA barrier, then a release add of 1 to slot
     `rank` of every rank's flag array (kernels.comm.remote.signal). With WAIT one program
@@ -112,13 +112,13 @@ def _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, max_spins, waite
         signal(flags_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", SCOPE)
     if WAIT:
         if waiter:
-            wait_all(flags_ptr, total_ptr, programs, max_spins, status_ptr, WORLD, SCOPE)
+            wait_all(flags_ptr, total_ptr, programs, timeout_us, status_ptr, WORLD, SCOPE)
 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS[:3] + ["split_k", "steps_per_split"])
 def _gemm_scatter_split_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, ws_ptr, cnt_ptr, heap_bases, flags_ptr,
                                status_ptr, total_ptr, M, N_LOCAL, K, stride_am, stride_ak, stride_bk, stride_bn,
-                               stride_cm, rank, max_spins, split_k, steps_per_split,
+                               stride_cm, rank, timeout_us, split_k, steps_per_split,
                                WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr, TMA_LOADS: tl.constexpr, SWAP_AB: tl.constexpr,
                                HINTS: tl.constexpr, WAIT: tl.constexpr, SCOPE: tl.constexpr,
@@ -136,5 +136,5 @@ def _gemm_scatter_split_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, ws_ptr, cnt_
         mask = (rows[:, None] < M) & (cols[None, :] < N_LOCAL)
         dst = c_ptr + rows[:, None].to(tl.int64) * stride_cm + (rank * N_LOCAL + cols)[None, :]
         _scatter(acc.to(c_ptr.dtype.element_ty), dst, mask, rank, heap_bases, 0, WORLD, HINTS, BLOCK_N)
-    _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, max_spins, (pid == 0) & (pid_k == 0),
+    _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, timeout_us, (pid == 0) & (pid_k == 0),
             tl.num_programs(0) * tl.num_programs(1), WORLD, WAIT, SCOPE)
