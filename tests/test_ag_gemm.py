@@ -76,6 +76,8 @@ CASES = [  # (world, gather_dim, layout, bias, variant); "-poll": no "all staged
     (2, 1, "k", True, "chunked"), (3, 0, "k", False, "chunked"), (4, 1, "k", False, "chunked"),
     (2, 1, "k", True, "sequential"), (3, 0, "k", False, "sequential"),
     (2, 0, "k", True, "nccl"), (3, 1, "k", False, "nccl"),   # the libraries' path (our all-gather stands in)
+    (2, 0, "k", True, "pipelined"), (3, 1, "k", False, "pipelined"), (4, 0, "k", False, "pipelined-poll"),
+    (4, 1, "k", True, "pipelined"),
 ]
 
 
@@ -757,3 +759,116 @@ def test_chunked_sums_the_shards_products_before_rounding():
     for p, x in enumerate(shards):
         per_shard = (per_shard.float() + x.float() @ b[p * 96:(p + 1) * 96].float()).to(torch.bfloat16)
     assert steps(per_shard) > 0.51
+
+
+# --------------------------------------------------------------------------
+# pipelined: copy-engine chunks, one signal each, tiles in arrival order
+# --------------------------------------------------------------------------
+PIPE = SIM.replace(variant="pipelined", ce_chunks=2, staged_flag=False)   # every remote tile waits on its chunk
+PIPE_SHARD = {0: (37, 33), 1: (37, 40)}   # 3 row tiles of 16 (the last one short): 2 chunks of 2 row tiles
+
+
+def _arrival(plan, rank, W):
+    """(peer, chunk) -> its position in the order the copies are queued."""
+    from kernels.ag_gemm.copies import copy_order
+
+    return {pc: i for i, pc in enumerate(copy_order(plan, rank, W))}
+
+
+@pytest.mark.parametrize("W,gather_dim", [(2, 0), (3, 1), (4, 0), (4, 1)])
+def test_pipelined_takes_tiles_in_arrival_order_and_waits_on_their_chunks(W, gather_dim):
+    """Traced in a simulated world (the counter clock orders every event of a rank): tiles are
+    computed in the order their data arrives (gathered along M: our own rows' tiles first, then
+    each peer's chunks in the order the copies are queued; along K: row chunk by row chunk),
+    every tile waits on exactly the signal of its chunk in each peer's shard (and on no other),
+    and after each call every chunk's signal holds the call count. C equals the reference."""
+    from kernels.ag_gemm.copies import chunk_tiles
+
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 19)
+    for call in range(2):
+        shards, b, bias = _problem(W, gather_dim, seed=500 + W + call, shard=PIPE_SHARD[gather_dim], n=40)
+        res = _run(world, shards, b, gather_dim, None, PIPE, trace=True)
+        _assert_close([c for c, _ in res], shards, b, gather_dim, None)
+        for rank in range(W):
+            plan = get_plan(shards[rank], b, world.heaps[rank], gather_dim=gather_dim, config=PIPE, trace=True)
+            assert plan.NCH == 2 and chunk_tiles(plan) == 2
+            assert plan.flags.tolist() == [call + 1 if p != rank else 0 for p in range(W) for _ in range(2)] + [0]
+            order = _arrival(plan, rank, W)
+            num_n, MT = triton.cdiv(40, PIPE.block_n), plan.MT
+            df = frame(res[rank][1], rank=rank).sort_values("start")
+            done = df[df["kind"] == "compute"]
+            keys = []
+            for item in done["item"]:
+                lm = item // num_n
+                if gather_dim == 0:
+                    block, mt = (lm // MT + rank) % W, lm % MT
+                    keys.append(-1 if block == rank else order[(block, mt // 2)])
+                else:
+                    keys.append(max(order[(p, (lm % MT) // 2)] for p in range(W) if p != rank))
+            assert keys == sorted(keys), (rank, keys)
+            assert len(done) == (W if gather_dim == 0 else 1) * MT * num_n
+            waits = sorted(df[df["kind"] == "wait"]["item"].tolist())
+            want = []
+            for item in done["item"]:
+                lm = item // num_n
+                mt = lm % MT
+                peers = [(lm // MT + rank) % W] if gather_dim == 0 else range(W)
+                want += [p * plan.NCH + mt // 2 for p in peers if p != rank]
+            assert waits == sorted(want), (rank, waits, sorted(want))
+
+
+@pytest.mark.parametrize("W,gather_dim,lost", [(2, 0, (1, 1)), (3, 1, (2, 0)), (4, 0, (3, 1))])
+def test_pipelined_chunk_that_never_arrives_names_rank_and_chunk(W, gather_dim, lost):
+    """Rank 0's copy of one chunk never runs (and so nothing queued after it on the copy
+    stream): its GEMM tiles wait for the chunk's signal until the bound, and the error names
+    the rank whose chunk it was, the chunk, its rows, and how long the wait lasted."""
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 19)
+    shards, b, _ = _problem(W, gather_dim, seed=77 + W, shard=PIPE_SHARD[gather_dim], n=40)
+    cfg = PIPE.replace(staged_flag=True)
+    plan = get_plan(shards[0], b, world.heaps[0], gather_dim=gather_dim, config=cfg)
+    peer, chunk = lost
+    sig = plan.flags[peer * plan.NCH + chunk:peer * plan.NCH + chunk + 1]
+    cut = next(i for i, (_, _, flags, _) in enumerate(plan.chunks) if flags.data_ptr() == sig.data_ptr())
+    del plan.chunks[cut:]   # a copy that never completes holds back every later one of its stream
+    with pytest.raises(dist.RankError) as info:
+        world.run(lambda h: all_gather_matmul(shards[h.rank], b, h, gather_dim=gather_dim, config=cfg,
+                                              timeout_s=0.2))
+    err = info.value.__cause__
+    assert isinstance(err, AgGemmTimeout), err
+    msg = str(err)
+    r0 = chunk * 2 * cfg.block_m
+    assert msg.startswith("rank 0:") and f"chunk {chunk} of rank {peer}'s shard never arrived: rows {r0}..." in msg
+    m = re.search(r"after waiting ([0-9.]+) s", msg)
+    assert m and float(m.group(1)) >= 0.2, msg
+
+
+def test_pipelined_copy_order_and_plan():
+    """Along M the copies go peer by peer from rank + 1; along K row chunk by row chunk across
+    the peers. One signal per (peer, chunk) and the "all staged" one after the last copy; the
+    GEMM launch is compiled for chunk waits and the publish kernel leaves the signals' value."""
+    from kernels.ag_gemm.copies import copy_order
+
+    world = dist.SimulatedWorld(3, heap_bytes=1 << 19)
+    for gd, want in ((0, [(2, 0), (2, 1), (0, 0), (0, 1)]), (1, [(2, 0), (0, 0), (2, 1), (0, 1)])):
+        shards, b, _ = _problem(3, gd, seed=3, shard=PIPE_SHARD[gd], n=40)
+        plan = get_plan(shards[1], b, world.heaps[1], gather_dim=gd, config=PIPE.replace(staged_flag=True))
+        assert copy_order(plan, 1, 3) == want
+        assert len(plan.chunks) == 5 and plan.chunks[-1][0] is None and plan.flags.numel() == 3 * 2 + 1
+        assert plan.kw["CHUNK_TILES"] == 2 and plan.kw["SET_NEXT"] and plan.gemm_kw["FETCHERS"] == 0
+    with pytest.raises(ValueError, match="layout='k'"):
+        all_gather_matmul(shards[0], b, world.heaps[0], gather_dim=1, config=PIPE.replace(layout="m"))
+
+
+def test_pipelined_gemm_launch_in_sm90_ptx(tmp_path):
+    """The pipelined variant's GEMM launch (no fetchers, chunk waits) cross-compiled for sm_90:
+    chunk signals are polled with gpu-scope acquires, bounded by the GPU's clock, and its TMA
+    loads follow a proxy fence; its publish launch stores the signals' value."""
+    from kernels.ag_gemm.asm import compile_kernel
+
+    gemm = compile_kernel("sm90", cache_dir=tmp_path, config=AgGemmConfig(variant="pipelined"), chunk_tiles=4,
+                          phases=(False, False, True), fetchers=0).text("ptx")
+    assert re.search(r"(ld|atom)\.global\.gpu\.acquire", gemm) and "%globaltimer" in gemm
+    assert "fence.proxy.async" in gemm
+    pub = compile_kernel("sm90", cache_dir=tmp_path, config=AgGemmConfig(variant="pipelined"), chunk_tiles=4,
+                         phases=(True, False, False), wait_ready=True)
+    assert _release_atomics_follow_barriers(pub.text("ptx")) >= 1

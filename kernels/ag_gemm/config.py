@@ -26,7 +26,7 @@ from pathlib import Path
 
 from kernels.common.configs import config_of
 
-VARIANTS = ("fused", "copy_engine", "chunked", "sequential", "nccl")
+VARIANTS = ("fused", "copy_engine", "chunked", "pipelined", "sequential", "nccl")
 FALLBACKS = ("sequential", "nccl")  # the variants that do not fuse
 LAYOUTS = ("k", "m")
 FETCH_ORDERS = ("m", "k")
@@ -104,7 +104,7 @@ def validate(c: AgGemmConfig, world_size: int) -> None:
     if c.variant == "fused" and c.num_sms is not None and c.fetchers >= c.num_sms:
         raise ValueError(f"all_gather_matmul: fetchers ({c.fetchers}) must be fewer than num_sms ({c.num_sms}): "
                          "GEMM programs need the rest")
-    if c.variant in ("copy_engine", "chunked") and c.layout != "k":
+    if c.variant in ("copy_engine", "chunked", "pipelined") and c.layout != "k":
         raise ValueError(f"all_gather_matmul: variant {c.variant!r} copies whole shards, which needs the "
                          "k-contiguous staging layout: use layout='k'")
     for name in ("staged_flag", "tma", "claim_tiles", "publish_all"):
