@@ -14,8 +14,10 @@ import torch
 from kernels.comm.baselines import nccl_all_gather
 from kernels.comm.clock import timeout_us as _timeout_us
 from kernels.comm.config import VARIANTS, _validate, auto_choice, pick_config
+from kernels.comm.decide import shared_choice
 from kernels.comm.gluon import GLUON_AVAILABLE
 from kernels.comm.remote import StatusWatch, wait_all_kernel
+from kernels.comm.streams import SideStream
 from kernels.comm.triton import _all_gather_kernel
 from kernels.common.launcher import PlannedLaunch
 from workbench.dtypes import element_size, triton_type
@@ -63,7 +65,9 @@ def all_gather(x: torch.Tensor, heap, *, variant: str = "triton", num_sms: int |
     W = heap.world_size
     if variant == "auto":
         nbytes = x.numel() * x.element_size()
-        variant, auto_sms = ("triton", None) if heap.simulated else auto_choice(W, nbytes)
+        # rank 0's choice, shared once per message size: every rank runs the same variant
+        variant, auto_sms = ("triton", None) if heap.simulated else shared_choice(
+            heap, "all_gather", (W, nbytes), lambda: auto_choice(W, nbytes))
         num_sms = num_sms if num_sms is not None else auto_sms
     if variant == "nccl":
         return nccl_all_gather(x, heap, out, (W * x.shape[0], *x.shape[1:]))
@@ -125,8 +129,8 @@ def _plan(x, heap, variant, num_sms, block, hints, num_warps, out, scope):
     if variant == "copy_engine":
         rows = slice(heap.rank * M, (heap.rank + 1) * M)
         targets = [heap.peer_view(out, (heap.rank + i) % W)[rows] for i in range(1, W)]
-        streams = [torch.cuda.Stream(heap.device)] if heap.device.type == "cuda" else []
-        return out, out[rows], targets, streams
+        side = SideStream(heap.device) if heap.device.type == "cuda" else None
+        return out, out[rows], targets, side
     cfg = pick_config(M, N, x.element_size(), variant, block, num_sms, W, _device_sms(heap) or 4, num_warps)
     kw = dict(WORLD=W, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], VEC=cfg["VEC"], ESIZE=x.element_size(),
               HINTS=bool(hints) and cfg["VEC"] > 1, EVEN_N=cfg["EVEN_N"], WAIT=not heap.simulated, SCOPE=scope,
@@ -143,18 +147,19 @@ def _copy_engine(x, heap, plan):
     another on a side stream (measured on H200s: copies to several peers issued on
     streams of their own share the engines badly, 230 GB/s against 390 in turn), the
     local copy meanwhile on the caller's stream, then a device barrier."""
-    out, local, targets, streams = plan
-    if streams:
+    out, local, targets, side = plan
+    if side is not None:
         cur = torch.cuda.current_stream(heap.device)
-        side = streams[0]
-        side.wait_stream(cur)
-        with torch.cuda.stream(side):
+        side.fork(cur)
+        try:
             for t in targets:
                 t.copy_(x)
+        finally:
+            side.leave(cur)
         local.copy_(x)
-        cur.wait_stream(side)
+        side.join(cur)
         if not torch.cuda.is_current_stream_capturing():
-            x.record_stream(side)  # x may be freed by the caller before the copies ran
+            x.record_stream(side.stream)  # x may be freed by the caller before the copies ran
     else:
         for t in targets:
             t.copy_(x)
