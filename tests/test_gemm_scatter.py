@@ -7,6 +7,7 @@ interpreter dereferences the peer addresses, so the pointer translation,
 the column offsets and the flag protocol run for real at tiny shapes.
 """
 import json
+import re
 import os
 import subprocess
 import sys
@@ -529,3 +530,127 @@ def test_quick_spec_is_within_the_full_spec():
         full = {key(p) for p in r.load_plan(world_size=W)["points"]}
         assert quick and {key(p) for p in quick} <= full
         assert {p["study"] for p in quick} == {p["study"] for p in r.load_plan(world_size=W)["points"]}
+
+
+# --------------------------------------------------------------------------
+# Variant "senders": GEMM programs store locally, senders push finished row bands
+# --------------------------------------------------------------------------
+def _senders(num_sms=5, senders=2, **kw):
+    return gs.ScatterConfig(block_m=16, block_n=16, block_k=16, num_warps=2, num_stages=2, num_sms=num_sms,
+                            group_m=2, variant="senders", senders=senders, **kw)
+
+
+SENDER_CASES = [(2, 1, 24, 24, torch.float16), (3, 37, 40, 20, torch.bfloat16), (4, 70, 32, 24, torch.float16),
+                (2, 130, 16, 40, torch.float32)]
+
+
+@pytest.mark.parametrize("W,M,K,n,dtype", SENDER_CASES, ids=lambda v: str(v).replace("torch.", ""))
+def test_senders_variant_holds_the_full_product(W, M, K, n, dtype):
+    """Odd shapes (M = 1, M not a multiple of the tile or of the band, N / W not a multiple of
+    BLOCK_N and 40-byte rows without the hint), C poisoned, two calls: every band is complete
+    on every rank, and each band's counter (the GEMM programs' signal to the senders) is back
+    at 0 after the call, every tile counted once and sent once."""
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 17)
+    cfg = _senders()
+    for call in range(2):
+        a, bs = _operands(W, M, K, n, dtype, seed=700 + 10 * W + call)
+        _assert_full_product(_scatter(world, a, bs, config=cfg), a, bs)
+        for h in world.heaps:
+            p = gslaunch.plan_for(a, bs[h.rank], h, cfg)
+            bands = -(-(-(-M // 16)) // 2)
+            assert p.bands.tolist() == [0] * bands and p.grid == p.num_gemm + p.meta["SENDERS"]
+            assert p.meta["SENDERS"] == min(2, bands)
+
+
+def test_senders_wait_for_their_band_and_say_which():
+    """A band whose tiles are never all counted (its counter set back on purpose): its sender
+    gives up after the bound, the error names the rank, the row band and how long it waited,
+    and no row of that band reaches the peer."""
+    world = dist.SimulatedWorld(2, heap_bytes=1 << 17)
+    a, bs = _operands(2, 40, 16, 16, torch.float16, seed=9)   # 3 row tiles: bands of 2 and 1
+    cfg = _senders()
+    outs = world.alloc((40, 32), torch.float16)
+    for o in outs:
+        o.view(torch.uint8).fill_(0xFF)
+    p = gslaunch.plan_for(a, bs[0], world.heaps[0], cfg, out=outs[0])
+    p.bands[1] = -5   # rank 0's band 1 will never be complete
+    with pytest.raises(dist.RankError) as info:
+        world.run(lambda h: gs.gemm_all_scatter(a, bs[h.rank], h, config=cfg, out=outs[h.rank], timeout_s=0.1,
+                                                check=True), ranks=[0, 1])
+    err = info.value.__cause__
+    assert isinstance(err, WaitTimeout) and "rank 0" in str(err) and "row band 1 of our own GEMM" in str(err)
+    assert "after waiting" in str(err)
+    assert torch.isnan(outs[1][32:, :16]).all() and not torch.isnan(outs[1][:32, :16]).any()
+
+
+def test_senders_kernel_in_sm90_ptx(tmp_path):
+    """Cross-compiled for sm_90: the GEMM programs' local stores and the senders' remote ones
+    are 128-bit with the hint; each tile's count is a gpu-scope release after a barrier, the
+    senders' waits gpu-scope acquires bounded by %globaltimer, the completion a system-scope
+    release."""
+    e = gslaunch.compile_kernel(True, target="sm90", cache_dir=tmp_path, senders=4)
+    ptx = e.text("ptx")
+    assert re.search(r"atom\.global\.gpu\.release\.add", ptx) and re.search(r"(ld|atom)\.global\.gpu\.acquire", ptx)
+    assert re.search(r"atom\.global\.sys\.release\.add", ptx) and "%globaltimer" in ptx
+    assert "st.global.v4.b32" in ptx and "st.global.b16" not in ptx
+
+
+def test_unfused_variants_through_the_launcher():
+    """"nccl" and "sequential" (our all-gather stands in for NCCL's in a simulated world): the
+    column blocks put in place in the launcher's C, poisoned first, over two calls."""
+    for variant in ("nccl", "sequential"):
+        world = dist.SimulatedWorld(3, heap_bytes=1 << 17)
+        cfg = gs.ScatterConfig(block_m=16, block_n=16, block_k=16, num_warps=2, num_stages=2, variant=variant)
+        for call in range(2):
+            a, bs = _operands(3, 11, 24, 16, torch.float16, seed=40 + call)
+            _assert_full_product(_scatter(world, a, bs, config=cfg), a, bs)
+
+
+def test_variant_choice_is_rank_zeros_on_every_rank(monkeypatch):
+    """Ranks whose own decision functions disagree (rank 1's picks "senders", the others "fused";
+    as if rank 1 read another table): every rank runs rank 0's choice, decided once for the
+    problem (by rank 0 alone), and C is right everywhere."""
+    import threading
+
+    calls = []
+
+    def local_choice(M, n_local, K, W, dtype, sms, tma=True):
+        me = threading.current_thread().name
+        calls.append(me)
+        variant = "senders" if me == "sim-rank1" else "fused"
+        return gs.ScatterConfig(block_m=16, block_n=16, block_k=16, num_warps=2, num_stages=2, num_sms=5,
+                                variant=variant, senders=2)
+
+    monkeypatch.setattr(gslaunch, "auto_config", local_choice)
+    for W in (2, 3, 4):
+        calls.clear()
+        world = dist.SimulatedWorld(W, heap_bytes=1 << 17)
+        a, bs = _operands(W, 21, 16, 24, torch.float16, seed=W)
+        for _ in range(2):
+            _assert_full_product(_scatter(world, a, bs), a, bs)
+        assert calls == ["sim-rank0"]   # once per problem, by rank 0
+        assert {gslaunch.plan_for(a, bs[h.rank], h).config.variant for h in world.heaps} == {"fused"}
+
+
+def test_variant_table_round_trip(tmp_path, monkeypatch):
+    """The measured table (written by the GPU script) gives the variant of the nearest measured
+    problem of that world size, with this problem's tiles; no table: the tile rule, fused."""
+    monkeypatch.setattr(gscfg, "_TABLE", {})
+    monkeypatch.setattr(gscfg, "AUTO_TABLE_PATH", tmp_path / "none.json")
+    assert gs.auto_config(4096, 2048, 4096, 2).variant == "fused"
+    assert "no measured table" in gscfg.auto_source(2)
+    table = tmp_path / "auto_table.json"
+    table.write_text(json.dumps({"entries": [
+        {"world_size": 2, "M": 4096, "N": 4096, "K": 4096, "config": {"variant": "senders", "senders": 12}},
+        {"world_size": 2, "M": 64, "N": 4096, "K": 4096, "config": {"variant": "nccl"}}]}))
+    monkeypatch.setattr(gscfg, "_TABLE", {})
+    monkeypatch.setattr(gscfg, "AUTO_TABLE_PATH", table)
+    big = gs.auto_config(8192, 2048, 4096, 2)
+    assert big.variant == "senders" and big.senders == 12
+    assert (big.block_m, big.block_n) == gs.pick_tile(8192, 2048, 4096)
+    assert gs.auto_config(48, 2048, 4096, 2).variant == "nccl"
+    assert gs.auto_config(8192, 2048, 4096, 4).variant == "fused"   # no entry of world size 4
+    table.write_text('{"entries": [{"world_size": 2}]}')
+    monkeypatch.setattr(gscfg, "_TABLE", {})
+    with pytest.raises(ValueError, match="not a variant table"):
+        gs.auto_config(8192, 2048, 4096, 2)
