@@ -490,11 +490,13 @@ def test_seed_shapes_on_two_gpus():
     assert checks, "no check rows came back"
     bad = [r for r in checks if not r["ok"]]
     assert not bad, bad
-    assert {r["variant"] for r in checks} >= {"fused", "copy_engine", "chunked", "sequential", "fused_resident"}
+    assert {r["variant"] for r in checks} >= {"fused", "copy_engine", "chunked", "pipelined", "sequential",
+                                              "fused_resident", "late_rank_within_bound", "late_rank_past_bound"}
     base_names = {r["variant"]: r["variant"].split("+")[0].split("_layout")[0] for r in checks}
-    ours = [r for r in checks if base_names[r["variant"]] in ("fused", "copy_engine", "chunked", "sequential",
-                                                              "auto", "fused_resident")]
+    ours = [r for r in checks if base_names[r["variant"]] in ("fused", "copy_engine", "chunked", "pipelined",
+                                                              "sequential", "auto", "fused_resident")]
     assert ours and all(r["repeat_identical"] for r in ours), ours
+    assert all(r.get("graph_identical") for r in ours), [r for r in ours if not r.get("graph_identical")]
 
 
 def test_even_k_path_in_simulated_world():
@@ -872,3 +874,48 @@ def test_pipelined_gemm_launch_in_sm90_ptx(tmp_path):
     pub = compile_kernel("sm90", cache_dir=tmp_path, config=AgGemmConfig(variant="pipelined"), chunk_tiles=4,
                          phases=(True, False, False), wait_ready=True)
     assert _release_atomics_follow_barriers(pub.text("ptx")) >= 1
+
+
+def test_script_llm_set_fits_on_one_half_and_scores_the_other(tmp_path, capsys):
+    """--shape-set llm-reduced's tables from synthetic timings in which pipelined wins from M = 4096
+    on and fused below: the choice is fitted on the fit half only (auto_table.json, which
+    kernels/ag_gemm/config.py loads), every held-out shape gets the nearest fitted shape's
+    method, scored against the best library (NCCL + cuBLAS, PyTorch's fused op) with comm hidden."""
+    import pandas as pd
+
+    s = _script()
+    import overlap
+
+    rows = []
+    for sh in overlap.shapes("ag_gemm", 2, "llm-reduced"):
+        M = sh["M"]
+        t_gemm, t_comm = M * 1e-4, M * 4e-5
+        ms = {"fused": t_gemm + (0.2 if M < 4096 else 0.9) * t_comm,
+              "pipelined": t_gemm + (0.5 if M < 4096 else 0.1) * t_comm, "copy_engine": 2 * t_gemm,
+              "chunked": 2 * t_gemm, "sequential": t_gemm + 1.1 * t_comm, "nccl_cublas": t_gemm + t_comm,
+              "torch_fused": t_gemm + 0.6 * t_comm, "gemm_alone": t_gemm, "nccl_all_gather": t_comm, "auto": 9.0}
+        for gd in (0, 1):
+            for timing in ("eager", "graph"):
+                for v, t in ms.items():
+                    cfg = {"variant": v} if v in ("fused", "pipelined", "copy_engine", "chunked", "sequential") else None
+                    rows.append(dict(kind="bench", rank=0, status="ok", world_size=2, gather_dim=gd, M=M, N=sh["N"],
+                                     K=sh["K"], timing=timing, variant=v, ms=t, layer=sh["layer"], split=sh["split"],
+                                     config=json.dumps(cfg) if cfg else None))
+    bench = pd.DataFrame(rows)
+    assert s.fit_and_hold_out(bench, tmp_path) == ["auto_table.json", "held_out.csv", "variant_choice.csv"]
+    entries = agc.load_table(tmp_path / "auto_table.json")
+    fit = bench[(bench.split == "fit") & (bench.variant == "gemm_alone") & (bench.timing == "eager")]
+    assert len(entries) == len(fit) and {e["config"].variant for e in entries} == {"fused", "pipelined"}
+    held = pd.read_csv(tmp_path / "held_out.csv")
+    assert len(held) == len(bench[(bench.split == "held_out") & (bench.variant == "gemm_alone")])   # x 2 timings
+    assert (held.chosen == held.M.map(lambda m: "pipelined" if m >= 4096 else "fused")).all()
+    assert held.regret.max() == pytest.approx(1.0) and (held.best_library == "torch_fused").all()
+    assert held.comm_hidden_chosen.tolist() == pytest.approx([0.8 if m < 4096 else 0.9 for m in held.M])
+    choice = pd.read_csv(tmp_path / "variant_choice.csv")
+    assert set(choice.split) == {"fit", "held_out"}
+    assert "held-out shapes" in capsys.readouterr().out
+    summ = s.summarize(bench)
+    row = summ[(summ.M == 16384) & (summ.timing == "eager")].iloc[0]
+    assert row["pipelined_comm_hidden"] == pytest.approx(0.9) and row["best_fused"] == "pipelined"
+    t_gemm, t_comm = 16384 * 1e-4, 16384 * 4e-5
+    assert row["best_fused_vs_best_library"] == pytest.approx((t_gemm + 0.6 * t_comm) / (t_gemm + 0.1 * t_comm))

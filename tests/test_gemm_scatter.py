@@ -344,7 +344,9 @@ def test_matches_cublas_nccl_on_two_gpus(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     checks = pd.read_csv(tmp_path / "checks_w2.csv")
     assert len(checks) and checks["ok"].astype(bool).all(), checks[~checks["ok"].astype(bool)].to_string()
-    assert {"fused", "cublas+nccl", "triton+all_gather"} <= set(checks["variant"])
+    assert {"fused", "senders", "sequential", "nccl", "cublas+nccl", "triton+all_gather"} <= set(checks["variant"])
+    ours = checks[checks["variant"].isin(["fused", "senders", "sequential", "nccl"])]
+    assert ours["repeat_identical"].astype(bool).all() and ours["graph_identical"].astype(bool).all()
 
 
 # --------------------------------------------------------------------------
@@ -654,3 +656,72 @@ def test_variant_table_round_trip(tmp_path, monkeypatch):
     monkeypatch.setattr(gscfg, "_TABLE", {})
     with pytest.raises(ValueError, match="not a variant table"):
         gs.auto_config(8192, 2048, 4096, 2)
+
+
+def test_overlap_study_end_to_end_in_a_simulated_world(tmp_path, monkeypatch):
+    """--shape-set llm-reduced on a one-rank gloo group and a simulated heap, the LLM layers swapped
+    for tiny ones: every variant checked (C poisoned) and timed in rotating passes beside cuBLAS +
+    NCCL, cuBLAS alone and the all-gather alone, per shape and mode; the tables (summary with comm
+    hidden, the variant choice fitted on the fit half and scored on the held-out half) written, and
+    the fitted table is one kernels/gemm_scatter/config.py loads."""
+    import argparse
+
+    import pandas as pd
+    import torch.distributed as tdist
+
+    r = _script()
+    import overlap   # experiments/ is on sys.path once the script is loaded
+
+    monkeypatch.setitem(overlap.LAYERS, "tiny.a", (32, 16))
+    monkeypatch.setitem(overlap.LAYERS, "tiny.b", (48, 24))
+    monkeypatch.setitem(overlap.REDUCED, "gemm_scatter", (("tiny.a", "tiny.b"), (3,)))
+    monkeypatch.setattr(r.Runner, "time_point", lambda self, fn, mode, flop, passes=1: dist.time_collective(
+        fn, warmup=1, iters=2))   # the interpreter: as few calls as a pass can have
+    args = argparse.Namespace(spec=str(r.SPEC), quick=False, studies="", check_only=False, skip_checks=False,
+                              budget_s=300, heap_mib=1, shape_set="llm-reduced")
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        run = r.Runner(args, heap=dist.SimulatedWorld(1, heap_bytes=1 << 20).heaps[0])
+        checks = run.run()
+    finally:
+        tdist.destroy_process_group()
+    c = pd.DataFrame(checks)
+    assert c["ok"].all() and set(c["variant"]) == {"fused", "senders", "sequential", "auto", "cublas+nccl"}
+    out = tmp_path / "out"
+    times, written = r.write_tables(run.rows, checks, out, 1, {"git_sha": "x"}, run.skipped)
+    assert {"summary_w1.csv", "held_out_w1.csv", "variant_choice_w1.csv", "auto_table.json"} <= set(written)
+    ok = times[times.status == "ok"]
+    assert set(ok.variant) == set(r.OVERLAP_OURS + r.OVERLAP_LIBRARY) and set(ok.timing) == {"eager", "graph"}
+    assert (ok.passes == r.PASSES).all() and set(ok.split) == {"fit", "held_out"}
+    s = pd.read_csv(out / "summary_w1.csv")
+    assert len(s) == 4 and "fused_comm_hidden" in s and "senders_vs_max_alone" in s
+    held = pd.read_csv(out / "held_out_w1.csv")
+    assert len(held) == 2 and set(held.chosen) <= set(r.CHOICES) and (held.regret >= 1 - 1e-9).all()
+    entries = gscfg.load_table(out / "auto_table.json")
+    assert len(entries) == 1 and {e["config"].variant for e in entries} <= {"fused", "senders", "sequential", "nccl"}
+    r.report(times, checks, 1, run.skipped)
+
+
+def test_llm_shape_set_split_is_a_fixed_checkerboard():
+    """Fit and held-out halves: fixed by (layer index + M index) parity, so every layer and every M
+    of the set appear in both halves; no held-out problem is a fitted one (two models' layers of one
+    shape count once); the reduced set keeps within its FLOP bound and holds M = 1 ... 16384."""
+    r = _script()
+    import overlap
+
+    for W in (2, 4):
+        full = overlap.shapes("gemm_scatter", W, "llm")
+        fit = {(x["M"], x["N"], x["K"]) for x in full if x["split"] == "fit"}
+        held = {(x["M"], x["N"], x["K"]) for x in full if x["split"] == "held_out"}
+        assert fit and held and not fit & held and len(fit | held) == len(full)
+        assert {x["layer"] for x in full if x["split"] == "fit"} == {x["layer"] for x in full if x["split"] == "held_out"}
+        assert {x["M"] for x in full if x["split"] == "fit"} == {x["M"] for x in full if x["split"] == "held_out"}
+        red = overlap.shapes("gemm_scatter", W, "llm-reduced")
+        assert {x["M"] for x in red} >= {1, 16384} and all(
+            2 * x["M"] * (x["N"] // W) * x["K"] <= overlap.REDUCED_FLOP for x in red)
+        assert {x["split"] for x in red} == {"fit", "held_out"}
+    ag = overlap.shapes("ag_gemm", 2, "llm-reduced")
+    assert all(x["N"] * 2 in [n for n, _ in overlap.LAYERS.values()] for x in ag)   # each rank's column shard
+    assert {x["split"] for x in ag} == {"fit", "held_out"} and len(ag) >= 12
+    with pytest.raises(ValueError, match="shape set"):
+        overlap.shapes("ag_gemm", 2, "seed")
