@@ -175,7 +175,11 @@ def auto_source(world_size: int | None = None) -> str:
 
 def auto_config(M: int, N: int, K: int, world_size: int, gather_dim: int, num_sms: int,
                 simulated: bool = False) -> AgGemmConfig:
-    """The configuration for a gathered problem C (M x N) = A (M x K) @ B (K x N)."""
+    """The configuration for a gathered problem C (M x N) = A (M x K) @ B (K x N): the family's
+    one decision function. With ``config=None`` rank 0 calls it once per new problem and every
+    rank runs what it returned (``kernels.comm.decide``), so it may read per-device tables that
+    differ between ranks. It may return any variant, ``"nccl"`` (NCCL + cuBLAS) and
+    ``"sequential"`` included, where nothing fused wins."""
     if simulated:
         return _SIM_CONFIG
     if "t" not in _TABLE:
