@@ -106,6 +106,7 @@ class Rank:
         self.w, self.args, self.torch, self.tdist, self.ag = w, args, torch, tdist, ag_gemm
         self.rank, self.W = tdist.get_rank(), tdist.get_world_size()
         self.rows = []
+        self.accurate = {}   # method -> whether its last check was within the tolerance
         self.t0 = time.time()
         self.skipped = 0  # (shape, convention) cases and sweep points the time budget left out
         self.dtype = torch.bfloat16
@@ -244,6 +245,7 @@ class Rank:
             # a library baseline: every rank must make the same timing decision (else the world hangs)
             row.update(ok=False, error="another rank's result was outside the tolerance")
         self.emit(row)
+        self.accurate[name] = bool(row["ok"])   # the bench rows say it (a library is timed even where it is not)
         # ours are timed only where correct; a library baseline wherever it ran (an inaccurate
         # library result is a finding to report, not a reason to hide its speed)
         return row["ok"] if name not in LIBRARY else not self.agree(crashed)
@@ -382,7 +384,8 @@ class Rank:
                 for mode in modes:
                     live = {name: fn for name, (fn, cfg) in methods.items() if ok.get(name)}
                     extras = {name: {**(auto_info if name == "auto" else {}),
-                                     **({"config": _config_json(cfg)} if cfg is not None else {})}
+                                     **({"config": _config_json(cfg)} if cfg is not None else {}),
+                                     "within_tolerance": self.accurate.get(name)}
                               for name, (fn, cfg) in methods.items()}
                     self.w.stage(f"{mode} {M}x{N}x{K} gather_dim={gd}")
                     self.time_all(live, mode, base, extras)
@@ -518,6 +521,10 @@ def summarize(bench):
         for f in ("layer", "split"):
             if f in g:
                 row[f] = g[f].iloc[0]
+        if "within_tolerance" in g:   # a library's result outside the tolerance is timed all the same: said here
+            for v in ("torch_fused", "nccl_cublas"):
+                if v in ms:
+                    row[f"{v}_within_tolerance"] = g[g["variant"] == v]["within_tolerance"].iloc[0]
         auto = g[g["variant"] == "auto"]
         if len(auto):
             row["auto_variant"] = auto.iloc[0].get("auto_variant")

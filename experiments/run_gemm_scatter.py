@@ -410,6 +410,7 @@ class Runner:
             if row["ok"] or name not in OVERLAP_OURS:   # a library is timed even where it is off
                 live.append(name)
         del ref
+        accurate = {r["variant"]: bool(r["ok"]) for r in checks}
         flop = 2 * M * N * K / self.W
         rows = []
         for mode in modes:
@@ -429,7 +430,8 @@ class Runner:
             got, failed = overlap.rotating_passes(live, time_one, PASSES)
             for name in live:
                 cfg = fns[name][1]
-                row = dict(base, kind="time", variant=name, timing=mode, config=json.dumps(cfg) if cfg else "")
+                row = dict(base, kind="time", variant=name, timing=mode, config=json.dumps(cfg) if cfg else "",
+                           within_tolerance=accurate.get(name))
                 if name in failed:
                     row.update(status=failed[name][0], error=failed[name][1])
                 else:
