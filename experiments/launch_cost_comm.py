@@ -51,16 +51,16 @@ def comm_cases(heap, *, dtype=None, sizes=None, simulated_config=None) -> dict[s
 
     dtype = dtype or torch.bfloat16
     dev, W, sim = heap.device, heap.world_size, heap.simulated
+    if not sim:
+        import torch.distributed as tdist
     g = torch.Generator(device=dev).manual_seed(heap.rank)
     cases = {}
     sizes = sizes or {}
     for rows in sizes.get("gather_rows", ((8 << 20) // 2 // 4096, (32 << 20) // 2 // 4096)):
         x = torch.randn(rows, 4096 if not sim else 24, generator=g, device=dev).to(dtype)
-        impls = {v: (lambda v=v: comm.all_gather(x, heap, variant=v)) for v in
+        impls = {v: (lambda v=v, x=x: comm.all_gather(x, heap, variant=v)) for v in
                  (("triton", "gluon", "copy_engine", "auto") if not sim else ("triton", "copy_engine"))}
         if not sim:
-            import torch.distributed as tdist
-
             flat = torch.empty((W * x.shape[0], x.shape[1]), device=dev, dtype=dtype)
             impls["nccl"] = lambda x=x, flat=flat: tdist.all_gather_into_tensor(flat, x, group=heap.group)
         cases[f"all_gather {x.numel() * x.element_size() >> 20} MiB/rank W{W}"] = ("nccl", impls)
@@ -93,8 +93,6 @@ def comm_cases(heap, *, dtype=None, sizes=None, simulated_config=None) -> dict[s
             cfg = None if v == "auto" else scatter_config(v, M, N // W, K, W, sim)
             impls[v] = (lambda cfg=cfg, a=a, b=b: gemm_scatter.gemm_all_scatter(a, b, heap, config=cfg))
         if not sim:
-            import torch.distributed as tdist
-
             c_loc = torch.empty(M, N // W, device=dev, dtype=dtype)
             gathered = torch.empty(W * M, N // W, device=dev, dtype=dtype)
             c = torch.empty(M, N, device=dev, dtype=dtype)

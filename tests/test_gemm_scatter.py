@@ -706,7 +706,7 @@ def test_llm_shape_set_split_is_a_fixed_checkerboard():
     """Fit and held-out halves: fixed by (layer index + M index) parity, so every layer and every M
     of the set appear in both halves; no held-out problem is a fitted one (two models' layers of one
     shape count once); the reduced set keeps within its FLOP bound and holds M = 1 ... 16384."""
-    r = _script()
+    _script()   # puts experiments/ on the path
     import overlap
 
     for W in (2, 4):
