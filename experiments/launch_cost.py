@@ -2,8 +2,8 @@
 
     python experiments/launch_cost.py --out results/launch_cost            # one GPU
     python experiments/launch_cost.py --out results/launch_cost --paths 12 # every GEMM config path, held-out shapes
-    torchrun --nproc-per-node 2 experiments/launch_cost.py --out results/launch_cost --comm   # + all_gather
-    torchrun --nproc-per-node 1 experiments/launch_cost.py --out DIR --comm   # the fused launchers alone
+    torchrun --nproc-per-node 2 experiments/launch_cost.py --out results/launch_cost/comm_w2 --comm [--breakdown]
+        # every variant of the multi-rank launchers beside the library calls (experiments/launch_cost_comm.py)
     python experiments/launch_cost.py --out DIR --descriptors              # host vs device TMA descriptors
     python experiments/launch_cost.py --out DIR --descriptors --only gluon # the Gluon kernels' rows alone
     python experiments/launch_cost.py --out DIR --descriptors --dry-run    # its CPU part (interpreter)
@@ -46,7 +46,6 @@ one Gluon call's host time. ``--only gluon`` runs these alone (files
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import os
 import sys
@@ -766,111 +765,15 @@ def dry_run(out_dir: Path) -> int:
     return 1 if bad else 0
 
 
-def comm_world(rows, bench) -> None:
-    """all_gather(variant="auto") at 8, 16 and 32 MiB per rank against NCCL (under torchrun): host
-    time per call, and the slowest rank's median per call, eager (back-to-back calls as a user's loop
-    makes them, host cost included) and CUDA-graph replayed."""
-    import torch
-    import torch.distributed as tdist
-
-    from kernels import comm
-    from workbench import dist
-    from workbench.dist import SymmetricHeap
-
-    W = tdist.get_world_size()
-    heap = SymmetricHeap(W * (64 << 20) + (8 << 20))
-    for mib in (8, 16, 32):
-        x = torch.randn((mib << 20) // 2 // 4096, 4096, device=heap.device).bfloat16()
-        out = torch.empty((W * x.shape[0], 4096), device=heap.device, dtype=x.dtype)
-        fns = {"ours": lambda: comm.all_gather(x, heap, variant="auto"),
-               "nccl": lambda: tdist.all_gather_into_tensor(out, x)}
-        fns["ours"]()
-        comm.check_all_gather(heap)
-        host = {name: bench.host_time_us(fn, calls=CALLS) for name, fn in fns.items()}
-        times = {name: {mode: dist.time_collective(fn, warmup=5, iters=50, graph=4 if mode == "graph" else 0)["ms"]
-                        for mode in ("eager", "graph")} for name, fn in fns.items()}
-        comm.check_all_gather(heap)
-        if heap.rank == 0:
-            for name, h in host.items():
-                rows.append(_row(f"all_gather {mib} MiB/rank W{W}", name, h,
-                                 eager_ms=times[name]["eager"], graph_ms=times[name]["graph"]))
-            print(f"all_gather {mib} MiB W{W}: host {host['ours']['median_us']:.1f} / {host['nccl']['median_us']:.1f} us;"
-                  f" eager {times['ours']['eager'] * 1e3:.1f} / {times['nccl']['eager'] * 1e3:.1f} us,"
-                  f" graph {times['ours']['graph'] * 1e3:.1f} / {times['nccl']['graph'] * 1e3:.1f} us", flush=True)
-
-
-def torch_world_size() -> int:
-    import torch.distributed as tdist
-
-    return tdist.get_world_size()
-
-
-def fused_world(rows, bench) -> None:
-    """The fused multi-rank launchers (under torchrun, any world size): gemm_all_scatter at a
-    decode-sized M against torch.mm + NCCL all-gather of the column blocks, and
-    all_gather_matmul against NCCL all-gather + cuBLAS (both conventions)."""
-    import torch
-    import torch.distributed as tdist
-
-    from kernels import ag_gemm, gemm_scatter
-    from kernels.ag_gemm.baselines import NcclCublas
-    from workbench.dist import SymmetricHeap
-
-    W = tdist.get_world_size()
-    heap = SymmetricHeap(256 << 20)
-    dev = heap.device
-    M, N, K = 16, 4096, 4096
-    a, b = torch.randn(M, K, device=dev).bfloat16(), torch.randn(K, N // W, device=dev).bfloat16()
-    c_loc, cols = torch.empty(M, N // W, device=dev).bfloat16(), torch.empty(W, M, N // W, device=dev).bfloat16()
-
-    def scatter_lib():
-        torch.mm(a, b, out=c_loc)
-        tdist.all_gather_into_tensor(cols, c_loc)
-
-    gemm_scatter.gemm_all_scatter(a, b, heap, check=True)
-    host = {"ours": bench.host_time_us(lambda: gemm_scatter.gemm_all_scatter(a, b, heap), calls=CALLS),
-            "cublas+nccl": bench.host_time_us(scatter_lib, calls=CALLS),
-            # this host's pace: one bare library launch (torch.mm rows of results/launch_cost/launch_cost.csv: another node)
-            "torch.mm": bench.host_time_us(lambda: torch.mm(a, b, out=c_loc), calls=CALLS)}
-    gemm_scatter.check_gemm_all_scatter(heap)
-    _fused_rows(rows, f"gemm_all_scatter {M}x{N}x{K} W{W}", host, heap.rank)
-    # "ours": config=None (the auto-config); then each variant by name: one launch (fused), a
-    # publish kernel + chunk copies + flag copies + GEMM launch (copy_engine), or a publish kernel,
-    # one copy per peer and one cuBLAS call per shard (chunked)
-    variants = (None, "fused", "copy_engine", "chunked")
-    for (M, N, K), gd in itertools.product(((1024, 3584, 8192), (4096, 3584, 8192)), (1, 0)):
-        shard = (M, K // W) if gd == 1 else (M // W, K)
-        a, b = torch.randn(*shard, device=dev).bfloat16(), torch.randn(K, N, device=dev).bfloat16()
-        nccl = NcclCublas(a, W, gd)
-        host = {}
-        for v in variants:
-            cfg = None if v is None else ag_gemm.AgGemmConfig(variant=v)
-            ag_gemm.prepare(a, b, heap, gather_dim=gd, config=cfg)
-            tdist.barrier()
-            ag_gemm.all_gather_matmul(a, b, heap, gather_dim=gd, config=cfg)
-            ag_gemm.check(heap)
-            host[v or "ours"] = bench.host_time_us(
-                lambda cfg=cfg: ag_gemm.all_gather_matmul(a, b, heap, gather_dim=gd, config=cfg), calls=CALLS)
-            ag_gemm.check(heap)
-        host["nccl+cublas"] = bench.host_time_us(lambda: nccl(a, b), calls=CALLS)
-        _fused_rows(rows, f"all_gather_matmul {M}x{N}x{K} gather_dim={gd} W{W}", host, heap.rank)
-        heap.reset()
-
-
-def _fused_rows(rows, case, host, rank) -> None:
-    if rank == 0:
-        for name, h in host.items():
-            rows.append(_row(case, name, h))
-        print(f"{case}: host " + " / ".join(f"{k} {h['median_us']:.1f}" for k, h in host.items()) + " us",
-              flush=True)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for launch_cost.csv (e.g. results/launch_cost)")
     ap.add_argument("--comm", action="store_true",
-                    help="under torchrun: all_gather vs NCCL (world size >= 2), the fused launchers (any size)")
-    ap.add_argument("--breakdown", action="store_true", help="only: where a planned matmul call's host time goes")
+                    help="under torchrun: every variant of all_gather, all_gather_matmul and gemm_all_scatter beside "
+                         "the library calls (experiments/launch_cost_comm.py)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="only: where a planned matmul call's host time goes (with --comm: also the parts of a "
+                         "chunked and a pipelined all_gather_matmul call)")
     ap.add_argument("--paths", type=int, default=0, metavar="N",
                     help="only: every GEMM config path's host time on N held-out zoo shapes (paths.csv)")
     ap.add_argument("--descriptors", action="store_true",
@@ -906,13 +809,14 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     world = 1
     if args.comm:
+        import torch.distributed as tdist
+
+        from launch_cost_comm import measure
         from workbench import dist
 
         with dist.worker():
-            world = torch_world_size()
-            if world > 1:
-                comm_world(rows, bench)
-            fused_world(rows, bench)
+            world = tdist.get_world_size()
+            measure(rows, bench, CALLS, breakdown=args.breakdown)
     elif args.breakdown:
         breakdown(rows, bench)
     elif args.paths:

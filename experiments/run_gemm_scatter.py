@@ -24,6 +24,19 @@ kernel fails is recorded with its error and the world resynchronizes; when the
 time budget (--budget-s, counted from the start of each world) runs out, the
 remaining points are listed as skipped. The exit status is 1 when a check
 misses its tolerance or (without torchrun) a world failed or ran past --timeout.
+The checks cover every variant (fused, senders, sequential, nccl) and, on GPUs,
+a repeated call and one CUDA-graph replay of ours, which must give the same bits.
+
+``--shape-set llm`` / ``llm-reduced`` runs the overlap study instead of the spec's:
+the LLM tensor-parallel set of ``experiments/overlap.py``, per shape our variants by
+name (fused, senders, sequential, auto), cuBLAS + NCCL (buffers made once), cuBLAS
+alone on this rank's block and NCCL's all-gather of it alone, eager and graph-replayed
+in rotating passes; ``summary_wW.csv`` with comm hidden = (T_gemm + T_comm - T) / T_comm
+and each variant's time over max(GEMM alone, all-gather alone); the variant choice
+fitted on the set's fit half (``auto_table.json``, which ``kernels/gemm_scatter/config.py``
+reads from ``results/gemm_scatter/``) and scored on its held-out half
+(``held_out_wW.csv``, ``variant_choice_wW.csv``). ``experiments/run_overlap.py`` runs the
+reduced set at 2 ranks with the tests.
 """
 from __future__ import annotations
 
@@ -41,12 +54,19 @@ from pathlib import Path
 os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for _p in (REPO, REPO / "experiments"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import overlap  # noqa: E402  (experiments/overlap.py: the LLM shape set, rotating passes, comm hidden)
 
 SPEC = REPO / "experiments" / "gemm_scatter.yaml"
-MAX_SPINS = 1 << 26
 BASELINES = ("cublas+nccl", "triton+all_gather", "cublas_alone", "triton_alone")
+# --shape-set llm / llm-reduced: our variants by name, the libraries, the GEMM and the all-gather alone
+OVERLAP_OURS = ("fused", "senders", "sequential", "auto")
+OVERLAP_LIBRARY = ("cublas+nccl", "cublas_alone", "nccl_all_gather")
+CHOICES = ("fused", "senders", "sequential", "cublas+nccl")   # the variant choice picks from these
+PASSES = 4
 # (M, N, K): odd sizes (M=1, M not a multiple of any tile, N / W not a multiple of BLOCK_N
 # at W=2 and 4), then two seed shapes
 CHECK_SHAPES = [(1, 4096, 14336), (77, 1000, 264), (200, 3072, 520), (256, 4096, 4096), (1024, 8192, 4096)]
@@ -159,7 +179,7 @@ class Runner:
 
         heap = self.heap
         if variant == "fused":
-            return lambda: gemm_all_scatter(a, b, heap, config=config, hints=hints, max_spins=MAX_SPINS)
+            return lambda: gemm_all_scatter(a, b, heap, config=config, hints=hints)
         if variant == "cublas+nccl":
             return lambda: gemm_then_all_gather(a, b, heap, gemm="cublas", gather="nccl")
         if variant == "triton+all_gather":
@@ -185,17 +205,22 @@ class Runner:
 
         torch = self.torch
         rows = []
-        variants = [("fused", None, True), ("fused", None, False), ("fused", {"from_registers": False}, True),
-                    ("fused", {"tma_loads": False, "block_m": 64, "block_n": 64, "num_warps": 4}, True),
-                    ("cublas+nccl", None, True), ("triton+all_gather", None, True)]
+        # (row name, fn variant, config, hints): our kernel's configurations and variants, then the libraries
+        variants = [("fused", "fused", None, True), ("fused", "fused", None, False),
+                    ("fused", "fused", {"from_registers": False}, True),
+                    ("fused", "fused", {"tma_loads": False, "block_m": 64, "block_n": 64, "num_warps": 4}, True),
+                    ("senders", "fused", {"variant": "senders"}, True),
+                    ("sequential", "fused", {"variant": "sequential"}, True),
+                    ("nccl", "fused", {"variant": "nccl"}, True),
+                    ("cublas+nccl", "cublas+nccl", None, True), ("triton+all_gather", "triton+all_gather", None, True)]
         for M, N, K in self.plan["check_shapes"]:
             if N % self.W:
                 continue
             self.stage(f"check {M}x{N}x{K}")
             a, bs = operands(M, N, K, self.W, self.rank, self.dtype, 99, self.device)
             ref = reference(a, bs)
-            for variant, cfg, hints in variants:
-                row = {"kind": "check", "variant": variant, "config": json.dumps(cfg), "hints": hints, "M": M,
+            for name, variant, cfg, hints in variants:
+                row = {"kind": "check", "variant": name, "config": json.dumps(cfg), "hints": hints, "M": M,
                        "N": N, "K": K, "rank": self.rank}
                 try:
                     from kernels.gemm_scatter import out_buffer
@@ -203,11 +228,20 @@ class Runner:
                     if variant == "fused":
                         out_buffer(self.heap, M, N, self.dtype).view(torch.uint8).fill_(0xFF)  # NaN poison
                     self.heap.barrier()
-                    got = self.fn(variant, a, bs[self.rank], cfg, hints)().float().clone()
+                    fn = self.fn(variant, a, bs[self.rank], cfg, hints)
+                    got = fn().float().clone()
                     from kernels.gemm_scatter.launch import check_gemm_all_scatter
 
                     check_gemm_all_scatter(self.heap)
                     self.heap.barrier()  # nobody refills C while a peer still reads it
+                    if variant == "fused" and self.cuda:   # ours: one CUDA-graph replay gives the same bits
+                        again = fn().float().clone()
+                        self.heap.barrier()
+                        replayed = overlap.graph_replay_result(fn).float()
+                        check_gemm_all_scatter(self.heap)
+                        self.heap.barrier()
+                        row.update(repeat_identical=bool(torch.equal(got, again)),
+                                   graph_identical=bool(torch.equal(got, replayed)))
                     err = (got - ref).abs()
                     tol = 3e-2 + 2e-2 * ref.abs()
                     bad = int((~(err <= tol)).sum())  # NaN counts as bad
@@ -217,7 +251,9 @@ class Runner:
                     row.update(ok=False, bad_elements=-1, error=f"{type(exc).__name__}: {exc}"[:500])
                     traceback.print_exc()
                 if self.agree(int(not row["ok"] and row["bad_elements"] == -1)):
-                    self.heap.resync_flags()
+                    from kernels.gemm_scatter import recover
+
+                    recover(self.heap)
                 rows.append(row)
             self.heap.reset()
         allrows = [None] * self.W
@@ -225,11 +261,13 @@ class Runner:
         return [r for part in allrows for r in part]
 
     # ---- timing ---------------------------------------------------------
-    def time_point(self, fn, mode, flop):
+    def time_point(self, fn, mode, flop, passes=1):
+        """The slowest rank's median per call (``passes`` > 1: one of that many passes, a share of
+        the calls each)."""
         from workbench import dist
 
         per = max(1, min(20, int(2e12 / max(flop, 1))))  # calls per graph: ~2 TFLOP per replay at most
-        iters = max(5, min(30, int(4e13 / max(flop, 1))))
+        iters = max(5, min(30, int(4e13 / max(flop, 1))) // passes)
         if mode == "graph":
             return dist.time_collective(fn, warmup=3, iters=max(5, iters // per), graph=per)
         return dist.time_collective(fn, warmup=5, iters=iters)
@@ -273,7 +311,9 @@ class Runner:
                 row.update(status="error", error=f"{type(exc).__name__}: {exc}"[:800])
                 traceback.print_exc()
             if self.agree(failed):
-                self.heap.resync_flags()
+                from kernels.gemm_scatter import recover
+
+                recover(self.heap)
                 if row["status"] == "ok":
                     row.update(status="peer_error", error="another rank failed this point")
             rows.append(row)
@@ -291,8 +331,136 @@ class Runner:
             self._inputs_key = key
         return self._inputs
 
+    # ---- the overlap study (--shape-set llm / llm-reduced) -----------------
+    def overlap_fns(self, M, N, K):
+        """{method: (call, config dict)} of one LLM shape: our variants by name, cuBLAS + NCCL (the
+        all-gather into a buffer made once, then the permute into C), cuBLAS alone on this rank's
+        block, and NCCL's all-gather of that block alone."""
+        import dataclasses
+
+        from kernels.gemm_scatter import column_blocks, gemm_all_scatter, heuristic
+
+        torch, W = self.torch, self.W
+        a, bs = self.inputs(M, N, K)
+        b = bs[self.rank]
+        n = N // W
+        rule = heuristic(M, n, K, self.dtype)
+        cfgs = {"fused": rule, "senders": dataclasses.replace(rule, variant="senders", split_k=1, swap_ab=False),
+                "sequential": dataclasses.replace(rule, variant="sequential"), "auto": None}
+        fns = {}
+        for name, cfg in cfgs.items():
+            fns[name] = ((lambda cfg=cfg: gemm_all_scatter(a, b, self.heap, config=cfg)),
+                         cfg.as_params() if cfg is not None else None)
+        c_loc = torch.empty((M, n), device=self.device, dtype=self.dtype)
+        gathered = torch.empty((W * M, n), device=self.device, dtype=self.dtype)
+        c = torch.empty((M, N), device=self.device, dtype=self.dtype)
+        group = None if self.heap.simulated else self.heap.group
+
+        def cublas_nccl():
+            torch.mm(a, b, out=c_loc)
+            self.tdist.all_gather_into_tensor(gathered, c_loc, group=group)
+            return column_blocks(gathered, W, c)
+
+        fns["cublas+nccl"] = (cublas_nccl, {"variant": "nccl"})
+        fns["cublas_alone"] = ((lambda: torch.mm(a, b, out=c_loc)), None)
+        fns["nccl_all_gather"] = ((lambda: self.tdist.all_gather_into_tensor(gathered, c_loc, group=group)), None)
+        return fns
+
+    def overlap_check(self, name, fn, ref, base):
+        """One call against the fp32 reference (C poisoned first); every rank learns any failure."""
+        from kernels.gemm_scatter import out_buffer, recover
+        from kernels.gemm_scatter.launch import check_gemm_all_scatter
+
+        row = {"kind": "check", "variant": name, "rank": self.rank, **base}
+        try:
+            if name in OVERLAP_OURS:
+                out_buffer(self.heap, base["M"], base["N"], self.dtype).view(self.torch.uint8).fill_(0xFF)
+            self.heap.barrier()
+            got = fn().float().clone()
+            check_gemm_all_scatter(self.heap)
+            self.heap.barrier()
+            err = (got - ref).abs()
+            bad = int((~(err <= 3e-2 + 2e-2 * ref.abs())).sum())
+            row.update(ok=bad == 0, bad_elements=bad, max_abs_err=float(err.nan_to_num(1e30).max()), error="")
+        except Exception as exc:  # noqa: BLE001 - recorded; the world recovers
+            traceback.print_exc()
+            row.update(ok=False, bad_elements=-1, error=f"{type(exc).__name__}: {exc}"[:500])
+        if self.agree(int(not row["ok"])):
+            recover(self.heap)
+            row["ok"] = False
+        return row
+
+    def overlap_case(self, M, N, K, extra, modes):
+        """Check, then time every method of one shape in rotating passes per mode (rows: kind time)."""
+        from kernels.gemm_scatter import recover, reference
+        from kernels.gemm_scatter.launch import check_gemm_all_scatter
+
+        base = {"study": "overlap", "M": M, "N": N, "K": K, "n_local": N // self.W, "world_size": self.W,
+                "dtype": self.plan["dtype"], **extra}
+        fns = self.overlap_fns(M, N, K)
+        a, bs = self.inputs(M, N, K)
+        ref = reference(a, bs)
+        checks, live = [], []
+        for name, (fn, _) in fns.items():
+            if name in ("cublas_alone", "nccl_all_gather"):
+                live.append(name)
+                continue
+            row = self.overlap_check(name, fn, ref, base)
+            checks.append(row)
+            if row["ok"] or name not in OVERLAP_OURS:   # a library is timed even where it is off
+                live.append(name)
+        del ref
+        accurate = {r["variant"]: bool(r["ok"]) for r in checks}
+        flop = 2 * M * N * K / self.W
+        rows = []
+        for mode in modes:
+            def time_one(name, first, mode=mode):
+                t, err = None, ""
+                try:
+                    t = self.time_point(fns[name][0], mode, flop, passes=PASSES)
+                    check_gemm_all_scatter(self.heap)
+                except Exception as exc:  # noqa: BLE001
+                    traceback.print_exc()
+                    err = f"{type(exc).__name__}: {exc}"[:800]
+                if self.agree(int(bool(err))):
+                    recover(self.heap)
+                    return None, ("error", err) if err else ("peer_error", "another rank failed this point")
+                return t, None
+
+            got, failed = overlap.rotating_passes(live, time_one, PASSES)
+            for name in live:
+                cfg = fns[name][1]
+                row = dict(base, kind="time", variant=name, timing=mode, config=json.dumps(cfg) if cfg else "",
+                           within_tolerance=accurate.get(name))
+                if name in failed:
+                    row.update(status=failed[name][0], error=failed[name][1])
+                else:
+                    t = overlap.median_of_passes(got[name])
+                    row.update(t, status="ok", error="", tflops=2 * M * N * K / (t["ms"] * 1e9))
+                rows.append(row)
+        return checks, rows
+
+    def run_overlap(self):
+        modes = self.plan["modes"]
+        checks = []
+        for i, r in enumerate(overlap.shapes("gemm_scatter", self.W, self.args.shape_set)):
+            if self.over_budget():
+                self.skipped = len(overlap.shapes("gemm_scatter", self.W, self.args.shape_set)) - i
+                break
+            shape = (r["M"], r["N"], r["K"])
+            self.stage(f"overlap {i} {shape}")
+            self.heap.reset()
+            c, rows = self.overlap_case(*shape, {"layer": r["layer"], "split": r["split"]}, modes)
+            checks += c
+            self.rows += rows
+        allrows = [None] * self.W
+        self.tdist.all_gather_object(allrows, checks)
+        return [row for part in allrows for row in part]
+
     def run(self):
         torch = self.torch
+        if getattr(self.args, "shape_set", "seed") in overlap.SET_NAMES and not self.args.check_only:
+            return self.run_overlap()
         checks = [] if self.args.skip_checks else self.checks()
         if self.args.check_only:
             return checks
@@ -357,6 +525,59 @@ def summarize(times):
     return pd.DataFrame(rows)
 
 
+CASE_KEYS = ["world_size", "M", "N", "K"]
+
+
+def summarize_overlap(times):
+    """Per (shape, timing) of the overlap study: every method's ms, ours against cuBLAS + NCCL and
+    against max(GEMM alone, all-gather alone) (the issue's bound: at most 1.2x at M >= 256), and
+    comm hidden = (T_gemm + T_comm - T) / T_comm with T_gemm = cuBLAS on this rank's block and
+    T_comm = NCCL's all-gather of it."""
+    import pandas as pd
+
+    ok = times[(times["status"] == "ok") & (times["study"] == "overlap")]
+    rows = []
+    for key, g in ok.groupby(CASE_KEYS + ["timing"]):
+        ms = dict(zip(g["variant"], g["ms"]))
+        row = dict(zip(CASE_KEYS + ["timing"], key), layer=g["layer"].iloc[0], split=g["split"].iloc[0],
+                   **{f"{v}_ms": t for v, t in ms.items()})
+        floor = max(ms.get("cublas_alone", math.nan), ms.get("nccl_all_gather", math.nan))
+        for v in OVERLAP_OURS + ("cublas+nccl",):
+            if v in ms:
+                row[f"{v}_speedup_vs_cublas+nccl"] = ms.get("cublas+nccl", math.nan) / ms[v]
+                row[f"{v}_vs_max_alone"] = ms[v] / floor
+                row[f"{v}_comm_hidden"] = overlap.comm_hidden(ms.get("cublas_alone"), ms.get("nccl_all_gather"), ms[v])
+        mine = {v: ms[v] for v in ("fused", "senders", "sequential") if v in ms}
+        if mine:
+            row["best_ours"] = min(mine, key=mine.get)
+            row["best_ours_ms"] = mine[row["best_ours"]]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def fit_and_hold_out(times, out: Path, W: int) -> list[str]:
+    """The variant choice fitted on the fit half's eager calls (auto_table.json, which
+    kernels/gemm_scatter/config.py reads from results/gemm_scatter/), scored on the held-out
+    half (held_out_wW.csv), both halves in variant_choice_wW.csv."""
+    import pandas as pd
+
+    ov = times[times["study"] == "overlap"].assign(rank=0)
+    configs = {v: json.loads(c) for v, c in zip(ov["variant"], ov["config"]) if isinstance(c, str) and c}
+    entries = overlap.fit_choices(ov, CASE_KEYS, CHOICES, configs)
+    overlap.write_table(out / "auto_table.json", entries, "experiments/run_gemm_scatter.py --shape-set: fit, eager")
+    held = overlap.score_held_out(ov, entries, CASE_KEYS, ["world_size"], CHOICES, ("cublas+nccl",),
+                                  "cublas_alone", "nccl_all_gather")
+    held.to_csv(out / f"held_out_w{W}.csv", index=False)
+    choice = [dict({k: e[k] for k in CASE_KEYS}, split="fit", timing="eager", chosen=e["method"], chosen_ms=e["ms"])
+              for e in entries]
+    choice += held[CASE_KEYS + ["timing", "chosen", "chosen_ms", "regret", "speedup_vs_best_library"]].assign(
+        split="held_out").to_dict("records") if len(held) else []
+    pd.DataFrame(choice).to_csv(out / f"variant_choice_w{W}.csv", index=False)
+    for line in overlap.summary_lines(held, "gemm_all_scatter", ["world_size"]):
+        print(line, flush=True)
+    return ["auto_table.json", f"held_out_w{W}.csv", f"variant_choice_w{W}.csv"]
+
+
 def write_tables(rows, checks, out: Path, W: int, prov: dict, skipped: int, command: str = ""):
     import pandas as pd
 
@@ -373,7 +594,12 @@ def write_tables(rows, checks, out: Path, W: int, prov: dict, skipped: int, comm
             c[k] = v if not isinstance(v, (list, dict)) else json.dumps(v)
         c.to_csv(out / f"checks_w{W}.csv", index=False)
         written.append(f"checks_w{W}.csv")
-    if len(times):
+    if len(times) and (times.get("study") == "overlap").any():
+        times.to_csv(out / f"times_w{W}.csv", index=False)
+        summary = summarize_overlap(times)
+        summary.to_csv(out / f"summary_w{W}.csv", index=False)
+        written += [f"times_w{W}.csv", f"summary_w{W}.csv"] + fit_and_hold_out(times, out, W)
+    elif len(times):
         times.to_csv(out / f"times_w{W}.csv", index=False)
         written.append(f"times_w{W}.csv")
         summary = summarize(times)
@@ -395,11 +621,18 @@ def report(times, checks, W, skipped):
         bad = c[~c["ok"].astype(bool)]
         print(f"checks: {len(c) - len(bad)}/{len(c)} within bf16 tolerance of the fp32 product (all ranks)")
         if len(bad):
-            print(bad[["rank", "variant", "config", "hints", "M", "N", "K", "bad_elements", "error"]].to_string(
-                index=False))
+            print(bad[[k for k in ["rank", "variant", "config", "hints", "M", "N", "K", "bad_elements", "error"]
+                       if k in bad]].to_string(index=False))
     if times is None or times.empty:
         return
     ok = times[times["status"] == "ok"]
+    if (ok.get("study") == "overlap").any():
+        s = summarize_overlap(times)
+        cols = [c for c in ["timing", "M", "N", "K", "split", "fused_ms", "senders_ms", "cublas+nccl_ms",
+                            "cublas_alone_ms", "nccl_all_gather_ms", "best_ours", "fused_comm_hidden",
+                            "senders_comm_hidden"] if c in s]
+        print(s[cols].round(4).to_string(index=False))
+        return
     fused = ok[ok["variant"] == "fused"]
     print(f"world size {W}: {len(times)} rows, {len(fused)} fused points "
           f"({len(fused[fused['study'] == 'scatter'])} in the scatter study), {skipped} points skipped (budget), "
@@ -453,6 +686,7 @@ def parent(args, argv) -> int:
            "--heap-mib", str(args.heap_mib), "--command", command]
     fwd += ["--quick"] * args.quick + ["--check-only"] * args.check_only + ["--skip-checks"] * args.skip_checks
     fwd += ["--studies", args.studies] if args.studies else []
+    fwd += ["--shape-set", args.shape_set] if args.shape_set != "seed" else []
     failed, ran = [], 0
     for W in sizes:
         if have < W:
@@ -481,6 +715,11 @@ def main(argv=None):
     ap.add_argument("--out", default=str(REPO / "results" / "gemm_scatter"), help="folder for the CSVs")
     ap.add_argument("--spec", default=str(SPEC), help="experiment spec (default experiments/gemm_scatter.yaml)")
     ap.add_argument("--quick", action="store_true", help="the spec's quick shape sets (a smoke run)")
+    ap.add_argument("--shape-set", default="seed", choices=("seed",) + overlap.SET_NAMES,
+                    help="seed: the spec's studies (default); llm / llm-reduced: the overlap study on the LLM "
+                         "tensor-parallel set of experiments/overlap.py (every variant and baseline in rotating "
+                         "passes, comm hidden, a variant choice fitted on the fit half and scored on the held-out "
+                         "half: auto_table.json, held_out_wW.csv, variant_choice_wW.csv)")
     ap.add_argument("--studies", default="", help="comma-separated studies to run (default: all)")
     ap.add_argument("--check-only", action="store_true", help="only the correctness checks")
     ap.add_argument("--skip-checks", action="store_true", help="no correctness checks (timing only)")

@@ -24,7 +24,7 @@ from workbench import dist
 
 REPO = Path(__file__).resolve().parents[1]
 SIM = AgGemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_stages=1, num_warps=1, fetchers=2,
-                   k_per_flag=1, num_sms=5, ce_chunks=2, max_spins=1 << 10)
+                   k_per_flag=1, num_sms=5, ce_chunks=2)
 # (rows, cols) of each rank's shard: gather_dim=1 -> (M, K/W), gather_dim=0 -> (M/W, K)
 SHARD = {1: (19, 13), 0: (7, 37)}
 N = 21
@@ -76,6 +76,8 @@ CASES = [  # (world, gather_dim, layout, bias, variant); "-poll": no "all staged
     (2, 1, "k", True, "chunked"), (3, 0, "k", False, "chunked"), (4, 1, "k", False, "chunked"),
     (2, 1, "k", True, "sequential"), (3, 0, "k", False, "sequential"),
     (2, 0, "k", True, "nccl"), (3, 1, "k", False, "nccl"),   # the libraries' path (our all-gather stands in)
+    (2, 0, "k", True, "pipelined"), (3, 1, "k", False, "pipelined"), (4, 0, "k", False, "pipelined-poll"),
+    (4, 1, "k", True, "pipelined"),
 ]
 
 
@@ -174,8 +176,8 @@ def test_fetcher_that_never_fetches_names_rank_and_tile():
     shards, b, _ = _problem(W, gd, seed=9)
 
     def body(h):
-        cfg = SIM.replace(max_spins=50, skip_rank=1 if h.rank == 0 else -1)
-        return all_gather_matmul(shards[h.rank], b, h, gather_dim=gd, config=cfg)
+        cfg = SIM.replace(skip_rank=1 if h.rank == 0 else -1)
+        return all_gather_matmul(shards[h.rank], b, h, gather_dim=gd, config=cfg, timeout_s=0.05)
 
     with pytest.raises(dist.RankError) as info:
         world.run(body)
@@ -240,8 +242,7 @@ def test_heap_shards_at_different_offsets_are_an_error():
     for r in range(W):
         resident[r].copy_(shards[r])
     with pytest.raises(dist.RankError) as info:
-        world.run(lambda h: all_gather_matmul(resident[h.rank], b, h, gather_dim=gd,
-                                              config=SIM.replace(max_spins=50)))
+        world.run(lambda h: all_gather_matmul(resident[h.rank], b, h, gather_dim=gd, config=SIM, timeout_s=0.05))
     msg = str(info.value.__cause__)
     assert isinstance(info.value.__cause__, AgGemmTimeout)
     assert re.search(r"rank \d's a_shard lies at heap offset \d+, ours at \d+", msg), msg
@@ -252,7 +253,7 @@ def test_peer_that_never_calls_names_the_rank():
     world = dist.SimulatedWorld(3, heap_bytes=1 << 18)
     shards, b, _ = _problem(3, 0, seed=4)
     with pytest.raises(dist.RankError) as info:
-        world.run(lambda h: all_gather_matmul(shards[h.rank], b, h, gather_dim=0, config=SIM.replace(max_spins=20)),
+        world.run(lambda h: all_gather_matmul(shards[h.rank], b, h, gather_dim=0, config=SIM, timeout_s=0.05),
                   ranks=[0])
     msg = str(info.value.__cause__)
     assert "rank 0:" in msg and re.search(r"rank [12]", msg.split(";", 1)[1]), msg
@@ -445,7 +446,7 @@ def test_trace_off_build_has_no_extra_instructions(tmp_path, monkeypatch, sm90_d
 
     src = (REPO / "kernels" / "ag_gemm" / "triton.py").read_text()
     stripped = _strip_trace(src)
-    assert "globaltimer" not in stripped.split("def _ag_gemm_kernel")[1] and "_record(" not in stripped.split(
+    assert "_now(" not in stripped.split("def _ag_gemm_kernel")[1] and "_record(" not in stripped.split(
         "def _ag_gemm_kernel")[1]
     mod = tmp_path / "mods"
     mod.mkdir()
@@ -473,7 +474,8 @@ def test_trace_off_build_has_no_extra_instructions(tmp_path, monkeypatch, sm90_d
     d = diff_entries(off, bare, "sass")
     assert (d.mix["count_a"] == d.mix["count_b"]).all(), d.mix
     assert len(instructions(on)) > len(a)
-    assert "globaltimer" in on.text("ptx") and "globaltimer" not in off.text("ptx")
+    # the bounded waits read %globaltimer in both builds; the trace adds its own reads
+    assert on.text("ptx").count("%globaltimer") > off.text("ptx").count("%globaltimer") > 0
 
 
 # --------------------------------------------------------------------------
@@ -488,11 +490,13 @@ def test_seed_shapes_on_two_gpus():
     assert checks, "no check rows came back"
     bad = [r for r in checks if not r["ok"]]
     assert not bad, bad
-    assert {r["variant"] for r in checks} >= {"fused", "copy_engine", "chunked", "sequential", "fused_resident"}
+    assert {r["variant"] for r in checks} >= {"fused", "copy_engine", "chunked", "pipelined", "sequential",
+                                              "fused_resident", "late_rank_within_bound", "late_rank_past_bound"}
     base_names = {r["variant"]: r["variant"].split("+")[0].split("_layout")[0] for r in checks}
-    ours = [r for r in checks if base_names[r["variant"]] in ("fused", "copy_engine", "chunked", "sequential",
-                                                              "auto", "fused_resident")]
+    ours = [r for r in checks if base_names[r["variant"]] in ("fused", "copy_engine", "chunked", "pipelined",
+                                                              "sequential", "auto", "fused_resident")]
     assert ours and all(r["repeat_identical"] for r in ours), ours
+    assert all(r.get("graph_identical") for r in ours), [r for r in ours if not r.get("graph_identical")]
 
 
 def test_even_k_path_in_simulated_world():
@@ -757,3 +761,158 @@ def test_chunked_sums_the_shards_products_before_rounding():
     for p, x in enumerate(shards):
         per_shard = (per_shard.float() + x.float() @ b[p * 96:(p + 1) * 96].float()).to(torch.bfloat16)
     assert steps(per_shard) > 0.51
+
+
+# --------------------------------------------------------------------------
+# pipelined: copy-engine chunks, one signal each, tiles in arrival order
+# --------------------------------------------------------------------------
+PIPE = SIM.replace(variant="pipelined", ce_chunks=2, staged_flag=False)   # every remote tile waits on its chunk
+PIPE_SHARD = {0: (37, 33), 1: (37, 40)}   # 3 row tiles of 16 (the last one short): 2 chunks of 2 row tiles
+
+
+def _arrival(plan, rank, W):
+    """(peer, chunk) -> its position in the order the copies are queued."""
+    from kernels.ag_gemm.copies import copy_order
+
+    return {pc: i for i, pc in enumerate(copy_order(plan, rank, W))}
+
+
+@pytest.mark.parametrize("W,gather_dim", [(2, 0), (3, 1), (4, 0)])
+def test_pipelined_takes_tiles_in_arrival_order_and_waits_on_their_chunks(W, gather_dim):
+    """Traced in a simulated world (the counter clock orders every event of a rank): tiles are
+    computed in the order their data arrives (gathered along M: our own rows' tiles first, then
+    each peer's chunks in the order the copies are queued; along K: row chunk by row chunk),
+    every tile waits on exactly the signal of its chunk in each peer's shard (and on no other),
+    and after each call every chunk's signal holds the call count. C equals the reference."""
+    from kernels.ag_gemm.copies import chunk_tiles
+
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 19)
+    for call in range(2):
+        shards, b, bias = _problem(W, gather_dim, seed=500 + W + call, shard=PIPE_SHARD[gather_dim], n=40)
+        res = _run(world, shards, b, gather_dim, None, PIPE, trace=True)
+        _assert_close([c for c, _ in res], shards, b, gather_dim, None)
+        for rank in range(W):
+            plan = get_plan(shards[rank], b, world.heaps[rank], gather_dim=gather_dim, config=PIPE, trace=True)
+            assert plan.NCH == 2 and chunk_tiles(plan) == 2
+            assert plan.flags.tolist() == [call + 1 if p != rank else 0 for p in range(W) for _ in range(2)] + [0]
+            order = _arrival(plan, rank, W)
+            num_n, MT = triton.cdiv(40, PIPE.block_n), plan.MT
+            df = frame(res[rank][1], rank=rank).sort_values("start")
+            done = df[df["kind"] == "compute"]
+            keys = []
+            for item in done["item"]:
+                lm = item // num_n
+                if gather_dim == 0:
+                    block, mt = (lm // MT + rank) % W, lm % MT
+                    keys.append(-1 if block == rank else order[(block, mt // 2)])
+                else:
+                    keys.append(max(order[(p, (lm % MT) // 2)] for p in range(W) if p != rank))
+            assert keys == sorted(keys), (rank, keys)
+            assert len(done) == (W if gather_dim == 0 else 1) * MT * num_n
+            waits = sorted(df[df["kind"] == "wait"]["item"].tolist())
+            want = []
+            for item in done["item"]:
+                lm = item // num_n
+                mt = lm % MT
+                peers = [(lm // MT + rank) % W] if gather_dim == 0 else range(W)
+                want += [p * plan.NCH + mt // 2 for p in peers if p != rank]
+            assert waits == sorted(want), (rank, waits, sorted(want))
+
+
+@pytest.mark.parametrize("W,gather_dim,lost", [(2, 0, (1, 1)), (3, 1, (2, 0)), (4, 0, (3, 1))])
+def test_pipelined_chunk_that_never_arrives_names_rank_and_chunk(W, gather_dim, lost):
+    """Rank 0's copy of one chunk never runs (and so nothing queued after it on the copy
+    stream): its GEMM tiles wait for the chunk's signal until the bound, and the error names
+    the rank whose chunk it was, the chunk, its rows, and how long the wait lasted."""
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 19)
+    shards, b, _ = _problem(W, gather_dim, seed=77 + W, shard=PIPE_SHARD[gather_dim], n=40)
+    cfg = PIPE.replace(staged_flag=True)
+    plan = get_plan(shards[0], b, world.heaps[0], gather_dim=gather_dim, config=cfg)
+    peer, chunk = lost
+    sig = plan.flags[peer * plan.NCH + chunk:peer * plan.NCH + chunk + 1]
+    cut = next(i for i, (_, _, flags, _) in enumerate(plan.chunks) if flags.data_ptr() == sig.data_ptr())
+    del plan.chunks[cut:]   # a copy that never completes holds back every later one of its stream
+    with pytest.raises(dist.RankError) as info:
+        world.run(lambda h: all_gather_matmul(shards[h.rank], b, h, gather_dim=gather_dim, config=cfg,
+                                              timeout_s=0.2))
+    err = info.value.__cause__
+    assert isinstance(err, AgGemmTimeout), err
+    msg = str(err)
+    r0 = chunk * 2 * cfg.block_m
+    assert msg.startswith("rank 0:") and f"chunk {chunk} of rank {peer}'s shard never arrived: rows {r0}..." in msg
+    m = re.search(r"after waiting ([0-9.]+) s", msg)
+    assert m and float(m.group(1)) >= 0.2, msg
+
+
+def test_pipelined_copy_order_and_plan():
+    """Along M the copies go peer by peer from rank + 1; along K row chunk by row chunk across
+    the peers. One signal per (peer, chunk) and the "all staged" one after the last copy; the
+    GEMM launch is compiled for chunk waits and the publish kernel leaves the signals' value."""
+    from kernels.ag_gemm.copies import copy_order
+
+    world = dist.SimulatedWorld(3, heap_bytes=1 << 19)
+    for gd, want in ((0, [(2, 0), (2, 1), (0, 0), (0, 1)]), (1, [(2, 0), (0, 0), (2, 1), (0, 1)])):
+        shards, b, _ = _problem(3, gd, seed=3, shard=PIPE_SHARD[gd], n=40)
+        plan = get_plan(shards[1], b, world.heaps[1], gather_dim=gd, config=PIPE.replace(staged_flag=True))
+        assert copy_order(plan, 1, 3) == want
+        assert len(plan.chunks) == 5 and plan.chunks[-1][0] is None and plan.flags.numel() == 3 * 2 + 1
+        assert plan.kw["CHUNK_TILES"] == 2 and plan.kw["SET_NEXT"] and plan.gemm_kw["FETCHERS"] == 0
+    with pytest.raises(ValueError, match="layout='k'"):
+        all_gather_matmul(shards[0], b, world.heaps[0], gather_dim=1, config=PIPE.replace(layout="m"))
+
+
+def test_pipelined_gemm_launch_in_sm90_ptx(tmp_path):
+    """The pipelined variant's GEMM launch (no fetchers, chunk waits) cross-compiled for sm_90:
+    chunk signals are polled with gpu-scope acquires, bounded by the GPU's clock, and its TMA
+    loads follow a proxy fence."""
+    from kernels.ag_gemm.asm import compile_kernel
+
+    gemm = compile_kernel("sm90", cache_dir=tmp_path, config=AgGemmConfig(variant="pipelined"), chunk_tiles=4,
+                          phases=(False, False, True), fetchers=0).text("ptx")
+    assert re.search(r"(ld|atom)\.global\.gpu\.acquire", gemm) and "%globaltimer" in gemm
+    assert "fence.proxy.async" in gemm
+
+
+def test_script_llm_set_fits_on_one_half_and_scores_the_other(tmp_path, capsys):
+    """--shape-set llm-reduced's tables from synthetic timings in which pipelined wins from M = 4096
+    on and fused below: the choice is fitted on the fit half only (auto_table.json, which
+    kernels/ag_gemm/config.py loads), every held-out shape gets the nearest fitted shape's
+    method, scored against the best library (NCCL + cuBLAS, PyTorch's fused op) with comm hidden."""
+    import pandas as pd
+
+    s = _script()
+    import overlap
+
+    rows = []
+    for sh in overlap.shapes("ag_gemm", 2, "llm-reduced"):
+        M = sh["M"]
+        t_gemm, t_comm = M * 1e-4, M * 4e-5
+        ms = {"fused": t_gemm + (0.2 if M < 4096 else 0.9) * t_comm,
+              "pipelined": t_gemm + (0.5 if M < 4096 else 0.1) * t_comm, "copy_engine": 2 * t_gemm,
+              "chunked": 2 * t_gemm, "sequential": t_gemm + 1.1 * t_comm, "nccl_cublas": t_gemm + t_comm,
+              "torch_fused": t_gemm + 0.6 * t_comm, "gemm_alone": t_gemm, "nccl_all_gather": t_comm, "auto": 9.0}
+        for gd in (0, 1):
+            for timing in ("eager", "graph"):
+                for v, t in ms.items():
+                    cfg = {"variant": v} if v in ("fused", "pipelined", "copy_engine", "chunked", "sequential") else None
+                    rows.append(dict(kind="bench", rank=0, status="ok", world_size=2, gather_dim=gd, M=M, N=sh["N"],
+                                     K=sh["K"], timing=timing, variant=v, ms=t, layer=sh["layer"], split=sh["split"],
+                                     config=json.dumps(cfg) if cfg else None))
+    bench = pd.DataFrame(rows)
+    assert s.fit_and_hold_out(bench, tmp_path) == ["auto_table.json", "held_out.csv", "variant_choice.csv"]
+    entries = agc.load_table(tmp_path / "auto_table.json")
+    fit = bench[(bench.split == "fit") & (bench.variant == "gemm_alone") & (bench.timing == "eager")]
+    assert len(entries) == len(fit) and {e["config"].variant for e in entries} == {"fused", "pipelined"}
+    held = pd.read_csv(tmp_path / "held_out.csv")
+    assert len(held) == len(bench[(bench.split == "held_out") & (bench.variant == "gemm_alone")])   # x 2 timings
+    assert (held.chosen == held.M.map(lambda m: "pipelined" if m >= 4096 else "fused")).all()
+    assert held.regret.max() == pytest.approx(1.0) and (held.best_library == "torch_fused").all()
+    assert held.comm_hidden_chosen.tolist() == pytest.approx([0.8 if m < 4096 else 0.9 for m in held.M])
+    choice = pd.read_csv(tmp_path / "variant_choice.csv")
+    assert set(choice.split) == {"fit", "held_out"}
+    assert "held-out shapes" in capsys.readouterr().out
+    summ = s.summarize(bench)
+    row = summ[(summ.M == 16384) & (summ.timing == "eager")].iloc[0]
+    assert row["pipelined_comm_hidden"] == pytest.approx(0.9) and row["best_fused"] == "pipelined"
+    t_gemm, t_comm = 16384 * 1e-4, 16384 * 4e-5
+    assert row["best_fused_vs_best_library"] == pytest.approx((t_gemm + 0.6 * t_comm) / (t_gemm + 0.1 * t_comm))

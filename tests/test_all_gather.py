@@ -95,11 +95,11 @@ def test_rank_that_never_arrives_surfaces_at_the_next_call():
     synchronization per call); the next call, or check_all_gather, names the silent rank."""
     world = dist.SimulatedWorld(2, heap_bytes=1 << 16)
     xs = _inputs(2, (6, 40), torch.float16, torch.Generator().manual_seed(3))
-    world.run(lambda h: comm.all_gather(xs[h.rank], h, max_spins=20), ranks=[0])
+    world.run(lambda h: comm.all_gather(xs[h.rank], h, timeout_s=0.05), ranks=[0])
     with pytest.raises(WaitTimeout, match="signals from rank 1"):
         comm.check_all_gather(world.heaps[0])
     with pytest.raises(dist.RankError) as info:
-        world.run(lambda h: comm.all_gather(xs[h.rank], h, max_spins=20), ranks=[0])
+        world.run(lambda h: comm.all_gather(xs[h.rank], h, timeout_s=0.05), ranks=[0])
     err = info.value.__cause__
     assert isinstance(err, WaitTimeout)
     assert "rank 0" in str(err) and "signals from rank 1" in str(err) and "timed out" in str(err)
@@ -109,7 +109,7 @@ def test_check_true_raises_at_once():
     world = dist.SimulatedWorld(2, heap_bytes=1 << 16)
     xs = _inputs(2, (4, 16), torch.float16, torch.Generator().manual_seed(4))
     with pytest.raises(dist.RankError) as info:
-        world.run(lambda h: comm.all_gather(xs[h.rank], h, max_spins=20, check=True), ranks=[0])
+        world.run(lambda h: comm.all_gather(xs[h.rank], h, timeout_s=0.05, check=True), ranks=[0])
     assert isinstance(info.value.__cause__, WaitTimeout)
     comm.check_all_gather(world.heaps[1])   # rank 1 never called: nothing to report
 

@@ -7,6 +7,7 @@ interpreter dereferences the peer addresses, so the pointer translation,
 the column offsets and the flag protocol run for real at tiny shapes.
 """
 import json
+import re
 import os
 import subprocess
 import sys
@@ -105,11 +106,11 @@ def test_rank_that_never_signals_is_named():
     the next call, or check_gemm_all_scatter, names the silent rank."""
     world = dist.SimulatedWorld(2, heap_bytes=1 << 16)
     a, bs = _operands(2, 4, 16, 16, torch.float16, seed=3)
-    world.run(lambda h: gs.gemm_all_scatter(a, bs[h.rank], h, config=SMALL, max_spins=20), ranks=[0])
+    world.run(lambda h: gs.gemm_all_scatter(a, bs[h.rank], h, config=SMALL, timeout_s=0.05), ranks=[0])
     with pytest.raises(WaitTimeout, match="tiles from rank 1"):
         gs.check_gemm_all_scatter(world.heaps[0])
     with pytest.raises(dist.RankError) as info:
-        world.run(lambda h: gs.gemm_all_scatter(a, bs[h.rank], h, config=SMALL, max_spins=20), ranks=[0])
+        world.run(lambda h: gs.gemm_all_scatter(a, bs[h.rank], h, config=SMALL, timeout_s=0.05), ranks=[0])
     err = info.value.__cause__
     assert isinstance(err, WaitTimeout) and "rank 0" in str(err) and "tiles from rank 1" in str(err)
     gs.check_gemm_all_scatter(world.heaps[1])  # rank 1 never called: nothing to report
@@ -119,7 +120,7 @@ def test_check_true_raises_at_once():
     world = dist.SimulatedWorld(3, heap_bytes=1 << 16)
     a, bs = _operands(3, 4, 16, 16, torch.float16, seed=4)
     with pytest.raises(dist.RankError) as info:
-        world.run(lambda h: gs.gemm_all_scatter(a, bs[h.rank], h, config=SMALL, max_spins=20, check=True),
+        world.run(lambda h: gs.gemm_all_scatter(a, bs[h.rank], h, config=SMALL, timeout_s=0.05, check=True),
                   ranks=[0, 1])
     assert isinstance(info.value.__cause__, WaitTimeout) and "tiles from rank 2" in str(info.value.__cause__)
 
@@ -344,7 +345,9 @@ def test_matches_cublas_nccl_on_two_gpus(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     checks = pd.read_csv(tmp_path / "checks_w2.csv")
     assert len(checks) and checks["ok"].astype(bool).all(), checks[~checks["ok"].astype(bool)].to_string()
-    assert {"fused", "cublas+nccl", "triton+all_gather"} <= set(checks["variant"])
+    assert {"fused", "senders", "sequential", "nccl", "cublas+nccl", "triton+all_gather"} <= set(checks["variant"])
+    ours = checks[checks["variant"].isin(["fused", "senders", "sequential", "nccl"])]
+    assert ours["repeat_identical"].astype(bool).all() and ours["graph_identical"].astype(bool).all()
 
 
 # --------------------------------------------------------------------------
@@ -530,3 +533,196 @@ def test_quick_spec_is_within_the_full_spec():
         full = {key(p) for p in r.load_plan(world_size=W)["points"]}
         assert quick and {key(p) for p in quick} <= full
         assert {p["study"] for p in quick} == {p["study"] for p in r.load_plan(world_size=W)["points"]}
+
+
+# --------------------------------------------------------------------------
+# Variant "senders": GEMM programs store locally, senders push finished row bands
+# --------------------------------------------------------------------------
+def _senders(num_sms=5, senders=2, **kw):
+    return gs.ScatterConfig(block_m=16, block_n=16, block_k=16, num_warps=2, num_stages=2, num_sms=num_sms,
+                            group_m=2, variant="senders", senders=senders, **kw)
+
+
+SENDER_CASES = [(2, 1, 24, 24, torch.float16), (3, 37, 40, 20, torch.bfloat16), (4, 70, 32, 24, torch.float16),
+                (2, 130, 16, 40, torch.float32)]
+
+
+@pytest.mark.parametrize("W,M,K,n,dtype", SENDER_CASES, ids=lambda v: str(v).replace("torch.", ""))
+def test_senders_variant_holds_the_full_product(W, M, K, n, dtype):
+    """Odd shapes (M = 1, M not a multiple of the tile or of the band, N / W not a multiple of
+    BLOCK_N and 40-byte rows without the hint), C poisoned, two calls: every band is complete
+    on every rank, and each band's counter (the GEMM programs' signal to the senders) is back
+    at 0 after the call, every tile counted once and sent once."""
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 17)
+    cfg = _senders()
+    for call in range(2):
+        a, bs = _operands(W, M, K, n, dtype, seed=700 + 10 * W + call)
+        _assert_full_product(_scatter(world, a, bs, config=cfg), a, bs)
+        for h in world.heaps:
+            p = gslaunch.plan_for(a, bs[h.rank], h, cfg)
+            bands = -(-(-(-M // 16)) // 2)
+            assert p.bands.tolist() == [0] * bands and p.grid == p.num_gemm + p.meta["SENDERS"]
+            assert p.meta["SENDERS"] == min(2, bands)
+
+
+def test_senders_wait_for_their_band_and_say_which():
+    """A band whose tiles are never all counted (its counter set back on purpose): its sender
+    gives up after the bound, the error names the rank, the row band and how long it waited,
+    and no row of that band reaches the peer."""
+    world = dist.SimulatedWorld(2, heap_bytes=1 << 17)
+    a, bs = _operands(2, 40, 16, 16, torch.float16, seed=9)   # 3 row tiles: bands of 2 and 1
+    cfg = _senders()
+    outs = world.alloc((40, 32), torch.float16)
+    for o in outs:
+        o.view(torch.uint8).fill_(0xFF)
+    p = gslaunch.plan_for(a, bs[0], world.heaps[0], cfg, out=outs[0])
+    p.bands[1] = -5   # rank 0's band 1 will never be complete
+    with pytest.raises(dist.RankError) as info:
+        world.run(lambda h: gs.gemm_all_scatter(a, bs[h.rank], h, config=cfg, out=outs[h.rank], timeout_s=0.1,
+                                                check=True), ranks=[0, 1])
+    err = info.value.__cause__
+    assert isinstance(err, WaitTimeout) and "rank 0" in str(err) and "row band 1 of our own GEMM" in str(err)
+    assert "after waiting" in str(err)
+    assert torch.isnan(outs[1][32:, :16]).all() and not torch.isnan(outs[1][:32, :16]).any()
+
+
+def test_senders_kernel_in_sm90_ptx(tmp_path):
+    """Cross-compiled for sm_90: the GEMM programs' local stores and the senders' remote ones
+    are 128-bit with the hint; each tile's count is a gpu-scope release after a barrier, the
+    senders' waits gpu-scope acquires bounded by %globaltimer, the completion a system-scope
+    release."""
+    e = gslaunch.compile_kernel(True, target="sm90", cache_dir=tmp_path, senders=4)
+    ptx = e.text("ptx")
+    assert re.search(r"atom\.global\.gpu\.release\.add", ptx) and re.search(r"(ld|atom)\.global\.gpu\.acquire", ptx)
+    assert re.search(r"atom\.global\.sys\.release\.add", ptx) and "%globaltimer" in ptx
+    assert "st.global.v4.b32" in ptx and "st.global.b16" not in ptx
+
+
+def test_unfused_variants_through_the_launcher():
+    """"nccl" and "sequential" (our all-gather stands in for NCCL's in a simulated world): the
+    column blocks put in place in the launcher's C, poisoned first, over two calls."""
+    for variant in ("nccl", "sequential"):
+        world = dist.SimulatedWorld(3, heap_bytes=1 << 17)
+        cfg = gs.ScatterConfig(block_m=16, block_n=16, block_k=16, num_warps=2, num_stages=2, variant=variant)
+        for call in range(2):
+            a, bs = _operands(3, 11, 24, 16, torch.float16, seed=40 + call)
+            _assert_full_product(_scatter(world, a, bs, config=cfg), a, bs)
+
+
+def test_variant_choice_is_rank_zeros_on_every_rank(monkeypatch):
+    """Ranks whose own decision functions disagree (rank 1's picks "senders", the others "fused";
+    as if rank 1 read another table): every rank runs rank 0's choice, decided once for the
+    problem (by rank 0 alone), and C is right everywhere."""
+    import threading
+
+    calls = []
+
+    def local_choice(M, n_local, K, W, dtype, sms, tma=True):
+        me = threading.current_thread().name
+        calls.append(me)
+        variant = "senders" if me == "sim-rank1" else "fused"
+        return gs.ScatterConfig(block_m=16, block_n=16, block_k=16, num_warps=2, num_stages=2, num_sms=5,
+                                variant=variant, senders=2)
+
+    monkeypatch.setattr(gslaunch, "auto_config", local_choice)
+    for W in (2, 3, 4):
+        calls.clear()
+        world = dist.SimulatedWorld(W, heap_bytes=1 << 17)
+        a, bs = _operands(W, 21, 16, 24, torch.float16, seed=W)
+        for _ in range(2):
+            _assert_full_product(_scatter(world, a, bs), a, bs)
+        assert calls == ["sim-rank0"]   # once per problem, by rank 0
+        assert {gslaunch.plan_for(a, bs[h.rank], h).config.variant for h in world.heaps} == {"fused"}
+
+
+def test_variant_table_round_trip(tmp_path, monkeypatch):
+    """The measured table (written by the GPU script) gives the variant of the nearest measured
+    problem of that world size, with this problem's tiles; no table: the tile rule, fused."""
+    monkeypatch.setattr(gscfg, "_TABLE", {})
+    monkeypatch.setattr(gscfg, "AUTO_TABLE_PATH", tmp_path / "none.json")
+    assert gs.auto_config(4096, 2048, 4096, 2).variant == "fused"
+    assert "no measured table" in gscfg.auto_source(2)
+    table = tmp_path / "auto_table.json"
+    table.write_text(json.dumps({"entries": [
+        {"world_size": 2, "M": 4096, "N": 4096, "K": 4096, "config": {"variant": "senders", "senders": 12}},
+        {"world_size": 2, "M": 64, "N": 4096, "K": 4096, "config": {"variant": "nccl"}}]}))
+    monkeypatch.setattr(gscfg, "_TABLE", {})
+    monkeypatch.setattr(gscfg, "AUTO_TABLE_PATH", table)
+    big = gs.auto_config(8192, 2048, 4096, 2)
+    assert big.variant == "senders" and big.senders == 12
+    assert (big.block_m, big.block_n) == gs.pick_tile(8192, 2048, 4096)
+    assert gs.auto_config(48, 2048, 4096, 2).variant == "nccl"
+    assert gs.auto_config(8192, 2048, 4096, 4).variant == "fused"   # no entry of world size 4
+    table.write_text('{"entries": [{"world_size": 2}]}')
+    monkeypatch.setattr(gscfg, "_TABLE", {})
+    with pytest.raises(ValueError, match="not a variant table"):
+        gs.auto_config(8192, 2048, 4096, 2)
+
+
+def test_overlap_study_end_to_end_in_a_simulated_world(tmp_path, monkeypatch):
+    """--shape-set llm-reduced on a one-rank gloo group and a simulated heap, the LLM layers swapped
+    for tiny ones: every variant checked (C poisoned) and timed in rotating passes beside cuBLAS +
+    NCCL, cuBLAS alone and the all-gather alone, per shape and mode; the tables (summary with comm
+    hidden, the variant choice fitted on the fit half and scored on the held-out half) written, and
+    the fitted table is one kernels/gemm_scatter/config.py loads."""
+    import argparse
+
+    import pandas as pd
+    import torch.distributed as tdist
+
+    r = _script()
+    import overlap   # experiments/ is on sys.path once the script is loaded
+
+    monkeypatch.setitem(overlap.LAYERS, "tiny.a", (32, 16))
+    monkeypatch.setitem(overlap.LAYERS, "tiny.b", (48, 24))
+    monkeypatch.setitem(overlap.REDUCED, "gemm_scatter", (("tiny.a", "tiny.b"), (3,)))
+    monkeypatch.setattr(r.Runner, "time_point", lambda self, fn, mode, flop, passes=1: dist.time_collective(
+        fn, warmup=1, iters=2))   # the interpreter: as few calls as a pass can have
+    args = argparse.Namespace(spec=str(r.SPEC), quick=False, studies="", check_only=False, skip_checks=False,
+                              budget_s=300, heap_mib=1, shape_set="llm-reduced")
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        run = r.Runner(args, heap=dist.SimulatedWorld(1, heap_bytes=1 << 20).heaps[0])
+        checks = run.run()
+    finally:
+        tdist.destroy_process_group()
+    c = pd.DataFrame(checks)
+    assert c["ok"].all() and set(c["variant"]) == {"fused", "senders", "sequential", "auto", "cublas+nccl"}
+    out = tmp_path / "out"
+    times, written = r.write_tables(run.rows, checks, out, 1, {"git_sha": "x"}, run.skipped)
+    assert {"summary_w1.csv", "held_out_w1.csv", "variant_choice_w1.csv", "auto_table.json"} <= set(written)
+    ok = times[times.status == "ok"]
+    assert set(ok.variant) == set(r.OVERLAP_OURS + r.OVERLAP_LIBRARY) and set(ok.timing) == {"eager", "graph"}
+    assert (ok.passes == r.PASSES).all() and set(ok.split) == {"fit", "held_out"}
+    s = pd.read_csv(out / "summary_w1.csv")
+    assert len(s) == 4 and "fused_comm_hidden" in s and "senders_vs_max_alone" in s
+    held = pd.read_csv(out / "held_out_w1.csv")
+    assert len(held) == 2 and set(held.chosen) <= set(r.CHOICES) and (held.regret >= 1 - 1e-9).all()
+    entries = gscfg.load_table(out / "auto_table.json")
+    assert len(entries) == 1 and {e["config"].variant for e in entries} <= {"fused", "senders", "sequential", "nccl"}
+    r.report(times, checks, 1, run.skipped)
+
+
+def test_llm_shape_set_split_is_a_fixed_checkerboard():
+    """Fit and held-out halves: fixed by (layer index + M index) parity, so every layer and every M
+    of the set appear in both halves; no held-out problem is a fitted one (two models' layers of one
+    shape count once); the reduced set keeps within its FLOP bound and holds M = 1 ... 16384."""
+    _script()   # puts experiments/ on the path
+    import overlap
+
+    for W in (2, 4):
+        full = overlap.shapes("gemm_scatter", W, "llm")
+        fit = {(x["M"], x["N"], x["K"]) for x in full if x["split"] == "fit"}
+        held = {(x["M"], x["N"], x["K"]) for x in full if x["split"] == "held_out"}
+        assert fit and held and not fit & held and len(fit | held) == len(full)
+        assert {x["layer"] for x in full if x["split"] == "fit"} == {x["layer"] for x in full if x["split"] == "held_out"}
+        assert {x["M"] for x in full if x["split"] == "fit"} == {x["M"] for x in full if x["split"] == "held_out"}
+        red = overlap.shapes("gemm_scatter", W, "llm-reduced")
+        assert {x["M"] for x in red} >= {1, 16384} and all(
+            2 * x["M"] * (x["N"] // W) * x["K"] <= overlap.REDUCED_FLOP for x in red)
+        assert {x["split"] for x in red} == {"fit", "held_out"}
+    ag = overlap.shapes("ag_gemm", 2, "llm-reduced")
+    assert all(x["N"] * 2 in [n for n, _ in overlap.LAYERS.values()] for x in ag)   # each rank's column shard
+    assert {x["split"] for x in ag} == {"fit", "held_out"} and len(ag) >= 12
+    with pytest.raises(ValueError, match="shape set"):
+        overlap.shapes("ag_gemm", 2, "seed")

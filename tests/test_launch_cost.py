@@ -83,3 +83,38 @@ def test_gluon_rows_are_the_shapes_the_plan_sends_to_gluon():
         mconfig.check_alignment(N, K)
         mconfig.check_alignment(K, N)
         mconfig.check_groups(G)
+
+
+def test_comm_cases_wire_every_variant_in_a_simulated_world():
+    """experiments/launch_cost_comm.py's cases, built on simulated heaps (2 ranks, tiny problems):
+    every variant of the three multi-rank launchers is there by name and runs on every rank
+    (the library calls need a process group: they are timed on GPUs only)."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import launch_cost_comm as lcc
+    finally:
+        sys.path.pop(0)
+    from kernels.ag_gemm import AgGemmConfig
+    from workbench import dist
+
+    world = dist.SimulatedWorld(2, heap_bytes=1 << 20)
+    sim = AgGemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_stages=1, num_warps=1, fetchers=2,
+                       k_per_flag=1, num_sms=5, ce_chunks=2)
+    sizes = {"gather_rows": (3,), "ag": ((24, 32, 48),), "scatter": ((5, 32, 16),)}
+
+    def body(h):
+        ran = {}
+        for case, (lib, impls) in lcc.comm_cases(h, sizes=sizes, simulated_config=sim).items():
+            for name, fn in impls.items():
+                out = fn()
+                h.barrier()   # (what the GPU run's barriers do between impls)
+                ran.setdefault(case.split()[0], set()).add(name)
+                assert out is None or torch.isfinite(out.float()).all(), (case, name)
+        return ran
+
+    ran = world.run(body)[0]
+    assert ran["all_gather_matmul"] == set(lcc.AG_VARIANTS)
+    assert ran["gemm_all_scatter"] == set(lcc.SCATTER_VARIANTS)
+    assert ran["all_gather"] == {"triton", "copy_engine"}

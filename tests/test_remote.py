@@ -102,9 +102,11 @@ def test_flags_use_release_after_barrier_and_acquire_spins(tmp_path):
     release = [m.start() for m in re.finditer(r"\.sys\.release\.|\.release\.sys\.", body)]
     assert len(release) == 2, "one release atomic per peer"
     assert body.rfind("bar.sync", 0, release[0]) >= 0, "a CTA barrier precedes the release"
-    ptx = _compile(remote.wait_kernel, {"flags_ptr": "*i32", "expected": "i32", "max_spins": "i32",
+    ptx = _compile(remote.wait_kernel, {"flags_ptr": "*i32", "expected": "i32", "timeout_us": "i32",
                                         "status_ptr": "*i32"}, {"WORLD": 2, "SCOPE": "sys"}, tmp_path)
     assert re.search(r"\.sys\.acquire\.|\.acquire\.sys\.", ptx), "waits poll with system-scope acquire"
+    # bounded in time: the poll loop reads the GPU's nanosecond clock, and counts no polls
+    assert "%globaltimer" in ptx
 
 
 def test_put_hint_gives_vector_stores(tmp_path):

@@ -39,6 +39,7 @@ __all__ = ["SymmetricHeap", "SimulatedWorld", "SimHeap", "RankError", "interpret
 # ==========================================================================
 _ALIGN = 256
 FLAG_SLOTS = 1024  # int32 flags at the start of every heap
+STATUS_WORDS = 8   # int32 status words of the bounded waits (kernels.comm.remote uses the first STATUS_WORDS there)
 
 
 class _BumpHeap:
@@ -181,7 +182,7 @@ class SymmetricHeap(_BumpHeap):
         self.signal_pad_bases = torch.tensor([int(p) for p in self.handle.signal_pad_ptrs], dtype=torch.int64,
                                              device=self.device)
         self._init_alloc()
-        self._status = torch.zeros(4, dtype=torch.int32, device=self.device)
+        self._status = torch.zeros(STATUS_WORDS, dtype=torch.int32, device=self.device)
         torch.cuda.synchronize(self.device)
         self.barrier()
 
@@ -249,7 +250,7 @@ class SimHeap(_BumpHeap):
         self.device = torch.device("cpu")
         self.group = None
         self._init_alloc()
-        self._status = torch.zeros(4, dtype=torch.int32)
+        self._status = torch.zeros(STATUS_WORDS, dtype=torch.int32)
 
     def barrier(self) -> None:
         self.world._barrier_wait(self.rank)
@@ -306,6 +307,8 @@ class SimulatedWorld:
         self._barrier = threading.Barrier(world_size, timeout=barrier_timeout_s)
         self._arrived: dict[int, int] = {}
         self._arrive_lock = threading.Lock()
+        self._decisions: dict = {}
+        self._decided = threading.Condition()
 
     def heap(self, rank: int) -> SimHeap:
         return self.heaps[rank]
@@ -324,6 +327,20 @@ class SimulatedWorld:
                 missing = [r for r in range(self.world_size) if self._arrived.get(r, 0) < mine]
             raise RankError(f"rank {rank}: barrier #{mine} broken: rank(s) {', '.join(map(str, missing))} "
                             f"never arrived (failed or took over {self.barrier_timeout_s:g} s)", rank) from None
+
+    def decide(self, key, rank: int, make: Callable[[], Any]) -> Any:
+        """What rank 0 decided under ``key`` (``make()`` run by rank 0; other ranks wait for it,
+        at most ``barrier_timeout_s``): the simulated world's broadcast of a decision, which
+        ``kernels.comm.decide.shared_choice`` uses."""
+        with self._decided:
+            if key not in self._decisions:
+                if rank == 0:
+                    self._decisions[key] = make()
+                    self._decided.notify_all()
+                elif not self._decided.wait_for(lambda: key in self._decisions, timeout=self.barrier_timeout_s):
+                    raise RankError(f"rank {rank}: rank 0 never decided {key!r} within {self.barrier_timeout_s:g} s "
+                                    f"(every rank must make the same calls)", rank)
+            return self._decisions[key]
 
     def run(self, fn: Callable[[SimHeap], Any], ranks: Sequence[int] | None = None) -> list:
         """``fn(heap)`` for each rank (all by default), each in its own thread; results in rank order.

@@ -11,23 +11,25 @@ from workbench.dtypes import triton_type
 SIGNATURE = {"a_ptr": "*{t}", "pub_ptr": "*{t}", "stg_ptr": "*{t}", "b_ptr": "*{t}", "bias_ptr": "*{t}",
              "c_ptr": "*{t}", "heap_bases": "*i64", "sig_ptr": "*i32", "flags_ptr": "*i32", "state_ptr": "*i32",
              "status_ptr": "*i32", "trace_ptr": "*i64", "S_M": "i32", "S_K": "i32", "N": "i32", "stride_bk": "i32",
-             "stride_cm": "i32", "rank": "i32", "max_spins": "i32", "pub_off16": "i32"}
+             "stride_cm": "i32", "rank": "i32", "timeout_us": "i32", "pub_off16": "i32"}
 POINTERS = [k for k, v in SIGNATURE.items() if v.startswith("*")]
 
 
 def constexprs(config: AgGemmConfig, *, world_size: int = 2, gather_dim: int = 1, dtype=torch.bfloat16,
                trace: bool = False, clock: str = "globaltimer", bias: bool = False, phases=(True, True, True),
                wait_ready: bool = False, fetchers: int | None = None, even_k: bool = True,
-               tma: bool = False, resident: bool = False) -> dict:
+               tma: bool = False, resident: bool = False, chunk_tiles: int = 0) -> dict:
     """The constexprs of a single-launch (GPU) call: shapes whose rows hold whole 16-byte vectors
     (``tma``: the GEMM programs' TMA loads, as the launcher picks them on NVIDIA GPUs;
-    ``resident``: the shard lies in the heap, read by the peers in place)."""
+    ``resident``: the shard lies in the heap, read by the peers in place; ``chunk_tiles``: the
+    pipelined variant's chunk waits and tile order)."""
     publish, fetch, compute = phases
     esize = torch.tensor([], dtype=dtype).element_size()
     kw = launch_constexprs(config, world_size, gather_dim, esize, config.fetchers if fetchers is None else fetchers,
                            has_bias=bias, trace=trace, clock=clock, max_events=512, even_k=even_k, aligned_m=True,
                            aligned_n=True, tma=tma, proxy_fence=tma and clock == "globaltimer",
-                           claim=config.claim_tiles, join=True, resident=resident, end_wait=resident)
+                           claim=config.claim_tiles, join=True, resident=resident, end_wait=resident,
+                           chunk_tiles=chunk_tiles)
     # stride_bn = 1 as at run time (Triton specializes integer arguments equal to 1)
     return dict(kw, stride_bn=1, PUBLISH=publish, FETCH=fetch, COMPUTE=compute, WAIT_READY=wait_ready)
 

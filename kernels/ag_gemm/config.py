@@ -21,11 +21,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 from pathlib import Path
 
 from kernels.common.configs import config_of
 
-VARIANTS = ("fused", "copy_engine", "chunked", "sequential", "nccl")
+VARIANTS = ("fused", "copy_engine", "chunked", "pipelined", "sequential", "nccl")
 FALLBACKS = ("sequential", "nccl")  # the variants that do not fuse
 LAYOUTS = ("k", "m")
 FETCH_ORDERS = ("m", "k")
@@ -50,7 +51,7 @@ class AgGemmConfig:
     layout: str = "k"         # staging: "k" (k-contiguous) or "m" (m-contiguous)
     num_sms: int | None = None
     ce_chunks: int = 4        # copy_engine: chunk copies per peer shard (each followed by its flag write)
-    max_spins: int = 1 << 24  # polls before a wait gives up
+    max_spins: int | None = None  # DEPRECATED and ignored: waits are bounded in time (all_gather_matmul's timeout_s)
     staged_flag: bool = True  # one more flag, "all staged": GEMM programs stop polling once it is set
     tma: bool = True          # GEMM programs load A and B through TMA where the operands allow (launch.tma_allowed)
     claim_tiles: bool = True  # GEMM tiles taken from a counter; on a GPU fetchers join the GEMM once done
@@ -85,7 +86,11 @@ def validate(c: AgGemmConfig, world_size: int) -> None:
         v = getattr(c, name)
         if not _pow2(v) or v < 16:
             raise ValueError(f"all_gather_matmul: {name} must be a power of two >= 16 (tl.dot's minimum), got {v!r}")
-    for name in ("group_m", "num_stages", "k_per_flag", "ce_chunks", "max_spins", "wait_growth"):
+    if c.max_spins is not None:
+        warnings.warn("AgGemmConfig.max_spins is ignored: waits are bounded in time, not in polls; pass "
+                      "timeout_s= to all_gather_matmul (or set $WORKBENCH_WAIT_TIMEOUT_S) and drop max_spins",
+                      FutureWarning, stacklevel=3)
+    for name in ("group_m", "num_stages", "k_per_flag", "ce_chunks", "wait_growth"):
         v = getattr(c, name)
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"all_gather_matmul: {name} must be a positive integer, got {v!r}")
@@ -99,7 +104,7 @@ def validate(c: AgGemmConfig, world_size: int) -> None:
     if c.variant == "fused" and c.num_sms is not None and c.fetchers >= c.num_sms:
         raise ValueError(f"all_gather_matmul: fetchers ({c.fetchers}) must be fewer than num_sms ({c.num_sms}): "
                          "GEMM programs need the rest")
-    if c.variant in ("copy_engine", "chunked") and c.layout != "k":
+    if c.variant in ("copy_engine", "chunked", "pipelined") and c.layout != "k":
         raise ValueError(f"all_gather_matmul: variant {c.variant!r} copies whole shards, which needs the "
                          "k-contiguous staging layout: use layout='k'")
     for name in ("staged_flag", "tma", "claim_tiles", "publish_all"):
@@ -123,7 +128,7 @@ def validate(c: AgGemmConfig, world_size: int) -> None:
 PLACEHOLDER_MIN_FLOP = 2 * 1024 * 1024 * 1024  # 2 GFLOP: ~3 us of an H200's tensor cores
 PLACEHOLDER_FETCH_FRACTION = 8
 _SIM_CONFIG = AgGemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_stages=1, num_warps=1, fetchers=2,
-                           k_per_flag=2, num_sms=5, ce_chunks=2, max_spins=1 << 12)
+                           k_per_flag=2, num_sms=5, ce_chunks=2)
 
 
 def load_table(path: Path | None = None) -> list[dict] | None:
@@ -147,7 +152,7 @@ def load_table(path: Path | None = None) -> list[dict] | None:
     for i, e in enumerate(entries):
         try:
             key = {k: int(e[k]) for k in ("world_size", "gather_dim", "M", "N", "K")}
-            cfg = {k: v for k, v in dict(e["config"]).items() if k in known}
+            cfg = {k: v for k, v in dict(e["config"]).items() if k in known and k != "max_spins"}
             config = AgGemmConfig(**cfg)
             validate(config, key["world_size"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -170,7 +175,11 @@ def auto_source(world_size: int | None = None) -> str:
 
 def auto_config(M: int, N: int, K: int, world_size: int, gather_dim: int, num_sms: int,
                 simulated: bool = False) -> AgGemmConfig:
-    """The configuration for a gathered problem C (M x N) = A (M x K) @ B (K x N)."""
+    """The configuration for a gathered problem C (M x N) = A (M x K) @ B (K x N): the family's
+    one decision function. With ``config=None`` rank 0 calls it once per new problem and every
+    rank runs what it returned (``kernels.comm.decide``), so it may read per-device tables that
+    differ between ranks. It may return any variant, ``"nccl"`` (NCCL + cuBLAS) and
+    ``"sequential"`` included, where nothing fused wins."""
     if simulated:
         return _SIM_CONFIG
     if "t" not in _TABLE:

@@ -1,6 +1,7 @@
 """``all_gather_matmul``: validate -> plan (cached per call signature) -> launch.
 
-Variants (``AgGemmConfig.variant``; ``config=None`` lets ``auto_config`` pick):
+Variants (``AgGemmConfig.variant``; ``config=None`` lets ``auto_config`` pick: rank 0 runs it
+once per new problem and every rank runs what it chose, ``kernels.comm.decide``):
 
 ``"fused"``        one persistent launch: ``fetchers`` programs pull the peers'
                    shards into a local staging buffer and set a flag per
@@ -13,6 +14,11 @@ Variants (``AgGemmConfig.variant``; ``config=None`` lets ``auto_config`` pick):
                    ``cudaMemcpyAsync`` of each peer's whole shard on a side stream,
                    and cuBLAS on our shard at once and on each peer's as its copy
                    lands (an event per shard): PyTorch async-TP's schedule.
+``"pipelined"``    no SM fetches: the publish kernel, then ``cudaMemcpyAsync`` pulls
+                   of each peer's shard in row chunks, each followed by ONE signal,
+                   queued in arrival order; every SM runs the GEMM, taking tiles in
+                   that order (our own rows first) and waiting once per (tile, peer
+                   shard) on its chunk's signal. (``kernels.ag_gemm.copies``)
 ``"sequential"``   our all-gather (``kernels.comm.all_gather``), then our GEMM
                    (``kernels.gemm.matmul``): the fallback where fusing loses.
 ``"nccl"``         NCCL's all-gather (``torch.distributed``), then cuBLAS
@@ -24,8 +30,9 @@ that never arrived) are written to a status word by the bounded waits and
 surface without a sync: at the start of a later call on this heap (once a copy
 of the status made after the failing call has landed: ``StatusWatch``, at most
 one copy per millisecond of calls), or at ``check(heap)``, which synchronizes.
-Under CUDA-graph capture nothing is copied: call ``check(heap)`` after replaying. In a simulated world (CPU) the status is read
-right after each call. After a timeout every rank calls ``recover(heap)``.
+Under CUDA-graph capture nothing is copied: call ``check(heap)`` after replaying. In a
+simulated world (CPU) the status is read right after each call. After a timeout every
+rank calls ``recover(heap)``.
 """
 from __future__ import annotations
 
@@ -35,16 +42,18 @@ from typing import Any
 import torch
 import triton
 
+from kernels.ag_gemm import copies
 from kernels.ag_gemm.config import FALLBACKS, AgGemmConfig, as_config, auto_config, validate
-from kernels.ag_gemm.triton import TRACE_COLS, _ag_gemm_kernel, _finish_kernel, _next_epoch_kernel
-from kernels.comm.remote import STATUS_WORDS, StatusWatch, WaitTimeout
+from kernels.ag_gemm.triton import TRACE_COLS, _ag_gemm_kernel
+from kernels.comm.clock import TIMEOUT_ENV, timeout_us as _timeout_us
+from kernels.comm.decide import shared_choice
+from kernels.comm.remote import STATUS_WORDS, StatusWatch, WaitTimeout, waited_s
 from kernels.common.launcher import launch_planned
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GATHER_DIMS = (0, 1)
 MAX_PLANS = 64           # launch plans kept per heap (the cache is cleared past this)
 MAX_EVENTS = {"gpu": 512, "sim": 64}
-CE_PUBLISHERS = 16       # programs of the copy-engine variant's publish kernel (publish_all=False)
 
 
 class AgGemmTimeout(WaitTimeout):
@@ -59,17 +68,20 @@ class Plan:
     S_K: int
     N: int
     out_shape: tuple
+    world: int = 1
     MT: int = 0
     KG: int = 0
+    NCH: int = 0              # pipelined: row chunks per shard (one signal each)
     grid: int = 0
     kw: dict = dataclasses.field(default_factory=dict)
+    gemm_kw: dict = dataclasses.field(default_factory=dict)  # copy-engine variants: the GEMM launch's (no fetchers)
     pub: Any = None
     stg: Any = None
     flags: Any = None
     trace: Any = None
-    nextval: Any = None
+    nextval: Any = None       # the values the copy-engine variants' signals take (a device tensor)
     chunks: list = dataclasses.field(default_factory=list)
-    side: Any = None
+    side: Any = None          # kernels.comm.streams.SideStream (GPU)
     events: list = dataclasses.field(default_factory=list)  # chunked: one per peer shard copied
     acc: Any = None           # chunked, gathered along K: the fp32 sum of the per-shard products
     nccl: Any = None          # variant nccl: baselines.NcclCublas (its buffer for NCCL's output)
@@ -136,8 +148,9 @@ def _shared(heap) -> dict:
 
 
 def describe_status(values, plan: Plan | None, rank: int, world: int) -> str:
-    """The error text for status words [count, flag id, seen, expected]."""
-    count, fid, seen, expected = (int(v) for v in values[:STATUS_WORDS])
+    """The error text for status words [count, flag id, seen, expected, microseconds waited]."""
+    count, fid, seen, expected = (int(v) for v in values[:4])
+    waited = waited_s(list(values[:STATUS_WORDS]))
     if fid < 0 and -fid <= world:
         what = (f"rank {-fid - 1} never published its shard (ready flag from rank {-fid - 1})")
     elif fid < 0 and -fid <= 2 * world:
@@ -149,6 +162,8 @@ def describe_status(values, plan: Plan | None, rank: int, world: int) -> str:
                 f"{expected * 16}: a shard in the heap must be allocated by the same heap calls on every rank "
                 f"(the peers read it at our offset), or pass one outside the heap. Call "
                 f"kernels.ag_gemm.recover(heap) on every rank before the next call.")
+    elif plan is not None and copies.describe_chunk(plan, fid):
+        what = copies.describe_chunk(plan, fid)
     elif plan is not None and plan.MT and plan.KG:
         src, rest = divmod(fid, plan.MT * plan.KG)
         mt, g = divmod(rest, plan.KG)
@@ -161,9 +176,10 @@ def describe_status(values, plan: Plan | None, rank: int, world: int) -> str:
                 f"fetchers never fetched it")
     else:
         what = f"staging flag {fid} never set"
-    return (f"rank {rank}: all_gather_matmul: {count} bounded wait(s) timed out; {what} (saw {seen}, expected "
-            f">= {expected}). Every rank must make the same calls; call kernels.ag_gemm.recover(heap) on every "
-            f"rank before the next call.")
+    return (f"rank {rank}: all_gather_matmul: {count} bounded wait(s) timed out after waiting {waited:.3f} s; "
+            f"{what} (saw {seen}, expected >= {expected}). Every rank must make the same calls (a rank held back "
+            f"longer than that on purpose needs a larger timeout_s= or ${TIMEOUT_ENV}); call "
+            f"kernels.ag_gemm.recover(heap) on every rank before the next call.")
 
 
 def _raise_if_failed(values, s, heap):
@@ -221,13 +237,14 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     cfg = as_config(config)
     auto = cfg is None
     sms = _device_sms(heap)
-    if auto:
-        cfg = auto_config(M, N, K, W, gather_dim, sms, heap.simulated)
+    if auto:   # rank 0's choice, shared once per problem: every rank runs the same variant
+        cfg = shared_choice(heap, "ag_gemm", (M, N, K, W, gather_dim, str(a.dtype)),
+                            lambda: auto_config(M, N, K, W, gather_dim, sms, heap.simulated))
     validate(cfg, W)
     if trace and cfg.variant == "chunked":
         raise ValueError("all_gather_matmul: trace=True records the programs of our kernels; variant 'chunked' "
                          "runs cuBLAS (use torch.profiler for it), or pass trace=False")
-    plan = Plan(cfg, gather_dim, S_M, S_K, N, (M, N), auto=auto)
+    plan = Plan(cfg, gather_dim, S_M, S_K, N, (M, N), world=W, auto=auto)
     if cfg.variant == "nccl" and not heap.simulated:  # the libraries, as the baseline calls them
         from kernels.ag_gemm.baselines import NcclCublas
 
@@ -236,6 +253,7 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
         return plan
     plan.MT = triton.cdiv(S_M, cfg.block_m)
     plan.KG = triton.cdiv(triton.cdiv(S_K, cfg.block_k), cfg.k_per_flag)
+    plan.NCH = triton.cdiv(plan.MT, copies.chunk_tiles(plan)) if cfg.variant == "pipelined" else 0
     dev = heap.device
     offset = resident_offset(a, heap)
     plan.resident, plan.pub_off16 = offset is not None, (offset or 0) // 16
@@ -248,20 +266,16 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     if stg_key not in shared:
         shared[stg_key] = torch.zeros((W, S_M, S_K), dtype=a.dtype, device=dev)
     plan.stg = shared[stg_key]
-    plan.flags = torch.zeros(W * plan.MT * plan.KG + 1, dtype=torch.int32, device=dev)  # + "all staged"
+    plan.flags = torch.zeros(copies.n_flags(plan), dtype=torch.int32, device=dev)  # + "all staged"
     total = cfg.num_sms or (sms if not heap.simulated else 4 + cfg.fetchers)
     if cfg.variant == "fused":
         fetchers = min(cfg.fetchers, total - 1)
         plan.grid = total
         publishers = total if cfg.publish_all else fetchers
-    else:  # copy_engine, chunked: the publish kernel's programs (its FETCHERS) all publish
-        fetchers = publishers = min(total if cfg.publish_all else CE_PUBLISHERS, max(1, plan.MT * plan.KG))
+    else:  # the copy-engine variants: the publish kernel's programs (its FETCHERS) all publish
+        fetchers = publishers = min(total if cfg.publish_all else copies.CE_PUBLISHERS, max(1, plan.MT * plan.KG))
         plan.grid = total
-        plan.side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
-        if cfg.variant == "chunked":
-            _chunked_plan(plan, heap)
-        else:
-            _copy_engine_chunks(plan, heap)
+        copies.plan_copies(plan, heap, shared)
     clock = _clock(heap)
     max_ev = MAX_EVENTS["sim" if heap.simulated else "gpu"]
     plan.trace = (torch.zeros((plan.grid, max_ev, TRACE_COLS), dtype=torch.int64, device=dev) if trace
@@ -276,44 +290,11 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
                               end_wait=plan.resident and not heap.simulated, publishers=publishers,
                               # the interpreter runs programs one after another: a fetcher that joined
                               # the GEMM would wait for tiles the next fetcher has not staged yet
-                              join=not heap.simulated or W == 1),
+                              join=not heap.simulated or W == 1,
+                              chunk_tiles=copies.chunk_tiles(plan) if cfg.variant == "pipelined" else 0),
                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    plan.gemm_kw = dict(plan.kw, FETCHERS=0)
     return plan
-
-
-def _copy_engine_chunks(plan: Plan, heap) -> None:
-    """copy_engine: each peer's shard in ce_chunks copies of whole row tiles, each with its flags."""
-    cfg, W = plan.cfg, heap.world_size
-    tiles_per_chunk = triton.cdiv(plan.MT, cfg.ce_chunks)  # whole row tiles: a chunk owns its flags
-    n_chunk = triton.cdiv(plan.MT, tiles_per_chunk)
-    plan.nextval = torch.zeros(tiles_per_chunk * plan.KG, dtype=torch.int32, device=heap.device)
-    rows = tiles_per_chunk * cfg.block_m
-    for q in range(1, W):
-        p = (heap.rank + q) % W
-        if p == cfg.skip_rank:
-            continue
-        src = heap.peer_view(plan.pub, p)
-        for c in range(n_chunk):
-            r0, r1 = c * rows, min(plan.S_M, (c + 1) * rows)
-            f0 = (p * plan.MT + c * tiles_per_chunk) * plan.KG
-            f1 = (p * plan.MT + min(plan.MT, (c + 1) * tiles_per_chunk)) * plan.KG
-            plan.chunks.append((plan.stg[p, r0:r1], src[r0:r1], plan.flags[f0:f1], f1 - f0))
-    if cfg.skip_rank < 0 and cfg.staged_flag:  # after the last chunk: the "all staged" flag
-        plan.chunks.append((None, None, plan.flags[-1:], 1))
-
-
-def _chunked_plan(plan: Plan, heap) -> None:
-    """chunked: one whole-shard copy per peer (staggered, as the fetchers go), an event after each,
-    and along K the fp32 buffer that sums the shards' products."""
-    W, dev = heap.world_size, heap.device
-    peers = [(heap.rank + q) % W for q in range(1, W)]
-    plan.chunks = [(p, plan.stg[p], heap.peer_view(plan.pub, p)) for p in peers]
-    plan.events = [torch.cuda.Event() for _ in plan.chunks] if dev.type == "cuda" else []
-    if plan.gather_dim == 1:  # one per output shape, shared by the plans like the staging buffer
-        shared, key = _shared(heap), ("acc",) + plan.out_shape
-        if key not in shared:
-            shared[key] = torch.empty(plan.out_shape, dtype=torch.float32, device=dev)
-        plan.acc = shared[key]
 
 
 def tma_allowed(a, b, cfg: AgGemmConfig, gather_dim: int, heap) -> bool:
@@ -338,7 +319,8 @@ def tma_allowed(a, b, cfg: AgGemmConfig, gather_dim: int, heap) -> bool:
 def constexprs(cfg: AgGemmConfig, world_size: int, gather_dim: int, esize: int, fetchers: int, *, has_bias: bool,
                trace: bool, clock: str, max_events: int, even_k: bool, aligned_m: bool, aligned_n: bool,
                tma: bool = False, proxy_fence: bool = False, claim: bool = False, join: bool = False,
-               resident: bool = False, end_wait: bool = False, publishers: int | None = None) -> dict:
+               resident: bool = False, end_wait: bool = False, publishers: int | None = None,
+               chunk_tiles: int = 0) -> dict:
     """The kernel's constexprs for a configuration (the phase flags are added per launch)."""
     return dict(TMA=tma, PROXY_FENCE=proxy_fence, CLAIM=claim, JOIN=claim and join, WORLD=world_size,
                 GATHER_K=gather_dim == 1, M_CONTIG=cfg.layout == "m", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -347,7 +329,7 @@ def constexprs(cfg: AgGemmConfig, world_size: int, gather_dim: int, esize: int, 
                 EVEN_K=even_k, ALIGNED_M=aligned_m, ALIGNED_N=aligned_n, STAGED_FLAG=bool(cfg.staged_flag),
                 TRACE=bool(trace), CLOCK=clock, MAX_EVENTS=max_events, FETCH_BY_K=cfg.fetch_order == "k",
                 WAIT_GROWTH=cfg.wait_growth, RESIDENT=resident, END_WAIT=end_wait,
-                PUBLISHERS=publishers or fetchers)
+                PUBLISHERS=publishers or fetchers, CHUNK_TILES=chunk_tiles, SET_NEXT=chunk_tiles > 0)
 
 
 def fetch_k(cfg: AgGemmConfig, widest: int = 256) -> int:
@@ -400,21 +382,13 @@ def prepare(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=Fal
         return plan
     c = torch.empty(plan.out_shape, dtype=a_shard.dtype, device=a_shard.device)
     s = _shared(heap)
-    args = _args(a_shard, b, heap, plan, bias, c, s)
+    wait_us = _timeout_us(None)
+    args = _args(a_shard, b, heap, plan, bias, c, s, wait_us)
     if plan.cfg.variant == "fused":
         _ag_gemm_kernel.warmup(*args, grid=(plan.grid,), PUBLISH=True, FETCH=True, COMPUTE=True, WAIT_READY=False,
                                **plan.kw)
         return plan
-    # copy_engine, chunked: the publish kernel, then each one's own
-    _ag_gemm_kernel.warmup(*args, grid=(plan.kw["FETCHERS"],), PUBLISH=True, FETCH=False, COMPUTE=False,
-                           WAIT_READY=True, **plan.kw)
-    if plan.cfg.variant == "chunked":
-        _finish_kernel.warmup(s["state"], s["sig"], heap.heap_bases, s["status"], heap.rank, plan.cfg.max_spins,
-                              WORLD=heap.world_size, END_WAIT=plan.kw["END_WAIT"], grid=(1,))
-    else:
-        _next_epoch_kernel.warmup(s["state"], plan.nextval, plan.nextval.numel(), BLOCK=128, grid=(1,))
-        _ag_gemm_kernel.warmup(*args, grid=(plan.grid,), PUBLISH=False, FETCH=False, COMPUTE=True,
-                               WAIT_READY=False, **dict(plan.kw, FETCHERS=0))
+    copies.warmup(heap, plan, s, args, wait_us)   # the copy-engine variants: publish, then each one's own
     return plan
 
 
@@ -423,7 +397,7 @@ def prepare(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=Fal
 # --------------------------------------------------------------------------
 def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_dim: int = 1,
                       bias: torch.Tensor | None = None, config: AgGemmConfig | dict | None = None,
-                      trace: bool = False, out: torch.Tensor | None = None):
+                      trace: bool = False, out: torch.Tensor | None = None, timeout_s: float | None = None):
     """C = all_gather(A) @ B (+ bias) on every rank, the gather hidden behind the GEMM.
 
     gather_dim=1 (iris' convention): each rank holds ``a_shard = A[:, r*K/W:(r+1)*K/W]``
@@ -445,7 +419,12 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_di
     ``heap.alloc`` by the same calls on every rank, so at the same offset; a producer writes
     it there with ``out=``) is read by the peers in place: no copy, and the fetch starts at
     once. The call then ends on the stream only when every peer has read it.
+
+    ``timeout_s``: how long any wait for a peer may last, in seconds of the GPU's clock
+    (default ``$WORKBENCH_WAIT_TIMEOUT_S``, else 60; ``kernels.comm.clock``); the error then
+    says how long it waited, which rank and which tile or chunk.
     """
+    wait_us = _timeout_us(timeout_s)
     s = _shared(heap)
     s["watch"].poll()   # an earlier call's timeout, if the device has reported one by now
     plan = get_plan(a_shard, b, heap, gather_dim=gather_dim, bias=bias, config=config, trace=trace)
@@ -459,24 +438,24 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_di
     c = out if out is not None else torch.empty(plan.out_shape, dtype=a_shard.dtype, device=a_shard.device)
     if trace:
         plan.trace.zero_()
+    args = _args(a_shard, b, heap, plan, bias, c, s, wait_us)
     if plan.cfg.variant == "fused":
-        _fused(a_shard, b, heap, plan, bias, c, s)
+        _fused(heap, plan, c, args)
     elif plan.cfg.variant == "chunked":
-        _chunked(a_shard, b, heap, plan, bias, c, s)
+        copies.run_chunked(a_shard, b, heap, plan, bias, c, s, args)
     else:
-        _copy_engine(a_shard, b, heap, plan, bias, c, s)
+        copies.run_flagged(heap, plan, c, s, args)
     _after_call(s, heap, plan)
     return (c, plan.trace) if trace else c
 
 
-def _args(a, b, heap, plan, bias, c, s):
+def _args(a, b, heap, plan, bias, c, s, wait_us):
     return (a, plan.pub, plan.stg, b, bias if bias is not None else c, c, heap.heap_bases, s["sig"], plan.flags,
             s["state"], s["status"], plan.trace, plan.S_M, plan.S_K, plan.N, b.stride(0), b.stride(1), c.stride(0),
-            heap.rank, plan.cfg.max_spins, plan.pub_off16)
+            heap.rank, wait_us, plan.pub_off16)
 
 
-def _fused(a, b, heap, plan, bias, c, s):
-    args = _args(a, b, heap, plan, bias, c, s)
+def _fused(heap, plan, c, args):
     cs = (c.data_ptr() % 16, c.stride(0))  # C (given or fresh) is the one argument the plan's key leaves open
     if not heap.simulated or heap.world_size == 1:  # one launch (a world of one never waits on a peer)
         launch_planned(heap, plan.launches, ("fused", cs), _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=True,
@@ -492,115 +471,6 @@ def _fused(a, b, heap, plan, bias, c, s):
                    FETCH=True, COMPUTE=True, WAIT_READY=False, **plan.kw)
     if plan.resident:  # the GPU's END_WAIT: the peers have read our shard before the call returns
         heap.barrier()
-
-
-def _publish(heap, plan, args, cs):
-    """The copy-engine variants' publish kernel (its FETCHERS programs): copy our shard into the
-    heap and, on a GPU, wait in-kernel until every peer has published, so that copies issued after
-    it read the peers' shards at once. In a simulated world, between two barriers instead."""
-    if heap.simulated:
-        heap.barrier()
-    launch_planned(heap, plan.launches, ("ce_publish", cs), _ag_gemm_kernel, (plan.kw["FETCHERS"],), *args,
-                   PUBLISH=True, FETCH=False, COMPUTE=False, WAIT_READY=not heap.simulated, **plan.kw)
-    if heap.simulated:
-        heap.barrier()
-
-
-def _copy_engine(a, b, heap, plan, bias, c, s):
-    args = _args(a, b, heap, plan, bias, c, s)
-    cs = (c.data_ptr() % 16, c.stride(0))
-    gemm_kw = dict(plan.kw, FETCHERS=0)
-    launch_planned(heap, plan.launches, "next_epoch", _next_epoch_kernel, (1,), s["state"], plan.nextval,
-                   plan.nextval.numel(), BLOCK=128)
-    _publish(heap, plan, args, cs)
-    if heap.simulated:
-        for dst, src, flags, n in plan.chunks:
-            if dst is not None:
-                dst.copy_(src)
-            flags.copy_(plan.nextval[:n])
-        launch_planned(heap, plan.launches, ("ce_gemm", cs), _ag_gemm_kernel, (plan.grid,), *args,
-                       PUBLISH=False, FETCH=False, COMPUTE=True, WAIT_READY=False, **gemm_kw)
-        if plan.resident:  # the GPU's END_WAIT: the peers have read our shard before the call returns
-            heap.barrier()
-        return
-    cur = torch.cuda.current_stream(heap.device)
-    plan.side.wait_stream(cur)
-    with torch.cuda.stream(plan.side):
-        for dst, src, flags, n in plan.chunks:
-            if dst is not None:
-                dst.copy_(src, non_blocking=True)  # cudaMemcpyAsync from the peer (copy engine)
-            flags.copy_(plan.nextval[:n], non_blocking=True)  # then the chunk's flags, in stream order
-    launch_planned(heap, plan.launches, ("ce_gemm", cs), _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False,
-                   FETCH=False, COMPUTE=True, WAIT_READY=False, **gemm_kw)
-    cur.wait_stream(plan.side)
-
-
-def _chunked(a, b, heap, plan, bias, c, s):
-    """Publish (the copy-engine variant's kernel), then on a side stream copy each peer's shard
-    whole into the staging buffer (copy engine), each copy followed by an event; on the
-    caller's stream cuBLAS multiplies our own shard at once and each peer's as its copy lands.
-    No SM fetches and the GEMMs run at the library's speed: PyTorch async-TP's schedule, on
-    our heap and flags. A finish kernel after the copies ends the call for the peers."""
-    args = _args(a, b, heap, plan, bias, c, s)
-    _publish(heap, plan, args, (c.data_ptr() % 16, c.stride(0)))
-    if heap.simulated:
-        for _, dst, src in plan.chunks:
-            dst.copy_(src)
-        _finish(heap, plan, s)
-        _chunk_products(a, b, plan, bias, c, heap.rank, lambda i: None)
-        if plan.resident:  # the GPU's END_WAIT: the peers have read our shard before the call returns
-            heap.barrier()
-        return
-    cur = torch.cuda.current_stream(heap.device)
-    plan.side.wait_stream(cur)  # the copies start once every peer has published
-    with torch.cuda.stream(plan.side):
-        for (_, dst, src), ev in zip(plan.chunks, plan.events):
-            dst.copy_(src, non_blocking=True)  # cudaMemcpyAsync from the peer (copy engine)
-            ev.record(plan.side)
-        _finish(heap, plan, s)
-    _chunk_products(a, b, plan, bias, c, heap.rank, lambda i: cur.wait_event(plan.events[i]))
-    cur.wait_stream(plan.side)
-
-
-def _finish(heap, plan, s):
-    launch_planned(heap, plan.launches, "finish", _finish_kernel, (1,), s["state"], s["sig"], heap.heap_bases,
-                   s["status"], heap.rank, plan.cfg.max_spins, WORLD=heap.world_size,
-                   END_WAIT=plan.kw["END_WAIT"])
-
-
-def _chunk_products(a, b, plan, bias, c, rank, wait):
-    """C from our shard, then from each staged peer shard once ``wait(i)`` has ordered its copy:
-    row blocks of C gathered along M; along K, partial products summed in fp32 (``plan.acc``)
-    and rounded once, as one GEMM rounds. (Summing them in C itself, as PyTorch's fused op
-    does, rounds once per shard: at 4 ranks that missed our bf16 tolerance on every shape.)"""
-    if plan.gather_dim == 0:
-        bias = bias.to(a.dtype) if bias is not None else None
-
-        def block(p, x):
-            rows = c[p * plan.S_M:(p + 1) * plan.S_M]
-            torch.mm(x, b, out=rows) if bias is None else torch.addmm(bias, x, b, out=rows)
-    else:
-        def block(p, x):
-            _mm_fp32(x, b[p * plan.S_K:(p + 1) * plan.S_K], plan.acc, add=p != rank)
-    block(rank, a)
-    for i, (p, dst, _) in enumerate(plan.chunks):
-        wait(i)
-        block(p, dst)
-    if plan.gather_dim == 1:
-        torch.add(plan.acc, bias, out=c) if bias is not None else c.copy_(plan.acc)
-
-
-def _mm_fp32(x, y, acc, add):
-    """acc (+)= x @ y, products and sums in fp32 (cuBLAS's out_dtype on a GPU)."""
-    if acc.device.type == "cuda":
-        if add:
-            torch.addmm(acc, x, y, out_dtype=torch.float32, out=acc)
-        else:
-            torch.mm(x, y, out_dtype=torch.float32, out=acc)
-    elif add:
-        acc.addmm_(x.float(), y.float())
-    else:
-        torch.mm(x.float(), y.float(), out=acc)
 
 
 def _gather_ours(a, heap, plan):

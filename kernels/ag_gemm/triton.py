@@ -106,16 +106,16 @@ def _record(trace_ptr, n, kind, item, t0, t1, sm, MAX_EVENTS: tl.constexpr):
 
 
 @triton.jit
-def _wait_flag(flag_ptr, expected, max_spins, status_ptr, flag_id, SCOPE: tl.constexpr):
+def _wait_flag(flag_ptr, expected, timeout_us, status_ptr, flag_id, SCOPE: tl.constexpr):
     """`kernels.comm.remote.wait` behind a fast path: one acquire read and a CTA barrier
     when the flag is already set (the common case once the gather is ahead). Once any
-    wait of this launch has given up, the others poll once instead of max_spins
-    times (one lost peer must not cost max_spins for every tile)."""
+    wait of this launch has given up, the others poll once instead of waiting out the
+    bound (one lost peer must not cost timeout_us for every tile)."""
     seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
     if seen < expected:
         failed = tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu")
-        spins = tl.where(failed > 0, 0, max_spins)
-        wait(flag_ptr, expected, spins, status_ptr, flag_id, SCOPE)
+        bound = tl.where(failed > 0, 0, timeout_us)
+        wait(flag_ptr, expected, bound, status_ptr, flag_id, SCOPE)
     tl.debug_barrier()  # the acquire (one thread's) ordered before every thread's loads
 
 
@@ -154,11 +154,11 @@ def _copy_item(src_ptr, stg_ptr, pub_ptr, flags_ptr, block, mt, g, epoch, S_M, S
         tl.atomic_xchg(flags_ptr + (block * MT + mt) * KG + g, epoch + 1, sem="release", scope="gpu")
 
 
-@triton.jit(do_not_specialize=["rank", "max_spins", "pub_off16"])
+@triton.jit(do_not_specialize=["rank", "timeout_us", "pub_off16"])
 def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     heap_bases, sig_ptr, flags_ptr, state_ptr, status_ptr, trace_ptr,
                     S_M, S_K, N, stride_bk, stride_bn, stride_cm,
-                    rank, max_spins, pub_off16,
+                    rank, timeout_us, pub_off16,
                     WORLD: tl.constexpr, GATHER_K: tl.constexpr, M_CONTIG: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                     K_PER_FLAG: tl.constexpr, FETCH_K: tl.constexpr, FETCHERS: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -169,7 +169,8 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     TMA: tl.constexpr = False, PROXY_FENCE: tl.constexpr = False, CLAIM: tl.constexpr = False,
                     JOIN: tl.constexpr = False, FETCH_BY_K: tl.constexpr = False,
                     WAIT_GROWTH: tl.constexpr = 1, RESIDENT: tl.constexpr = False,
-                    END_WAIT: tl.constexpr = False, PUBLISHERS: tl.constexpr = 1):
+                    END_WAIT: tl.constexpr = False, PUBLISHERS: tl.constexpr = 1, CHUNK_TILES: tl.constexpr = 0,
+                    SET_NEXT: tl.constexpr = False):
     pid = tl.program_id(0)
     MT = (S_M + BLOCK_M - 1) // BLOCK_M
     KT = (S_K + BLOCK_K - 1) // BLOCK_K
@@ -198,7 +199,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
         # Peers must be done with our previous shard before pub is overwritten.
         for i in tl.static_range(1, WORLD):
             peer = (rank + i) % WORLD
-            _wait_flag(done_ptr + peer, epoch, max_spins, status_ptr, -1 - WORLD - peer, "sys")
+            _wait_flag(done_ptr + peer, epoch, timeout_us, status_ptr, -1 - WORLD - peer, "sys")
         for item in range(pid, MT * KG * (WORLD > 1), PUBLISHERS):  # a world of one has no reader
             if TRACE:
                 t0 = _now(tick_ptr, CLOCK)
@@ -214,6 +215,11 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
             tl.store(state_ptr + 1, 0)
             for i in tl.static_range(1, WORLD):
                 signal(ready_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", "sys")
+    if PUBLISH and SET_NEXT:
+        # pipelined: the value its chunk signals take this call (epoch + 1), which the side
+        # stream copies after each chunk (no kernel of its own to make it)
+        if pid == 0:
+            tl.store(state_ptr + 6, epoch + 1)
     if TRACE and FETCH and not PUBLISH:  # simulated world: the publish launch wrote these programs' first events
         if pid < PUBLISHERS:
             n_ev = (MT * KG * (WORLD > 1) - pid + PUBLISHERS - 1) // PUBLISHERS
@@ -222,7 +228,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
             if pid == 0:
                 for i in tl.static_range(1, WORLD):
                     peer = (rank + i) % WORLD
-                    _wait_flag(ready_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - peer, "sys")
+                    _wait_flag(ready_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - peer, "sys")
                     _same_place(where_ptr, peer, pub_off16, status_ptr, WORLD, RESIDENT)
         if FETCH:
             for i in tl.static_range(1, WORLD):
@@ -230,7 +236,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                 if peer != SKIP_RANK:  # SKIP_RANK: fault injection for tests (-1: none)
                     if TRACE:
                         t0 = _now(tick_ptr, CLOCK)
-                    _wait_flag(ready_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - peer, "sys")
+                    _wait_flag(ready_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - peer, "sys")
                     if TRACE:
                         n_ev = _record(trace_ptr, n_ev, EV_WAIT, -1 - peer, t0, _now(tick_ptr, CLOCK), sm,
                                        MAX_EVENTS)
@@ -262,21 +268,21 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
     if COMPUTE:
         # GEMM programs (and, with JOIN, the fetchers too once their copies are done)
         _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr, state_ptr + 5,
-                 S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, pid - FETCHERS,
+                 S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, timeout_us, epoch, MT, KT, KG, pid - FETCHERS,
                  tl.num_programs(0) - FETCHERS, n_ev, sm, WORLD, GATHER_K, M_CONTIG, BLOCK_M, BLOCK_N, BLOCK_K,
                  GROUP_M, K_PER_FLAG, HAS_BIAS, EVEN_K, ALIGNED_M, ALIGNED_N, STAGED_FLAG, TRACE, CLOCK, MAX_EVENTS,
-                 TMA, PROXY_FENCE, CLAIM, JOIN, WAIT_GROWTH)
+                 TMA, PROXY_FENCE, CLAIM, JOIN, WAIT_GROWTH, CHUNK_TILES)
         # the last program of the call: next epoch, and tell peers we are done with their shards
         tl.debug_barrier()
         arrived = tl.atomic_add(state_ptr + 2, 1, sem="acq_rel", scope="gpu")
         if arrived == tl.num_programs(0) - 1:
             tl.store(state_ptr + 2, 0)
             tl.store(state_ptr + 5, 0)  # the tile counter: every program has made its last claim
-            _end_call(state_ptr, done_ptr, epoch, heap_bases, status_ptr, rank, max_spins, WORLD, END_WAIT)
+            _end_call(state_ptr, done_ptr, epoch, heap_bases, status_ptr, rank, timeout_us, WORLD, END_WAIT)
 
 
 @triton.jit
-def _end_call(state_ptr, done_ptr, epoch, heap_bases, status_ptr, rank, max_spins,
+def _end_call(state_ptr, done_ptr, epoch, heap_bases, status_ptr, rank, timeout_us,
               WORLD: tl.constexpr, END_WAIT: tl.constexpr):
     """Next epoch, and tell every peer we are done reading its shard. With END_WAIT (a resident
     shard) wait until every peer is done reading ours: the shard is the caller's again once the
@@ -287,7 +293,7 @@ def _end_call(state_ptr, done_ptr, epoch, heap_bases, status_ptr, rank, max_spin
     if END_WAIT:
         for i in tl.static_range(1, WORLD):
             peer = (rank + i) % WORLD
-            _wait_flag(done_ptr + peer, epoch + 1, max_spins, status_ptr, -1 - WORLD - peer, "sys")
+            _wait_flag(done_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - WORLD - peer, "sys")
 
 
 @triton.jit
@@ -300,10 +306,10 @@ def _same_place(where_ptr, peer, pub_off16, status_ptr, WORLD: tl.constexpr, RES
     if RESIDENT:
         theirs = tl.atomic_add(where_ptr + peer, 0, sem="relaxed", scope="gpu")  # ordered by the ready acquire
         if theirs != pub_off16:
-            tl.atomic_add(status_ptr, 1)
-            tl.atomic_xchg(status_ptr + 1, -1 - 2 * WORLD - peer)
-            tl.atomic_xchg(status_ptr + 2, theirs)
-            tl.atomic_xchg(status_ptr + 3, pub_off16)
+            if tl.atomic_add(status_ptr, 1) == 0:   # the first failure says what it was
+                tl.atomic_xchg(status_ptr + 1, -1 - 2 * WORLD - peer)
+                tl.atomic_xchg(status_ptr + 2, theirs)
+                tl.atomic_xchg(status_ptr + 3, pub_off16)
             ok = 0
     return ok
 
@@ -362,13 +368,13 @@ def _fence_async_proxy(ON: tl.constexpr):
 
 @triton.jit
 def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr, claim_ptr,
-             S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, max_spins, epoch, MT, KT, KG, gid, num_gemm,
+             S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, timeout_us, epoch, MT, KT, KG, gid, num_gemm,
              n_ev, sm, WORLD: tl.constexpr, GATHER_K: tl.constexpr, M_CONTIG: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
              K_PER_FLAG: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED_M: tl.constexpr,
              ALIGNED_N: tl.constexpr, STAGED_FLAG: tl.constexpr, TRACE: tl.constexpr,
              CLOCK: tl.constexpr, MAX_EVENTS: tl.constexpr, TMA: tl.constexpr, PROXY_FENCE: tl.constexpr,
-             CLAIM: tl.constexpr, JOIN: tl.constexpr, WAIT_GROWTH: tl.constexpr):
+             CLAIM: tl.constexpr, JOIN: tl.constexpr, WAIT_GROWTH: tl.constexpr, CHUNK_TILES: tl.constexpr = 0):
     """GEMM programs: output tiles gid, gid + num_gemm, ... in GROUP_M bands; with CLAIM,
     the next tile from a shared counter until none is left, so a program held up by a late
     tile takes fewer. Fetchers (gid < 0) take tiles only with JOIN (and CLAIM), once their
@@ -378,7 +384,12 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
     descriptors made here (the launcher allows it where every row is 16-byte aligned and no
     K tile straddles two shards, or, gathered along M, where zero-filled columns of A meet
     zero-filled rows of B); the pipelined loops then run on TMA and wgmma. Otherwise masked
-    pointer loads."""
+    pointer loads.
+
+    CHUNK_TILES > 0 (variant pipelined): peers' shards arrive in chunks of CHUNK_TILES row
+    tiles, one signal per (shard, chunk); tiles go in the chunks' arrival order
+    (``_chunk_tile``), and a tile waits once per peer shard, on its chunk's signal, then runs
+    that shard's whole K range as one pipelined loop."""
     if GATHER_K:
         ROW_BLOCKS: tl.constexpr = 1
         K_BLOCKS: tl.constexpr = WORLD
@@ -405,6 +416,12 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
             a_stg = tl.make_tensor_descriptor(stg_ptr, [WORLD * S_M, S_K], [S_K, 1], [BLOCK_M, BLOCK_K])
         b_desc = tl.make_tensor_descriptor(b_ptr, [K_BLOCKS * S_K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N])
     num_tiles = num_m * num_n
+    if CHUNK_TILES > 0:
+        NCH = (MT + CHUNK_TILES - 1) // CHUNK_TILES   # chunks per shard
+        staged_at = WORLD * NCH   # the "all staged" signal follows the chunks' signals
+    else:
+        NCH = MT
+        staged_at = WORLD * MT * KG
     if CLAIM and JOIN:
         tile = tl.atomic_add(claim_ptr, 1, sem="relaxed", scope="gpu")  # a work counter: orders no data
     elif CLAIM:
@@ -416,13 +433,16 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
     while tile < num_tiles:
         if TRACE:
             t_tile = _now(tick_ptr, CLOCK)
-        # L2 swizzle over (logical row tile, column tile)
-        band = tile // (GROUP_M * num_n)
-        first_m = band * GROUP_M
-        rows_in_band = tl.minimum(num_m - first_m, GROUP_M)
-        inside = tile - band * (GROUP_M * num_n)
-        lm = first_m + inside % rows_in_band
-        pn = inside // rows_in_band
+        if CHUNK_TILES > 0:
+            lm, pn = _chunk_tile(tile, MT, num_n, GROUP_M, CHUNK_TILES)
+        else:
+            # L2 swizzle over (logical row tile, column tile)
+            band = tile // (GROUP_M * num_n)
+            first_m = band * GROUP_M
+            rows_in_band = tl.minimum(num_m - first_m, GROUP_M)
+            inside = tile - band * (GROUP_M * num_n)
+            lm = first_m + inside % rows_in_band
+            pn = inside // rows_in_band
         # sequence parallel: our own rows first, then rank+1's, ... (they arrive in that order)
         row_block = ((lm // MT) + rank) % ROW_BLOCKS
         mt = lm % MT
@@ -465,7 +485,7 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
             # everything staged already (the usual case after the first wave): no per-group polls
             staged = False
             if STAGED_FLAG:
-                staged = tl.atomic_add(flags_ptr + WORLD * MT * KG, 0, sem="acquire", scope="gpu") >= epoch + 1
+                staged = tl.atomic_add(flags_ptr + staged_at, 0, sem="acquire", scope="gpu") >= epoch + 1
                 tl.debug_barrier()
                 _fence_async_proxy(PROXY_FENCE)
             if staged:
@@ -495,30 +515,44 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
                         block = row_block
                         k_base = 0
                     a_blk = stg_ptr + block.to(tl.int64) * S_M * S_K + rows_in[:, None] * stride_sm
-                    # Each span's K steps are one pipelined loop, which starts empty: a wait per
-                    # k-group restarted the pipeline KG times per tile (traced on two H200s: a
-                    # remote tile's K loop 1.3x slower than a local one). Spans growing by
-                    # WAIT_GROWTH keep the first wait as early and restart it about log2(KG)
-                    # times; fetchers stage k-groups faster than a program consumes them.
-                    g0 = 0
-                    span = 1
-                    while g0 < KG:
-                        g1 = tl.minimum(g0 + span, KG)
-                        for g in range(g0, g1):
-                            if TRACE:
-                                t0 = _now(tick_ptr, CLOCK)
-                            flag = (block * MT + mt) * KG + g
-                            _wait_flag(flags_ptr + flag, epoch + 1, max_spins, status_ptr, flag, "gpu")
-                            if TRACE:
-                                n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm,
-                                               MAX_EVENTS)
+                    if CHUNK_TILES > 0:
+                        # one signal covers this tile's rows of the shard, all of K: one wait, one loop
+                        if TRACE:
+                            t0 = _now(tick_ptr, CLOCK)
+                        flag = block * NCH + mt // CHUNK_TILES
+                        _wait_flag(flags_ptr + flag, epoch + 1, timeout_us, status_ptr, flag, "gpu")
+                        if TRACE:
+                            n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm, MAX_EVENTS)
                         _fence_async_proxy(PROXY_FENCE)
-                        for t in range(g0 * K_PER_FLAG, tl.minimum(g1 * K_PER_FLAG, KT)):
+                        for t in range(KT):
                             acc = _staged_step(acc, a_stg, b_desc, a_blk, b_ptr, block, mt, pn, k_base, t * BLOCK_K,
                                                lane_k, cols_in, S_M, S_K, stride_sk, stride_bk, stride_bn, M_CONTIG,
                                                BLOCK_M, BLOCK_N, EVEN_K, TMA)
-                        g0 = g1
-                        span = span * WAIT_GROWTH
+                    else:
+                        # Each span's K steps are one pipelined loop, which starts empty: a wait per
+                        # k-group restarted the pipeline KG times per tile (traced on two H200s: a
+                        # remote tile's K loop 1.3x slower than a local one). Spans growing by
+                        # WAIT_GROWTH keep the first wait as early and restart it about log2(KG)
+                        # times; fetchers stage k-groups faster than a program consumes them.
+                        g0 = 0
+                        span = 1
+                        while g0 < KG:
+                            g1 = tl.minimum(g0 + span, KG)
+                            for g in range(g0, g1):
+                                if TRACE:
+                                    t0 = _now(tick_ptr, CLOCK)
+                                flag = (block * MT + mt) * KG + g
+                                _wait_flag(flags_ptr + flag, epoch + 1, timeout_us, status_ptr, flag, "gpu")
+                                if TRACE:
+                                    n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm,
+                                                   MAX_EVENTS)
+                            _fence_async_proxy(PROXY_FENCE)
+                            for t in range(g0 * K_PER_FLAG, tl.minimum(g1 * K_PER_FLAG, KT)):
+                                acc = _staged_step(acc, a_stg, b_desc, a_blk, b_ptr, block, mt, pn, k_base,
+                                                   t * BLOCK_K, lane_k, cols_in, S_M, S_K, stride_sk, stride_bk,
+                                                   stride_bn, M_CONTIG, BLOCK_M, BLOCK_N, EVEN_K, TMA)
+                            g0 = g1
+                            span = span * WAIT_GROWTH
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols_in).to(tl.float32)[None, :]
         c_rows = (row_block * S_M + rows).to(tl.int64)
@@ -534,6 +568,28 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
 
 
 @triton.jit
+def _chunk_tile(tile, MT, num_n, GROUP_M: tl.constexpr, CHUNK_TILES: tl.constexpr):
+    """(logical row tile, column tile) of tile number ``tile`` in the chunks' arrival order:
+    row block by row block (logical, ``lm // MT``: our own rows first when gathered along M),
+    inside a block chunk by chunk of CHUNK_TILES row tiles (the last chunk may be shorter),
+    inside a chunk GROUP_M-row bands, column tiles in each band (the L2 swizzle), so that
+    no band straddles two chunks: a tile never waits on a later chunk than its band's."""
+    per_block = MT * num_n
+    blk = tile // per_block
+    t = tile - blk * per_block
+    chunk = t // (CHUNK_TILES * num_n)
+    t = t - chunk * (CHUNK_TILES * num_n)
+    first = chunk * CHUNK_TILES
+    rows = tl.minimum(MT - first, CHUNK_TILES)
+    band = t // (GROUP_M * num_n)
+    band_rows = tl.minimum(rows - band * GROUP_M, GROUP_M)
+    inside = t - band * (GROUP_M * num_n)
+    lm = blk * MT + first + band * GROUP_M + inside % band_rows
+    pn = inside // band_rows
+    return lm, pn
+
+
+@triton.jit
 def _next_epoch_kernel(state_ptr, out_ptr, n, BLOCK: tl.constexpr):
     """Fill out[:n] with epoch + 1: the copy-engine variant sets a staged chunk's flags by
     copying from it on the copy stream, right after the chunk (no kernel, no SM needed)."""
@@ -543,10 +599,10 @@ def _next_epoch_kernel(state_ptr, out_ptr, n, BLOCK: tl.constexpr):
                  mask=s + offs < n)
 
 
-@triton.jit(do_not_specialize=["rank", "max_spins"])
-def _finish_kernel(state_ptr, sig_ptr, heap_bases, status_ptr, rank, max_spins,
+@triton.jit(do_not_specialize=["rank", "timeout_us"])
+def _finish_kernel(state_ptr, sig_ptr, heap_bases, status_ptr, rank, timeout_us,
                    WORLD: tl.constexpr, END_WAIT: tl.constexpr):
     """The end of a ``chunked`` call (one program, stream-ordered after its copies from the
     peers): what the last GEMM program does in the other variants."""
-    _end_call(state_ptr, sig_ptr + WORLD, tl.load(state_ptr), heap_bases, status_ptr, rank, max_spins, WORLD,
+    _end_call(state_ptr, sig_ptr + WORLD, tl.load(state_ptr), heap_bases, status_ptr, rank, timeout_us, WORLD,
               END_WAIT)

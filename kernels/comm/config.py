@@ -8,7 +8,6 @@ import triton
 VARIANTS = ("triton", "gluon", "copy_engine", "nccl", "auto")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16,
           torch.int32, torch.int64)
-DEFAULT_MAX_SPINS = 1 << 26  # polls before a wait gives up (bounded; the poll rate was not measured)
 TILE_ELEMS = {"triton": 8192, "gluon": 8192}  # elements per tile when `block` is not given
 NUM_WARPS = 8
 

@@ -3,6 +3,7 @@
 destinations staggered ``(rank + i) % world`` (see ``kernels.comm``)."""
 from __future__ import annotations
 
+from kernels.comm.clock import device_ns
 from kernels.comm.triton import _RUNTIME_INTS
 
 try:  # Gluon ships with Triton >= 3.4
@@ -17,7 +18,7 @@ if GLUON_AVAILABLE:
 
     @gluon.jit(do_not_specialize=_RUNTIME_INTS)
     def _all_gather_gluon_kernel(x_ptr, out_ptr, heap_bases, flags_ptr, status_ptr, total_ptr, M, N, rank,
-                                 max_spins, WORLD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                                 timeout_us, WORLD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                  VEC: gl.constexpr, ESIZE: gl.constexpr, HINTS: gl.constexpr, EVEN_N: gl.constexpr,
                                  NUM_WARPS: gl.constexpr, WAIT: gl.constexpr, SCOPE: gl.constexpr):
         # VEC contiguous elements per thread: 16 bytes -> one 128-bit load/store each.
@@ -55,17 +56,20 @@ if GLUON_AVAILABLE:
         if WAIT:
             if pid == 0:
                 expected = gl.load(total_ptr) + grid  # running total, kept on the device
+                limit = timeout_us.to(gl.int64) * 1000  # bounded in time (kernels.comm.clock)
                 for src in gl.static_range(WORLD):
+                    t0 = device_ns()
+                    waited = t0 - t0
                     seen = gl.atomic_add(flags_ptr + src, 0, sem="acquire", scope=SCOPE)
-                    spins = 0
-                    while (seen < expected) & (spins < max_spins):
+                    while (seen < expected) & (waited < limit):
                         seen = gl.atomic_add(flags_ptr + src, 0, sem="acquire", scope=SCOPE)
-                        spins += 1
+                        waited = device_ns() - t0
                     if seen < expected:
-                        gl.atomic_add(status_ptr, 1)
-                        gl.atomic_xchg(status_ptr + 1, src)
-                        gl.atomic_xchg(status_ptr + 2, seen)
-                        gl.atomic_xchg(status_ptr + 3, expected)
+                        if gl.atomic_add(status_ptr, 1) == 0:   # the first to give up says what it waited for
+                            gl.atomic_xchg(status_ptr + 1, src)
+                            gl.atomic_xchg(status_ptr + 2, seen)
+                            gl.atomic_xchg(status_ptr + 3, expected)
+                            gl.atomic_xchg(status_ptr + 4, gl.minimum(waited // 1000, 2 ** 31 - 1).to(gl.int32))
                 gl.store(total_ptr, expected)
                 gl.thread_barrier()
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 import torch
 
 from kernels.comm.baselines import nccl_all_gather
-from kernels.comm.config import DEFAULT_MAX_SPINS, VARIANTS, _validate, auto_choice, pick_config
+from kernels.comm.clock import timeout_us as _timeout_us
+from kernels.comm.config import VARIANTS, _validate, auto_choice, pick_config
+from kernels.comm.decide import shared_choice
 from kernels.comm.gluon import GLUON_AVAILABLE
 from kernels.comm.remote import StatusWatch, wait_all_kernel
+from kernels.comm.streams import SideStream
 from kernels.comm.triton import _all_gather_kernel
 from kernels.common.launcher import PlannedLaunch
 from workbench.dtypes import element_size, triton_type
@@ -35,7 +38,7 @@ def _device_sms(heap) -> int | None:
 
 def all_gather(x: torch.Tensor, heap, *, variant: str = "triton", num_sms: int | None = None, block=None,
                hints: bool = True, num_warps: int | None = None, out: torch.Tensor | None = None, check: bool = False,
-               max_spins: int = DEFAULT_MAX_SPINS, scope: str = "sys") -> torch.Tensor:
+               timeout_s: float | None = None, scope: str = "sys") -> torch.Tensor:
     """Gather every rank's ``x`` into ``out`` (rank-major along dim 0) on every rank.
 
     ``heap``: a `workbench.dist.SymmetricHeap` (GPU) or a `SimHeap` of a
@@ -47,19 +50,24 @@ def all_gather(x: torch.Tensor, heap, *, variant: str = "triton", num_sms: int |
     ``out``: a heap tensor to fill (default: a heap buffer reused per shape).
     A peer that never signals makes the bounded device-side wait give up and
     record it in the rank's status word; that surfaces as `WaitTimeout`
-    (naming the rank and the peer) at this rank's next ``all_gather`` call,
+    (naming the rank and the peer, and how long the wait lasted) at this rank's next ``all_gather`` call,
     without synchronizing the host on any call. ``check=True`` synchronizes
     after this call and raises at once; ``check_all_gather(heap)`` does the same
     after a batch of calls. The flag totals live on the device, so a captured
     graph of calls replays correctly (check it with ``check_all_gather``).
+    ``timeout_s``: how long the wait for the peers may last, in seconds of the
+    GPU's clock (default ``$WORKBENCH_WAIT_TIMEOUT_S``, else 60; ``kernels.comm.clock``).
     """
     _validate(x, heap, variant)
+    wait_us = _timeout_us(timeout_s)
     watch = _watch(heap)
     watch.poll()   # an earlier call's timeout, if the device has reported one by now
     W = heap.world_size
     if variant == "auto":
         nbytes = x.numel() * x.element_size()
-        variant, auto_sms = ("triton", None) if heap.simulated else auto_choice(W, nbytes)
+        # rank 0's choice, shared once per message size: every rank runs the same variant
+        variant, auto_sms = ("triton", None) if heap.simulated else shared_choice(
+            heap, "all_gather", (W, nbytes), lambda: auto_choice(W, nbytes))
         num_sms = num_sms if num_sms is not None else auto_sms
     if variant == "nccl":
         return nccl_all_gather(x, heap, out, (W * x.shape[0], *x.shape[1:]))
@@ -77,14 +85,14 @@ def all_gather(x: torch.Tensor, heap, *, variant: str = "triton", num_sms: int |
         return _copy_engine(x, heap, plan)
     kernel, grid, out, flags, total, kw, launch = plan
     status = heap.status()
-    args = (x, out, heap.heap_bases, flags, status, total, x.shape[0], x.numel() // x.shape[0], heap.rank, max_spins)
+    args = (x, out, heap.heap_bases, flags, status, total, x.shape[0], x.numel() // x.shape[0], heap.rank, wait_us)
     if launch is None:   # a simulated world: the heap runs it in the interpreter, one rank at a time
         heap.launch(kernel, (grid,), *args, **kw)
     else:
         launch(*args)
     if heap.simulated:  # ranks take turns in the interpreter: wait in a launch of its own
         heap.barrier()
-        heap.launch(wait_all_kernel, (1,), flags, total, grid, max_spins, status, WORLD=W, SCOPE=scope)
+        heap.launch(wait_all_kernel, (1,), flags, total, grid, wait_us, status, WORLD=W, SCOPE=scope)
     watch.arm()
     if check:
         watch.check()
@@ -121,8 +129,8 @@ def _plan(x, heap, variant, num_sms, block, hints, num_warps, out, scope):
     if variant == "copy_engine":
         rows = slice(heap.rank * M, (heap.rank + 1) * M)
         targets = [heap.peer_view(out, (heap.rank + i) % W)[rows] for i in range(1, W)]
-        streams = [torch.cuda.Stream(heap.device)] if heap.device.type == "cuda" else []
-        return out, out[rows], targets, streams
+        side = SideStream(heap.device) if heap.device.type == "cuda" else None
+        return out, out[rows], targets, side
     cfg = pick_config(M, N, x.element_size(), variant, block, num_sms, W, _device_sms(heap) or 4, num_warps)
     kw = dict(WORLD=W, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], VEC=cfg["VEC"], ESIZE=x.element_size(),
               HINTS=bool(hints) and cfg["VEC"] > 1, EVEN_N=cfg["EVEN_N"], WAIT=not heap.simulated, SCOPE=scope,
@@ -139,18 +147,19 @@ def _copy_engine(x, heap, plan):
     another on a side stream (measured on H200s: copies to several peers issued on
     streams of their own share the engines badly, 230 GB/s against 390 in turn), the
     local copy meanwhile on the caller's stream, then a device barrier."""
-    out, local, targets, streams = plan
-    if streams:
+    out, local, targets, side = plan
+    if side is not None:
         cur = torch.cuda.current_stream(heap.device)
-        side = streams[0]
-        side.wait_stream(cur)
-        with torch.cuda.stream(side):
+        side.fork(cur)
+        try:
             for t in targets:
                 t.copy_(x)
+        finally:
+            side.leave(cur)
         local.copy_(x)
-        cur.wait_stream(side)
+        side.join(cur)
         if not torch.cuda.is_current_stream_capturing():
-            x.record_stream(side)  # x may be freed by the caller before the copies ran
+            x.record_stream(side.stream)  # x may be freed by the caller before the copies ran
     else:
         for t in targets:
             t.copy_(x)
@@ -185,7 +194,7 @@ def compile_kernel(variant: str, hints: bool, *, target: str = "sm90", dtype: to
     ty = triton_type(dtype)
     signature = {"x_ptr": f"*{ty}", "out_ptr": f"*{ty}", "heap_bases": "*i64", "flags_ptr": "*i32",
                  "status_ptr": "*i32", "total_ptr": "*i32", "M": "i32", "N": "i32", "rank": "i32",
-                 "max_spins": "i32"}
+                 "timeout_us": "i32"}
     constexprs = {"WORLD": world_size, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "VEC": cfg["VEC"],
                   "ESIZE": esize,
                   "HINTS": bool(hints) and cfg["VEC"] > 1, "EVEN_N": cfg["EVEN_N"], "WAIT": wait, "SCOPE": "sys"}

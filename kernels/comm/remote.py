@@ -47,8 +47,10 @@ def remote_store_kernel(heap_bases, x_ptr, n, rank: tl.constexpr, peer: tl.const
 # names the same buffer on every rank). HINT as in `translate` (1-D pointers).
 # ---------------------------------------------------------------------------
 
+from kernels.comm.clock import TIMEOUT_ENV, device_ns  # noqa: E402 (below the kept lines)
+
 # Host-side error codes and sizes.
-STATUS_WORDS = 4  # [timeouts, flag id, value seen, value expected] (int32)
+STATUS_WORDS = 5  # [timeouts, flag id, value seen, value expected, microseconds waited] (int32)
 
 
 @triton.jit
@@ -115,33 +117,41 @@ def signal(flag_ptr, value, rank, peer, heap_bases, OP: tl.constexpr = "set", SC
 
 
 @triton.jit
-def wait(flag_ptr, expected, max_spins, status_ptr, flag_id, SCOPE: tl.constexpr = "sys"):
+def wait(flag_ptr, expected, timeout_us, status_ptr, flag_id, SCOPE: tl.constexpr = "sys"):
     """Spin with acquire reads until the local int32 flag reaches `expected`
-    (flags only grow, so ">=" also accepts a later round), polling at most
-    `max_spins` times. Returns True when it arrived.
+    (flags only grow, so ">=" also accepts a later round), for at most
+    `timeout_us` microseconds of the device's clock (``kernels.comm.clock``).
+    Returns True when it arrived.
 
-    A timeout never hangs: it counts itself in `status_ptr[0]` and leaves the
-    flag id, the value seen and the value expected in `status_ptr[1:4]`, which
-    the host turns into an error (`check_status`). After the spin a CTA
-    barrier hands the acquired view to every thread of the program.
+    A timeout never hangs: it counts itself in `status_ptr[0]` and, if it is the
+    first, leaves the flag id, the value seen, the value expected and the
+    microseconds waited in `status_ptr[1:5]`, which the host turns into an
+    error (`check_status`).
+    After the spin a CTA barrier hands the acquired view to every thread of
+    the program. The clock is read once per poll: a poll is a round trip to
+    L2 or over NVLink, which costs more than the timer read.
     """
+    t0 = device_ns()
+    limit = timeout_us.to(tl.int64) * 1000
+    waited = t0 - t0
     seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
-    spins = 0
-    while (seen < expected) & (spins < max_spins):
+    while (seen < expected) & (waited < limit):
         seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
-        spins += 1
+        waited = device_ns() - t0
     arrived = seen >= expected
     if not arrived:
-        tl.atomic_add(status_ptr, 1)
-        tl.atomic_xchg(status_ptr + 1, flag_id)
-        tl.atomic_xchg(status_ptr + 2, seen)
-        tl.atomic_xchg(status_ptr + 3, expected)
+        # the first wait to give up says what it waited for (a later one may have cut its own wait short)
+        if tl.atomic_add(status_ptr, 1) == 0:
+            tl.atomic_xchg(status_ptr + 1, flag_id)
+            tl.atomic_xchg(status_ptr + 2, seen)
+            tl.atomic_xchg(status_ptr + 3, expected)
+            tl.atomic_xchg(status_ptr + 4, tl.minimum(waited // 1000, 2 ** 31 - 1).to(tl.int32))
     tl.debug_barrier()
     return arrived
 
 
 @triton.jit
-def wait_all(flags_ptr, total_ptr, count, max_spins, status_ptr, WORLD: tl.constexpr, SCOPE: tl.constexpr):
+def wait_all(flags_ptr, total_ptr, count, timeout_us, status_ptr, WORLD: tl.constexpr, SCOPE: tl.constexpr):
     """Wait until every slot of the local flag array reached the running total
     ``*total_ptr + count``, then record that total (one program, device-side).
 
@@ -150,7 +160,7 @@ def wait_all(flags_ptr, total_ptr, count, max_spins, status_ptr, WORLD: tl.const
     """
     expected = tl.load(total_ptr) + count
     for src in tl.static_range(WORLD):
-        wait(flags_ptr + src, expected, max_spins, status_ptr, src, SCOPE)
+        wait(flags_ptr + src, expected, timeout_us, status_ptr, src, SCOPE)
     tl.store(total_ptr, expected)
 
 
@@ -184,20 +194,25 @@ def arrive_kernel(flags_ptr, heap_bases, rank, WORLD: tl.constexpr, SCOPE: tl.co
 
 
 @triton.jit
-def wait_kernel(flags_ptr, expected, max_spins, status_ptr, WORLD: tl.constexpr, SCOPE: tl.constexpr):
+def wait_kernel(flags_ptr, expected, timeout_us, status_ptr, WORLD: tl.constexpr, SCOPE: tl.constexpr):
     """Wait until every slot of the local flag array reaches `expected`."""
     for src in tl.static_range(WORLD):
-        wait(flags_ptr + src, expected, max_spins, status_ptr, src, SCOPE)
+        wait(flags_ptr + src, expected, timeout_us, status_ptr, src, SCOPE)
 
 
-@triton.jit(do_not_specialize=["count", "max_spins"])
-def wait_all_kernel(flags_ptr, total_ptr, count, max_spins, status_ptr, WORLD: tl.constexpr, SCOPE: tl.constexpr):
+@triton.jit(do_not_specialize=["count", "timeout_us"])
+def wait_all_kernel(flags_ptr, total_ptr, count, timeout_us, status_ptr, WORLD: tl.constexpr, SCOPE: tl.constexpr):
     """`wait_all` as a launch of its own (one program)."""
-    wait_all(flags_ptr, total_ptr, count, max_spins, status_ptr, WORLD, SCOPE)
+    wait_all(flags_ptr, total_ptr, count, timeout_us, status_ptr, WORLD, SCOPE)
 
 
 class WaitTimeout(RuntimeError):
     """A bounded device-side wait gave up: a peer never signalled."""
+
+
+def waited_s(words) -> float:
+    """Seconds the last timed-out wait waited (status word 4, microseconds)."""
+    return int(words[4]) / 1e6 if len(words) > 4 else float("nan")
 
 
 def check_status(status, rank: int, what: str = "flag", names=None) -> None:
@@ -208,14 +223,16 @@ def check_status(status, rank: int, what: str = "flag", names=None) -> None:
     slot is, e.g. ``lambda i: f"rank {i}"``. Reading it synchronizes with the
     device; call it once after a batch of launches, not inside a timed loop.
     """
-    count, flag_id, seen, expected = (int(v) for v in status.detach().to("cpu").tolist()[:STATUS_WORDS])
+    words = status.detach().to("cpu").tolist()[:STATUS_WORDS]
+    count, flag_id, seen, expected = (int(v) for v in words[:4])
     if count == 0:
         return
     whose = names(flag_id) if names else f"slot {flag_id}"
     raise WaitTimeout(
-        f"rank {rank}: {count} bounded wait(s) on {what}[{flag_id}] ({whose}) timed out: saw {seen}, "
-        f"expected >= {expected}. The peer never signalled: it died, is stuck, or launched a different "
-        f"grid or call sequence (every rank must make the same calls with the same num_sms)."
+        f"rank {rank}: {count} bounded wait(s) on {what}[{flag_id}] ({whose}) timed out after waiting "
+        f"{waited_s(words):.3f} s: saw {seen}, expected >= {expected}. The peer never signalled within the "
+        f"bound: it died, is stuck, is slower than the bound (raise timeout_s= or ${TIMEOUT_ENV}), or launched "
+        f"a different grid or call sequence (every rank must make the same calls with the same num_sms)."
     )
 
 

@@ -35,17 +35,27 @@ C (built on the host from the peer mappings) and a staging buffer in shared
 memory taken from the pipeline; the stores from registers are what the seed
 measured, and what the hints study is about.
 
+Variants (``ScatterConfig.variant``): ``"fused"`` (the above), ``"senders"``
+(the GEMM programs store each tile into this rank's own C only and count it per
+row band; a few sending programs push each band to the peers once its tiles are
+all in, while the GEMM goes on with later bands: the sends leave the GEMM's SMs
+and overlap its later waves), and the unfused ``"nccl"`` (cuBLAS, NCCL's
+all-gather, the permute) and ``"sequential"`` (our GEMM and all-gather). With
+``config=None``, ``config.auto_config`` decides (a measured table, else the tile
+rule with the fused kernel), on rank 0, shared with every rank
+(``kernels.comm.decide``). After a timeout, ``recover(heap)`` on every rank.
+
 Parts: ``triton`` (the kernel), ``config`` (``ScatterConfig``, the tile rule),
 ``launch`` (``gemm_all_scatter``, plans cached per call signature),
 ``reference``, ``baselines`` (GEMM then all-gather then permute; GEMM alone),
 ``metrics`` (FLOPs, bytes, roofline bounds).
 """
 from kernels.gemm_scatter.baselines import column_blocks, gemm_alone, gemm_then_all_gather
-from kernels.gemm_scatter.config import ScatterConfig, heuristic, pick_tile
-from kernels.gemm_scatter.launch import check_gemm_all_scatter, gemm_all_scatter, out_buffer
+from kernels.gemm_scatter.config import ScatterConfig, auto_config, heuristic, pick_tile
+from kernels.gemm_scatter.launch import check_gemm_all_scatter, gemm_all_scatter, out_buffer, recover
 from kernels.gemm_scatter.metrics import bottleneck, bounds_us, flops
 from kernels.gemm_scatter.reference import reference
 
-__all__ = ["ScatterConfig", "bottleneck", "bounds_us", "check_gemm_all_scatter", "column_blocks", "flops",
-           "gemm_all_scatter", "gemm_alone", "gemm_then_all_gather", "heuristic", "out_buffer", "pick_tile",
-           "reference"]
+__all__ = ["ScatterConfig", "auto_config", "bottleneck", "bounds_us", "check_gemm_all_scatter", "column_blocks",
+           "flops", "gemm_all_scatter", "gemm_alone", "gemm_then_all_gather", "heuristic", "out_buffer", "pick_tile",
+           "recover", "reference"]

@@ -43,7 +43,9 @@ shapes are its test.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 from typing import Any, Mapping
 
 import torch
@@ -55,7 +57,6 @@ from workbench.asm.resources import smem_per_block
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SMEM_LIMIT_SM90 = smem_per_block(90)
-DEFAULT_MAX_SPINS = 1 << 26   # polls before a wait gives up (bounded: a silent peer is reported, never hangs)
 
 # (BLOCK_M, BLOCK_N) -> (BLOCK_K, warps, stages, per-SM TFLOP/s, fixed us per tile); see the module docstring
 TILES = {(bm, bn): (bk, w, st, rate, fixed) for (bm, bn, bk, w, st), (rate, fixed) in _GEMM_FIT.items()}
@@ -64,6 +65,11 @@ CANDIDATES = tuple(TILES)
 SPLIT_TILE = (64, 128, 64, 4, 6)  # (BM, BN, BK, warps, stages) of the split rule (results/gemm_zoo/gaps/mid_m.csv)
 SPLIT_MIN_K = 8192  # shorter reductions stay whole (see the module docstring)
 HBM_GBPS, DEVICE_SMS = 4277.0, 132  # H200: measured copy bandwidth (results/ceilings/nvidia-h200.json), SMs
+# variant: "fused" (every program stores its tiles to every rank), "senders" (GEMM programs store locally,
+# SENDERS programs push finished row bands to the peers), or the unfused paths "nccl" (cuBLAS, NCCL's
+# all-gather, the permute) and "sequential" (our GEMM, our all-gather, the permute)
+VARIANTS = ("fused", "senders", "nccl", "sequential")
+FALLBACKS = ("nccl", "sequential")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +88,8 @@ class ScatterConfig:
     flatten: bool = False  # fuse the tile and K loops (pipeline across tiles)
     split_k: int = 1  # > 1, or swap_ab: the small-M kernel, each tile's K range in up to this many pieces
     swap_ab: bool = False  # small-M kernel: compute C^T = B^T A^T (the short M side as the MMA's N)
+    variant: str = "fused"  # see VARIANTS
+    senders: int = 8  # variant "senders": programs that push finished row bands (of num_sms)
 
     def label(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} g{self.group_m}"
@@ -95,6 +103,10 @@ class ScatterConfig:
             s += " flat"
         if self.split_kernel:
             s += f" split{self.split_k}" + (" swap" if self.swap_ab else "")
+        if self.variant == "senders":
+            s += f" senders{self.senders}"
+        elif self.variant != "fused":
+            s = self.variant
         return s
 
     @property
@@ -138,6 +150,16 @@ def validate(c: ScatterConfig, elem_bytes: int = 2) -> None:
     if c.swap_ab and c.block_n < 16 * c.num_warps:
         raise ValueError(f"gemm_all_scatter: swap_ab makes BLOCK_N the MMA's M side, at least 16 rows per warp: "
                          f"block_n={c.block_n} with num_warps={c.num_warps}; use block_n >= {16 * c.num_warps}")
+    if c.variant not in VARIANTS:
+        raise ValueError(f"gemm_all_scatter: variant={c.variant!r} must be one of {VARIANTS}")
+    if not isinstance(c.senders, int) or isinstance(c.senders, bool) or c.senders < 1:
+        raise ValueError(f"gemm_all_scatter: senders={c.senders!r} must be an int >= 1")
+    if c.variant == "senders" and (c.split_kernel or c.flatten or not c.from_registers):
+        raise ValueError("gemm_all_scatter: variant 'senders' runs the persistent kernel whose senders push from "
+                         "C: use split_k=1, swap_ab=False, flatten=False, from_registers=True")
+    if c.variant == "senders" and c.num_sms is not None and c.num_sms <= c.senders:
+        raise ValueError(f"gemm_all_scatter: num_sms={c.num_sms} must exceed senders={c.senders}: the GEMM needs "
+                         "programs of its own")
     if c.split_kernel and (c.flatten or not c.from_registers):
         raise ValueError("gemm_all_scatter: the small-M kernel (split_k > 1 or swap_ab) scatters from registers "
                          "and has no tile loop: use flatten=False, from_registers=True")
@@ -209,3 +231,78 @@ def heuristic(M: int, n_local: int, K: int, dtype: torch.dtype = torch.bfloat16,
     while cfg.num_stages > 2 and smem_bytes(cfg, esize) > SMEM_LIMIT_SM90:
         cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
+
+
+# --------------------------------------------------------------------------
+# The variant: the family's one decision function
+# --------------------------------------------------------------------------
+AUTO_TABLE_PATH = Path(__file__).resolve().parents[2] / "results" / "gemm_scatter" / "auto_table.json"
+MAX_TABLE_BYTES = 1 << 20   # the table is untrusted input: bounded read
+_TABLE: dict = {}
+
+
+def load_table(path: Path | None = None) -> list[dict] | None:
+    """The measured variant table (``experiments/run_gemm_scatter.py --fit``), validated; None when
+    absent. Bad content -> ValueError naming the file."""
+    path = Path(path or AUTO_TABLE_PATH)
+    if not path.exists():
+        return None
+    with open(path, "rb") as fh:
+        raw = fh.read(MAX_TABLE_BYTES + 1)
+    if len(raw) > MAX_TABLE_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_TABLE_BYTES} bytes; not a variant table")
+    try:
+        entries = json.loads(raw)["entries"]
+        out = []
+        for e in entries:
+            key = {k: int(e[k]) for k in ("world_size", "M", "N", "K")}
+            known = {f.name for f in dataclasses.fields(ScatterConfig)}
+            cfg = ScatterConfig(**{k: v for k, v in dict(e["config"]).items() if k in known})
+            validate(cfg)
+            out.append({**key, "config": cfg})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: not a variant table ({exc}); delete it or re-run "
+                         f"experiments/run_gemm_scatter.py") from None
+    return out
+
+
+def auto_source(world_size: int | None = None) -> str:
+    """'measured (auto_table.json)' where the table has entries of ``world_size`` (any when None),
+    else 'tile rule (fused; no measured table)'."""
+    if "t" not in _TABLE:
+        _TABLE["t"] = load_table()
+    if any(world_size is None or e["world_size"] == world_size for e in _TABLE["t"] or []):
+        return f"measured ({AUTO_TABLE_PATH.name})"
+    return "tile rule (fused; no measured table)"
+
+
+def auto_config(M: int, n_local: int, K: int, world_size: int, dtype: torch.dtype = torch.bfloat16,
+                num_sms: int = DEVICE_SMS, tma: bool = True) -> ScatterConfig:
+    """What ``gemm_all_scatter`` runs when no config is given: the family's one decision
+    function (rank 0 runs it; ``kernels.comm.decide`` shares the result with every rank).
+
+    The entry of the measured table (``AUTO_TABLE_PATH``, written by
+    ``experiments/run_gemm_scatter.py``) nearest in log M, N, K among those of this world size,
+    which may be any variant: "fused", "senders", or "nccl" / "sequential" where neither fused
+    kernel beat the libraries. Without one, the tile rule (``heuristic``) with the fused kernel:
+    the "senders" variant is chosen only where it was measured to win."""
+    if "t" not in _TABLE:
+        _TABLE["t"] = load_table()
+    table = [e for e in _TABLE["t"] or [] if e["world_size"] == world_size]
+    if table:
+        N = n_local * world_size
+
+        def dist(e):
+            return sum(abs(math.log2(max(1, x)) - math.log2(max(1, y))) for x, y in
+                       ((e["M"], M), (e["N"], N), (e["K"], K)))
+        best = min(table, key=dist)["config"]
+        if best.variant in FALLBACKS:
+            return best
+        if best.variant == "senders" or not best.split_kernel:
+            # the measured variant, with this problem's tiles (the table's were another problem's)
+            rule = heuristic(M, n_local, K, dtype, num_sms, tma)
+            if not rule.split_kernel:
+                return dataclasses.replace(rule, variant=best.variant, senders=best.senders)
+            return rule
+        return best
+    return heuristic(M, n_local, K, dtype, num_sms, tma)

@@ -5,6 +5,10 @@ holds the config, the grid, the constants, C's heap buffer and the flags; a
 repeated call is a dictionary lookup, the TMA descriptors (their base pointers
 change from call to call), one launch and an asynchronous copy of the status
 word (``StatusWatch``). Nothing synchronizes the host in the default path.
+
+With ``config=None`` the variant and its configuration come from
+``config.auto_config``, decided by rank 0 and shared with every rank once per
+new problem (``kernels.comm.decide``): every rank runs the same variant.
 """
 from __future__ import annotations
 
@@ -20,11 +24,14 @@ from kernels.common.plans import PlanCache, config_key, tensor_signature
 from kernels.common.plans import capability as _capability, sm_count as _sm_count
 from kernels.gemm.config import split_pieces
 from kernels.gemm.launch import TensorDescriptor, _tma_ok, workspace
-from kernels.gemm_scatter.config import DEFAULT_MAX_SPINS, DTYPES, ScatterConfig, as_config, heuristic, validate
-from kernels.gemm_scatter.triton import _gemm_scatter_kernel, _gemm_scatter_split_kernel
+from kernels.comm.clock import timeout_us as _timeout_us
+from kernels.comm.decide import shared_choice
+from kernels.gemm_scatter.config import DTYPES, FALLBACKS, ScatterConfig, as_config, auto_config, validate
+from kernels.gemm_scatter.triton import (BAND_FLAG, _gemm_scatter_kernel, _gemm_scatter_send_kernel,
+                                         _gemm_scatter_split_kernel)
 from workbench.dtypes import triton_type
 
-__all__ = ["gemm_all_scatter", "check_gemm_all_scatter", "out_buffer", "plan_for", "compile_kernel"]
+__all__ = ["gemm_all_scatter", "check_gemm_all_scatter", "out_buffer", "plan_for", "compile_kernel", "recover"]
 
 PLAN_CACHE_SIZE = 256  # plans kept per heap
 SIM_SMS = 4  # programs in a simulated world (interpreter)
@@ -45,6 +52,9 @@ class _ScatterPlan:
     # the small-M kernel: (tiles, pieces) grid, (pieces, K steps per piece); its fp32 partials and tile
     # counters come from kernels.gemm's workspace (one per device and stream) at each call
     split: tuple = ()
+    num_gemm: int = 0  # variant "senders": programs that compute (the rest of the grid sends)
+    bands: Any = None  # variant "senders": tiles finished per row band (a local int32 counter per band)
+    libs: Any = None   # variants "nccl", "sequential": (C block, gathered blocks) buffers
     launches: dict = dataclasses.field(default_factory=dict)  # the kernel's PlannedLaunch (the key fixes its args)
     # TMA descriptors of the last A and B seen, by data pointer. A descriptor holds its
     # tensor, so a pointer that matches is still that memory (same signature: same view).
@@ -104,8 +114,14 @@ def _plan(a, b_local, heap, config, hints, out, scope) -> _ScatterPlan:
     sms = _sm_count(index) if on_gpu else SIM_SMS
     hopper = on_gpu and _capability(index)[0] >= 9
     aligned = TensorDescriptor is not None and _tma_ok(a) and _tma_ok(b_local)
-    cfg = as_config(config) or heuristic(M, n_local, K, a.dtype, sms, tma=hopper and aligned)
+    cfg = as_config(config) or shared_choice(
+        heap, "gemm_scatter", (M, n_local, K, W, str(a.dtype)),
+        lambda: auto_config(M, n_local, K, W, a.dtype, sms, tma=hopper and aligned))
     validate(cfg, esize)
+    if cfg.variant in FALLBACKS:
+        return _ScatterPlan(cfg, 0, out, None, None, (), {}, False, libs=(
+            torch.empty((M, n_local), dtype=a.dtype, device=a.device),
+            None if heap.simulated else torch.empty((W * M, n_local), dtype=a.dtype, device=a.device)))
     if cfg.tma_loads and not (hopper and aligned):
         raise ValueError("gemm_all_scatter: tma_loads=True needs an sm_90+ GPU and a, b_local with unit column "
                          "stride and 16-byte aligned rows and base (K and N / world_size multiples of 8 for "
@@ -116,14 +132,20 @@ def _plan(a, b_local, heap, config, hints, out, scope) -> _ScatterPlan:
     # base, its row length and every rank's column offset (multiples of n_local) are.
     hints_ok = bool(hints) and out.data_ptr() % 16 == 0 and (N * esize) % 16 == 0 and (n_local * esize) % 16 == 0
     meta = dict(WORLD=W, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, TMA_LOADS=tma,
-                HINTS=hints_ok, WAIT=not heap.simulated, SCOPE=scope, num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages)
+                HINTS=hints_ok, WAIT=not heap.simulated, SCOPE=scope,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (M, n_local, K, a.stride(0), a.stride(1), b_local.stride(0), b_local.stride(1), out.stride(0))
     flags, total = heap.flags("gemm_scatter", W), heap.flags("gemm_scatter.total", 1)
     if cfg.split_kernel:
         pieces, per = split_pieces(triton.cdiv(K, cfg.block_k), cfg.split_k)
         return _ScatterPlan(cfg, tiles * pieces, out, flags, total, args, dict(meta, SWAP_AB=cfg.swap_ab), hints_ok,
                             split=((tiles, pieces), (pieces, per)))
+    if cfg.variant == "senders":
+        bands = triton.cdiv(triton.cdiv(M, cfg.block_m), cfg.group_m)
+        senders = min(cfg.senders, bands, max(1, (cfg.num_sms or sms) - 1))
+        num_gemm = max(1, min((cfg.num_sms or sms) - senders, tiles))
+        return _ScatterPlan(cfg, num_gemm + senders, out, flags, total, args, dict(meta, SENDERS=senders), hints_ok,
+                            num_gemm=num_gemm, bands=torch.zeros(bands, dtype=torch.int32, device=a.device))
     grid = max(1, min(cfg.num_sms or sms, tiles))
     return _ScatterPlan(cfg, grid, out, flags, total, args,
                         dict(meta, FROM_REGISTERS=cfg.from_registers, FLATTEN=cfg.flatten), hints_ok)
@@ -152,13 +174,19 @@ def plan_for(a, b_local, heap, config=None, *, hints=True, out=None, scope="sys"
     return plan
 
 
+def _flag_name(i: int) -> str:
+    if i >= BAND_FLAG.value:
+        return f"row band {i - BAND_FLAG.value} of our own GEMM, which the senders wait for"
+    return f"tiles from rank {i}"
+
+
 def _watch(heap) -> StatusWatch:
-    return StatusWatch.of(heap, "gemm_scatter", names=lambda i: f"tiles from rank {i}")
+    return StatusWatch.of(heap, "gemm_scatter", names=_flag_name)
 
 
 def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
                      config: ScatterConfig | Mapping[str, Any] | None = None, hints: bool = True,
-                     out: torch.Tensor | None = None, check: bool = False, max_spins: int = DEFAULT_MAX_SPINS,
+                     out: torch.Tensor | None = None, check: bool = False, timeout_s: float | None = None,
                      scope: str = "sys") -> torch.Tensor:
     """``C = A @ [B_0 | B_1 | ... | B_{W-1}]`` on every rank, each rank computing its column block.
 
@@ -168,17 +196,22 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
     heap buffer reused per shape: copy it, or ``heap.barrier()`` after reading,
     before the next call fills it again). Every rank must make the same calls.
 
-    ``config``: a ``ScatterConfig`` or a dict of its fields (None: ``heuristic``).
+    ``config``: a ``ScatterConfig`` or a dict of its fields (None: ``config.auto_config``, rank 0's).
     ``hints``: state the 16-byte alignment of the translated pointers, so the
     scatter stores are 128 bits wide (used when the shapes make it true).
     A peer that never signals makes the bounded device-side wait give up and
     record it; that surfaces as ``kernels.comm.remote.WaitTimeout`` naming the
     rank at this rank's next call, at ``check_gemm_all_scatter(heap)``, or at
-    once with ``check=True`` (which synchronizes).
+    once with ``check=True`` (which synchronizes). ``timeout_s``: how long that
+    wait may last, in seconds of the GPU's clock (default
+    ``$WORKBENCH_WAIT_TIMEOUT_S``, else 60; ``kernels.comm.clock``).
     """
+    wait_us = _timeout_us(timeout_s)
     watch = _watch(heap)
     watch.poll()  # an earlier call's timeout, if the device has reported one by now
     p = plan_for(a, b_local, heap, config, hints=hints, out=out, scope=scope)
+    if p.libs is not None:
+        return _unfused(a, b_local, heap, p)
     if p.meta["TMA_LOADS"]:
         cfg = p.config
         a_desc = p.descriptor("a", a, [cfg.block_m, cfg.block_k])
@@ -186,25 +219,69 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
     else:
         a_desc = b_desc = None
     status = heap.status()
-    if p.split:
+    if p.bands is not None:
+        launch_planned(heap, p.launches, "senders", _gemm_scatter_send_kernel, (p.grid,), a, b_local, a_desc, b_desc,
+                       p.out, heap.heap_bases, p.flags, status, p.total, p.bands, *p.args, heap.rank, wait_us,
+                       p.num_gemm, p.config.group_m, **p.meta)
+    elif p.split:
         grid, pieces = p.split
         cfg = p.config
         ws, cnt = workspace(a.device, grid[0] * grid[1] * cfg.block_m * cfg.block_n, grid[0])
         launch_planned(heap, p.launches, "split", _gemm_scatter_split_kernel, grid, a, b_local, a_desc, b_desc,
-                       p.out, ws, cnt, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, max_spins,
+                       p.out, ws, cnt, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, wait_us,
                        *pieces, **p.meta)
     else:
         launch_planned(heap, p.launches, "persistent", _gemm_scatter_kernel, (p.grid,), a, b_local, a_desc, b_desc,
-                       p.out, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, max_spins, p.grid,
+                       p.out, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, wait_us, p.grid,
                        p.config.group_m, **p.meta)
     if heap.simulated:  # ranks take turns in the interpreter: wait in a launch of its own
         heap.barrier()
-        heap.launch(wait_all_kernel, (1,), p.flags, p.total, p.grid, max_spins, status, WORLD=heap.world_size,
+        heap.launch(wait_all_kernel, (1,), p.flags, p.total, p.grid, wait_us, status, WORLD=heap.world_size,
                     SCOPE=scope)
     watch.arm()
     if check:
         watch.check()
     return p.out
+
+
+def _unfused(a, b_local, heap, p):
+    """Variants "nccl" (cuBLAS, NCCL's all-gather) and "sequential" (our GEMM, our all-gather),
+    each followed by the permute that puts the column blocks in place, into the plan's C. In a
+    simulated world (no process group) our all-gather stands in for NCCL's."""
+    from kernels.comm import all_gather
+    from kernels.gemm_scatter.baselines import column_blocks
+
+    c_local, gathered = p.libs
+    if p.config.variant == "nccl":
+        torch.mm(a, b_local, out=c_local)
+    else:
+        from kernels.gemm import matmul
+
+        if heap.simulated:
+            with heap.world._lock:   # the interpreter runs one rank's kernels at a time
+                matmul(a, b_local, out=c_local)
+        else:
+            matmul(a, b_local, out=c_local)
+    if p.config.variant == "nccl" and not heap.simulated:
+        import torch.distributed as tdist
+
+        tdist.all_gather_into_tensor(gathered, c_local, group=heap.group)
+    else:
+        gathered = all_gather(c_local, heap, variant="triton" if heap.simulated else "auto")
+    column_blocks(gathered, heap.world_size, p.out)
+    if gathered is not p.libs[1]:
+        heap.barrier()   # our all-gather's buffer (in the heap): peers refill it only after we have read it
+    return p.out
+
+
+def recover(heap) -> None:
+    """After a timeout, on every rank (collective): zero the flags, the running totals, the
+    status words and the senders' band counters."""
+    heap.resync_flags()
+    for p in _plans(heap).values():
+        if p.bands is not None:
+            p.bands.zero_()
+    _watch(heap).forget()
 
 
 def check_gemm_all_scatter(heap) -> None:
@@ -217,7 +294,8 @@ def check_gemm_all_scatter(heap) -> None:
 # Assembly: the kernel cross-compiled without a GPU
 # --------------------------------------------------------------------------
 def compile_kernel(hints: bool, *, target="sm90", dtype: torch.dtype = torch.float16, world_size: int = 2,
-                   config: ScatterConfig | Mapping[str, Any] | None = None, tma_loads: bool = False, cache_dir):
+                   config: ScatterConfig | Mapping[str, Any] | None = None, tma_loads: bool = False, cache_dir,
+                   senders: int = 0):
     """Cross-compile the kernel ``gemm_all_scatter`` launches, with the hint on or
     off, for ``target`` ("sm90", "gfx942", ...) into ``cache_dir``; returns the
     ``workbench.asm.cache.Entry`` (diff two with ``workbench.asm.diff``), or a
@@ -226,6 +304,7 @@ def compile_kernel(hints: bool, *, target="sm90", dtype: torch.dtype = torch.flo
     Shapes are run-time values; the compiler is told what the launcher's plan
     knows for aligned shapes (pointers, N / W and K multiples of 16).
     ``tma_loads=True`` (sm_90 only) builds the Hopper path with descriptor loads.
+    ``senders > 0``: the "senders" variant's kernel with that many sending programs.
     """
     from workbench.asm.compile import cross_compile
 
@@ -238,7 +317,7 @@ def compile_kernel(hints: bool, *, target="sm90", dtype: torch.dtype = torch.flo
     sig = {"a_ptr": f"*{ty}", "b_ptr": f"*{ty}", "c_ptr": f"*{ty}", "heap_bases": "*i64", "flags_ptr": "*i32",
            "status_ptr": "*i32", "total_ptr": "*i32", "M": "i32", "N_LOCAL": "i32", "K": "i32",
            "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32", "stride_cm": "i32",
-           "rank": "i32", "max_spins": "i32", "num_sms": "i32", "group_m": "i32"}
+           "rank": "i32", "timeout_us": "i32", "num_sms": "i32", "group_m": "i32"}
     constexprs = {"WORLD": world_size, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                   "TMA_LOADS": tma_loads, "FROM_REGISTERS": cfg.from_registers, "HINTS": bool(hints),
                   "WAIT": True, "FLATTEN": cfg.flatten, "SCOPE": "sys", "stride_ak": 1, "stride_bn": 1}
@@ -250,7 +329,16 @@ def compile_kernel(hints: bool, *, target="sm90", dtype: torch.dtype = torch.flo
         constexprs.update(a_desc=None, b_desc=None)
     divisible = ["a_ptr", "b_ptr", "c_ptr", "heap_bases", "flags_ptr", "status_ptr", "total_ptr", "N_LOCAL", "K",
                  "stride_am", "stride_bk", "stride_cm"]
-    entries = cross_compile(_gemm_scatter_kernel, targets, signature=sig, constexprs=constexprs,
+    kernel = _gemm_scatter_kernel
+    if senders:
+        kernel = _gemm_scatter_send_kernel
+        for k in ("FROM_REGISTERS", "FLATTEN"):
+            del constexprs[k]
+        del sig["num_sms"]
+        sig.update(band_ptr="*i32", num_gemm="i32")
+        constexprs["SENDERS"] = senders
+        divisible.append("band_ptr")
+    entries = cross_compile(kernel, targets, signature=sig, constexprs=constexprs,
                             divisible=divisible, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                             cache_dir=cache_dir)
     return entries[0] if isinstance(target, str) else entries

@@ -111,9 +111,12 @@ def poison(inputs: Inputs) -> None:
 
 
 def recover(inputs: Inputs) -> None:
-    """After a point failed on some rank (every rank calls this, together): zero the flags."""
+    """After a point failed on some rank (every rank calls this, together): zero the flags (and
+    the senders' band counters: ``launch.recover``)."""
+    from kernels.gemm_scatter.launch import recover as _recover
+
     for h in inputs.heaps:
-        h.resync_flags()
+        _recover(h)
 
 
 def flops(shape: Mapping[str, Any]) -> int:

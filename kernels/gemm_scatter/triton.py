@@ -8,12 +8,22 @@ Small M (``_gemm_scatter_split_kernel``): few output tiles cannot keep the SMs
 streaming B, so each tile's K range is cut into pieces (grid: tiles x pieces,
 the split-K pieces and swapped operands of ``kernels.gemm``); the piece that
 completes a tile in the fp32 workspace scatters it. Every program signals.
+
+Senders (``_gemm_scatter_send_kernel``, variant "senders"): the sends leave the
+GEMM's programs. The first ``num_gemm`` programs compute tiles in row-band order
+(the L2 swizzle's bands of ``group_m`` row tiles, so row bands finish one after
+another), store each into this rank's own C only (HBM, not NVLink) and count it
+in the band's counter (release); the last SENDERS programs take the bands in
+order, wait (acquire, bounded) until a band's tiles are all counted, and push the
+band's rows of this rank's column block to every peer with 16-byte stores, while
+the GEMM programs go on with later bands. A remote store that back-pressures
+(NVLink is 10x slower than HBM) then stalls a sender, not an SM of the GEMM.
 """
 import triton
 import triton.language as tl
 
 from kernels.common import interpreter
-from kernels.comm.remote import signal, wait_all
+from kernels.comm.remote import signal, wait, wait_all
 from kernels.gemm.triton import _meet_split, _split_piece, _tile_coords, ptr_mainloop
 
 if interpreter.active():
@@ -22,7 +32,7 @@ if interpreter.active():
 # Integers that vary between calls of one configuration stay unspecialized (no
 # recompiles): the rank, the wait bound, the grid, the swizzle, and M (the
 # seed's M sweep runs 1..1024 through one compiled kernel).
-_RUNTIME_INTS = ["M", "rank", "max_spins", "num_sms", "group_m"]
+_RUNTIME_INTS = ["M", "rank", "timeout_us", "num_sms", "group_m"]
 
 
 @triton.jit
@@ -48,7 +58,7 @@ def _peer_tile_ptrs(ptrs, rank, peer, heap_bases, HINTS: tl.constexpr, BLOCK_N: 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _gemm_scatter_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, heap_bases, flags_ptr, status_ptr, total_ptr,
                          M, N_LOCAL, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
-                         rank, max_spins, num_sms, group_m,
+                         rank, timeout_us, num_sms, group_m,
                          WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, TMA_LOADS: tl.constexpr, FROM_REGISTERS: tl.constexpr,
                          HINTS: tl.constexpr, WAIT: tl.constexpr, FLATTEN: tl.constexpr, SCOPE: tl.constexpr):
@@ -86,7 +96,69 @@ def _gemm_scatter_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, heap_bases, flags_
             _scatter(tile, dst, mask, rank, heap_bases, 1, WORLD, HINTS, BLOCK_N)
         else:
             _scatter(tile, dst, mask, rank, heap_bases, 0, WORLD, HINTS, BLOCK_N)
-    _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, max_spins, pid == 0, num_sms, WORLD, WAIT, SCOPE)
+    _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, timeout_us, pid == 0, num_sms, WORLD, WAIT, SCOPE)
+
+
+@triton.jit
+def _tile_product(a_ptr, b_ptr, a_desc, b_desc, off_m, off_n, rows, cols, M, N_LOCAL, K, stride_am, stride_ak,
+                  stride_bk, stride_bn, k_steps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, TMA_LOADS: tl.constexpr):
+    """One output tile of A @ B_local in fp32 (TMA loads on Hopper, else masked pointer loads)."""
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)   # tl.full, a builtin: runs in an interpreted helper
+    if TMA_LOADS:
+        for kk in range(k_steps):
+            a = a_desc.load([off_m, kk * BLOCK_K])
+            b = b_desc.load([kk * BLOCK_K, off_n])
+            acc = tl.dot(a, b, acc)
+    else:
+        acc = ptr_mainloop(a_ptr, b_ptr, rows, cols, M, N_LOCAL, K, stride_am, stride_ak, stride_bk, stride_bn,
+                           acc, k_steps, BLOCK_K)
+    return acc
+
+
+BAND_FLAG = tl.constexpr(1 << 20)  # status flag ids from here on name a row band of our own GEMM (senders' waits)
+
+
+@triton.jit(do_not_specialize=_RUNTIME_INTS + ["num_gemm"])
+def _gemm_scatter_send_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, heap_bases, flags_ptr, status_ptr, total_ptr,
+                              band_ptr, M, N_LOCAL, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                              rank, timeout_us, num_gemm, group_m,
+                              WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                              BLOCK_K: tl.constexpr, TMA_LOADS: tl.constexpr, HINTS: tl.constexpr,
+                              WAIT: tl.constexpr, SCOPE: tl.constexpr, SENDERS: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+    num_pid_n = (N_LOCAL + BLOCK_N - 1) // BLOCK_N
+    num_bands = (num_pid_m + group_m - 1) // group_m
+    col0 = rank * N_LOCAL
+    if pid < num_gemm:
+        k_steps = (K + BLOCK_K - 1) // BLOCK_K
+        for tile_id in range(pid, num_pid_m * num_pid_n, num_gemm):
+            pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, group_m)
+            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            acc = _tile_product(a_ptr, b_ptr, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, rows, cols, M,
+                                N_LOCAL, K, stride_am, stride_ak, stride_bk, stride_bn, k_steps, BLOCK_M, BLOCK_N,
+                                BLOCK_K, TMA_LOADS)
+            mask = (rows[:, None] < M) & (cols[None, :] < N_LOCAL)
+            dst = c_ptr + rows[:, None].to(tl.int64) * stride_cm + (col0 + cols)[None, :]
+            tl.store(dst, acc.to(c_ptr.dtype.element_ty), mask=mask)   # our own C only
+            tl.debug_barrier()   # every thread's part of the tile precedes the count
+            tl.atomic_add(band_ptr + pid_m // group_m, 1, sem="release", scope="gpu")
+    else:
+        for band in range(pid - num_gemm, num_bands, SENDERS):
+            first = band * group_m
+            band_tiles = tl.minimum(num_pid_m - first, group_m) * num_pid_n
+            if wait(band_ptr + band, band_tiles, timeout_us, status_ptr, BAND_FLAG + band, "gpu"):
+                for sub in range(0, band_tiles):
+                    rows = (first + sub // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+                    cols = (sub % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+                    mask = (rows[:, None] < M) & (cols[None, :] < N_LOCAL)
+                    dst = c_ptr + rows[:, None].to(tl.int64) * stride_cm + (col0 + cols)[None, :]
+                    _scatter(tl.load(dst, mask=mask), dst, mask, rank, heap_bases, 1, WORLD, HINTS, BLOCK_N)
+                tl.atomic_xchg(band_ptr + band, 0, sem="relaxed", scope="gpu")   # counted from 0 again next call
+    _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, timeout_us, pid == 0, tl.num_programs(0), WORLD,
+            WAIT, SCOPE)
 
 
 @triton.jit
@@ -101,7 +173,7 @@ def _scatter(tile, dst, mask, rank, heap_bases, FIRST: tl.constexpr, WORLD: tl.c
 
 
 @triton.jit
-def _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, max_spins, waiter, programs,
+def _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, timeout_us, waiter, programs,
             WORLD: tl.constexpr, WAIT: tl.constexpr, SCOPE: tl.constexpr):
     """Completion: this program's stores, a CTA barrier, then a release add of 1 to slot
     `rank` of every rank's flag array (kernels.comm.remote.signal). With WAIT one program
@@ -112,13 +184,13 @@ def _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, max_spins, waite
         signal(flags_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", SCOPE)
     if WAIT:
         if waiter:
-            wait_all(flags_ptr, total_ptr, programs, max_spins, status_ptr, WORLD, SCOPE)
+            wait_all(flags_ptr, total_ptr, programs, timeout_us, status_ptr, WORLD, SCOPE)
 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS[:3] + ["split_k", "steps_per_split"])
 def _gemm_scatter_split_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, ws_ptr, cnt_ptr, heap_bases, flags_ptr,
                                status_ptr, total_ptr, M, N_LOCAL, K, stride_am, stride_ak, stride_bk, stride_bn,
-                               stride_cm, rank, max_spins, split_k, steps_per_split,
+                               stride_cm, rank, timeout_us, split_k, steps_per_split,
                                WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr, TMA_LOADS: tl.constexpr, SWAP_AB: tl.constexpr,
                                HINTS: tl.constexpr, WAIT: tl.constexpr, SCOPE: tl.constexpr,
@@ -136,5 +208,5 @@ def _gemm_scatter_split_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, ws_ptr, cnt_
         mask = (rows[:, None] < M) & (cols[None, :] < N_LOCAL)
         dst = c_ptr + rows[:, None].to(tl.int64) * stride_cm + (rank * N_LOCAL + cols)[None, :]
         _scatter(acc.to(c_ptr.dtype.element_ty), dst, mask, rank, heap_bases, 0, WORLD, HINTS, BLOCK_N)
-    _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, max_spins, (pid == 0) & (pid_k == 0),
+    _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, timeout_us, (pid == 0) & (pid_k == 0),
             tl.num_programs(0) * tl.num_programs(1), WORLD, WAIT, SCOPE)

@@ -1,0 +1,225 @@
+"""What the two overlap benchmarks share (``run_ag_gemm.py`` and ``run_gemm_scatter.py`` with
+``--shape-set llm`` or ``llm-reduced``): the LLM tensor-parallel shape set and its fit /
+held-out split, timing a case's methods in rotating passes, comm hidden, and the held-out
+score of a variant choice fitted on the other half.
+
+**Shapes.** The column-parallel GEMMs of tensor-parallel LLM layers, (N of the whole layer,
+K = the hidden size or the MLP width): QKV and gate+up projections of Llama-3 70B and 405B,
+Qwen2.5-72B and Qwen3-32B, DeepSeek-V3's dense MLP (gate+up, and down with K = 18432);
+M = tokens, powers of two from 256 (from 1 for GEMM + all-scatter) to 16384 plus M = 1000
+and 3000. All-gather + GEMM: each rank's B is its column shard, N = N_layer / W; GEMM +
+all-scatter: C has the layer's N columns, each rank computes N_layer / W of them.
+
+**The split** (fixed, stated before any measurement): the family's layers in the order listed
+and its M values ascending; shape (layer i, M j) is in the fit half when i + j is even, held
+out when odd. A checkerboard: every layer and every size of M appear in both halves, and no
+held-out shape was seen by the fit.
+
+``llm-reduced`` is the subset one command on a 2-GPU node measures in a few minutes (layers
+and M listed in REDUCED, problems up to REDUCED_FLOP per rank); ``llm`` is the whole set
+(a budgeted run of its own).
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+LAYERS = {  # name: (N of the whole layer, K)
+    "llama3-70b.qkv": (10240, 8192), "llama3-70b.gate_up": (57344, 8192),
+    "llama3-405b.qkv": (18432, 16384), "llama3-405b.gate_up": (106496, 16384),
+    "qwen2.5-72b.qkv": (10240, 8192), "qwen2.5-72b.gate_up": (59136, 8192),
+    "qwen3-32b.qkv": (10240, 5120), "qwen3-32b.gate_up": (51200, 5120),
+    "deepseek-v3.dense.gate_up": (36864, 7168), "deepseek-v3.dense.down": (7168, 18432),
+}
+TOKENS = {"ag_gemm": (256, 512, 1000, 1024, 2048, 3000, 4096, 8192, 16384),
+          "gemm_scatter": (1, 16, 64, 256, 1000, 1024, 3000, 4096, 16384)}
+REDUCED = {  # (layers, M values) of llm-reduced
+    "ag_gemm": (("llama3-70b.qkv", "qwen3-32b.qkv", "deepseek-v3.dense.down", "llama3-405b.qkv"),
+                (256, 1000, 4096, 16384)),
+    "gemm_scatter": (("llama3-70b.qkv", "qwen3-32b.qkv", "deepseek-v3.dense.down"), (1, 64, 256, 1000, 4096, 16384)),
+}
+REDUCED_FLOP = 1.5e12   # per rank: about 2-3 ms of an H100's GEMM, so a case's passes stay short
+SET_NAMES = ("llm", "llm-reduced")
+
+
+def shapes(family: str, world_size: int, which: str = "llm-reduced") -> list[dict]:
+    """The shape set's problems for ``family`` ("ag_gemm" or "gemm_scatter") at ``world_size``:
+    rows {layer, M, N, K, split} in the order they are measured: fit and held-out interleaved,
+    and M from both ends of its range in turn (smallest, largest, next smallest, ...), so that a
+    run its time budget cuts short has still measured small and large problems of both halves."""
+    if which not in SET_NAMES:
+        raise ValueError(f"shape set must be one of {SET_NAMES}, got {which!r}")
+    layers, tokens = (REDUCED[family] if which == "llm-reduced" else (tuple(LAYERS), TOKENS[family]))
+    rows, seen = [], set()
+    ends = [k for pair in zip(range(len(tokens)), reversed(range(len(tokens)))) for k in pair]
+    for j in list(dict.fromkeys(ends)):
+        M = tokens[j]
+        for i, layer in enumerate(layers):
+            n_layer, K = LAYERS[layer]
+            N = n_layer // world_size if family == "ag_gemm" else n_layer
+            if family == "ag_gemm" and (M % world_size or K % world_size):
+                continue
+            if which == "llm-reduced" and 2 * M * (n_layer // world_size) * K > REDUCED_FLOP:
+                continue
+            if (M, N, K) in seen:   # two models' layers of one shape (Llama-3 70B's and Qwen2.5-72B's QKV):
+                continue            # once, in the first one's half (a held-out shape is never a fitted one)
+            seen.add((M, N, K))
+            rows.append({"layer": layer, "M": M, "N": N, "K": K, "split": "fit" if (i + j) % 2 == 0 else "held_out"})
+    return rows
+
+
+# --------------------------------------------------------------------------
+# Timing in rotating passes
+# --------------------------------------------------------------------------
+def rotating_passes(names: list, time_one, passes: int) -> tuple[dict, dict]:
+    """Time every method of a case in ``passes`` passes over all of them, the first method
+    rotating, so that no method is always timed first or last (timed one block after
+    another, the same configuration measured up to 12% slower as the fifth method of a case
+    than as the first: the GPU's clocks after the methods before it). ``time_one(name,
+    first_pass)`` returns (timing dict, None) or (None, (status, error)); a method that fails
+    is dropped from the later passes. Returns ({name: [timings]}, {name: failure})."""
+    got = {n: [] for n in names}
+    failed = {}
+    for p in range(passes):
+        for name in names[p % len(names):] + names[:p % len(names)] if names else []:
+            if name in failed:
+                continue
+            t, failure = time_one(name, p == 0)
+            if t is None:
+                failed[name] = failure
+            else:
+                got[name].append(t)
+    return got, failed
+
+
+def median_of_passes(ts: list[dict]) -> dict:
+    """A method's row from its passes (each the slowest rank's median): medians of them."""
+    return {"ms": statistics.median(t["ms"] for t in ts), "q25_ms": statistics.median(t["q25_ms"] for t in ts),
+            "q75_ms": statistics.median(t["q75_ms"] for t in ts), "loop_ms": statistics.fmean(t["loop_ms"] for t in ts),
+            "slowest_rank": max(ts, key=lambda t: t["ms"])["slowest_rank"], "passes": len(ts)}
+
+
+def comm_hidden(t_gemm: float, t_comm: float, t: float) -> float:
+    """The share of the collective's time a method hides: (T_gemm + T_comm - T) / T_comm
+    (1: all of it, the method as fast as the GEMM alone; 0: none, as slow as the two in turn)."""
+    if not (t_comm and t_comm > 0) or any(x is None or x != x for x in (t_gemm, t_comm, t)):
+        return math.nan
+    return (t_gemm + t_comm - t) / t_comm
+
+
+def graph_replay_result(fn):
+    """``fn()``'s result from one replay of a CUDA graph that captured it (warmed up on a side
+    stream first, as capture needs); every rank of a collective calls this together."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return out.clone()
+
+
+# --------------------------------------------------------------------------
+# The variant choice: fitted on the fit half, scored on the held-out half
+# --------------------------------------------------------------------------
+def case_times(bench, keys: list[str]) -> dict:
+    """{(case key..., timing): {method: ms}} from a benchmark's rows (rank 0, status ok)."""
+    ok = bench[(bench["status"] == "ok") & (bench["rank"] == 0)] if "rank" in bench else bench[bench["status"] == "ok"]
+    out = {}
+    for key, g in ok.groupby(keys + ["timing"]):
+        out[key] = dict(zip(g["variant"], g["ms"]))
+    return out
+
+
+def fit_choices(bench, keys: list[str], choices: tuple, configs: dict, timing: str = "eager") -> list[dict]:
+    """Per fit case: the fastest of ``choices`` (method names) in ``timing`` calls, as a table
+    entry {keys..., method, config, ms}; ``configs[method]`` is the config it ran with (a dict)."""
+    fit = bench[bench["split"] == "fit"] if "split" in bench else bench.iloc[:0]
+    entries = []
+    for key, ms in case_times(fit, keys).items():
+        if key[-1] != timing:
+            continue
+        mine = {m: t for m, t in ms.items() if m in choices}
+        if not mine:
+            continue
+        best = min(mine, key=mine.get)
+        entries.append({**{k: (int(v) if isinstance(v, (int, float)) and k != "layer" else v)
+                           for k, v in zip(keys, key[:-1]) if k != "layer"},
+                        "method": best, "config": configs.get(best, {"variant": best}), "ms": float(mine[best])})
+    return entries
+
+
+def nearest(entries: list[dict], M: int, N: int, K: int, **match) -> dict | None:
+    """The entry nearest in log2 M, N, K among those whose fields equal ``match``."""
+    same = [e for e in entries if all(e.get(k) == v for k, v in match.items())]
+    if not same:
+        return None
+    return min(same, key=lambda e: sum(abs(math.log2(max(1, e[d])) - math.log2(max(1, v)))
+                                       for d, v in (("M", M), ("N", N), ("K", K))))
+
+
+def score_held_out(bench, entries: list[dict], keys: list[str], match_keys: list[str], ours: tuple,
+                   libraries: tuple, gemm: str, comm: str):
+    """One row per held-out case and timing: the fitted choice (the nearest fit entry's method),
+    its time, the fastest of ours and of the libraries there, the choice's regret and
+    speedups, and the comm hidden of the choice and of each library."""
+    import pandas as pd
+
+    held = bench[bench["split"] == "held_out"] if "split" in bench else bench.iloc[:0]
+    rows = []
+    for key, ms in case_times(held, keys).items():
+        case = dict(zip(keys, key[:-1]))
+        e = nearest(entries, int(case["M"]), int(case["N"]), int(case["K"]), **{k: case[k] for k in match_keys})
+        if e is None or e["method"] not in ms:
+            continue
+        pick = ms[e["method"]]
+        best_ours = min((t for m, t in ms.items() if m in ours), default=math.nan)
+        libs = {m: t for m, t in ms.items() if m in libraries}
+        best_lib = min(libs.values(), default=math.nan)
+        row = {**case, "timing": key[-1], "chosen": e["method"], "chosen_ms": pick, "best_ours_ms": best_ours,
+               "regret": pick / best_ours, "best_library": min(libs, key=libs.get) if libs else None,
+               "best_library_ms": best_lib, "speedup_vs_best_library": best_lib / pick,
+               "gemm_alone_ms": ms.get(gemm), "collective_alone_ms": ms.get(comm),
+               "comm_hidden_chosen": comm_hidden(ms.get(gemm), ms.get(comm), pick)}
+        for m, t in libs.items():
+            row[f"{m}_ms"] = t
+            row[f"speedup_vs_{m}"] = t / pick
+            row[f"comm_hidden_{m}"] = comm_hidden(ms.get(gemm), ms.get(comm), t)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def summary_lines(held, family: str, group: list[str]) -> list[str]:
+    """A few lines per (group..., timing) of the held-out score: the geomean and the least
+    speedup against the best library, how many shapes reach 1.0x, the regret, and the comm
+    hidden where the GEMM alone takes at least as long as the collective alone."""
+    if held is None or not len(held):
+        return [f"{family}: no held-out case measured"]
+    lines = []
+    for key, g in held.groupby(group + ["timing"]):
+        sp = g["speedup_vs_best_library"]
+        long_gemm = g[g["gemm_alone_ms"] >= g["collective_alone_ms"]]
+        hid = long_gemm["comm_hidden_chosen"].clip(lower=1e-3)
+        label = " ".join(f"{k}={v}" for k, v in zip(group + ["timing"], key if isinstance(key, tuple) else (key,)))
+        lines.append(f"{family} {label}: {len(g)} held-out shapes, vs the best library geomean "
+                     f"{_geomean(sp):.2f}x (least {sp.min():.2f}x, {int((sp >= 1.0).sum())} at >= 1.0x), regret "
+                     f"geomean {_geomean(g['regret']):.3f}, comm hidden geomean {_geomean(hid):.0%} on "
+                     f"{len(long_gemm)} shapes whose GEMM is at least the collective")
+    return lines
+
+
+def _geomean(s) -> float:
+    s = [float(x) for x in s if x == x and x > 0]
+    return math.exp(sum(math.log(x) for x in s) / len(s)) if s else math.nan
+
+
+def write_table(path, entries: list[dict], source: str) -> None:
+    path.write_text(json.dumps({"source": source, "entries": entries}, indent=1))

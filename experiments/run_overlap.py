@@ -1,0 +1,135 @@
+"""The overlap study on a node with 2 GPUs, in one command (about 8 minutes):
+
+    python experiments/run_overlap.py --out results/overlap/h100_w2     # a node with 2 H100s
+    python experiments/run_overlap.py --out results/overlap/h200_w2     # a node with 2 H200s
+
+1. the multi-GPU tests of the three families (``pytest -m multigpu``: the all-gather against
+   NCCL, all-gather + GEMM and GEMM + all-scatter against the reference on the seed shapes,
+   repeated calls and a CUDA-graph replay bit-identical, a rank held back 2 s within the
+   waits' bound and past a shorter one): ``pytest_multigpu.txt``;
+2. ``run_ag_gemm.py --shape-set llm-reduced`` at world size 2: every variant of ours, NCCL +
+   cuBLAS, PyTorch's ``fused_all_gather_matmul`` (both gather dims; timed even where it
+   misses the tolerance, which its check row says), the GEMM alone and the all-gather alone,
+   eager and graph-replayed in rotating passes: ``ag_gemm/`` (bench.csv, checks.csv,
+   summary.csv with comm hidden, auto_table.json = the variant choice fitted on the fit half,
+   held_out.csv, variant_choice.csv);
+3. ``run_gemm_scatter.py --shape-set llm-reduced`` likewise: ``gemm_scatter/`` (times_w2.csv,
+   checks_w2.csv, summary_w2.csv, auto_table.json, held_out_w2.csv, variant_choice_w2.csv);
+4. ``summary.md``: the tests' result and, per family and mode, the held-out score against the
+   best library and the comm hidden (also printed).
+
+Each step has a time limit (``--budget-s`` of the benchmarks stops starting new shapes, what
+is left is listed as skipped; ``--timeout`` kills a step that hangs). The exit status is 1
+when a test or a step failed. NVLink multicast stays off in every process.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+for _p in (REPO, REPO / "experiments"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+TEST_FILES = ("tests/test_all_gather.py", "tests/test_ag_gemm.py", "tests/test_gemm_scatter.py")
+# seconds: (the step's own budget for starting new work, the limit after which it is killed)
+LIMITS = {"pytest": (None, 240), "ag_gemm": (180, 250), "gemm_scatter": (75, 140)}
+
+
+def steps(out: Path, world_size: int = 2) -> list[tuple[str, list[str], float, Path]]:
+    """(name, command, time limit in s, log file) of each step."""
+    py = sys.executable
+    ag, gs = LIMITS["ag_gemm"], LIMITS["gemm_scatter"]
+    return [
+        ("pytest", [py, "-m", "pytest", "-m", "multigpu", "-q", "-p", "no:cacheprovider", *TEST_FILES],
+         LIMITS["pytest"][1], out / "pytest_multigpu.txt"),
+        ("ag_gemm", [py, "experiments/run_ag_gemm.py", "--world-sizes", str(world_size), "--shape-set", "llm-reduced",
+                     "--iters", "16", "--budget-s", str(ag[0]), "--timeout", str(ag[1] - 10),
+                     "--out", str(out / "ag_gemm")], ag[1], out / "ag_gemm.log"),
+        ("gemm_scatter", [py, "experiments/run_gemm_scatter.py", "--world-sizes", str(world_size), "--shape-set",
+                          "llm-reduced", "--budget-s", str(gs[0]), "--timeout", str(gs[1] - 10),
+                          "--out", str(out / "gemm_scatter")], gs[1], out / "gemm_scatter.log"),
+    ]
+
+
+def run_step(cmd: list[str], limit: float, log: Path) -> tuple[int, float]:
+    """Run one step from the repository root, its output into ``log``; (exit status, seconds).
+    A step past its limit is killed (status 124)."""
+    from workbench.dist import child_env
+
+    t0 = time.time()
+    with open(log, "w") as fh:
+        try:
+            rc = subprocess.run(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, timeout=limit,
+                                env=child_env()).returncode
+        except subprocess.TimeoutExpired:
+            fh.write(f"\nrun_overlap: killed after {limit:g} s\n")
+            rc = 124
+    return rc, time.time() - t0
+
+
+def summarize(out: Path, results: dict, world_size: int = 2) -> list[str]:
+    """The lines of summary.md: each step's status and time, the tests' last line, and per family
+    the held-out score (overlap.summary_lines) from the tables the benchmarks wrote."""
+    import pandas as pd
+
+    import overlap
+
+    lines = [f"# Overlap study, world size {world_size}: {out}", ""]
+    for name, (rc, secs) in results.items():
+        lines.append(f"- {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {secs:.0f} s")
+    tests = out / "pytest_multigpu.txt"
+    if tests.exists():
+        last = [x for x in tests.read_text().splitlines() if x.strip()][-1:] or ["(no output)"]
+        lines.append(f"- tests: {last[0].strip('= ')}")
+    lines.append("")
+    for family, path, group in (("all_gather_matmul", out / "ag_gemm" / "held_out.csv", ["world_size", "gather_dim"]),
+                                ("gemm_all_scatter", out / "gemm_scatter" / f"held_out_w{world_size}.csv",
+                                 ["world_size"])):
+        held = pd.read_csv(path) if path.exists() else None
+        lines += [f"- {x}" for x in overlap.summary_lines(held, family, group)]
+    gs = out / "gemm_scatter" / f"summary_w{world_size}.csv"
+    if gs.exists():   # the GEMM + all-scatter bar: at most 1.2x max(GEMM alone, all-gather alone) from M = 256 on
+        s = pd.read_csv(gs)
+        s = s[s["M"] >= 256]
+        for timing, g in s.groupby("timing"):
+            best = g[[c for c in ("fused_vs_max_alone", "senders_vs_max_alone") if c in g]].min(axis=1)
+            lines.append(f"- gemm_all_scatter {timing}, M >= 256: the better fused variant at {best.min():.2f}x-"
+                         f"{best.max():.2f}x max(GEMM alone, all-gather alone) ({int((best <= 1.2).sum())} of "
+                         f"{len(best)} shapes within 1.2x)")
+    lines += ["", "Tables: ag_gemm/ and gemm_scatter/ (the variant choice: auto_table.json, variant_choice*.csv)."]
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for every table, log and summary.md")
+    ap.add_argument("--skip-tests", action="store_true", help="the benchmarks only")
+    args = ap.parse_args(argv)
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        print(f"run_overlap: needs a node with 2 CUDA GPUs (sm_90: H100 or H200), found {torch.cuda.device_count()}",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for name, cmd, limit, log in steps(out):
+        if name == "pytest" and args.skip_tests:
+            continue
+        print(f"run_overlap: {name} (at most {limit:g} s) ...", flush=True)
+        results[name] = run_step(cmd, limit, log)
+        print(f"run_overlap: {name}: exit {results[name][0]} in {results[name][1]:.0f} s (log: {log})", flush=True)
+    lines = summarize(out, results)
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    return 0 if all(rc == 0 for rc, _ in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

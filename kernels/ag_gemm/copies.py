@@ -1,0 +1,283 @@
+"""The variants of ``all_gather_matmul`` whose transfers the copy engine makes, not SMs:
+their plans (which copies, in which order, with which signals) and their launches.
+
+All three start with the same publish kernel (``_ag_gemm_kernel`` with PUBLISH: our shard
+into the heap, then, on a GPU, a wait in the kernel until every peer has published), then
+queue ``cudaMemcpyAsync`` pulls from the peers' heaps on a side stream (``SideStream``:
+forked from and joined to the caller's stream with two events made once per plan):
+
+``copy_engine``  each peer's shard in ``ce_chunks`` copies of whole row tiles, each followed
+                 by a copy that sets its (row tile, k-group) flags; every SM runs our GEMM
+                 kernel, polling flag group by flag group.
+``chunked``      each peer's shard in one copy, an event after it; cuBLAS on our shard at
+                 once and on each peer's as its event fires; a finish kernel after the copies.
+``pipelined``    each peer's shard in ``ce_chunks`` row chunks, ONE signal per chunk (a 4-byte
+                 copy of the call's value, which the publish kernel leaves in the state
+                 words: no kernel of its own), copied in arrival order: gathered along M,
+                 peer by peer (rank + 1 first), so our rows' tiles and then each peer's
+                 chunks in turn are ready in the order the GEMM takes them; gathered along K,
+                 chunk by chunk across the peers, so the first row chunk of C has every
+                 shard's columns first. One GEMM launch on every SM takes tiles in that order
+                 (``triton._chunk_tile``: our own rows' tiles first), waits once per (tile,
+                 peer shard) on the chunk's signal and runs that shard's K range as one
+                 pipelined loop. The Flux / PyTorch async-TP decomposition, at chunk grain.
+
+In a simulated world the copies are host copies made after the publish kernel, between
+barriers (ranks take turns in the interpreter), in the same order, signals included.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from kernels.ag_gemm.triton import _ag_gemm_kernel, _finish_kernel, _next_epoch_kernel
+from kernels.comm.streams import SideStream
+from kernels.common.launcher import launch_planned
+
+CE_PUBLISHERS = 16       # programs of the publish kernel where not every program publishes (publish_all=False)
+CE_VARIANTS = ("copy_engine", "chunked", "pipelined")
+
+
+# --------------------------------------------------------------------------
+# Plans
+# --------------------------------------------------------------------------
+def n_flags(plan) -> int:
+    """Signals a plan's flag array holds, the "all staged" one last."""
+    if plan.cfg.variant == "pipelined":
+        return plan.world * plan.NCH + 1
+    return plan.world * plan.MT * plan.KG + 1
+
+
+def plan_copies(plan, heap, shared: dict) -> None:
+    """The side stream and the copies of a copy-engine variant's plan."""
+    plan.side = SideStream(heap.device) if heap.device.type == "cuda" else None
+    if plan.cfg.variant == "chunked":
+        _chunked_plan(plan, heap, shared)
+    elif plan.cfg.variant == "pipelined":
+        _pipelined_plan(plan, heap, shared)
+    else:
+        _copy_engine_plan(plan, heap)
+
+
+def _copy_engine_plan(plan, heap) -> None:
+    """copy_engine: each peer's shard in ce_chunks copies of whole row tiles, each with its flags
+    (the flags' values: a slice of ``nextval``, made once here)."""
+    cfg, W = plan.cfg, heap.world_size
+    tiles_per_chunk = triton.cdiv(plan.MT, cfg.ce_chunks)  # whole row tiles: a chunk owns its flags
+    n_chunk = triton.cdiv(plan.MT, tiles_per_chunk)
+    plan.nextval = torch.zeros(tiles_per_chunk * plan.KG, dtype=torch.int32, device=heap.device)
+    rows = tiles_per_chunk * cfg.block_m
+    for q in range(1, W):
+        p = (heap.rank + q) % W
+        if p == cfg.skip_rank:
+            continue
+        src = heap.peer_view(plan.pub, p)
+        for c in range(n_chunk):
+            r0, r1 = c * rows, min(plan.S_M, (c + 1) * rows)
+            f0 = (p * plan.MT + c * tiles_per_chunk) * plan.KG
+            f1 = (p * plan.MT + min(plan.MT, (c + 1) * tiles_per_chunk)) * plan.KG
+            plan.chunks.append((plan.stg[p, r0:r1], src[r0:r1], plan.flags[f0:f1], plan.nextval[:f1 - f0]))
+    if cfg.skip_rank < 0 and cfg.staged_flag:  # after the last chunk: the "all staged" flag
+        plan.chunks.append((None, None, plan.flags[-1:], plan.nextval[:1]))
+
+
+def _chunked_plan(plan, heap, shared: dict) -> None:
+    """chunked: one whole-shard copy per peer (staggered, as the fetchers go), an event after each,
+    and along K the fp32 buffer that sums the shards' products."""
+    W, dev = heap.world_size, heap.device
+    peers = [(heap.rank + q) % W for q in range(1, W)]
+    plan.chunks = [(p, plan.stg[p], heap.peer_view(plan.pub, p)) for p in peers]
+    plan.events = [torch.cuda.Event() for _ in plan.chunks] if dev.type == "cuda" else []
+    if plan.gather_dim == 1:  # one per output shape, shared by the plans like the staging buffer
+        key = ("acc",) + plan.out_shape
+        if key not in shared:
+            shared[key] = torch.empty(plan.out_shape, dtype=torch.float32, device=dev)
+        plan.acc = shared[key]
+
+
+def chunk_tiles(plan) -> int:
+    """pipelined: row tiles per chunk (``ce_chunks`` chunks per shard, whole row tiles)."""
+    return triton.cdiv(plan.MT, plan.cfg.ce_chunks)
+
+
+def copy_order(plan, rank: int, world: int) -> list[tuple[int, int]]:
+    """pipelined: (peer, chunk) in the order the copies are queued (see the module docstring)."""
+    peers = [(rank + q) % world for q in range(1, world)]
+    chunks = range(plan.NCH)
+    if plan.gather_dim == 0:
+        return [(p, c) for p in peers for c in chunks]
+    return [(p, c) for c in chunks for p in peers]
+
+
+def _pipelined_plan(plan, heap, shared: dict) -> None:
+    """pipelined: (staging rows, the peer's rows, the chunk's signal) per copy, in arrival order;
+    the "all staged" signal after the last one; every signal takes the value the publish
+    kernel leaves in state word 6 (epoch + 1)."""
+    cfg = plan.cfg
+    rows = chunk_tiles(plan) * cfg.block_m
+    plan.nextval = shared["state"][6:7]
+    srcs = {}
+    for p, c in copy_order(plan, heap.rank, heap.world_size):
+        if p == cfg.skip_rank:
+            continue
+        if p not in srcs:
+            srcs[p] = heap.peer_view(plan.pub, p)
+        r0, r1 = c * rows, min(plan.S_M, (c + 1) * rows)
+        sig = p * plan.NCH + c
+        plan.chunks.append((plan.stg[p, r0:r1], srcs[p][r0:r1], plan.flags[sig:sig + 1], plan.nextval))
+    if cfg.skip_rank < 0 and cfg.staged_flag:
+        plan.chunks.append((None, None, plan.flags[-1:], plan.nextval))
+
+
+def describe_chunk(plan, fid: int) -> str | None:
+    """pipelined: what signal ``fid`` stands for, for a timeout's message."""
+    if plan.cfg.variant != "pipelined" or not plan.NCH:
+        return None
+    if fid == plan.world * plan.NCH:
+        return "the \"all staged\" signal never came (the last copy of the call never ran)"
+    src, c = divmod(fid, plan.NCH)
+    rows = chunk_tiles(plan) * plan.cfg.block_m
+    r0, r1 = c * rows, min(plan.S_M, (c + 1) * rows) - 1
+    return (f"chunk {c} of rank {src}'s shard never arrived: rows {r0}...{r1} of its {plan.S_M}x{plan.S_K} shard "
+            f"(chunk signal {fid}); rank {src} never published it, or our copy of it never ran")
+
+
+# --------------------------------------------------------------------------
+# Launches
+# --------------------------------------------------------------------------
+def publish(heap, plan, args, cs) -> None:
+    """The publish kernel (its FETCHERS programs): copy our shard into the heap and, on a GPU,
+    wait in-kernel until every peer has published, so that copies issued after it read the
+    peers' shards at once. In a simulated world, between two barriers instead."""
+    if heap.simulated:
+        heap.barrier()
+    launch_planned(heap, plan.launches, ("ce_publish", cs), _ag_gemm_kernel, (plan.kw["FETCHERS"],), *args,
+                   PUBLISH=True, FETCH=False, COMPUTE=False, WAIT_READY=not heap.simulated, **plan.kw)
+    if heap.simulated:
+        heap.barrier()
+
+
+def _gemm(heap, plan, args, cs) -> None:
+    launch_planned(heap, plan.launches, ("ce_gemm", cs), _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False,
+                   FETCH=False, COMPUTE=True, WAIT_READY=False, **plan.gemm_kw)
+
+
+def _signalled_copies(plan) -> None:
+    """Every (data, signal) copy of the plan, in order, on the current stream."""
+    for dst, src, flags, value in plan.chunks:
+        if dst is not None:
+            dst.copy_(src, non_blocking=True)  # cudaMemcpyAsync from the peer (copy engine)
+        flags.copy_(value, non_blocking=True)  # then its signal, in stream order
+
+
+def run_flagged(heap, plan, c, s, args) -> None:
+    """copy_engine and pipelined: publish, the signalled copies on the side stream, and our
+    GEMM kernel on the caller's stream, polling the signals."""
+    cs = (c.data_ptr() % 16, c.stride(0))
+    if plan.cfg.variant == "copy_engine":
+        launch_planned(heap, plan.launches, "next_epoch", _next_epoch_kernel, (1,), s["state"], plan.nextval,
+                       plan.nextval.numel(), BLOCK=128)
+    publish(heap, plan, args, cs)
+    if heap.simulated:
+        _signalled_copies(plan)
+        _gemm(heap, plan, args, cs)
+        if plan.resident:  # the GPU's END_WAIT: the peers have read our shard before the call returns
+            heap.barrier()
+        return
+    cur = torch.cuda.current_stream(heap.device)
+    plan.side.fork(cur)
+    try:
+        _signalled_copies(plan)
+    finally:
+        plan.side.leave(cur)
+    _gemm(heap, plan, args, cs)
+    plan.side.join(cur)
+
+
+def run_chunked(a, b, heap, plan, bias, c, s, args) -> None:
+    """Publish, then on a side stream copy each peer's shard whole into the staging buffer
+    (copy engine), each copy followed by an event; on the caller's stream cuBLAS multiplies
+    our own shard at once and each peer's as its copy lands. No SM fetches and the GEMMs run
+    at the library's speed: PyTorch async-TP's schedule, on our heap and flags. A finish
+    kernel after the copies ends the call for the peers."""
+    wait_us = args[-2]
+    publish(heap, plan, args, (c.data_ptr() % 16, c.stride(0)))
+    if heap.simulated:
+        for _, dst, src in plan.chunks:
+            dst.copy_(src)
+        finish(heap, plan, s, wait_us)
+        _chunk_products(a, b, plan, bias, c, heap.rank, None)
+        if plan.resident:  # the GPU's END_WAIT: the peers have read our shard before the call returns
+            heap.barrier()
+        return
+    cur = torch.cuda.current_stream(heap.device)
+    plan.side.fork(cur)  # the copies start once every peer has published
+    try:
+        for (_, dst, src), ev in zip(plan.chunks, plan.events):
+            dst.copy_(src, non_blocking=True)  # cudaMemcpyAsync from the peer (copy engine)
+            ev.record()
+        finish(heap, plan, s, wait_us)
+    finally:
+        plan.side.leave(cur)
+    _chunk_products(a, b, plan, bias, c, heap.rank, (cur, plan.events))
+    plan.side.join(cur)
+
+
+def finish(heap, plan, s, wait_us) -> None:
+    launch_planned(heap, plan.launches, "finish", _finish_kernel, (1,), s["state"], s["sig"], heap.heap_bases,
+                   s["status"], heap.rank, wait_us, WORLD=heap.world_size, END_WAIT=plan.kw["END_WAIT"])
+
+
+def _chunk_products(a, b, plan, bias, c, rank, waits) -> None:
+    """C from our shard, then from each staged peer shard once ``waits`` (the stream and the
+    copies' events; None: nothing to wait for) has ordered its copy: row blocks of C gathered
+    along M; along K, partial products summed in fp32 (``plan.acc``) and rounded once, as one
+    GEMM rounds. (Summing them in C itself, as PyTorch's fused op does, rounds once per shard:
+    at 4 ranks that missed our bf16 tolerance on every shape.)"""
+    S_M, S_K = plan.S_M, plan.S_K
+    if plan.gather_dim == 0:
+        if bias is not None and bias.dtype != a.dtype:
+            bias = bias.to(a.dtype)
+        _rows_product(a, b, bias, c[rank * S_M:(rank + 1) * S_M])
+        for i, (p, dst, _) in enumerate(plan.chunks):
+            if waits is not None:
+                waits[0].wait_event(waits[1][i])
+            _rows_product(dst, b, bias, c[p * S_M:(p + 1) * S_M])
+        return
+    _mm_fp32(a, b[rank * S_K:(rank + 1) * S_K], plan.acc, False)
+    for i, (p, dst, _) in enumerate(plan.chunks):
+        if waits is not None:
+            waits[0].wait_event(waits[1][i])
+        _mm_fp32(dst, b[p * S_K:(p + 1) * S_K], plan.acc, True)
+    torch.add(plan.acc, bias, out=c) if bias is not None else c.copy_(plan.acc)
+
+
+def _rows_product(x, b, bias, rows) -> None:
+    torch.mm(x, b, out=rows) if bias is None else torch.addmm(bias, x, b, out=rows)
+
+
+def _mm_fp32(x, y, acc, add) -> None:
+    """acc (+)= x @ y, products and sums in fp32 (cuBLAS's out_dtype on a GPU)."""
+    if acc.device.type == "cuda":
+        if add:
+            torch.addmm(acc, x, y, out_dtype=torch.float32, out=acc)
+        else:
+            torch.mm(x, y, out_dtype=torch.float32, out=acc)
+    elif add:
+        acc.addmm_(x.float(), y.float())
+    else:
+        torch.mm(x.float(), y.float(), out=acc)
+
+
+def warmup(heap, plan, s, args, wait_us) -> None:
+    """Compile a copy-engine variant's kernels without launching them (``launch.prepare``)."""
+    _ag_gemm_kernel.warmup(*args, grid=(plan.kw["FETCHERS"],), PUBLISH=True, FETCH=False, COMPUTE=False,
+                           WAIT_READY=True, **plan.kw)
+    if plan.cfg.variant == "chunked":
+        _finish_kernel.warmup(s["state"], s["sig"], heap.heap_bases, s["status"], heap.rank, wait_us,
+                              WORLD=heap.world_size, END_WAIT=plan.kw["END_WAIT"], grid=(1,))
+        return
+    if plan.cfg.variant == "copy_engine":
+        _next_epoch_kernel.warmup(s["state"], plan.nextval, plan.nextval.numel(), BLOCK=128, grid=(1,))
+    _ag_gemm_kernel.warmup(*args, grid=(plan.grid,), PUBLISH=False, FETCH=False, COMPUTE=True, WAIT_READY=False,
+                           **dict(plan.kw, FETCHERS=0))

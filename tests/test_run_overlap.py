@@ -1,0 +1,63 @@
+"""experiments/run_overlap.py: the one command per 2-GPU node (its CPU part: the steps it runs,
+their limits, the summary it writes from the tables; a machine without 2 GPUs is refused)."""
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("run_overlap", REPO / "experiments" / "run_overlap.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_steps_are_the_tests_then_both_benchmarks_within_eight_minutes(tmp_path):
+    r = _script()
+    names = [s[0] for s in r.steps(tmp_path)]
+    assert names == ["pytest", "ag_gemm", "gemm_scatter"]
+    cmds = {name: cmd for name, cmd, _, _ in r.steps(tmp_path)}
+    assert cmds["pytest"][-3:] == list(r.TEST_FILES) and "multigpu" in cmds["pytest"]
+    for name in ("ag_gemm", "gemm_scatter"):
+        assert cmds[name][cmds[name].index("--shape-set") + 1] == "llm-reduced"
+        assert cmds[name][cmds[name].index("--world-sizes") + 1] == "2"
+        assert cmds[name][cmds[name].index("--out") + 1] == str(tmp_path / name)
+        budget, limit = r.LIMITS[name]
+        assert float(cmds[name][cmds[name].index("--budget-s") + 1]) == budget < limit
+    # the steps' budgets (what starts new work) stay within 8 minutes; their kill limits bound a hang
+    assert r.LIMITS["pytest"][1] // 2 + r.LIMITS["ag_gemm"][0] + r.LIMITS["gemm_scatter"][0] <= 8 * 60
+
+
+def test_summary_reads_the_tables(tmp_path):
+    r = _script()
+    (tmp_path / "ag_gemm").mkdir()
+    (tmp_path / "gemm_scatter").mkdir()
+    (tmp_path / "pytest_multigpu.txt").write_text("....\n5 passed, 200 deselected in 140.0s\n")
+    held = pd.DataFrame([dict(world_size=2, gather_dim=gd, M=m, N=5120, K=8192, timing=t, chosen="pipelined",
+                              chosen_ms=1.0, regret=1.02, speedup_vs_best_library=sp, gemm_alone_ms=0.9,
+                              collective_alone_ms=0.3, comm_hidden_chosen=0.66)
+                         for gd in (0, 1) for t in ("eager", "graph") for m, sp in ((1000, 1.1), (4096, 0.95))])
+    held.to_csv(tmp_path / "ag_gemm" / "held_out.csv", index=False)
+    held.drop(columns="gather_dim").to_csv(tmp_path / "gemm_scatter" / "held_out_w2.csv", index=False)
+    pd.DataFrame([dict(M=m, timing="graph", fused_vs_max_alone=v, senders_vs_max_alone=v - 0.1)
+                  for m, v in ((64, 3.0), (256, 1.5), (4096, 1.2))]).to_csv(
+        tmp_path / "gemm_scatter" / "summary_w2.csv", index=False)
+    lines = r.summarize(tmp_path, {"pytest": (0, 140.0), "ag_gemm": (0, 170.0), "gemm_scatter": (1, 95.0)})
+    text = "\n".join(lines)
+    assert "- pytest: ok in 140 s" in text and "gemm_scatter: FAILED (exit 1)" in text
+    assert "5 passed, 200 deselected" in text
+    assert text.count("all_gather_matmul world_size=2 gather_dim=") == 4 and "least 0.95x, 1 at >= 1.0x" in text
+    assert "gemm_all_scatter graph, M >= 256: the better fused variant at 1.10x-1.40x" in text
+    assert "1 of 2 shapes within 1.2x" in text
+
+
+def test_a_machine_without_two_gpus_is_refused(tmp_path, capsys, monkeypatch):
+    import torch
+
+    r = _script()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert r.main(["--out", str(tmp_path / "x")]) == 2
+    assert "needs a node with 2 CUDA GPUs" in capsys.readouterr().err and not (tmp_path / "x").exists()
