@@ -40,18 +40,19 @@ TEST_FILES = ("tests/test_all_gather.py", "tests/test_ag_gemm.py", "tests/test_g
 LIMITS = {"pytest": (None, 240), "ag_gemm": (180, 250), "gemm_scatter": (75, 140)}
 
 
-def steps(out: Path, world_size: int = 2) -> list[tuple[str, list[str], float, Path]]:
-    """(name, command, time limit in s, log file) of each step."""
+def steps(out: Path, world_size: int = 2, scale: float = 1.0) -> list[tuple[str, list[str], float, Path]]:
+    """(name, command, time limit in s, log file) of each step; ``scale`` shortens (or lengthens)
+    every step's budget and limit."""
     py = sys.executable
-    ag, gs = LIMITS["ag_gemm"], LIMITS["gemm_scatter"]
+    ag, gs = ([x * scale for x in LIMITS[k]] for k in ("ag_gemm", "gemm_scatter"))
     return [
         ("pytest", [py, "-m", "pytest", "-m", "multigpu", "-q", "-p", "no:cacheprovider", *TEST_FILES],
-         LIMITS["pytest"][1], out / "pytest_multigpu.txt"),
+         LIMITS["pytest"][1] * scale, out / "pytest_multigpu.txt"),
         ("ag_gemm", [py, "experiments/run_ag_gemm.py", "--world-sizes", str(world_size), "--shape-set", "llm-reduced",
-                     "--iters", "16", "--budget-s", str(ag[0]), "--timeout", str(ag[1] - 10),
+                     "--iters", "16", "--budget-s", f"{ag[0]:.0f}", "--timeout", f"{ag[1] - 10:.0f}",
                      "--out", str(out / "ag_gemm")], ag[1], out / "ag_gemm.log"),
         ("gemm_scatter", [py, "experiments/run_gemm_scatter.py", "--world-sizes", str(world_size), "--shape-set",
-                          "llm-reduced", "--budget-s", str(gs[0]), "--timeout", str(gs[1] - 10),
+                          "llm-reduced", "--budget-s", f"{gs[0]:.0f}", "--timeout", f"{gs[1] - 10:.0f}",
                           "--out", str(out / "gemm_scatter")], gs[1], out / "gemm_scatter.log"),
     ]
 
@@ -109,6 +110,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for every table, log and summary.md")
     ap.add_argument("--skip-tests", action="store_true", help="the benchmarks only")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="multiply every step's time budget and limit (0.8: a shorter run, fewer shapes)")
     args = ap.parse_args(argv)
     import torch
 
@@ -119,7 +122,7 @@ def main(argv=None) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     results = {}
-    for name, cmd, limit, log in steps(out):
+    for name, cmd, limit, log in steps(out, scale=args.scale):
         if name == "pytest" and args.skip_tests:
             continue
         print(f"run_overlap: {name} (at most {limit:g} s) ...", flush=True)
