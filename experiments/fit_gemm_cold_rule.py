@@ -12,7 +12,8 @@ timed in the same tuning run, cuBLAS among them). Two rules are compared:
 * ``regions``: a table from a few coarse features (dtype, operands TMA-aligned, M class, rounds
   of 128x256 tiles over the SMs, long K) to the one candidate with the least geometric-mean
   regret over the fit half's shapes of that region on every GPU (at least ``--min-shapes`` of
-  them; other regions fall back to the cost model).
+  them), at three levels of detail (``kernels.gemm.cold.regions``): a problem takes its most
+  specific region the table has, else the cost model.
 
 Which is kept is decided on the fit half alone, by 5-fold cross-validation (shapes split by a
 hash of their key, both GPUs' timings of a shape in the same fold): the region table is kept
@@ -78,12 +79,12 @@ def fake_call(shape: dict):
                 b_km=s["b"] == "t" and b_ok, c_ok=c_ok, device_descriptors=True, gluon_device_descriptors=True)
 
 
-def region(shape: dict) -> str:
-    """The coarse features the region table is keyed on (also ``kernels.gemm.cold.region``)."""
+def region(shape: dict) -> list[str]:
+    """The coarse classes the region table is keyed on, most specific first (``kernels.gemm.cold.regions``)."""
     from kernels.gemm import cold
 
     call = fake_call(shape)
-    return cold.region(call.M, call.N, call.K, call.dtype, call.aligned, SMS)
+    return cold.regions(call.M, call.N, call.K, call.dtype, call.aligned, SMS)
 
 
 def cost_model_pick(shape: dict) -> str:
@@ -97,6 +98,14 @@ def cost_model_pick(shape: dict) -> str:
         cold.REGIONS = saved
 
 
+def _repo_path(p: Path) -> str:
+    """``p`` relative to the repository when it lies inside it (what a committed rule should name)."""
+    try:
+        return str(Path(p).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
 def geomean(xs) -> float:
     xs = [x for x in xs if x > 0 and math.isfinite(x)]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
@@ -107,7 +116,8 @@ def fit_regions(recs: list[dict], min_shapes: int) -> dict[str, str]:
     shape on one GPU) that timed it, among candidates timed on all of them."""
     by_region: dict[str, list[dict]] = defaultdict(list)
     for r in recs:
-        by_region[r["region"]].append(r)
+        for reg in r["region"]:   # every level: a specific region with too few shapes falls back
+            by_region[reg].append(r)
     table = {}
     for reg, rows in by_region.items():
         if len({r["key"] for r in rows}) < min_shapes:
@@ -121,7 +131,7 @@ def fit_regions(recs: list[dict], min_shapes: int) -> dict[str, str]:
 
 def pick(rule: str, table: dict, rec: dict) -> str:
     if rule == "regions":
-        c = table.get(rec["region"])
+        c = next((table[r] for r in rec["region"] if r in table), None)
         if c is not None and c in rec["us"]:
             return c
     return rec["cost_model"]
@@ -177,7 +187,7 @@ def main(argv=None) -> int:
         for rule in ("cost model", "regions"):
             c = pick(rule, table, r)
             t = r["us"].get(c, math.nan)
-            rows.append({"device": r["device"], "key": r["key"], "split": r["split"], "region": r["region"],
+            rows.append({"device": r["device"], "key": r["key"], "split": r["split"], "region": r["region"][0],
                          "rule": rule, "pick": c, "us": t, "best": best, "best_us": r["us"][best],
                          "cublas_us": r["us"][LIBRARY], "regret": t / r["us"][best],
                          "vs_cublas": r["us"][LIBRARY] / t,
@@ -207,7 +217,7 @@ def main(argv=None) -> int:
     if args.write_rule:
         doc = {"format": "kernel-workbench gemm cold rule", "version": 1, "rule": keep,
                "regions": table if keep == "regions" else {}, "sms": SMS,
-               "fitted_on": sorted({str(p) for p in args.times}), "cv_regret": cv_gm,
+               "fitted_on": sorted({_repo_path(p) for p in args.times}), "cv_regret": cv_gm,
                "fit_records": len(fit)}
         RULE_PATH.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         print(f"wrote {RULE_PATH} ({keep}, {len(doc['regions'])} regions)")

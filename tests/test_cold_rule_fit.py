@@ -78,6 +78,9 @@ def test_region_table_is_what_the_cold_rule_consults(monkeypatch):
     reg = cold.region(3000, 4096, 4096, torch.bfloat16, True, 132)
     monkeypatch.setattr(cold, "REGIONS", {reg: "t64x128"})
     assert gselect.cold(call).name == "t64x128"
+    coarse = cold.regions(3000, 4096, 4096, torch.bfloat16, True, 132)[-1]   # only a coarser region known
+    monkeypatch.setattr(cold, "REGIONS", {coarse: "t128x128"})
+    assert gselect.cold(call).name == "t128x128"
     monkeypatch.setattr(cold, "REGIONS", {reg: "no-such-candidate"})   # falls back to the cost model
     assert gselect.cold(call).name != "no-such-candidate"
 

@@ -257,6 +257,7 @@ def write_entries(path: Path, head: Mapping[str, Any], entries: Mapping[str, dic
         doc = {**head, "entries": {**current, **entries}}
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
         try:
+            os.chmod(tmp, 0o644)   # mkstemp makes it private; a table is read by whoever shares the directory
             with os.fdopen(fd, "w") as fh:
                 json.dump(doc, fh, indent=1, sort_keys=True)
                 fh.write("\n")

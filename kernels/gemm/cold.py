@@ -243,15 +243,31 @@ RULE_PATH = Path(__file__).resolve().parent / "cold_rule.json"
 MAX_RULE_BYTES = 1 << 20
 
 
-def region(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> str:
-    """The coarse class of a problem the region table is keyed on: dtype (16-bit or fp32),
-    operands TMA-aligned or padded, M (<= 16, <= 64, <= 512, more), N <= 64, rounds of 128x256
-    tiles over the SMs (< 1, < 4, more) and K (>= 8192: long)."""
+def regions(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> list[str]:
+    """The coarse classes of a problem the region table is keyed on, the most specific first:
+    dtype (16-bit or fp32), operands TMA-aligned or padded, M (<= 16, <= 64, <= 512, more),
+    N <= 64, rounds of 128x256 tiles over the SMs (< 1, < 4, more) and K (>= 8192: long); then
+    the same without K, without K and rounds, and dtype, alignment and M alone (a region the
+    fit saw too few shapes of falls back to the next coarser one)."""
     dt = "fp32" if dtype == torch.float32 else "16"
     m = "m16" if M <= 16 else "m64" if M <= 64 else "m512" if M <= 512 else "mbig"
     rounds = math.ceil(M / 128) * math.ceil(N / 256) / max(1, num_sms)
     w = "r<1" if rounds < 1 else "r<4" if rounds < 4 else "r4+"
-    return f"{dt},{'tma' if aligned else 'pad'},{m},{'n64' if N <= 64 else 'n'},{w},{'klong' if K >= 8192 else 'k'}"
+    feats = [dt, "tma" if aligned else "pad", m, "n64" if N <= 64 else "n", w, "klong" if K >= 8192 else "k"]
+    return [",".join(feats[:n]) for n in (6, 5, 3)]
+
+
+def region(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> str:
+    """The most specific of ``regions``."""
+    return regions(M, N, K, dtype, aligned, num_sms)[0]
+
+
+def region_pick(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> str | None:
+    """The region table's candidate for the most specific region of the problem it has."""
+    for r in regions(M, N, K, dtype, aligned, num_sms):
+        if r in REGIONS:
+            return REGIONS[r]
+    return None
 
 
 def load_regions(path: Path = RULE_PATH) -> dict[str, str]:

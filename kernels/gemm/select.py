@@ -71,7 +71,7 @@ def cold(call: Call) -> common.Candidate:
     that candidate exists for the call), else ``kernels.gemm.cold.heuristic``'s, named as the
     candidate it equals (else "cold")."""
     if cold_rule.REGIONS and call.hopper:
-        name = cold_rule.REGIONS.get(cold_rule.region(call.M, call.N, call.K, call.dtype, call.aligned, call.sms))
+        name = cold_rule.region_pick(call.M, call.N, call.K, call.dtype, call.aligned, call.sms)
         cands = candidates(call) if name else {}
         if name in cands:
             return cands[name]
