@@ -352,3 +352,56 @@ def test_a_failed_notebook_names_its_job_and_log(slurm_cluster, tmp_path):
     index = (tmp_path / "out" / "index.html").read_text()
     assert f"Slurm job <code>{m.group(1)}</code>" in index and m.group(2) in index
     assert (tmp_path / "out" / "09_broken.html").exists()  # the report up to the error, as locally
+
+
+def test_a_report_job_that_died_is_a_failed_entry_with_its_job_and_log(tmp_path, capsys):
+    from workbench import report_cluster
+
+    run = tmp_path / "slurm" / "r1"
+    cluster.write_json(run / "notebooks.json", {"31_2": "notebooks/03_all_gather.ipynb"})
+    ref = cluster.JobRef(job_id="31_2", name="03_all_gather", folder=str(run / "logs"), status=str(run / "status" / "x.json"))
+    st = cluster.JobStatus("31_2", "03_all_gather", "failed", "NODE_FAIL", "gpu07",
+                           "node gpu07 failed (NODE_FAIL) while the job ran", str(ref.log), {"state": "running"})
+    args = argparse.Namespace(cancel_on_interrupt=False)
+    reports = report_cluster._Reports(args, tmp_path)
+    assert reports._record(ref, st) == 1
+    assert "03_all_gather FAILED: job 31_2" in capsys.readouterr().err
+    rec = json.loads((tmp_path / "03_all_gather.report.json").read_text())
+    assert not rec["ok"] and "NODE_FAIL" in rec["error"] and rec["notebook"].endswith("03_all_gather.ipynb")
+    index = reports._index().read_text()
+    assert "Slurm job <code>31_2</code> on gpu07" in index and "31_2_0_log.out" in index
+
+
+@pytest.mark.slurm
+def test_ctrl_c_says_how_to_collect_and_cancels_only_when_asked(slurm_cluster, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CLUSTER_TOY_SLEEP_S": "2"}
+
+    def interrupted(out, *extra):
+        p = subprocess.Popen([sys.executable, "-m", "workbench.cli", "sweep", str(TOY), "--quick", "--results", str(out),
+                              "--executor", "slurm", "--jobs", "2", "--gpus-per-job", "0", "--no-progress", *extra],
+                             cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: list((out / "slurm").glob("*/jobs.json")), 60, "the submission")
+        time.sleep(2)  # into the wait
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        return p.returncode, err, cluster.load_jobs(one_run(out))
+
+    rc, err, refs = interrupted(tmp_path / "a")
+    assert rc == 130 and "nothing was cancelled" in err, err
+    assert f"workbench sweep {TOY} --collect --quick --results {tmp_path / 'a'}" in err
+    live = subprocess.run(["squeue", "-h", "-j", refs[0].array_id], capture_output=True, text=True).stdout
+    assert live.strip(), "the jobs went on"
+    cluster.cancel(refs)
+    rc, err, refs = interrupted(tmp_path / "b", "--cancel-on-interrupt")
+    assert rc == 130 and "interrupted: cancelled 2 job(s)" in err, err
+    wait_for(lambda: not subprocess.run(["squeue", "-h", "-j", refs[0].array_id], capture_output=True,
+                                        text=True).stdout.strip(), 60, "the cancelled jobs to leave")
+
+
+@pytest.mark.slurm
+def test_two_gpu_study_asks_for_two_gpus_and_sbatch_refusal_is_clear(slurm_cluster, tmp_path):
+    res = workbench("report", ROOT / "notebooks" / "03_all_gather.ipynb", "--out", tmp_path, "--executor", "slurm",
+                    "--detach")
+    assert res.returncode == 2 and "sbatch refused the jobs" in res.stderr, res.stderr  # this cluster has no GPUs
+    (script,) = (tmp_path / "slurm").glob("*/logs/.submission_file_*.sh")
+    assert "#SBATCH --gpus-per-node=2" in script.read_text()

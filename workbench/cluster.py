@@ -77,6 +77,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -360,7 +361,7 @@ def submit(executor, folder: str | os.PathLike, fn: Callable, arg_tuples: Sequen
     folder = Path(folder)
     status_dir = folder / "status"
     status_dir.mkdir(parents=True, exist_ok=True)
-    tag = f"{int(time.time() * 1000):x}"
+    tag = uuid.uuid4().hex[:10]  # this submission's status files (a folder may hold several)
     paths = [str(status_dir / f"{tag}_{i}.json") for i in range(len(arg_tuples))]
     call = JobCall(fn, requeue=requeue)
     columns = list(zip(*arg_tuples)) if arg_tuples and arg_tuples[0] else []

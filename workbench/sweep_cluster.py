@@ -38,6 +38,7 @@ import datetime as _dt
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -334,11 +335,15 @@ class _Sweep:
         cluster.write_json(folder / PLAN, plan)
         self._carry_crashes(folder, shares)
         gpus = max(p.world_size for p in expand(spec))
-        ex = cluster.make_executor(self.args, folder / "logs", gpus=gpus, partition=partition,
-                                   name=f"wb-sweep-{spec.name}"[:64], parallelism=len(shares))
         names = [f"share {i + 1}/{len(shares)}: {len(s)} rows" for i, s in enumerate(shares)]
-        refs = cluster.submit(ex, folder, run_share, [(str(folder / PLAN), i) for i in range(len(shares))],
-                              names=names, requeue=True)
+        try:
+            ex = cluster.make_executor(self.args, folder / "logs", gpus=gpus, partition=partition,
+                                       name=f"wb-sweep-{spec.name}"[:64], parallelism=len(shares))
+            refs = cluster.submit(ex, folder, run_share, [(str(folder / PLAN), i) for i in range(len(shares))],
+                                  names=names, requeue=True)
+        except cluster.ClusterError:
+            shutil.rmtree(folder, ignore_errors=True)  # nothing was submitted: no submission to follow
+            raise
         run = _Run(folder)
         run.status = {r.job_id: cluster.JobStatus(r.job_id, r.name, "pending", "PENDING", log=str(r.log))
                       for r in refs}
