@@ -405,3 +405,19 @@ def test_two_gpu_study_asks_for_two_gpus_and_sbatch_refusal_is_clear(slurm_clust
     assert res.returncode == 2 and "sbatch refused the jobs" in res.stderr, res.stderr  # this cluster has no GPUs
     (script,) = (tmp_path / "slurm").glob("*/logs/.submission_file_*.sh")
     assert "#SBATCH --gpus-per-node=2" in script.read_text()
+
+
+@pytest.mark.slurm
+def test_a_point_that_kills_its_job_is_recorded_crashed_and_skipped_on_resume(slurm_cluster, tmp_path):
+    out, env = tmp_path / "c", {"CLUSTER_TOY_CRASH": "300,128"}
+    res = slurm_sweep(out, "--quick", "--jobs", "2", env=env)
+    assert res.returncode == 1 and "failed with points missing" in res.stderr, res.stderr
+    assert re.search(r"job \S+ \[share 2/2: 3 rows\] failed on wbnode: the job ended \(FAILED\) before it finished; "
+                     r"last log line: .*Aborted", res.stderr), res.stderr
+    res = slurm_sweep(out, "--quick", "--jobs", "2", env=env)  # the same crash still armed
+    assert res.returncode == 0 and "it is recorded as crashed" in res.stderr, res.stderr
+    df = rows(out)
+    assert len(df) == 6 and not df.duplicated(KEY).any()
+    crashed = df[df["status"] == "crashed"]
+    assert len(crashed) == 1 and crashed.iloc[0]["n"] == 300 and crashed.iloc[0]["p_BLOCK"] == 128
+    assert (df.drop(crashed.index)["status"] == "ok").all()

@@ -505,15 +505,14 @@ def _status(ref: JobRef, view: _SchedulerView) -> JobStatus:
 
 
 def _why_ended(state: str, node: str, own: str | None, ref: JobRef) -> str:
-    on = f" on node {node}" if node else ""
     if state == "NODE_FAIL":
         what = f"node {node or '?'} failed (NODE_FAIL) while the job ran"
     elif state in ("CANCELLED", "TIMEOUT", "PREEMPTED", "OUT_OF_MEMORY", "DEADLINE", "BOOT_FAIL"):
-        what = f"Slurm ended the job{on}: {state}"
+        what = f"Slurm ended the job: {state}"
     elif state == "FORGOTTEN":
         what = "Slurm no longer knows the job and it left no final status (node lost or job killed)"
     else:
-        what = f"the job ended ({state}){on}"
+        what = f"the job ended ({state})"
     before = " before its program started" if own is None else " before it finished"
     tail = _log_tail(ref.log)
     return what + before + (f"; last log line: {tail}" if tail else "")

@@ -16,13 +16,14 @@ progress bar of points done across the cluster) and merges their rows into
 runs (``merged.json`` per submission, and the row's identity run/point/
 variant/repeat in the table).
 
-Faults. A job's rows reach its folder as each point ends, so a job
-cancelled, preempted or timed out loses at most the point it was on; SIGTERM
-makes it save first. A job at its time limit is requeued by submitit and
+Faults. A job's rows reach its folder within seconds of each point, and
+SIGTERM (scancel, preemption, the time limit) makes it save them all before it
+ends, so a job stopped mid-sweep loses at most the point it was on. A job at its time limit is requeued by submitit and
 goes on from its own rows (no point twice); so is a job Slurm requeues. A job
 that died by itself (FAILED, no status of its own: a crash that killed the
-process) leaves the point it was on in ``inflight.json``: the next submission
-records that point as ``crashed`` and skips it, as a local run does. A
+process, or stuck in a point past its time limit) leaves the point it was on in
+``inflight.json``: the next submission records that point as ``crashed`` and
+skips it, as a local run does. A
 resumed sweep (the default, or ``--resume``) merges everything first and
 submits only the points still missing. Ctrl-C while waiting cancels nothing
 (``--cancel-on-interrupt`` does) and says how to collect later.
@@ -49,7 +50,10 @@ from .spec import Spec, SpecError, expand, load_spec
 PLAN = "plan.json"
 LEDGER = "merged.json"
 MERGE_EVERY_S = 30.0
-CRASH_STATES = ("FAILED", "OUT_OF_MEMORY")  # the job's own process died (not Slurm stopping it)
+# How a job ended when the point it was on is to blame, provided the job never said how it ended: its
+# process died (FAILED, OUT_OF_MEMORY), or stayed stuck past its time limit, deaf to SIGTERM (TIMEOUT;
+# a responsive job saves its rows and says "stopped"). Not NODE_FAIL, CANCELLED, PREEMPTED.
+CRASH_STATES = ("FAILED", "OUT_OF_MEMORY", "TIMEOUT")
 
 __all__ = ["add_args", "dispatch", "run_share"]
 
@@ -107,7 +111,7 @@ def run_share(plan_path: str, index: int) -> dict:
         raise SpecError(f"{spec.path}: {len(lost)} of the {len(mine)} points given to this job are not in the spec "
                         "any more (edited after it was submitted?): run the sweep again to submit it as it is now")
     df = sweep.run_spec(spec, results_dir=task_dir, only=mine, run_id=plan["run_id"], progress=False,
-                        flush_every=1, log=lambda s: print(s, file=sys.stderr, flush=True))
+                        flush_s=2.0, log=lambda s: print(s, file=sys.stderr, flush=True))
     counts = df["status"].value_counts().to_dict() if len(df) else {}
     return {"rows": int(len(df)), "status": {str(k): int(v) for k, v in counts.items()}}
 

@@ -3,7 +3,8 @@
 It implements the sweep protocol (``workbench.sweep``) in a few lines, so that a
 sweep of ~40 points runs in Triton's interpreter in seconds. ``$CLUSTER_TOY_SLEEP_S``
 makes every point take at least that long (a test that cancels a job mid-run
-needs the job to still be running).
+needs the job to still be running); ``$CLUSTER_TOY_CRASH=N,BLOCK`` makes the point
+of that size and block kill its process.
 """
 import os
 import time
@@ -44,6 +45,8 @@ def poison(inputs):
 
 def run(inputs, BLOCK=64, num_warps=4):
     x, y = inputs["x"], inputs["y"]
+    if os.environ.get("CLUSTER_TOY_CRASH") == f"{x.numel()},{BLOCK}":
+        os.abort()  # a point that kills its process (as a sticky GPU fault can)
     _axpb_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, y, x.numel(), A, inputs["b"], BLOCK=BLOCK, num_warps=num_warps)
     return y
 
