@@ -229,7 +229,7 @@ def test_sweep_as_job_array_matches_the_local_sweep(slurm_cluster, tmp_path):
 @pytest.mark.slurm
 def test_cancel_and_requeue_mid_run_then_resume_records_every_point_once(slurm_cluster, tmp_path):
     out = tmp_path / "r"
-    res = slurm_sweep(out, "--jobs", "4", "--detach", env={"CLUSTER_TOY_SLEEP_S": "1"})
+    res = slurm_sweep(out, "--jobs", "4", "--detach", env={"CLUSTER_TOY_SLEEP_S": "0.6"})
     assert res.returncode == 0, res.stderr
     assert "detached; merge the rows later with: workbench sweep" in res.stderr
     run = one_run(out)
