@@ -16,7 +16,7 @@ free private ports, one node with this machine's CPUs in a ``debug``
 partition (``select/cons_tres``, ``proctrack/linuxproc``, ``task/none``: no
 cgroups needed) and state/spool folders. Accounting is off
 (``accounting_storage/none``), so ``sacct`` has nothing to say: the workbench
-reads job states from ``squeue`` and ``scontrol`` when ``sacct`` fails
+reads job states from ``scontrol show job`` when ``sacct`` fails
 (``workbench.cluster``).
 """
 from __future__ import annotations
@@ -267,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     with LocalSlurm() as cluster:
         print(f"slurm-test: one node ({cluster.cpus} CPUs, partition debug) is up; in another shell:\n"
               f"  export SLURM_CONF={cluster.conf}\n"
-              f"  sinfo; workbench sweep tests/cluster/toy.yaml --executor slurm --jobs 4 --gpus-per-job 0 --results /tmp/toy\n"
+              f"  sinfo; workbench sweep tests/cluster/toy.yaml --executor slurm --jobs 4 --gpus-per-job 0 "
+              f"--results /tmp/toy\n"
               f"slurm-test: logs in {cluster.root / 'log'}; Ctrl-C stops the cluster", flush=True)
         try:
             while all(p.poll() is None for p in cluster.procs.values()):

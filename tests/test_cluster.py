@@ -221,6 +221,8 @@ def test_sweep_as_job_array_matches_the_local_sweep(slurm_cluster, tmp_path):
     assert set(b["slurm_node"]) == {"wbnode"} and set(b["slurm_partition"]) == {"debug"}
     assert {"git_sha", "torch_version", "triton_version", "device_name", "slurm_gpus"} <= set(b.columns)
     assert b["run_id"].nunique() == 1
+    refs = cluster.load_jobs(one_run(tmp_path / "slurm"))
+    assert cluster.result(refs[0]) == {"rows": 11, "status": {"ok": 11}}  # what the job's function returned
     logs = sorted((one_run(tmp_path / "slurm") / "logs").glob("*_log.out"))
     assert len(logs) == 4 and all("sacct" not in p.read_text() for p in logs)
     assert "sacct" not in res.stderr and "Bypassing" not in res.stderr
@@ -359,7 +361,8 @@ def test_a_report_job_that_died_is_a_failed_entry_with_its_job_and_log(tmp_path,
 
     run = tmp_path / "slurm" / "r1"
     cluster.write_json(run / "notebooks.json", {"31_2": "notebooks/03_all_gather.ipynb"})
-    ref = cluster.JobRef(job_id="31_2", name="03_all_gather", folder=str(run / "logs"), status=str(run / "status" / "x.json"))
+    ref = cluster.JobRef(job_id="31_2", name="03_all_gather", folder=str(run / "logs"),
+                         status=str(run / "status" / "x.json"))
     st = cluster.JobStatus("31_2", "03_all_gather", "failed", "NODE_FAIL", "gpu07",
                            "node gpu07 failed (NODE_FAIL) while the job ran", str(ref.log), {"state": "running"})
     args = argparse.Namespace(cancel_on_interrupt=False)
@@ -377,8 +380,9 @@ def test_ctrl_c_says_how_to_collect_and_cancels_only_when_asked(slurm_cluster, t
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CLUSTER_TOY_SLEEP_S": "2"}
 
     def interrupted(out, *extra):
-        p = subprocess.Popen([sys.executable, "-m", "workbench.cli", "sweep", str(TOY), "--quick", "--results", str(out),
-                              "--executor", "slurm", "--jobs", "2", "--gpus-per-job", "0", "--no-progress", *extra],
+        p = subprocess.Popen([sys.executable, "-m", "workbench.cli", "sweep", str(TOY), "--quick", "--results",
+                              str(out), "--executor", "slurm", "--jobs", "2", "--gpus-per-job", "0", "--no-progress",
+                              *extra],
                              cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: list((out / "slurm").glob("*/jobs.json")), 60, "the submission")
         time.sleep(2)  # into the wait

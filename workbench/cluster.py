@@ -5,21 +5,26 @@
 follows them and collects what they wrote. No scheduler of our own: Slurm
 places, starts, requeues and cancels jobs; this module only asks it.
 
-A command adopts it in a few lines::
+A command adopts it in a few lines (``workbench tune``: one job per partition and family)::
 
     from workbench import cluster
 
     def configure(parser):
-        cluster.add_executor_args(parser)                 # the flags below
+        cluster.add_executor_args(parser, multi_partition=True)    # the flags below
 
     def run(args):
-        cluster.check_args(args)                          # ClusterError: a bad flag, said with its name
+        cluster.check_args(args, multi_partition=True)    # ClusterError: a bad flag, said with its name
         if args.executor == "slurm":
-            ex = cluster.make_executor(args, folder / "logs", gpus=2, name="wb-tune-gemm")
-            refs = cluster.submit(ex, folder, my_job_fn, [(arg,) for arg in work], names=[...])
-            ends = cluster.wait(refs, on_end=lambda ref, st: print(st.line()),
-                                hint="collect later with: workbench tune ... --collect")
-            # a later process: cluster.load_jobs(folder) -> the same refs; cluster.statuses(refs)
+            refs = []
+            for part in cluster.partitions(args):         # --partition h100,h200
+                ex = cluster.make_executor(args, folder / part / "logs", gpus=1, partition=part,
+                                           name=f"wb-tune-{part}")
+                refs += cluster.submit(ex, folder / part, tune_family, [(f,) for f in families],
+                                       names=[f"{part}/{f}" for f in families])
+            cluster.wait(refs, on_end=lambda ref, st: print(st.line()),   # or return here with --detach
+                         hint="collect later with: workbench tune ... --collect",
+                         cancel_on_interrupt=args.cancel_on_interrupt)
+        # a later process (--collect): refs = cluster.load_jobs(folder / part); cluster.statuses(refs)
 
 API
 ---
@@ -29,8 +34,9 @@ API
     ``H:MM:SS`` or ``D-HH:MM``), ``--jobs N``, ``--account A``, ``--qos Q``,
     ``--slurm-arg KEY=VALUE`` (any other ``sbatch`` option, repeatable), ``--detach``,
     ``--cancel-on-interrupt``.
-``check_args(args)``
-    Raises `ClusterError` for a bad value or a cluster flag without ``--executor slurm``.
+``check_args(args, *, multi_partition=False, collecting=False)``
+    Raises `ClusterError` for a bad value or a cluster flag without ``--executor slurm``
+    (``collecting``: a ``--collect`` run, which takes no submission flag).
 ``slurm_parameters(args, *, gpus, partition=None, name, parallelism=None) -> dict``
     submitit's SlurmExecutor parameters for those flags (pure: no Slurm needed).
 ``make_executor(args, folder, *, gpus, partition=None, name, parallelism=None)``
@@ -44,13 +50,13 @@ API
 ``load_jobs(folder) -> list[JobRef]``
     The refs ``submit`` recorded there (for ``--collect`` in a later process).
 ``statuses(refs) -> {job_id: JobStatus}``
-    What each job is doing or how it ended, from Slurm (``sacct``; ``squeue`` /
-    ``scontrol`` where accounting is off) and the job's status file: pending,
+    What each job is doing or how it ended, from Slurm (``sacct``; ``scontrol show job``
+    where accounting is off) and the job's status file: pending,
     running, done, failed (with the error, e.g. the exception the job raised, or
     ``NODE_FAIL on gpu07``) and its log path. ``JobStatus.line()`` says it in one line.
-``wait(refs, *, on_end=None, poll=None, hint="", cancel_on_interrupt=False)``
+``wait(refs, *, on_end=None, poll=None, hint="", cancel_on_interrupt=False) -> {job_id: JobStatus}``
     Follows the jobs until every one ended, calling ``on_end(ref, status)`` once per
-    job and ``poll()`` about every second (progress bars, merging). On Ctrl-C it
+    job and ``poll({job_id: status})`` about every second (progress bars, merging). On Ctrl-C it
     says what is still on the cluster and ``hint`` (how to collect later), cancels
     only with ``cancel_on_interrupt``, and raises KeyboardInterrupt.
 ``result(ref)``
@@ -235,7 +241,7 @@ def make_executor(args, folder: str | os.PathLike, *, gpus: int, partition: str 
         import submitit
     except ImportError:
         raise ClusterError("--executor slurm needs submitit (pip install submitit)") from None
-    missing = [t for t in ("sbatch", "srun", "squeue", "scontrol", "scancel") if shutil.which(t) is None]
+    missing = [t for t in ("sbatch", "srun", "scontrol", "scancel") if shutil.which(t) is None]
     if missing:
         raise ClusterError(f"--executor slurm: {', '.join(missing)} not found: run on a Slurm login node "
                            "(where sbatch works), or use --executor local")

@@ -18,15 +18,15 @@ variant/repeat in the table).
 
 Faults. A job's rows reach its folder within seconds of each point, and
 SIGTERM (scancel, preemption, the time limit) makes it save them all before it
-ends, so a job stopped mid-sweep loses at most the point it was on. A job at its time limit is requeued by submitit and
-goes on from its own rows (no point twice); so is a job Slurm requeues. A job
-that died by itself (FAILED, no status of its own: a crash that killed the
-process, or stuck in a point past its time limit) leaves the point it was on in
-``inflight.json``: the next submission records that point as ``crashed`` and
-skips it, as a local run does. A
-resumed sweep (the default, or ``--resume``) merges everything first and
-submits only the points still missing. Ctrl-C while waiting cancels nothing
-(``--cancel-on-interrupt`` does) and says how to collect later.
+ends, so a job stopped mid-sweep loses at most the point it was on. A job at
+its time limit is requeued by submitit and goes on from its own rows (no point
+twice); so is a job Slurm requeues. A job that died by itself (FAILED, no
+status of its own: a crash that killed the process, or stuck in a point past
+its time limit) leaves the point it was on in ``inflight.json``: the next
+submission records that point as ``crashed`` and skips it, as a local run
+does. A resumed sweep (the default, or ``--resume``) merges everything first
+and submits only the points still missing. Ctrl-C while waiting cancels
+nothing (``--cancel-on-interrupt`` does) and says how to collect later.
 
 Files, under the results folder: ``slurm/<run>/plan.json`` (what was
 submitted), ``jobs.json`` (the job ids), ``task_<i>/`` (job i's rows),
@@ -36,7 +36,6 @@ submitted), ``jobs.json`` (the job ids), ``task_<i>/`` (job i's rows),
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import shlex
 import shutil
@@ -300,10 +299,10 @@ class _Sweep:
         df = self.store.existing
         if df is None or df.empty:
             return set()
-        if "slurm_partition" in df:
-            df = df[df["slurm_partition"].astype(str) == str(partition)] if partition else df[df["slurm_partition"].notna()]
-        else:
+        if "slurm_partition" not in df:
             return set()
+        part = df["slurm_partition"]
+        df = df[part.astype(str) == str(partition)] if partition else df[part.notna()]
         df = df[~df["status"].isin(RETRY_STATUSES)]
         return set(zip(df["point_id"], df["variant"], df["repeat"].astype(int)))
 
