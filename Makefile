@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup browser report test wheelhouse node-report
+.PHONY: setup browser report test wheelhouse node-report slurm-test
 
 # Which notebooks a report runs: the ones named in ARGS, else all of them.
 REPORT_WHAT = $(if $(filter %.ipynb,$(ARGS)),,--all)
@@ -32,6 +32,12 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	  else echo "make: chromium missing and not root: browser tests will skip" >&2; fi; }
+
+# A one-node Slurm cluster on this machine (munged, slurmctld, slurmd from a temporary folder; the
+# cluster tests start the same one): try `--executor slurm` by hand; Ctrl-C stops it. As root, Debian's
+# slurm-wlm and munge are installed first when missing.
+slurm-test: setup
+	$(BIN)/python tests/slurm_cluster.py --install
 
 report: setup
 	$(BIN)/workbench report $(REPORT_WHAT) $(ARGS)

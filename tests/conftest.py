@@ -53,3 +53,27 @@ def isa_fixture_kernels():
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real one-node Slurm cluster (tests/slurm_cluster.py) for the session; SLURM_CONF points at it.
+
+    Installs Debian's Slurm and munge when they are missing and this is root (as `make browser`
+    does for chromium), else skips with the reason. Every daemon it starts is stopped by pid at
+    the end, after the cluster's jobs are cancelled."""
+    import slurm_cluster as sc
+
+    why = sc.install()
+    if why:
+        pytest.skip(why)
+    before = os.environ.get("SLURM_CONF")
+    with sc.LocalSlurm() as cluster:
+        os.environ.update(cluster.env())
+        try:
+            yield cluster
+        finally:
+            if before is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = before

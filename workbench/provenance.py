@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["collect", "flat", "KNOB_PREFIXES", "git_info", "versions", "devices"]
+__all__ = ["collect", "flat", "KNOB_PREFIXES", "git_info", "versions", "devices", "slurm"]
 
 KNOB_PREFIXES = ("TRITON_", "NCCL_", "CUDA_", "TORCH_", "NVSHMEM_", "PYTORCH_")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +94,18 @@ def devices() -> dict[str, Any]:
     return out
 
 
+def slurm() -> dict[str, Any]:
+    """Inside a Slurm job: {'slurm_job_id', 'slurm_array_job_id', 'slurm_array_task_id', 'slurm_partition',
+    'slurm_node', 'slurm_gpus'} (the GPUs Slurm gave the job, as indices on the node); {} elsewhere."""
+    env = os.environ
+    if not env.get("SLURM_JOB_ID"):
+        return {}
+    return {"slurm_job_id": env["SLURM_JOB_ID"], "slurm_array_job_id": env.get("SLURM_ARRAY_JOB_ID"),
+            "slurm_array_task_id": env.get("SLURM_ARRAY_TASK_ID"), "slurm_partition": env.get("SLURM_JOB_PARTITION"),
+            "slurm_node": env.get("SLURMD_NODENAME"),
+            "slurm_gpus": env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS") or env.get("CUDA_VISIBLE_DEVICES")}
+
+
 def _knobs(extra: Mapping[str, Any] | None) -> dict[str, Any]:
     knobs: dict[str, Any] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(KNOB_PREFIXES)}
     if extra:
@@ -116,7 +128,8 @@ def collect(world_size: int = 1, knobs: Mapping[str, Any] | None = None) -> dict
     device_name, device_count, device_capability, sm_count, world_size,
     interpreter (TRITON_INTERPRET=1), knobs (TRITON_*, NCCL_*, CUDA_*, TORCH_*,
     NVSHMEM_*, PYTORCH_* environment variables plus ``knobs``), timestamp
-    (UTC, ISO 8601) and hostname.
+    (UTC, ISO 8601) and hostname; inside a Slurm job also its job id, array job id and
+    index, partition, node and GPUs (``slurm()``).
     """
     info: dict[str, Any] = {}
     info.update(git_info())
@@ -130,6 +143,7 @@ def collect(world_size: int = 1, knobs: Mapping[str, Any] | None = None) -> dict
         info["hostname"] = socket.gethostname()
     except OSError:  # pragma: no cover
         info["hostname"] = "unknown"
+    info.update(slurm())
     return info
 
 

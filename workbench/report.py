@@ -630,6 +630,11 @@ def build_index(out_dir: str | os.PathLike = DEFAULT_OUT) -> Path:
         nb_link = (f' (<a href="{html.escape(name)}.ipynb">executed notebook</a>)'
                    if (out_dir / f"{name}.ipynb").exists() else "")
         err = f"<div><code>{html.escape(rec['error'])}</code></div>" if rec.get("error") else ""
+        job = rec.get("job") if isinstance(rec.get("job"), dict) else None
+        if job and not ok:  # a report made by a Slurm job (workbench.report_cluster)
+            err += (f"<div><small>Slurm job <code>{html.escape(str(job.get('job_id')))}</code> on "
+                    f"{html.escape(str(job.get('node') or '?'))}; log: <code>{html.escape(str(job.get('log')))}"
+                    "</code></small></div>")
         vers = rec.get("versions") or {}
         mach = rec.get("machine") or {}
         rows.append(
@@ -706,6 +711,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--measure", choices=("auto", "committed", "quick", "full"), default=None,
                         help="the studies' `measure` parameter: auto (quick where the study's GPUs are here, "
                              "else committed), committed, quick (a reduced grid, minutes) or full")
+    from . import report_cluster
+
+    report_cluster.add_args(parser)  # --executor slurm: one job per notebook (workbench.cluster)
 
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -768,6 +776,11 @@ def _measure_env(out_dir: Path, timeout: float | None) -> None:
 
 
 def run(args) -> int:
+    from . import report_cluster
+
+    cluster_rc = report_cluster.dispatch(args, Path(args.out))  # None: run here, as below
+    if cluster_rc is not None:
+        return cluster_rc
     try:
         paths, params = _resolve(args)
     except ReportUsageError as exc:

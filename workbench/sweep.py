@@ -742,7 +742,8 @@ def _run_here(spec: Spec, job: _Job, tasks: list, rec: _Recorder, inflight: Path
 def run_spec(spec: Spec | str | os.PathLike, *, quick: bool = False, results_dir: str | os.PathLike | None = None,
              resume: bool = True, progress: bool = True, limit: int | None = None, flush_every: int = 20,
              ceilings: Mapping | None = None, deadline_s: float | None = None, flush_s: float = 10.0,
-             on_row: Callable[[dict], None] | None = None, log: Callable[[str], None] | None = None):
+             on_row: Callable[[dict], None] | None = None, log: Callable[[str], None] | None = None,
+             only: set | None = None, run_id: str | None = None):
     """Run a sweep; return all rows of its results folder as a DataFrame.
 
     Points of world size 1 run in this process; those of each larger world
@@ -754,6 +755,8 @@ def run_spec(spec: Spec | str | os.PathLike, *, quick: bool = False, results_dir
         resumed run).
     flush_s / flush_every: rows reach the parquet file at least this often.
     on_row: called with each finished row (e.g. a watchdog's heartbeat).
+    only: run only these (point_id, variant, repeat) keys (a cluster job's share).
+    run_id: the rows' ``run_id`` (default: a fresh one; a cluster job is given its submission's).
     ceilings: measured ceilings (``workbench.roofline``) for ``frac_of_peak``;
         by default the cached ones for this device, if any.
     """
@@ -804,7 +807,7 @@ def run_spec(spec: Spec | str | os.PathLike, *, quick: bool = False, results_dir
         except Exception:
             ceilings = None
 
-    run_id = hashlib.sha1(f"{prov['timestamp']}{os.getpid()}".encode()).hexdigest()[:10]
+    run_id = run_id or hashlib.sha1(f"{prov['timestamp']}{os.getpid()}".encode()).hexdigest()[:10]
     job = _Job(sweep=spec.name, kernel=spec.kernel, variant=spec.variant, seed=spec.seed,
                bench={"warmup_ms": 25, "rep_ms": 100, "flush_l2": True, "cuda_graph": False, **spec.bench},
                param_names=_all_param_names(spec, points),
@@ -834,8 +837,9 @@ def run_spec(spec: Spec | str | os.PathLike, *, quick: bool = False, results_dir
         inflight.unlink(missing_ok=True)
 
     tasks = [(p, r) for p in points for r in range(spec.repeats)
-             if (p.point_id(spec.kernel), p.baseline or spec.variant, r) not in done]
-    skipped = len(points) * spec.repeats - len(tasks)
+             if (p.point_id(spec.kernel), p.baseline or spec.variant, r) not in done
+             and (only is None or (p.point_id(spec.kernel), p.baseline or spec.variant, r) in only)]
+    skipped = (len(only) if only is not None else len(points) * spec.repeats) - len(tasks)
     # Group by (dtype, shape) so inputs and the reference are made once per shape.
     order = {}
     for p, _ in tasks:
@@ -868,7 +872,7 @@ def run_spec(spec: Spec | str | os.PathLike, *, quick: bool = False, results_dir
             stopped += left
             if aborted:
                 break
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, or a cluster job told to stop: keep every finished row
         store.flush()
         inflight.unlink(missing_ok=True)
         bar.close()
@@ -896,36 +900,6 @@ def _all_param_names(spec: Spec, points: list[Point]) -> list[str]:
         for k, _ in p.params:
             names.setdefault(k)
     return list(names)
-
-
-def _rank_main(argv: list[str]) -> int:
-    """One rank of a sweep's world (``python -m workbench.sweep_rank PLAN.json`` under torchrun):
-    the plan's points in order; rank 0 emits one row per point."""
-    from . import dist  # first: NVLink multicast off before anything initializes
-
-    plan = json.loads(Path(argv[0]).read_text())
-    for entry in reversed(plan.get("sys_path") or []):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
-    module = _import_kernel(plan["kernel"], None)  # before the heartbeat: imports are not a point's stage
-    job = _Job.from_plan(plan, module)
-    tasks = [(_point_from_json(d), int(rep)) for d, rep in plan["tasks"]]
-    deadline_at = plan.get("deadline_at")
-
-    import torch.distributed as tdist
-
-    with dist.worker(plan.get("backend")) as w:
-        runner = _PointRunner(job, _WorldComm(w, tdist.new_group(backend="gloo")))
-        for i, (p, rep) in enumerate(tasks):
-            row = runner.run(p, rep, where=f"point {i + 1}/{len(tasks)}")
-            if w.rank == 0:
-                w.emit(row)
-            if runner.aborted:
-                raise SweepAborted(f"rank {w.rank}: {runner.aborted}")
-            if deadline_at is not None and any(runner.comm.gather(time.time() > deadline_at)):
-                break
-        w.stage("done")
-    return 0
 
 
 # --------------------------------------------------------------------------
@@ -977,6 +951,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, metavar="N", help="run at most N new rows")
     parser.add_argument("--dry-run", action="store_true", help="validate and count points, run nothing")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from . import sweep_cluster
+
+    sweep_cluster.add_args(parser)  # --executor slurm and friends (workbench.cluster)
 
 
 def run(args) -> int:
@@ -992,6 +969,11 @@ def run(args) -> int:
         print(f"{spec.path}: {kern} kernel points + {len(points) - kern} baseline points x {spec.repeats} "
               f"repeat(s) over {sum(len(v) for v in spec.shapes.values())} shapes{worlds}; spec OK")
         return 0
+    from . import sweep_cluster
+
+    cluster_rc = sweep_cluster.dispatch(args, spec)  # None: a local sweep, as below
+    if cluster_rc is not None:
+        return cluster_rc
     try:
         run_spec(spec, results_dir=args.results, resume=not args.fresh, progress=not args.no_progress,
                  limit=args.limit)

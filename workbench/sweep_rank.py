@@ -4,10 +4,41 @@
 torchrun (through ``workbench.dist.launch``), one world per world size; each
 rank runs the plan's points in order and rank 0 emits one row per point.
 """
+import json
 import sys
+import time
+from pathlib import Path
 
-from workbench import dist  # noqa: F401  (first: NVLink multicast off before anything initializes)
-from workbench.sweep import _rank_main
+from workbench import dist  # first: NVLink multicast off before anything initializes
+from workbench.sweep import SweepAborted, _import_kernel, _Job, _point_from_json, _PointRunner, _WorldComm
+
+
+def main(argv: list[str]) -> int:
+    """The plan's points in order through the single process's per-point code; rank 0 emits the rows."""
+    plan = json.loads(Path(argv[0]).read_text())
+    for entry in reversed(plan.get("sys_path") or []):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    module = _import_kernel(plan["kernel"], None)  # before the heartbeat: imports are not a point's stage
+    job = _Job.from_plan(plan, module)
+    tasks = [(_point_from_json(d), int(rep)) for d, rep in plan["tasks"]]
+    deadline_at = plan.get("deadline_at")
+
+    import torch.distributed as tdist
+
+    with dist.worker(plan.get("backend")) as w:
+        runner = _PointRunner(job, _WorldComm(w, tdist.new_group(backend="gloo")))
+        for i, (p, rep) in enumerate(tasks):
+            row = runner.run(p, rep, where=f"point {i + 1}/{len(tasks)}")
+            if w.rank == 0:
+                w.emit(row)
+            if runner.aborted:
+                raise SweepAborted(f"rank {w.rank}: {runner.aborted}")
+            if deadline_at is not None and any(runner.comm.gather(time.time() > deadline_at)):
+                break
+        w.stage("done")
+    return 0
+
 
 if __name__ == "__main__":
-    sys.exit(_rank_main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))
