@@ -425,3 +425,33 @@ def test_a_point_that_kills_its_job_is_recorded_crashed_and_skipped_on_resume(sl
     crashed = df[df["status"] == "crashed"]
     assert len(crashed) == 1 and crashed.iloc[0]["n"] == 300 and crashed.iloc[0]["p_BLOCK"] == 128
     assert (df.drop(crashed.index)["status"] == "ok").all()
+
+
+@pytest.mark.slurm
+def test_tune_as_a_job_per_partition_builds_the_table(slurm_cluster, tmp_path):
+    """``workbench tune gemm --executor slurm``: the job (the test node has no GPU: the interpreter)
+    tunes the spec into the tables under --out, the parent says how it ended; --detach then
+    --collect says the same later."""
+    out = tmp_path / "tables"
+    shapes = "M=9,N=16,K=24;M=5,N=8,K=40,dtype=float16"
+    res = workbench("tune", "gemm", "--shapes", shapes, "--budget-s", "0.2", "--out", out, "--times",
+                    tmp_path / "times.csv", "--executor", "slurm", "--partition", "debug", "--gpus-per-job", "0",
+                    timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "submitted 1 job(s) (debug/gemm)" in res.stderr and "debug/gemm: 2 entries tuned on" in res.stderr
+    from kernels.common import select, tables
+
+    table = tables.table_path(out, select.device_of(None), "gemm")
+    assert len(tables.read(table)) == 2 and (tmp_path / "times_debug.csv").exists()
+    res = workbench("tune", "gemm", "--shapes", shapes, "--out", out, "--executor", "slurm", "--partition", "debug",
+                    "--gpus-per-job", "0", "--detach", timeout=120)
+    assert res.returncode == 0 and "see how they ended later with: workbench tune --collect" in res.stderr
+    res = None
+    for _ in range(200):   # the job resumes: both shapes are in the table, nothing to tune
+        res = workbench("tune", "--collect", "--out", out, timeout=60)
+        if "debug/gemm: 0 entries tuned" in res.stderr:
+            break
+        time.sleep(0.5)
+    assert res.returncode == 0 and "debug/gemm: 0 entries tuned" in res.stderr, res.stderr
+    bad = workbench("tune", "gemm", "--shapes", shapes, "--partition", "debug")
+    assert bad.returncode == 2 and "--executor slurm" in bad.stderr
