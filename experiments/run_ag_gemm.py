@@ -155,7 +155,7 @@ class Rank:
     def methods(self, a, b, gd, A_full):
         from kernels.ag_gemm import AgGemmConfig
         from kernels.ag_gemm import baselines as bl
-        from kernels.ag_gemm.config import PLACEHOLDER_FETCH_FRACTION
+        from kernels.ag_gemm.config import PIPELINED, PLACEHOLDER_FETCH_FRACTION
 
         heap, ag = self.heap, self.ag
         # a fixed fetcher count (the placeholder rule's), not the measured table's pick, so that
@@ -166,7 +166,7 @@ class Rank:
                 "fused_f32": fused.replace(fetchers=32),  # twice the fetchers (the fetcher sweep's pick along K)
                 "copy_engine": AgGemmConfig(variant="copy_engine", num_sms=self.sms),
                 "chunked": AgGemmConfig(variant="chunked", num_sms=self.sms),
-                "pipelined": AgGemmConfig(variant="pipelined", num_sms=self.sms),
+                "pipelined": AgGemmConfig(**PIPELINED, num_sms=self.sms),
                 "sequential": AgGemmConfig(variant="sequential"), "auto": None}
         llm = getattr(self.args, "shape_set", "seed") in overlap.SET_NAMES
         if llm:

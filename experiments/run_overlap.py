@@ -51,8 +51,10 @@ def steps(out: Path, world_size: int = 2, scale: float = 1.0) -> list[tuple[str,
         ("ag_gemm", [py, "experiments/run_ag_gemm.py", "--world-sizes", str(world_size), "--shape-set", "llm-reduced",
                      "--iters", "16", "--budget-s", f"{ag[0]:.0f}", "--timeout", f"{ag[1] - 10:.0f}",
                      "--out", str(out / "ag_gemm")], ag[1], out / "ag_gemm.log"),
+        # 4 GiB of symmetric heap per GPU: each variant of a shape keeps its own C there (M 16384 x N 10240
+        # in bf16 is 320 MiB; the default 512 MiB ran out on an H200 at the second variant)
         ("gemm_scatter", [py, "experiments/run_gemm_scatter.py", "--world-sizes", str(world_size), "--shape-set",
-                          "llm-reduced", "--budget-s", f"{gs[0]:.0f}", "--timeout", f"{gs[1] - 10:.0f}",
+                          "llm-reduced", "--heap-mib", "4096", "--budget-s", f"{gs[0]:.0f}", "--timeout", f"{gs[1] - 10:.0f}",
                           "--out", str(out / "gemm_scatter")], gs[1], out / "gemm_scatter.log"),
     ]
 

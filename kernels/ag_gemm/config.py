@@ -72,7 +72,22 @@ def as_config(config) -> AgGemmConfig | None:
     return config_of(config, AgGemmConfig, "all_gather_matmul")
 
 
-def validate(c: AgGemmConfig, world_size: int) -> None:
+SMEM_LIMIT_SM90 = 232448   # bytes of shared memory one block may use on sm_90
+
+
+def pipelined_smem(c: AgGemmConfig, esize: int = 2) -> int:
+    """Shared memory the pipelined variant's GEMM launch asks for: two pipelined loops (our
+    shard's rows and the peers' chunks), each with its own ``num_stages`` A and B tiles. Cross-
+    compiled for sm_90 (bf16, 128x256x64, 3 stages): 294,968 bytes, this count plus 56."""
+    return 2 * c.num_stages * (c.block_m * c.block_k + c.block_k * c.block_n) * esize
+
+
+# The pipelined variant's default tile: 128x128 with 3 stages fits twice (196,664 bytes cross-compiled,
+# 122 registers); 128x256 with 3 stages does not (the other variants' default, one loop).
+PIPELINED = dict(variant="pipelined", block_n=128)
+
+
+def validate(c: AgGemmConfig, world_size: int, esize: int = 2) -> None:
     """Raise ValueError naming the bad field and what to use instead."""
     if c.variant not in VARIANTS:
         raise ValueError(f"all_gather_matmul: variant must be one of {VARIANTS}, got {c.variant!r}")
@@ -104,6 +119,10 @@ def validate(c: AgGemmConfig, world_size: int) -> None:
     if c.variant == "fused" and c.num_sms is not None and c.fetchers >= c.num_sms:
         raise ValueError(f"all_gather_matmul: fetchers ({c.fetchers}) must be fewer than num_sms ({c.num_sms}): "
                          "GEMM programs need the rest")
+    if c.variant == "pipelined" and pipelined_smem(c, esize) > SMEM_LIMIT_SM90:
+        raise ValueError(f"all_gather_matmul: variant 'pipelined' runs two pipelined loops of {c.num_stages} stages "
+                         f"of {c.block_m}x{c.block_n}x{c.block_k} tiles: {pipelined_smem(c, esize)} bytes of shared "
+                         f"memory, over sm_90's {SMEM_LIMIT_SM90}; use block_n=128 (its default tile) or fewer stages")
     if c.variant in ("copy_engine", "chunked", "pipelined") and c.layout != "k":
         raise ValueError(f"all_gather_matmul: variant {c.variant!r} copies whole shards, which needs the "
                          "k-contiguous staging layout: use layout='k'")
