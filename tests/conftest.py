@@ -77,3 +77,18 @@ def slurm_cluster():
                 os.environ.pop("SLURM_CONF", None)
             else:
                 os.environ["SLURM_CONF"] = before
+
+
+@pytest.fixture
+def isolated_tables(monkeypatch, tmp_path):
+    """The selection layer's tables for one test: its own user and shipped roots (empty), warnings
+    said anew, no tune-on-miss asked by the environment, the default tuning budget."""
+    from kernels.common import select, tables
+
+    monkeypatch.setattr(tables, "_said", set())
+    monkeypatch.setenv("WORKBENCH_TUNING_DIR", str(tmp_path / "user"))
+    monkeypatch.setattr(tables, "SHIPPED_ROOT", tmp_path / "shipped")
+    monkeypatch.setattr(select, "TABLES", tables.Tables())
+    monkeypatch.delenv("WORKBENCH_TUNE", raising=False)
+    monkeypatch.delenv("WORKBENCH_TUNE_BUDGET_S", raising=False)
+    return tmp_path

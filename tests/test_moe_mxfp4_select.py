@@ -26,13 +26,8 @@ REAL_USER_ROOT = tables.user_root()      # the user's tables as the process star
 
 
 @pytest.fixture(autouse=True)
-def _isolated_tables(monkeypatch, tmp_path):
-    """Each test: its own user and shipped tables, warnings said anew, no plans from before."""
-    monkeypatch.setattr(tables, "_said", set())
-    monkeypatch.setenv("WORKBENCH_TUNING_DIR", str(tmp_path / "user"))
-    monkeypatch.setattr(tables, "SHIPPED_ROOT", tmp_path / "shipped")
-    monkeypatch.setattr(select, "TABLES", tables.Tables())
-    monkeypatch.delenv("WORKBENCH_TUNE", raising=False)
+def _isolated_tables(isolated_tables, monkeypatch):
+    """Each test: tables of its own (conftest's isolated_tables), no plans from before."""
     # a budget no loaded CPU runs out of: the tests count what was timed (the interpreter is slow)
     monkeypatch.setenv("WORKBENCH_TUNE_BUDGET_S", "600")
     mx_launch.clear_plans()

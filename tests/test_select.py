@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import warnings
 from pathlib import Path
 
@@ -28,14 +27,8 @@ def _entry(name="b", variant="v", **knobs):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_warnings(monkeypatch, tmp_path):
-    """Each test: its own user and shipped roots, and warnings said anew."""
-    monkeypatch.setattr(tables, "_said", set())
-    monkeypatch.setenv("WORKBENCH_TUNING_DIR", str(tmp_path / "user"))
-    monkeypatch.setattr(tables, "SHIPPED_ROOT", tmp_path / "shipped")
-    monkeypatch.setattr(select, "TABLES", tables.Tables())
-    monkeypatch.delenv("WORKBENCH_TUNE", raising=False)
-    monkeypatch.delenv("WORKBENCH_TUNE_BUDGET_S", raising=False)
+def _fresh(isolated_tables):
+    """Each test: tables of its own (conftest's isolated_tables) and no GEMM plans from before."""
     glaunch.clear_plans()
     yield
     glaunch.clear_plans()

@@ -25,14 +25,8 @@ interpreted = pytest.mark.skipif(not interpreter.active(),
 
 
 @pytest.fixture(autouse=True)
-def _fresh(monkeypatch, tmp_path):
-    """Each test: its own user and shipped tables, warnings said anew, no plans kept."""
-    monkeypatch.setattr(tables, "_said", set())
-    monkeypatch.setenv("WORKBENCH_TUNING_DIR", str(tmp_path / "user"))
-    monkeypatch.setattr(tables, "SHIPPED_ROOT", tmp_path / "shipped")
-    monkeypatch.setattr(select, "TABLES", tables.Tables())
-    monkeypatch.delenv("WORKBENCH_TUNE", raising=False)
-    monkeypatch.delenv("WORKBENCH_TUNE_BUDGET_S", raising=False)
+def _fresh(isolated_tables):
+    """Each test: tables of its own (conftest's isolated_tables) and no plans kept."""
     launch.clear_plans()
     yield
     launch.clear_plans()

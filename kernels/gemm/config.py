@@ -121,6 +121,24 @@ class GemmConfig:
 PARAMS = GemmConfig().as_params()  # the names a sweep grid may use, with defaults
 
 
+class FlatKnobs:
+    """For a variant's config (``kernels.gemm.variants``) whose knobs are some of ``GemmConfig``'s:
+    its flat form (with the fields the variant implies, ``FLAT``), and through it the label and
+    the validation every GemmConfig gets."""
+
+    FLAT: dict = {}
+
+    def flat(self) -> GemmConfig:
+        return GemmConfig(**dataclasses.asdict(self), **self.FLAT)
+
+    def label(self) -> str:
+        return self.flat().label()
+
+    def validate(self):
+        validate_config(self.flat())
+        return self
+
+
 def _as_config(config: GemmConfig | Mapping[str, Any] | None) -> GemmConfig | None:
     return config_of(config, GemmConfig, "gemm")
 

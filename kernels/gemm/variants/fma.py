@@ -9,7 +9,7 @@ import torch
 import triton
 
 from kernels.common.launcher import PlannedLaunch
-from kernels.gemm.config import GemmConfig, fma_split, split_pieces, validate_config
+from kernels.gemm.config import FlatKnobs, fma_split, split_pieces
 from kernels.gemm.plan import Call, GemmPlan, workspace
 from kernels.gemm.triton import _gemm_fma_kernel
 
@@ -17,7 +17,7 @@ NAME = "fma"
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(FlatKnobs):
     """The FMA kernel's knobs: block_m < 16 runs one outer product per row of B (block_k rows
     unrolled per K-step), block_m >= 16 tl.dot in ieee precision."""
 
@@ -29,15 +29,7 @@ class Config:
     num_stages: int = 3
     split_k: int | None = None
 
-    def flat(self) -> GemmConfig:
-        return GemmConfig(**dataclasses.asdict(self), fma=True, tma_store=False)
-
-    def label(self) -> str:
-        return self.flat().label()
-
-    def validate(self) -> "Config":
-        validate_config(self.flat())
-        return self
+    FLAT = {"fma": True, "tma_store": False}   # what the flat GemmConfig of this variant sets besides its knobs
 
 
 def usable(call: Call, cfg: Config) -> None:

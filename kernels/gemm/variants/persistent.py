@@ -11,8 +11,8 @@ import torch
 import triton
 
 from kernels.common.launcher import PlannedLaunch
-from kernels.gemm.config import (GemmConfig, StreamKPlan, _refuse_ws_on_gpu, last_round, stream_k_plan,
-                                 tail_slices, tail_stages, validate_config)
+from kernels.gemm.config import (FlatKnobs, GemmConfig, StreamKPlan, _refuse_ws_on_gpu, last_round, stream_k_plan,
+                                 tail_slices, tail_stages)
 from kernels.gemm.plan import (Call, GemmPlan, TensorDescriptor, b_row_stride, device_desc_ok, operand_pads,
                                operands_device_desc_ok, workspace)
 from kernels.gemm.triton import _gemm_ptr_kernel, _gemm_tma_dev_kernel, _gemm_tma_kernel
@@ -22,7 +22,7 @@ NAME = "persistent"
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(FlatKnobs):
     """The persistent kernel's knobs (``kernels.gemm.config.GemmConfig`` documents each)."""
 
     block_m: int = 128
@@ -43,15 +43,7 @@ class Config:
     pad: bool = False
     transpose_b: bool | None = None
 
-    def flat(self) -> GemmConfig:
-        return GemmConfig(**dataclasses.asdict(self))
-
-    def label(self) -> str:
-        return self.flat().label()
-
-    def validate(self) -> "Config":
-        validate_config(self.flat())
-        return self
+    FLAT = {}   # what the flat GemmConfig of this variant sets besides its knobs
 
 
 def usable(call: Call, cfg: Config) -> None:

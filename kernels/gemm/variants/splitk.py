@@ -11,7 +11,7 @@ import torch
 import triton
 
 from kernels.common.launcher import PlannedLaunch
-from kernels.gemm.config import GemmConfig, split_pieces, validate_config
+from kernels.gemm.config import FlatKnobs, split_pieces
 from kernels.gemm.plan import (Call, GemmPlan, TensorDescriptor, operand_pads, operands_device_desc_ok,
                                workspace)
 from kernels.gemm.triton import _gemm_splitk_kernel
@@ -21,7 +21,7 @@ NAME = "splitk"
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(FlatKnobs):
     """The split-K kernel's knobs: the tile, ``split_k`` pieces of K (1: none), ``swap_ab``,
     ``pad`` (aligned copies of operands TMA cannot address) and ``tma`` (None: when allowed)."""
 
@@ -36,15 +36,7 @@ class Config:
     pad: bool = False
     tma: bool | None = None
 
-    def flat(self) -> GemmConfig:
-        return GemmConfig(**dataclasses.asdict(self), tma_store=False)
-
-    def label(self) -> str:
-        return self.flat().label()
-
-    def validate(self) -> "Config":
-        validate_config(self.flat())
-        return self
+    FLAT = {"tma_store": False}   # what the flat GemmConfig of this variant sets besides its knobs
 
 
 def usable(call: Call, cfg: Config) -> None:
