@@ -14,8 +14,8 @@ in this order:
 
 The plan cache above it (``kernels.common.plans``) keeps the outcome, so a repeated call
 never selects again. An entry that names a config the family refuses (hand-edited, or made by
-other code) is said once and the cold rule serves. Multi-GPU families pass ``share``: one
-rank decides and every rank runs that decision.
+other code) is said once and the cold rule serves. The multi-GPU families make their variant
+choice on rank 0 and share it with every rank (``kernels.comm.decide.shared_choice``).
 """
 from __future__ import annotations
 
