@@ -7,7 +7,7 @@
    NCCL, all-gather + GEMM and GEMM + all-scatter against the reference on the seed shapes,
    repeated calls and a CUDA-graph replay bit-identical, a rank held back 2 s within the
    waits' bound and past a shorter one): ``pytest_multigpu.txt``;
-2. ``run_ag_gemm.py --shape-set llm-reduced`` at world size 2: every variant of ours, NCCL +
+2. ``run_ag_gemm.py --shape-set llm-reduced`` at world size 2 (``--world-size N``: N): every variant of ours, NCCL +
    cuBLAS, PyTorch's ``fused_all_gather_matmul`` (both gather dims; timed even where it
    misses the tolerance, which its check row says), the GEMM alone and the all-gather alone,
    eager and graph-replayed in rotating passes: ``ag_gemm/`` (bench.csv, checks.csv,
@@ -112,25 +112,26 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for every table, log and summary.md")
     ap.add_argument("--skip-tests", action="store_true", help="the benchmarks only")
+    ap.add_argument("--world-size", type=int, default=2, help="ranks (GPUs of this node) for both benchmarks")
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply every step's time budget and limit (0.8: a shorter run, fewer shapes)")
     args = ap.parse_args(argv)
     import torch
 
-    if torch.cuda.device_count() < 2:
-        print(f"run_overlap: needs a node with 2 CUDA GPUs (sm_90: H100 or H200), found {torch.cuda.device_count()}",
-              file=sys.stderr)
+    if args.world_size < 2 or torch.cuda.device_count() < args.world_size:
+        print(f"run_overlap: needs a node with {max(2, args.world_size)} CUDA GPUs (sm_90: H100 or H200), found "
+              f"{torch.cuda.device_count()}", file=sys.stderr)
         return 2
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     results = {}
-    for name, cmd, limit, log in steps(out, scale=args.scale):
+    for name, cmd, limit, log in steps(out, args.world_size, scale=args.scale):
         if name == "pytest" and args.skip_tests:
             continue
         print(f"run_overlap: {name} (at most {limit:g} s) ...", flush=True)
         results[name] = run_step(cmd, limit, log)
         print(f"run_overlap: {name}: exit {results[name][0]} in {results[name][1]:.0f} s (log: {log})", flush=True)
-    lines = summarize(out, results)
+    lines = summarize(out, results, args.world_size)
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     return 0 if all(rc == 0 for rc, _ in results.values()) else 1
