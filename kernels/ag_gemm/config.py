@@ -19,12 +19,11 @@ never pass a placeholder off as a measurement.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import warnings
 from pathlib import Path
 
-from kernels.common.configs import config_of
+from kernels.common.configs import config_of, table_entries
 
 VARIANTS = ("fused", "copy_engine", "chunked", "pipelined", "sequential", "nccl")
 FALLBACKS = ("sequential", "nccl")  # the variants that do not fuse
@@ -153,19 +152,9 @@ _SIM_CONFIG = AgGemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_st
 def load_table(path: Path | None = None) -> list[dict] | None:
     """The measured table, validated (None when absent). Bad content -> ValueError naming the file."""
     path = Path(path or AUTO_TABLE_PATH)
-    if not path.exists():
+    entries = table_entries(path, MAX_TABLE_BYTES, "an auto-config table", "experiments/run_ag_gemm.py")
+    if entries is None:
         return None
-    with open(path, "rb") as fh:
-        raw = fh.read(MAX_TABLE_BYTES + 1)
-    if len(raw) > MAX_TABLE_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_TABLE_BYTES} bytes; not an auto-config table")
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc}); delete it or re-run experiments/run_ag_gemm.py") from None
-    entries = data.get("entries") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        raise ValueError(f"{path}: expected {{'entries': [...]}}; re-run experiments/run_ag_gemm.py")
     known = {f.name for f in dataclasses.fields(AgGemmConfig)}
     out = []
     for i, e in enumerate(entries):

@@ -43,14 +43,13 @@ shapes are its test.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
-from kernels.common.configs import config_of
+from kernels.common.configs import config_of, table_entries
 from kernels.gemm.cold import _TILING_TILES as _GEMM_FIT, heuristic as gemm_heuristic
 from kernels.gemm.config import MID_M, SMALL_M, split_for, split_pieces
 from workbench.asm.resources import smem_per_block
@@ -245,14 +244,10 @@ def load_table(path: Path | None = None) -> list[dict] | None:
     """The measured variant table (``experiments/run_gemm_scatter.py --fit``), validated; None when
     absent. Bad content -> ValueError naming the file."""
     path = Path(path or AUTO_TABLE_PATH)
-    if not path.exists():
+    entries = table_entries(path, MAX_TABLE_BYTES, "a variant table", "experiments/run_gemm_scatter.py")
+    if entries is None:
         return None
-    with open(path, "rb") as fh:
-        raw = fh.read(MAX_TABLE_BYTES + 1)
-    if len(raw) > MAX_TABLE_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_TABLE_BYTES} bytes; not a variant table")
     try:
-        entries = json.loads(raw)["entries"]
         out = []
         for e in entries:
             key = {k: int(e[k]) for k in ("world_size", "M", "N", "K")}
