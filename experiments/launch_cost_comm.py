@@ -40,6 +40,16 @@ SCATTER_VARIANTS = ("fused", "senders", "nccl", "sequential")
 GOAL = 1.3   # host time per call at most this many times the library's
 
 
+
+def _ag_config(variant: str, simulated_config=None):
+    """A variant's configuration as the launcher runs it by default (the pipelined variant's own
+    tile: ``kernels.ag_gemm.config.PIPELINED``), or the simulated world's small one."""
+    from kernels.ag_gemm.config import PIPELINED, AgGemmConfig
+
+    if simulated_config is not None:
+        return simulated_config.replace(variant=variant)
+    return AgGemmConfig(**PIPELINED) if variant == "pipelined" else AgGemmConfig(variant=variant)
+
 def comm_cases(heap, *, dtype=None, sizes=None, simulated_config=None) -> dict[str, tuple[str, dict[str, Callable]]]:
     """{case: (library impl name, {impl: call})} for one rank. ``sizes`` shrinks the problems
     (a simulated world: ``{"ag": [...], "scatter": [...], "gather_rows": [...]}``);
@@ -70,7 +80,7 @@ def comm_cases(heap, *, dtype=None, sizes=None, simulated_config=None) -> dict[s
         b = torch.randn(K, N, generator=torch.Generator(device=dev).manual_seed(7), device=dev).to(dtype)
         impls = {}
         for v in AG_VARIANTS + ("auto",):
-            cfg = None if v == "auto" else (simulated_config or ag_gemm.AgGemmConfig()).replace(variant=v)
+            cfg = None if v == "auto" else _ag_config(v, simulated_config)
             if v == "auto" and sim:
                 continue
             ag_gemm.prepare(a, b, heap, gather_dim=gd, config=cfg)
@@ -171,7 +181,7 @@ def _breakdown(rows, bench, heap, calls) -> None:
     a = torch.randn(1024 // W, 8192, device=heap.device).bfloat16()
     b = torch.randn(8192, 3584, device=heap.device).bfloat16()
     for variant in ("chunked", "pipelined"):
-        cfg = ag_gemm.AgGemmConfig(variant=variant)
+        cfg = _ag_config(variant)
         ag_gemm.prepare(a, b, heap, gather_dim=0, config=cfg)
         ag_gemm.all_gather_matmul(a, b, heap, gather_dim=0, config=cfg)
         plan, s = get_plan(a, b, heap, gather_dim=0, config=cfg), _shared(heap)
