@@ -167,10 +167,12 @@ def nearest(entries: list[dict], M: int, N: int, K: int, **match) -> dict | None
 
 
 def score_held_out(bench, entries: list[dict], keys: list[str], match_keys: list[str], ours: tuple,
-                   libraries: tuple, gemm: str, comm: str):
+                   libraries: tuple, gemm: str, comm: str, fused: tuple = ()):
     """One row per held-out case and timing: the fitted choice (the nearest fit entry's method),
-    its time, the fastest of ours and of the libraries there, the choice's regret and
-    speedups, and the comm hidden of the choice and of each library."""
+    its time, the fastest of ``ours`` (every method the choice picks from) and of the libraries
+    there, the choice's regret and speedups, and the comm hidden of the choice and of each
+    library. ``fused``: our fused kernels alone (their best beside the best library says where
+    the kernels stand when the choice falls back to a library)."""
     import pandas as pd
 
     held = bench[bench["split"] == "held_out"] if "split" in bench else bench.iloc[:0]
@@ -189,6 +191,10 @@ def score_held_out(bench, entries: list[dict], keys: list[str], match_keys: list
                "best_library_ms": best_lib, "speedup_vs_best_library": best_lib / pick,
                "gemm_alone_ms": ms.get(gemm), "collective_alone_ms": ms.get(comm),
                "comm_hidden_chosen": comm_hidden(ms.get(gemm), ms.get(comm), pick)}
+        if fused:
+            best_fused = min((t for m, t in ms.items() if m in fused), default=math.nan)
+            row.update(best_fused_ms=best_fused, fused_vs_best_library=best_lib / best_fused,
+                       comm_hidden_best_fused=comm_hidden(ms.get(gemm), ms.get(comm), best_fused))
         for m, t in libs.items():
             row[f"{m}_ms"] = t
             row[f"speedup_vs_{m}"] = t / pick
@@ -213,6 +219,11 @@ def summary_lines(held, family: str, group: list[str]) -> list[str]:
                      f"{_geomean(sp):.2f}x (least {sp.min():.2f}x, {int((sp >= 1.0).sum())} at >= 1.0x), regret "
                      f"geomean {_geomean(g['regret']):.3f}, comm hidden geomean {_geomean(hid):.0%} on "
                      f"{len(long_gemm)} shapes whose GEMM is at least the collective")
+        if "fused_vs_best_library" in g:   # our fused kernels alone, whatever the choice picked
+            fv = g["fused_vs_best_library"]
+            lines.append(f"  our fused kernels alone (the best per shape): geomean {_geomean(fv):.2f}x the best "
+                         f"library (least {fv.min():.2f}x), comm hidden geomean "
+                         f"{_geomean(long_gemm['comm_hidden_best_fused'].clip(lower=1e-3)):.0%}")
     return lines
 
 

@@ -82,7 +82,11 @@ WAIT_GROWTH = (1, 2, 4)  # spans of k-groups a GEMM program waits on: 1, g, g^2,
 FUSED = ("fused", "fused_by_k", "fused_f32", "copy_engine", "chunked", "pipelined")
 # --shape-set llm / llm-reduced: the variants by name (no fetcher-count or staging studies)
 FUSED_LLM = ("fused", "copy_engine", "chunked", "pipelined")
-CHOICES = FUSED + ("sequential", "nccl_cublas")   # what the variant choice picks from (nccl_cublas: variant "nccl")
+# what the variant choice picks from: ours, and the libraries through our launcher's fallbacks
+# (nccl_cublas: variant "nccl"; torch_fused: variant "torch", PyTorch's fused op), so that a user
+# calling all_gather_matmul gets the fastest way whichever it is
+CHOICES = FUSED + ("sequential", "nccl_cublas", "torch_fused")
+LIBRARY_VARIANT = {"nccl_cublas": {"variant": "nccl"}, "torch_fused": {"variant": "torch"}}
 # *_resident: fused kernels on a shard that already lies in the heap (a producer wrote it
 # there), which the peers read in place: no publish copy. Another input contract, so they are
 # reported beside the others and never enter the auto-config's fit.
@@ -168,6 +172,8 @@ class Rank:
                 "chunked": AgGemmConfig(variant="chunked", num_sms=self.sms),
                 "pipelined": AgGemmConfig(**PIPELINED, num_sms=self.sms),
                 "sequential": AgGemmConfig(variant="sequential"), "auto": None}
+        if self.args.check_only and bl.torch_fused_available():   # PyTorch's op through our launcher
+            cfgs["torch"] = AgGemmConfig(variant="torch")
         llm = getattr(self.args, "shape_set", "seed") in overlap.SET_NAMES
         if llm:
             cfgs = {k: v for k, v in cfgs.items() if k in FUSED_LLM + ("sequential", "auto")}
@@ -187,7 +193,7 @@ class Rank:
         out["nccl_cublas"] = (lambda: nccl(a, b), {"variant": "nccl"})
         if bl.torch_fused_available():
             tf = bl.TorchFused(self.tdist.group.WORLD.group_name, gd)
-            out["torch_fused"] = (lambda: tf(a, b), None)
+            out["torch_fused"] = (lambda: tf(a, b), {"variant": "torch"})
         out["gemm_alone"] = (lambda: bl.gemm_alone(A_full, b), None)
         out["nccl_all_gather"] = (lambda: self.tdist.all_gather_into_tensor(flat, a), None)
         return out
@@ -556,12 +562,12 @@ def fit_auto_table(bench) -> dict:
     entries = []
     ok = bench[(bench["status"] == "ok") & (bench["rank"] == 0) & (bench["timing"] == "eager")]
     for (W, gd, M, N, K), g in ok.groupby(["world_size", "gather_dim", "M", "N", "K"]):
-        ours = g[g["variant"].isin(FUSED + ("sequential", "nccl_cublas"))]
+        ours = g[g["variant"].isin(CHOICES)]
         if not len(ours):
             continue
         best = ours.loc[ours["ms"].idxmin()]
-        if best["variant"] == "nccl_cublas":
-            cfg = {"variant": "nccl"}
+        if best["variant"] in LIBRARY_VARIANT:
+            cfg = dict(LIBRARY_VARIANT[best["variant"]])
         else:
             cfg = json.loads(best["config"]) if isinstance(best.get("config"), str) else {"variant": best["variant"]}
         cfg = {k: v for k, v in cfg.items() if k not in ("skip_rank",)}
@@ -586,7 +592,7 @@ def fit_and_hold_out(bench, out: Path) -> list[str]:
     for v, cfg in zip(bench["variant"], bench.get("config", pd.Series([None] * len(bench)))):
         if isinstance(cfg, str) and v not in configs:
             configs[v] = json.loads(cfg)
-    configs["nccl_cublas"] = {"variant": "nccl"}
+    configs.update(LIBRARY_VARIANT)
     entries = overlap.fit_choices(bench, CASE_KEYS, CHOICES, configs)
     from kernels.ag_gemm.config import FALLBACKS
 
@@ -595,7 +601,7 @@ def fit_and_hold_out(bench, out: Path) -> list[str]:
         e["fallback"] = e["config"].get("variant") in FALLBACKS
     overlap.write_table(out / "auto_table.json", entries, "experiments/run_ag_gemm.py --shape-set: fit half, eager")
     held = overlap.score_held_out(bench, entries, CASE_KEYS, ["world_size", "gather_dim"], CHOICES,
-                                  ("nccl_cublas", "torch_fused"), "gemm_alone", "nccl_all_gather")
+                                  ("nccl_cublas", "torch_fused"), "gemm_alone", "nccl_all_gather", fused=FUSED)
     held.to_csv(out / "held_out.csv", index=False)
     choice = [dict({k: e[k] for k in CASE_KEYS}, split="fit", timing="eager", chosen=e["method"], chosen_ms=e["ms"])
               for e in entries]

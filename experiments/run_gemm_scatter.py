@@ -566,7 +566,7 @@ def fit_and_hold_out(times, out: Path, W: int) -> list[str]:
     entries = overlap.fit_choices(ov, CASE_KEYS, CHOICES, configs)
     overlap.write_table(out / "auto_table.json", entries, "experiments/run_gemm_scatter.py --shape-set: fit, eager")
     held = overlap.score_held_out(ov, entries, CASE_KEYS, ["world_size"], CHOICES, ("cublas+nccl",),
-                                  "cublas_alone", "nccl_all_gather")
+                                  "cublas_alone", "nccl_all_gather", fused=("fused", "senders"))
     held.to_csv(out / f"held_out_w{W}.csv", index=False)
     choice = [dict({k: e[k] for k in CASE_KEYS}, split="fit", timing="eager", chosen=e["method"], chosen_ms=e["ms"])
               for e in entries]

@@ -76,6 +76,7 @@ CASES = [  # (world, gather_dim, layout, bias, variant); "-poll": no "all staged
     (2, 1, "k", True, "chunked"), (3, 0, "k", False, "chunked"), (4, 1, "k", False, "chunked"),
     (2, 1, "k", True, "sequential"), (3, 0, "k", False, "sequential"),
     (2, 0, "k", True, "nccl"), (3, 1, "k", False, "nccl"),   # the libraries' path (our all-gather stands in)
+    (2, 1, "k", True, "torch"),   # PyTorch's fused op (in a simulated world our all-gather and torch.matmul stand in)
     (2, 0, "k", True, "pipelined"), (3, 1, "k", False, "pipelined"), (4, 0, "k", False, "pipelined-poll"),
     (4, 1, "k", True, "pipelined"),
 ]

@@ -25,8 +25,10 @@ from pathlib import Path
 
 from kernels.common.configs import config_of, table_entries
 
-VARIANTS = ("fused", "copy_engine", "chunked", "pipelined", "sequential", "nccl")
-FALLBACKS = ("sequential", "nccl")  # the variants that do not fuse
+VARIANTS = ("fused", "copy_engine", "chunked", "pipelined", "sequential", "nccl", "torch")
+# the variants that are not our fused kernels: ours in sequence, the libraries in sequence, and
+# PyTorch's own fused op (async-TP), each chosen where it is the fastest way to do the work
+FALLBACKS = ("sequential", "nccl", "torch")
 LAYOUTS = ("k", "m")
 FETCH_ORDERS = ("m", "k")
 AUTO_TABLE_PATH = Path(__file__).resolve().parents[2] / "results" / "ag_gemm" / "auto_table.json"

@@ -23,6 +23,10 @@ once per new problem and every rank runs what it chose, ``kernels.comm.decide``)
                    (``kernels.gemm.matmul``): the fallback where fusing loses.
 ``"nccl"``         NCCL's all-gather (``torch.distributed``), then cuBLAS
                    (``torch.matmul``): the fallback where the libraries beat both.
+``"torch"``        PyTorch's ``fused_all_gather_matmul`` (async-TP, symmetric memory):
+                   the fallback where PyTorch's own fused op is the fastest (a user
+                   picks the faster; the choice offers it too). In a simulated world
+                   our all-gather and ``torch.matmul`` stand in for it.
 
 A repeated call is a dict lookup and the launches: no host synchronization and
 no heuristic work. Failures on the device (a peer that never published, a tile
@@ -249,6 +253,8 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
         from kernels.ag_gemm.baselines import NcclCublas
 
         plan.nccl = NcclCublas(a, W, gather_dim, group=heap.group)
+    if cfg.variant == "torch" and not heap.simulated:
+        plan.nccl = _torch_fused(heap, gather_dim)
     if cfg.variant in FALLBACKS:
         return plan
     plan.MT = triton.cdiv(S_M, cfg.block_m)
@@ -498,8 +504,26 @@ def _sequential(a, b, heap, plan, bias, out=None):
     return c
 
 
+def _torch_fused(heap, gather_dim):
+    """PyTorch's fused op on the heap's process group, called as ``NcclCublas`` is."""
+    from kernels.ag_gemm.baselines import TorchFused, torch_fused_available
+    import torch.distributed as tdist
+
+    if not torch_fused_available():
+        raise ValueError("all_gather_matmul: variant 'torch' needs torch.ops.symm_mem.fused_all_gather_matmul "
+                         f"(PyTorch 2.5 or later), missing in torch {torch.__version__}; pick another variant")
+    group = getattr(heap, "group", None) or tdist.group.WORLD
+    fused = TorchFused(group.group_name, gather_dim)
+
+    def call(a, b, bias=None, out=None):
+        c = fused(a, b, bias)
+        return out.copy_(c) if out is not None else c
+    return call
+
+
 def _nccl(a, b, heap, plan, bias, out=None):
-    """NCCL's all-gather, then cuBLAS (the libraries, for the problems where they are fastest)."""
+    """NCCL's all-gather, then cuBLAS, or PyTorch's fused op (the libraries, for the problems
+    where they are fastest)."""
     if not heap.simulated:
         return plan.nccl(a, b, bias, out)
     A = _gather_ours(a, heap, plan)  # no process group in a simulated world: ours stands in for NCCL's

@@ -65,8 +65,9 @@ class PlanCache:
 
 def tensor_signature(t: torch.Tensor) -> tuple:
     """What a plan may depend on: shape, strides, dtype, device and whether the
-    base pointer is 16-byte aligned (TMA's and vector loads' condition)."""
-    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+    base pointer is 16-byte aligned (TMA's and vector loads' condition). The device as its
+    index (-1 off the GPU): cheaper than a ``torch.device`` object, and this runs every call."""
+    return (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0)
 
 
 def capturing(t: torch.Tensor) -> bool:
@@ -79,6 +80,8 @@ def capturing(t: torch.Tensor) -> bool:
 
 def config_key(config) -> Any:
     """A hashable form of an explicit config (None, a dataclass, or a dict of fields)."""
+    if config is None:   # the common call: no isinstance against an abstract class
+        return None
     try:
         key = tuple(sorted(config.items())) if isinstance(config, Mapping) else config
         hash(key)

@@ -245,16 +245,21 @@ MAX_RULE_BYTES = 1 << 20
 
 def regions(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> list[str]:
     """The coarse classes of a problem the region table is keyed on, the most specific first:
-    dtype (16-bit or fp32), operands TMA-aligned or padded, M (<= 16, <= 64, <= 512, more),
-    N <= 64, rounds of 128x256 tiles over the SMs (< 1, < 4, more) and K (>= 8192: long); then
-    the same without K, without K and rounds, and dtype, alignment and M alone (a region the
-    fit saw too few shapes of falls back to the next coarser one)."""
+    dtype (16-bit or fp32), operands TMA-aligned or padded, N and K whole tiles (N % 128, K % 64)
+    or ragged, M (<= 16, <= 64, <= 512, more), N <= 64, rounds of 128x256 tiles over the SMs
+    (< 1, < 4, more) and K (>= 8192: long); then the same without K, and dtype, alignment,
+    evenness and M alone (a region the fit saw too few shapes of falls back to the next coarser
+    one)."""
     dt = "fp32" if dtype == torch.float32 else "16"
     m = "m16" if M <= 16 else "m64" if M <= 64 else "m512" if M <= 512 else "mbig"
     rounds = math.ceil(M / 128) * math.ceil(N / 256) / max(1, num_sms)
     w = "r<1" if rounds < 1 else "r<4" if rounds < 4 else "r4+"
-    feats = [dt, "tma" if aligned else "pad", m, "n64" if N <= 64 else "n", w, "klong" if K >= 8192 else "k"]
-    return [",".join(feats[:n]) for n in (6, 5, 3)]
+    # N and K whole tiles or not: ragged edges cost our kernels masked tiles and partial TMA boxes
+    # that cuBLAS's wider kernel choice avoids (on the fit half, 0.71-0.75x cuBLAS for the best
+    # of ours on large ragged shapes against 0.99-1.01x on even ones, both GPUs)
+    even = "even" if N % 128 == 0 and K % 64 == 0 else "ragged"
+    feats = [dt, "tma" if aligned else "pad", even, m, "n64" if N <= 64 else "n", w, "klong" if K >= 8192 else "k"]
+    return [",".join(feats[:n]) for n in (7, 6, 4)]
 
 
 def region(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> str:

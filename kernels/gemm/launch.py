@@ -174,19 +174,21 @@ def plan_for(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | 
              tune: bool | None = None) -> GemmPlan:
     """The plan ``matmul(a, b, config, out, tune=tune)`` runs (made once per call signature,
     ``DEVICE_DESCRIPTORS`` / ``GLUON_DEVICE_DESCRIPTORS`` / ``DEVICE_DESC_MAX_US`` setting,
-    whether a CUDA graph is being captured (see ``_descriptors_on_device``) and whether
-    tuning was asked; a plan keeps the choice it was made with: after editing a tuning table
+    whether a CUDA graph is being captured (see ``_descriptors_on_device``) and ``tune``
+    (``WORKBENCH_TUNE`` is read when a signature is first planned); a plan keeps the choice it was made with: after editing a tuning table
     at run time, call ``clear_plans()``)."""
     dd, gdd = DEVICE_DESCRIPTORS, GLUON_DEVICE_DESCRIPTORS
-    want_tune = config is None and common_select.tune_requested(tune)
     try:
         cap = capturing(a)
+        # ``tune`` as given: WORKBENCH_TUNE is read when a signature is first planned (reading the
+        # environment on every call was a tenth of the library path's host time)
         key = (tensor_signature(a), tensor_signature(b), None if out is None else tensor_signature(out),
-               config_key(config), dd, gdd, cap, DEVICE_DESC_MAX_US, want_tune)
+               config_key(config), dd, gdd, cap, DEVICE_DESC_MAX_US, tune)
     except AttributeError:   # not tensors: planning says what is wrong (and raises)
         return _plan(a, b, out, config, dd, gdd)
     plan = _PLANS.get(key)
     if plan is None:
+        want_tune = config is None and common_select.tune_requested(tune)
         plan = _PLANS.put(key, _plan(a, b, out, config, dd, gdd, cap, want_tune))
     return plan
 
@@ -228,8 +230,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, config: GemmConfig | Mapping[str, A
     call signature (``plan_for``).
     """
     p = plan_for(a, b, config, out, tune)
-    if p.kind == "library" and out is None:   # the library allocates its own C (no empty + out= copy path)
-        return torch.matmul(a, b)
+    if p.kind == "library":   # cuBLAS as torch.mm calls it (2-D: no torch.matmul dispatch); it allocates C
+        return torch.mm(a, b) if out is None else torch.mm(a, b, out=out)
     if out is None:
         out = torch.empty((p.M, p.N), dtype=a.dtype, device=a.device)
     if p.kind == "zero":
