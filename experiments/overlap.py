@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from pathlib import Path
 
 LAYERS = {  # name: (N of the whole layer, K)
     "llama3-70b.qkv": (10240, 8192), "llama3-70b.gate_up": (57344, 8192),
@@ -140,9 +141,12 @@ def case_times(bench, keys: list[str]) -> dict:
 
 
 def fit_choices(bench, keys: list[str], choices: tuple, configs: dict, timing: str = "eager") -> list[dict]:
-    """Per fit case: the fastest of ``choices`` (method names) in ``timing`` calls, as a table
-    entry {keys..., method, config, ms}; ``configs[method]`` is the config it ran with (a dict)."""
+    """Per fit case: the fastest of ``choices`` (method names) in ``timing`` calls among those
+    within the dtype's tolerance there (PyTorch's fused op misses it along K at 4 ranks), as a
+    table entry {keys..., method, config, ms}; ``configs[method]`` is the config it ran with."""
     fit = bench[bench["split"] == "fit"] if "split" in bench else bench.iloc[:0]
+    if "within_tolerance" in fit:   # never choose a method that missed the dtype's tolerance there
+        fit = fit[fit["within_tolerance"].astype("string").fillna("True").str.lower() != "false"]
     entries = []
     for key, ms in case_times(fit, keys).items():
         if key[-1] != timing:
@@ -234,3 +238,25 @@ def _geomean(s) -> float:
 
 def write_table(path, entries: list[dict], source: str) -> None:
     path.write_text(json.dumps({"source": source, "entries": entries}, indent=1))
+
+
+def write_choice_tables(entries: list[dict], rows, out, family: str, keys: list[str], how: str, by: str) -> list[str]:
+    """The fitted choices as the selection layer's tuning table (``OUT/tables/<GPU>/<family>.json``,
+    ``kernels.comm.choices``): one entry per fit problem, keyed by ``keys`` and the dtype, with the
+    run's provenance (from ``rows``). Ship it by merging it into ``kernels/common/tables/``."""
+    from kernels.comm import choices
+
+    device = choices.device_of_rows(rows)
+    if device is None or not entries:
+        return []
+    first = rows.iloc[0]
+    prov = {"date": str(first.get("timestamp", "")) or None, "git": first.get("git_sha"),
+            "torch": first.get("torch_version")}
+    dtype = choices.dtype_name("torch." + str(first.get("dtype", "bfloat16")).replace("torch.", ""))
+    table = {}
+    for e in entries:
+        problem = {**{k: int(e[k]) for k in keys}, "dtype": dtype}
+        table[choices.key(problem)] = choices.table_entry(e["method"], e["config"], e["ms"], how, by, prov)
+    path = choices.write(Path(out) / "tables", device, family, table, first.get("triton_version"))
+    return [str(path.relative_to(out))]
+

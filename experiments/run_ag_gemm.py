@@ -600,6 +600,8 @@ def fit_and_hold_out(bench, out: Path) -> list[str]:
         e["config"] = {k: v for k, v in e["config"].items() if k not in ("skip_rank", "max_spins")}
         e["fallback"] = e["config"].get("variant") in FALLBACKS
     overlap.write_table(out / "auto_table.json", entries, "experiments/run_ag_gemm.py --shape-set: fit half, eager")
+    tables = overlap.write_choice_tables(entries, bench, out, "ag_gemm", CASE_KEYS, "eager calls, the slowest "
+                                         "rank's median over rotating passes, fit half", "experiments/run_ag_gemm.py")
     held = overlap.score_held_out(bench, entries, CASE_KEYS, ["world_size", "gather_dim"], CHOICES,
                                   ("nccl_cublas", "torch_fused"), "gemm_alone", "nccl_all_gather", fused=FUSED)
     held.to_csv(out / "held_out.csv", index=False)
@@ -610,7 +612,7 @@ def fit_and_hold_out(bench, out: Path) -> list[str]:
     pd.DataFrame(choice).to_csv(out / "variant_choice.csv", index=False)
     for line in overlap.summary_lines(held, "all_gather_matmul", ["world_size", "gather_dim"]):
         print(line, flush=True)
-    return ["auto_table.json", "held_out.csv", "variant_choice.csv"]
+    return ["auto_table.json", "held_out.csv", "variant_choice.csv"] + tables
 
 
 def merge_auto_table(path: Path, fitted: dict) -> dict:

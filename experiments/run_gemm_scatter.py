@@ -565,6 +565,9 @@ def fit_and_hold_out(times, out: Path, W: int) -> list[str]:
     configs = {v: json.loads(c) for v, c in zip(ov["variant"], ov["config"]) if isinstance(c, str) and c}
     entries = overlap.fit_choices(ov, CASE_KEYS, CHOICES, configs)
     overlap.write_table(out / "auto_table.json", entries, "experiments/run_gemm_scatter.py --shape-set: fit, eager")
+    tables = overlap.write_choice_tables(entries, ov, out, "gemm_scatter", ["world_size", "M", "N", "K"],
+                                         "eager calls, the slowest rank's median, fit half",
+                                         "experiments/run_gemm_scatter.py")
     held = overlap.score_held_out(ov, entries, CASE_KEYS, ["world_size"], CHOICES, ("cublas+nccl",),
                                   "cublas_alone", "nccl_all_gather", fused=("fused", "senders"))
     held.to_csv(out / f"held_out_w{W}.csv", index=False)
@@ -575,7 +578,7 @@ def fit_and_hold_out(times, out: Path, W: int) -> list[str]:
     pd.DataFrame(choice).to_csv(out / f"variant_choice_w{W}.csv", index=False)
     for line in overlap.summary_lines(held, "gemm_all_scatter", ["world_size"]):
         print(line, flush=True)
-    return ["auto_table.json", f"held_out_w{W}.csv", f"variant_choice_w{W}.csv"]
+    return ["auto_table.json", f"held_out_w{W}.csv", f"variant_choice_w{W}.csv"] + tables
 
 
 def write_tables(rows, checks, out: Path, W: int, prov: dict, skipped: int, command: str = ""):

@@ -82,7 +82,8 @@ def summarize(out: Path, results: dict, world_size: int = 2) -> list[str]:
 
     import overlap
 
-    lines = [f"# Overlap study, world size {world_size}: {out}", ""]
+    where = out.relative_to(REPO) if out.is_relative_to(REPO) else out
+    lines = [f"# Overlap study, world size {world_size}: {where}", ""]
     for name, (rc, secs) in results.items():
         lines.append(f"- {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {secs:.0f} s")
     tests = out / "pytest_multigpu.txt"
@@ -108,14 +109,51 @@ def summarize(out: Path, results: dict, world_size: int = 2) -> list[str]:
     return lines
 
 
+def _table(path: Path):
+    """A run's benchmark table, CSV or parquet (``path`` with either suffix)."""
+    import pandas as pd
+
+    for p in (path.with_suffix(".parquet"), path.with_suffix(".csv")):
+        if p.exists():
+            return pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
+    raise FileNotFoundError(f"run_overlap --refit: no {path.with_suffix('.csv').name} (or .parquet) in {path.parent}")
+
+
+def refit(out: Path, world_size: int) -> int:
+    """The variant choice fitted again from a finished run's benchmark tables (after a change to
+    the fit, or to write the tuning tables of a run made before they existed)."""
+    import run_ag_gemm
+    import run_gemm_scatter
+
+    bench = _table(out / "ag_gemm" / "bench")
+    bench = bench[bench["kind"] == "bench"] if "kind" in bench else bench
+    written = run_ag_gemm.fit_and_hold_out(bench, out / "ag_gemm")
+    times = _table(out / "gemm_scatter" / f"times_w{world_size}")
+    written += run_gemm_scatter.fit_and_hold_out(times, out / "gemm_scatter", world_size)
+    old = (out / "summary.md").read_text().splitlines() if (out / "summary.md").exists() else []
+    steps = {x.split(":")[0][2:]: x for x in old if x.startswith("- ") and " in " in x and ": " in x
+             and x[2:].split(":")[0] in ("pytest", "ag_gemm", "gemm_scatter", "tests")}
+    lines = summarize(out, {}, world_size)
+    lines[2:2] = list(steps.values()) + ["- the variant choice re-fitted from these tables (run_overlap.py --refit)"]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines + ["", "wrote: " + ", ".join(written)]), flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for every table, log and summary.md")
     ap.add_argument("--skip-tests", action="store_true", help="the benchmarks only")
     ap.add_argument("--world-size", type=int, default=2, help="ranks (GPUs of this node) for both benchmarks")
+    ap.add_argument("--refit", action="store_true",
+                    help="no GPU: fit the variant choice again from the tables a finished run left in --out "
+                         "(held_out*.csv, variant_choice*.csv, auto_table.json, the tuning tables under tables/) "
+                         "and rewrite summary.md")
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply every step's time budget and limit (0.8: a shorter run, fewer shapes)")
     args = ap.parse_args(argv)
+    if args.refit:
+        return refit(Path(args.out).resolve(), args.world_size)
     import torch
 
     if args.world_size < 2 or torch.cuda.device_count() < args.world_size:

@@ -930,3 +930,59 @@ def test_script_llm_set_fits_on_one_half_and_scores_the_other(tmp_path, capsys):
     assert row["pipelined_comm_hidden"] == pytest.approx(0.9) and row["best_fused"] == "pipelined"
     t_gemm, t_comm = 16384 * 1e-4, 16384 * 4e-5
     assert row["best_fused_vs_best_library"] == pytest.approx((t_gemm + 0.6 * t_comm) / (t_gemm + 0.1 * t_comm))
+
+
+def test_variant_choice_through_the_tuning_tables(isolated_tables, monkeypatch):
+    """The fit half's choices as the selection layer's table of this GPU (written by the script's
+    fit, as a run writes OUT/tables/): auto_config takes the nearest measured problem of the
+    world size and gather dim from it, the libraries' and PyTorch's variants included; an entry
+    that cannot run is ignored with a warning; another GPU's table is not read."""
+    import warnings
+
+    import pandas as pd
+
+    from kernels.comm import choices
+    from kernels.common import tables
+
+    h200 = {"name": "NVIDIA H200", "capability": "9.0"}
+    monkeypatch.setattr(choices, "current_device", lambda: h200)
+    monkeypatch.setattr(agc, "AUTO_TABLE_PATH", isolated_tables / "none.json")
+    monkeypatch.setattr(agc, "_TABLE", {})
+    assert "placeholder" in agc.auto_source(2)
+    s = _script()
+    rows = []
+    for M, winner in ((256, "nccl_cublas"), (4096, "torch_fused"), (16384, "pipelined")):
+        for v in ("fused", "pipelined", "sequential", "nccl_cublas", "torch_fused", "gemm_alone"):
+            cfg = {"pipelined": {"variant": "pipelined", "block_n": 128}, "fused": {"variant": "fused"},
+                   "sequential": {"variant": "sequential"}}.get(v)
+            rows.append(dict(kind="bench", rank=0, status="ok", world_size=2, gather_dim=0, M=M, N=5120, K=8192,
+                             split="fit", timing="eager", variant=v, ms=0.5 if v == winner else 0.9,
+                             config=json.dumps(cfg) if cfg else None, dtype="bfloat16", device_name="NVIDIA H200",
+                             device_capability="9.0", triton_version="3.6.0", git_sha="abc", torch_version="2.11",
+                             timestamp="2026-11-28T07:00:00+00:00"))
+    out = isolated_tables / "run"
+    out.mkdir()
+    written = s.fit_and_hold_out(pd.DataFrame(rows), out)
+    assert "tables/nvidia-h200/ag_gemm.json" in written
+    doc = json.loads((out / "tables" / "nvidia-h200" / "ag_gemm.json").read_text())
+    entry = doc["entries"]["world_size=2,gather_dim=0,M=4096,N=5120,K=8192,dtype=bf16"]
+    assert entry["variant"] == "torch" and entry["us"] == 500.0 and entry["git"] == "abc"
+    # the run's table, installed as a user's (or shipped) table of this GPU, serves auto_config
+    tables.write_entries(tables.table_path(tables.user_root(), h200, "ag_gemm"), doc,
+                         {k: v for k, v in doc["entries"].items()})
+    assert agc.auto_source(2) == "tuning table (NVIDIA H200)" and "placeholder" in agc.auto_source(4)
+    pick = {M: agc.auto_config(M, 5120, 8192, 2, 0, 132, dtype=torch.bfloat16).variant for M in (200, 3000, 20000)}
+    assert pick == {200: "nccl", 3000: "torch", 20000: "pipelined"}
+    assert agc.auto_config(3000, 5120, 8192, 2, 1, 132).variant == "fused"   # no gather_dim 1 entry: the rule
+    assert agc.auto_config(3000, 5120, 8192, 2, 0, 132, dtype=torch.float16).variant != "torch"  # other dtype
+    # a hand-edited entry naming a variant that does not exist is ignored, said once
+    bad = dict(entry, config={"variant": "warp-drive"})
+    tables.write_entries(tables.table_path(tables.user_root(), h200, "ag_gemm"), doc,
+                         {"world_size=2,gather_dim=0,M=4096,N=5120,K=8192,dtype=bf16": bad})
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert agc.auto_config(3000, 5120, 8192, 2, 0, 132).variant in ("nccl", "pipelined")
+    assert any("cannot run" in str(x.message) for x in w)
+    # an H100 reads its own tables only
+    monkeypatch.setattr(choices, "current_device", lambda: {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"})
+    assert "placeholder" in agc.auto_source(2)

@@ -726,3 +726,24 @@ def test_llm_shape_set_split_is_a_fixed_checkerboard():
     assert {x["split"] for x in ag} == {"fit", "held_out"} and len(ag) >= 12
     with pytest.raises(ValueError, match="shape set"):
         overlap.shapes("ag_gemm", 2, "seed")
+
+
+def test_variant_choice_through_the_tuning_tables(isolated_tables, monkeypatch):
+    """A GPU's tuning table (family gemm_scatter) serves the choice before the results table."""
+    from kernels.comm import choices
+    from kernels.common import tables
+
+    h200 = {"name": "NVIDIA H200", "capability": "9.0"}
+    monkeypatch.setattr(choices, "current_device", lambda: h200)
+    monkeypatch.setattr(gscfg, "_TABLE", {})
+    monkeypatch.setattr(gscfg, "AUTO_TABLE_PATH", isolated_tables / "none.json")
+    entries = {choices.key({"world_size": 2, "M": M, "N": 4096, "K": 4096, "dtype": "bf16"}):
+               choices.table_entry(name, cfg, 0.1, "eager", "test")
+               for M, name, cfg in ((64, "cublas+nccl", {"variant": "nccl"}),
+                                    (4096, "senders", {"variant": "senders", "senders": 12}))}
+    choices.write(tables.user_root(), h200, "gemm_scatter", entries, "3.6.0")
+    assert gscfg.auto_source(2) == "tuning table (NVIDIA H200)"
+    assert gs.auto_config(48, 2048, 4096, 2).variant == "nccl"
+    big = gs.auto_config(8192, 2048, 4096, 2)
+    assert big.variant == "senders" and big.senders == 12
+    assert gs.auto_config(8192, 2048, 4096, 4).variant == "fused"   # no entry of world size 4: the tile rule

@@ -48,7 +48,16 @@ class TuneError(ValueError):
     """A spec or argument refused; the message says what to change."""
 
 
+# The multi-GPU families' variant choices share the tables (``--show`` lists them) but are measured
+# by their overlap study on a node of several GPUs, every rank together, not by this command.
+MULTI_GPU = {"ag_gemm": "experiments/run_overlap.py", "gemm_scatter": "experiments/run_overlap.py"}
+
+
 def family_module(name: str):
+    if name in MULTI_GPU:
+        raise TuneError(f"{name}: its variant choice is measured on a multi-GPU node by {MULTI_GPU[name]} "
+                        f"(every rank together), which writes its table under OUT/{name}/tables/; "
+                        f"`workbench tune --show {name}` lists the tables")
     if name not in FAMILIES:
         raise TuneError(f"unknown family {name!r}: choose one of {', '.join(FAMILIES)}")
     return importlib.import_module(FAMILIES[name])
@@ -194,7 +203,7 @@ def show(family_name: str | None, device_name: str | None, roots: list[tuple[str
     no --device), with how and when each was measured."""
     from kernels.common import tables
 
-    families = [family_name] if family_name else list(FAMILIES)
+    families = [family_name] if family_name else [*FAMILIES, *MULTI_GPU]
     if device_name is None:
         try:
             device_name = this_device()["name"]
@@ -218,9 +227,10 @@ def show(family_name: str | None, device_name: str | None, roots: list[tuple[str
                 for key in sorted(entries):
                     e = entries[key]
                     gain = e["cold_us"] / e["us"] if e.get("us") and e.get("cold_us") else float("nan")
-                    log(f"  {key}: {e['candidate']} ({e['variant']}) {e.get('us', float('nan')):.1f} us; cold "
-                        f"{e.get('cold', '?')} {e.get('cold_us', float('nan')):.1f} us (x{gain:.2f}); "
-                        f"{e.get('timed', '?')}/{e.get('of', '?')} timed, {e.get('how', '?')}; {e.get('by', '?')} "
+                    cold = (f"cold {e.get('cold', '?')} {e.get('cold_us', float('nan')):.1f} us (x{gain:.2f}); "
+                            f"{e.get('timed', '?')}/{e.get('of', '?')} timed, " if "cold" in e else "")
+                    log(f"  {key}: {e['candidate']} ({e['variant']}) {e.get('us', float('nan')):.1f} us; {cold}"
+                        f"{e.get('how', '?')}; {e.get('by', '?')} "
                         f"{e.get('date', '?')} git {str(e.get('git', '?'))[:10]} torch {e.get('torch', '?')}")
                 shown += 1
     if not shown:
@@ -348,7 +358,7 @@ def run(args) -> int:
         if args.collect:
             return _collect(args)
         if args.show:
-            if args.family:
+            if args.family and args.family not in MULTI_GPU:
                 family_module(args.family)
             roots = [("user", tables.user_root()), ("shipped", tables.SHIPPED_ROOT)]
             if args.out is not None:

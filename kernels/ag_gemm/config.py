@@ -1,20 +1,18 @@
 """Configuration of the fused all-gather + GEMM and its auto-config.
 
-``AgGemmConfig`` holds every knob; ``auto_config`` picks one per problem.
+``AgGemmConfig`` holds every knob; ``auto_config`` picks one per problem, in this order:
 
-Where no measurement covers a world size (8 ranks, as of this writing), the
-auto-config's rule is a PLACEHOLDER, not fitted to any GPU data.
-``experiments/run_ag_gemm.py`` times every variant
-on a GPU node and writes ``results/ag_gemm/auto_table.json`` (one entry per
-measured (world size, gather dim, M, N, K): the fastest configuration, and
-``"sequential"`` or ``"nccl"`` wherever no fused variant beat our all-gather + our
-GEMM or NCCL's all-gather + cuBLAS, the faster of the two; a run
-of other world sizes, ``--auto-table results/ag_gemm/auto_table.json``, adds its
-entries to the same file and keeps the others).
-When that file exists, ``auto_config`` uses the entry of the nearest measured
-problem; otherwise the placeholder rule below. ``auto_source()`` says which,
-and the benchmark rows carry it (``auto_source`` column), so a result can
-never pass a placeholder off as a measurement.
+1. this GPU's tuning tables (the selection layer's, ``kernels.comm.choices``: family
+   ``ag_gemm``, the user's over the shipped ones), written from the fit half of the LLM shape
+   set by ``experiments/run_ag_gemm.py`` (``OUT/tables/``): per measured problem (world size,
+   gather dim, M, N, K, dtype) the fastest way in eager calls, one of our variants or
+   ``"sequential"``, ``"nccl"`` (NCCL + cuBLAS) or ``"torch"`` (PyTorch's fused op) where
+   those win;
+2. ``results/ag_gemm/auto_table.json``, the seed-shape study's table (its README names the node);
+3. where neither covers the world size, a PLACEHOLDER rule, not fitted to any GPU data.
+
+``auto_source()`` says which, and the benchmark rows carry it (``auto_source`` column), so a
+result can never pass a placeholder off as a measurement.
 """
 from __future__ import annotations
 
@@ -172,29 +170,70 @@ def load_table(path: Path | None = None) -> list[dict] | None:
 
 
 _TABLE: dict = {}
+FAMILY = "ag_gemm"   # the selection layer's tables (kernels.comm.choices)
+
+
+def _config_of(fields) -> AgGemmConfig:
+    known = {f.name for f in dataclasses.fields(AgGemmConfig)}
+    return AgGemmConfig(**{k: v for k, v in dict(fields).items() if k in known and k != "max_spins"})
+
+
+def _tuned(world_size: int, gather_dim: int, dtype) -> tuple[list[dict], str]:
+    """This GPU's tuning-table entries of the world size and gather dim (and dtype, when given)
+    as {M, N, K, config}, and where they come from; ([], '') when it has none."""
+    from kernels.comm import choices
+    from kernels.common.tables import warn_once
+
+    device = choices.current_device()
+    rows = []
+    for e in choices.measured(FAMILY, device):
+        if e.get("world_size") != world_size or e.get("gather_dim") != gather_dim:
+            continue
+        if dtype is not None and e.get("dtype", choices.dtype_name(dtype)) != choices.dtype_name(dtype):
+            continue
+        try:
+            cfg = _config_of(e["entry"]["config"])
+            validate(cfg, world_size)
+            rows.append({"M": int(e["M"]), "N": int(e["N"]), "K": int(e["K"]), "config": cfg})
+        except (KeyError, TypeError, ValueError) as exc:
+            warn_once(e["where"], "ag_gemm entry", f"ag_gemm tuning table ({e['where']}): an entry names a "
+                                                   f"config that cannot run ({exc}); it is ignored")
+    return rows, (f"tuning table ({device['name']})" if rows else "")
+
+
+def _measured(world_size: int | None, gather_dim: int | None = None, dtype=None) -> tuple[list[dict], str]:
+    """The measured choices that serve a problem: this GPU's tuning tables where they have
+    entries of its world size (and gather dim), else ``AUTO_TABLE_PATH`` (measured on the node
+    its README names); ([], '') when neither has any."""
+    if world_size is not None:
+        for gd in ((gather_dim,) if gather_dim is not None else (0, 1)):
+            rows, where = _tuned(world_size, gd, dtype)
+            if rows:
+                return rows, where
+    if "t" not in _TABLE:
+        _TABLE["t"] = load_table()
+    rows = [e for e in _TABLE["t"] or [] if (world_size is None or e["world_size"] == world_size)
+            and (gather_dim is None or e["gather_dim"] == gather_dim)]
+    return rows, (f"measured ({AUTO_TABLE_PATH.name})" if rows else "")
 
 
 def auto_source(world_size: int | None = None) -> str:
-    """'measured (results/ag_gemm/auto_table.json)' or 'placeholder rule (not fitted)': for
-    ``world_size``, whether the table has entries of that world size (any, when None)."""
-    if "t" not in _TABLE:
-        _TABLE["t"] = load_table()
-    measured = [e for e in _TABLE["t"] or [] if world_size is None or e["world_size"] == world_size]
-    return f"measured ({AUTO_TABLE_PATH.name})" if measured else "placeholder rule (not fitted)"
+    """Where ``auto_config``'s choices come from for ``world_size`` (any, when None): 'tuning table
+    (<GPU>)', 'measured (auto_table.json)', or 'placeholder rule (not fitted)'."""
+    return _measured(world_size)[1] or "placeholder rule (not fitted)"
 
 
 def auto_config(M: int, N: int, K: int, world_size: int, gather_dim: int, num_sms: int,
-                simulated: bool = False) -> AgGemmConfig:
+                simulated: bool = False, dtype=None) -> AgGemmConfig:
     """The configuration for a gathered problem C (M x N) = A (M x K) @ B (K x N): the family's
     one decision function. With ``config=None`` rank 0 calls it once per new problem and every
     rank runs what it returned (``kernels.comm.decide``), so it may read per-device tables that
-    differ between ranks. It may return any variant, ``"nccl"`` (NCCL + cuBLAS) and
-    ``"sequential"`` included, where nothing fused wins."""
+    differ between ranks. It may return any variant, ``"nccl"`` (NCCL + cuBLAS), ``"torch"``
+    (PyTorch's fused op) and ``"sequential"`` included, where nothing fused wins: the entry of
+    the nearest measured problem (``_measured``), else the placeholder rule."""
     if simulated:
         return _SIM_CONFIG
-    if "t" not in _TABLE:
-        _TABLE["t"] = load_table()
-    table = [e for e in (_TABLE["t"] or []) if e["world_size"] == world_size and e["gather_dim"] == gather_dim]
+    table, _ = _measured(world_size, gather_dim, dtype)
     if table:
         def dist(e):
             return sum(abs(math.log2(max(1, a)) - math.log2(max(1, b))) for a, b in

@@ -243,7 +243,7 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     sms = _device_sms(heap)
     if auto:   # rank 0's choice, shared once per problem: every rank runs the same variant
         cfg = shared_choice(heap, "ag_gemm", (M, N, K, W, gather_dim, str(a.dtype)),
-                            lambda: auto_config(M, N, K, W, gather_dim, sms, heap.simulated))
+                            lambda: auto_config(M, N, K, W, gather_dim, sms, heap.simulated, a.dtype))
     validate(cfg, W, a.element_size())
     if trace and cfg.variant == "chunked":
         raise ValueError("all_gather_matmul: trace=True records the programs of our kernels; variant 'chunked' "

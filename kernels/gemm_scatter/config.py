@@ -261,14 +261,49 @@ def load_table(path: Path | None = None) -> list[dict] | None:
     return out
 
 
-def auto_source(world_size: int | None = None) -> str:
-    """'measured (auto_table.json)' where the table has entries of ``world_size`` (any when None),
-    else 'tile rule (fused; no measured table)'."""
+FAMILY = "gemm_scatter"   # the selection layer's tables (kernels.comm.choices)
+
+
+def _tuned(world_size: int | None, dtype) -> tuple[list[dict], str]:
+    """This GPU's tuning-table entries of the world size (any when None; and dtype, when given)
+    as {world_size, M, N, K, config}, and where they come from; ([], '') when it has none."""
+    from kernels.comm import choices
+    from kernels.common.tables import warn_once
+
+    device = choices.current_device()
+    known = {f.name for f in dataclasses.fields(ScatterConfig)}
+    rows = []
+    for e in choices.measured(FAMILY, device):
+        if world_size is not None and e.get("world_size") != world_size:
+            continue
+        if dtype is not None and e.get("dtype", choices.dtype_name(dtype)) != choices.dtype_name(dtype):
+            continue
+        try:
+            cfg = ScatterConfig(**{k: v for k, v in dict(e["entry"]["config"]).items() if k in known})
+            validate(cfg)
+            rows.append({**{k: int(e[k]) for k in ("world_size", "M", "N", "K")}, "config": cfg})
+        except (KeyError, TypeError, ValueError) as exc:
+            warn_once(e["where"], "gemm_scatter entry", f"gemm_scatter tuning table ({e['where']}): an entry "
+                                                        f"names a config that cannot run ({exc}); it is ignored")
+    return rows, (f"tuning table ({device['name']})" if rows else "")
+
+
+def _measured(world_size: int | None, dtype=None) -> tuple[list[dict], str]:
+    """This GPU's tuning-table entries of the world size where it has any, else those of
+    ``AUTO_TABLE_PATH``; ([], '') when neither has one."""
+    rows, where = _tuned(world_size, dtype)
+    if rows:
+        return rows, where
     if "t" not in _TABLE:
         _TABLE["t"] = load_table()
-    if any(world_size is None or e["world_size"] == world_size for e in _TABLE["t"] or []):
-        return f"measured ({AUTO_TABLE_PATH.name})"
-    return "tile rule (fused; no measured table)"
+    rows = [e for e in _TABLE["t"] or [] if world_size is None or e["world_size"] == world_size]
+    return rows, (f"measured ({AUTO_TABLE_PATH.name})" if rows else "")
+
+
+def auto_source(world_size: int | None = None) -> str:
+    """Where the choice comes from for ``world_size`` (any when None): 'tuning table (<GPU>)',
+    'measured (auto_table.json)', else 'tile rule (fused; no measured table)'."""
+    return _measured(world_size)[1] or "tile rule (fused; no measured table)"
 
 
 def auto_config(M: int, n_local: int, K: int, world_size: int, dtype: torch.dtype = torch.bfloat16,
@@ -276,14 +311,13 @@ def auto_config(M: int, n_local: int, K: int, world_size: int, dtype: torch.dtyp
     """What ``gemm_all_scatter`` runs when no config is given: the family's one decision
     function (rank 0 runs it; ``kernels.comm.decide`` shares the result with every rank).
 
-    The entry of the measured table (``AUTO_TABLE_PATH``, written by
-    ``experiments/run_gemm_scatter.py``) nearest in log M, N, K among those of this world size,
-    which may be any variant: "fused", "senders", or "nccl" / "sequential" where neither fused
-    kernel beat the libraries. Without one, the tile rule (``heuristic``) with the fused kernel:
-    the "senders" variant is chosen only where it was measured to win."""
-    if "t" not in _TABLE:
-        _TABLE["t"] = load_table()
-    table = [e for e in _TABLE["t"] or [] if e["world_size"] == world_size]
+    The measured entry (this GPU's tuning tables, family ``gemm_scatter``, written by
+    ``experiments/run_gemm_scatter.py``; else ``AUTO_TABLE_PATH``) nearest in log M, N, K among
+    those of this world size, which may be any variant: "fused", "senders", or "nccl" /
+    "sequential" where neither fused kernel beat the libraries. Without one, the tile rule
+    (``heuristic``) with the fused kernel: the "senders" variant is chosen only where it was
+    measured to win."""
+    table, _ = _measured(world_size, dtype)
     if table:
         N = n_local * world_size
 
