@@ -7,6 +7,7 @@ whose K/W is not a multiple of BLOCK_K; random inputs; C and the staging
 buffer poisoned with NaN before every checked call.
 """
 import ast
+import itertools
 import json
 import re
 from pathlib import Path
@@ -952,11 +953,12 @@ def test_variant_choice_through_the_tuning_tables(isolated_tables, monkeypatch):
     s = _script()
     rows = []
     for M, winner in ((256, "nccl_cublas"), (4096, "torch_fused"), (16384, "pipelined")):
-        for v in ("fused", "pipelined", "sequential", "nccl_cublas", "torch_fused", "gemm_alone"):
+        for v, timing in itertools.product(("fused", "pipelined", "sequential", "nccl_cublas", "torch_fused",
+                                             "gemm_alone"), ("eager", "graph")):
             cfg = {"pipelined": {"variant": "pipelined", "block_n": 128}, "fused": {"variant": "fused"},
                    "sequential": {"variant": "sequential"}}.get(v)
             rows.append(dict(kind="bench", rank=0, status="ok", world_size=2, gather_dim=0, M=M, N=5120, K=8192,
-                             split="fit", timing="eager", variant=v, ms=0.5 if v == winner else 0.9,
+                             split="fit", timing=timing, variant=v, ms=0.5 if v == winner else 0.9,
                              config=json.dumps(cfg) if cfg else None, dtype="bfloat16", device_name="NVIDIA H200",
                              device_capability="9.0", triton_version="3.6.0", git_sha="abc", torch_version="2.11",
                              timestamp="2026-11-28T07:00:00+00:00"))

@@ -61,3 +61,28 @@ def test_a_machine_without_two_gpus_is_refused(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert r.main(["--out", str(tmp_path / "x")]) == 2
     assert "needs a node with 2 CUDA GPUs" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_the_choice_minimizes_its_worse_regret_over_both_modes():
+    """fit_choices: per fit case the method whose worse of (eager, graph) regret is least, never a
+    method outside tolerance there; 'eager' alone picks the eager winner."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "experiments"))
+    import overlap
+
+    times = {  # method: (eager ms, graph ms)
+        "fast_eager": (1.00, 2.00),   # the eager winner, twice the best graph time
+        "steady": (1.10, 1.05),       # 10% off in eager, 5% in graph: the least worse regret
+        "fast_graph": (1.60, 1.00),
+        "inaccurate": (0.50, 0.50),   # fastest in both, but outside the tolerance
+    }
+    rows = [dict(split="fit", status="ok", rank=0, world_size=2, M=4096, N=4096, K=4096, timing=mode,
+                 variant=m, ms=t[i], within_tolerance=m != "inaccurate")
+            for m, t in times.items() for i, mode in enumerate(("eager", "graph"))]
+    bench = pd.DataFrame(rows)
+    keys = ["world_size", "M", "N", "K"]
+    both = overlap.fit_choices(bench, keys, tuple(times), {})
+    assert [(e["method"], e["ms"]) for e in both] == [("steady", 1.10)]
+    assert [e["method"] for e in overlap.fit_choices(bench, keys, tuple(times), {}, timing="eager")] == ["fast_eager"]
+    assert overlap.fit_choices(bench[bench["timing"] == "eager"], keys, tuple(times), {}) == []  # both modes needed
