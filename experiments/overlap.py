@@ -172,12 +172,11 @@ def fit_choices(bench, keys: list[str], choices: tuple, configs: dict, timing: s
 
 
 def nearest(entries: list[dict], M: int, N: int, K: int, **match) -> dict | None:
-    """The entry nearest in log2 M, N, K among those whose fields equal ``match``."""
-    same = [e for e in entries if all(e.get(k) == v for k, v in match.items())]
-    if not same:
-        return None
-    return min(same, key=lambda e: sum(abs(math.log2(max(1, e[d])) - math.log2(max(1, v)))
-                                       for d, v in (("M", M), ("N", N), ("K", K))))
+    """The entry nearest in log2 M, N, K among those whose fields equal ``match`` (the rule
+    ``auto_config`` applies to the tables: ``kernels.comm.choices.nearest``)."""
+    from kernels.comm import choices
+
+    return choices.nearest(entries, M, N, K, **match)
 
 
 def score_held_out(bench, entries: list[dict], keys: list[str], match_keys: list[str], ours: tuple,
