@@ -175,8 +175,8 @@ def plan_for(a: torch.Tensor, b: torch.Tensor, config=None, out: torch.Tensor | 
     """The plan ``matmul(a, b, config, out, tune=tune)`` runs (made once per call signature,
     ``DEVICE_DESCRIPTORS`` / ``GLUON_DEVICE_DESCRIPTORS`` / ``DEVICE_DESC_MAX_US`` setting,
     whether a CUDA graph is being captured (see ``_descriptors_on_device``) and ``tune``
-    (``WORKBENCH_TUNE`` is read when a signature is first planned); a plan keeps the choice it was made with: after editing a tuning table
-    at run time, call ``clear_plans()``)."""
+    (``WORKBENCH_TUNE`` is read when a signature is first planned); a plan keeps the choice it
+    was made with: after editing a tuning table at run time, call ``clear_plans()``)."""
     dd, gdd = DEVICE_DESCRIPTORS, GLUON_DEVICE_DESCRIPTORS
     try:
         cap = capturing(a)
