@@ -80,7 +80,7 @@ def test_all_gather_matmul_runs_rank_zeros_variant_when_tables_differ(W, monkeyp
 
     calls = []
 
-    def local_choice(M, N, K, world_size, gather_dim, sms, simulated=False):
+    def local_choice(M, N, K, world_size, gather_dim, sms, simulated=False, dtype=None):
         me = threading.current_thread().name
         calls.append(me)
         return SIM.replace(variant="copy_engine" if me == "sim-rank1" else "pipelined")
