@@ -17,7 +17,6 @@ result can never pass a placeholder off as a measurement.
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from pathlib import Path
 
@@ -180,25 +179,14 @@ def _config_of(fields) -> AgGemmConfig:
 
 def _tuned(world_size: int, gather_dim: int, dtype) -> tuple[list[dict], str]:
     """This GPU's tuning-table entries of the world size and gather dim (and dtype, when given)
-    as {M, N, K, config}, and where they come from; ([], '') when it has none."""
+    as {M, N, K, config, ...}, and where they come from; ([], '') when it has none."""
     from kernels.comm import choices
-    from kernels.common.tables import warn_once
 
-    device = choices.current_device()
-    rows = []
-    for e in choices.measured(FAMILY, device):
-        if e.get("world_size") != world_size or e.get("gather_dim") != gather_dim:
-            continue
-        if dtype is not None and e.get("dtype", choices.dtype_name(dtype)) != choices.dtype_name(dtype):
-            continue
-        try:
-            cfg = _config_of(e["entry"]["config"])
-            validate(cfg, world_size)
-            rows.append({"M": int(e["M"]), "N": int(e["N"]), "K": int(e["K"]), "config": cfg})
-        except (KeyError, TypeError, ValueError) as exc:
-            warn_once(e["where"], "ag_gemm entry", f"ag_gemm tuning table ({e['where']}): an entry names a "
-                                                   f"config that cannot run ({exc}); it is ignored")
-    return rows, (f"tuning table ({device['name']})" if rows else "")
+    def make(fields) -> AgGemmConfig:
+        cfg = _config_of(fields)
+        validate(cfg, world_size)
+        return cfg
+    return choices.usable(FAMILY, make, dtype, world_size=world_size, gather_dim=gather_dim)
 
 
 def _measured(world_size: int | None, gather_dim: int | None = None, dtype=None) -> tuple[list[dict], str]:
@@ -233,19 +221,18 @@ def auto_config(M: int, N: int, K: int, world_size: int, gather_dim: int, num_sm
     the nearest measured problem (``_measured``), else the placeholder rule."""
     if simulated:
         return _SIM_CONFIG
+    from kernels.comm.choices import nearest
+
     table, _ = _measured(world_size, gather_dim, dtype)
     if table:
-        def dist(e):
-            return sum(abs(math.log2(max(1, a)) - math.log2(max(1, b))) for a, b in
-                       ((e["M"], M), (e["N"], N), (e["K"], K)))
-        best = min(table, key=dist)
+        best = nearest(table, M, N, K)
         # A fallback was measured where fusing lost, which happens on short GEMMs (too little to
         # hide the gather behind): it covers problems up to its own size. A larger problem takes
         # the nearest entry that fuses (held out at 4 ranks, M-gathered 2048x3584x8192 was sent to
         # the fallback of M 1024 and lost 1.2x to the fused entry of M 4096, equally near).
         fused = [e for e in table if e["config"].variant not in FALLBACKS]
         if best["config"].variant in FALLBACKS and M * N * K > best["M"] * best["N"] * best["K"] and fused:
-            best = min(fused, key=dist)
+            best = nearest(fused, M, N, K)
         return best["config"]
     if 2 * M * N * K / world_size < PLACEHOLDER_MIN_FLOP:
         return AgGemmConfig(variant="sequential")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from kernels.common import tables as _tables
 
@@ -82,6 +82,29 @@ def measured(family: str, device: Mapping[str, str] | None, tables: _tables.Tabl
             continue
         out.append({**fields, "entry": entry, "where": where})
     return out
+
+
+def usable(family: str, make: Callable[[Mapping[str, Any]], Any], dtype=None,
+           **match) -> tuple[list[dict], str]:
+    """This GPU's entries of ``family`` whose fields equal ``match`` (a field given as None
+    matches any) and, when ``dtype`` is given, of that dtype, as {fields..., 'config':
+    make(entry's config)}; and where they come from ('' when none). An entry whose config
+    ``make`` refuses (ValueError, TypeError, KeyError) is ignored and said once."""
+    device = current_device()
+    want = {k: v for k, v in match.items() if v is not None}
+    rows = []
+    for e in measured(family, device):
+        if any(e.get(k) != v for k, v in want.items()):
+            continue
+        if dtype is not None and e.get("dtype", dtype_name(dtype)) != dtype_name(dtype):
+            continue
+        try:
+            rows.append({**{k: v for k, v in e.items() if k not in ("entry", "where")},
+                         "config": make(e["entry"]["config"])})
+        except (KeyError, TypeError, ValueError) as exc:
+            _tables.warn_once(e["where"], f"{family} entry", f"{family} tuning table ({e['where']}): an entry "
+                                                             f"names a config that cannot run ({exc}); it is ignored")
+    return rows, (f"tuning table ({device['name']})" if rows else "")
 
 
 def nearest(entries: list[dict], M: int, N: int, K: int, **match) -> dict | None:

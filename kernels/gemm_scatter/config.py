@@ -266,26 +266,16 @@ FAMILY = "gemm_scatter"   # the selection layer's tables (kernels.comm.choices)
 
 def _tuned(world_size: int | None, dtype) -> tuple[list[dict], str]:
     """This GPU's tuning-table entries of the world size (any when None; and dtype, when given)
-    as {world_size, M, N, K, config}, and where they come from; ([], '') when it has none."""
+    as {world_size, M, N, K, config, ...}, and where they come from; ([], '') when it has none."""
     from kernels.comm import choices
-    from kernels.common.tables import warn_once
 
-    device = choices.current_device()
     known = {f.name for f in dataclasses.fields(ScatterConfig)}
-    rows = []
-    for e in choices.measured(FAMILY, device):
-        if world_size is not None and e.get("world_size") != world_size:
-            continue
-        if dtype is not None and e.get("dtype", choices.dtype_name(dtype)) != choices.dtype_name(dtype):
-            continue
-        try:
-            cfg = ScatterConfig(**{k: v for k, v in dict(e["entry"]["config"]).items() if k in known})
-            validate(cfg)
-            rows.append({**{k: int(e[k]) for k in ("world_size", "M", "N", "K")}, "config": cfg})
-        except (KeyError, TypeError, ValueError) as exc:
-            warn_once(e["where"], "gemm_scatter entry", f"gemm_scatter tuning table ({e['where']}): an entry "
-                                                        f"names a config that cannot run ({exc}); it is ignored")
-    return rows, (f"tuning table ({device['name']})" if rows else "")
+
+    def make(fields) -> ScatterConfig:
+        cfg = ScatterConfig(**{k: v for k, v in dict(fields).items() if k in known})
+        validate(cfg)
+        return cfg
+    return choices.usable(FAMILY, make, dtype, world_size=world_size)
 
 
 def _measured(world_size: int | None, dtype=None) -> tuple[list[dict], str]:
@@ -319,12 +309,9 @@ def auto_config(M: int, n_local: int, K: int, world_size: int, dtype: torch.dtyp
     measured to win."""
     table, _ = _measured(world_size, dtype)
     if table:
-        N = n_local * world_size
+        from kernels.comm.choices import nearest
 
-        def dist(e):
-            return sum(abs(math.log2(max(1, x)) - math.log2(max(1, y))) for x, y in
-                       ((e["M"], M), (e["N"], N), (e["K"], K)))
-        best = min(table, key=dist)["config"]
+        best = nearest(table, M, n_local * world_size, K)["config"]
         if best.variant in FALLBACKS:
             return best
         if best.variant == "senders" or not best.split_kernel:
