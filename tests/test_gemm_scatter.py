@@ -461,25 +461,31 @@ studies:
 """
 
 
+def _run_in_world_of_one(r, args, tmp_path):
+    """The script's Runner on a one-rank gloo group and a simulated heap: (runner, check rows)."""
+    import torch.distributed as tdist
+
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        run = r.Runner(args, heap=dist.SimulatedWorld(1, heap_bytes=1 << 20).heaps[0])
+        return run, run.run()
+    finally:
+        tdist.destroy_process_group()
+
+
 def test_gpu_script_runs_end_to_end_in_a_simulated_world(tmp_path):
     """Every code path of experiments/run_gemm_scatter.py (checks, baselines, studies, an
     invalid config, a failing baseline, tables) on a one-rank gloo group and a simulated heap."""
     import argparse
 
     import pandas as pd
-    import torch.distributed as tdist
 
     r = _script()
     spec = tmp_path / "spec.yaml"
     spec.write_text(DRY_SPEC)
     args = argparse.Namespace(spec=str(spec), quick=False, studies="", check_only=False, skip_checks=False,
                               budget_s=300, heap_mib=1)
-    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    try:
-        run = r.Runner(args, heap=dist.SimulatedWorld(1, heap_bytes=1 << 20).heaps[0])
-        checks = run.run()
-    finally:
-        tdist.destroy_process_group()
+    run, checks = _run_in_world_of_one(r, args, tmp_path)
     c = pd.DataFrame(checks)
     assert c[c.variant != "cublas+nccl"]["ok"].all(), c.to_string()
     assert not c[c.variant == "cublas+nccl"]["ok"].any()  # no NCCL in a simulated world: recorded, not fatal
@@ -668,7 +674,6 @@ def test_overlap_study_end_to_end_in_a_simulated_world(tmp_path, monkeypatch):
     import argparse
 
     import pandas as pd
-    import torch.distributed as tdist
 
     r = _script()
     import overlap   # experiments/ is on sys.path once the script is loaded
@@ -680,12 +685,7 @@ def test_overlap_study_end_to_end_in_a_simulated_world(tmp_path, monkeypatch):
         fn, warmup=1, iters=2))   # the interpreter: as few calls as a pass can have
     args = argparse.Namespace(spec=str(r.SPEC), quick=False, studies="", check_only=False, skip_checks=False,
                               budget_s=300, heap_mib=1, shape_set="llm-reduced")
-    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    try:
-        run = r.Runner(args, heap=dist.SimulatedWorld(1, heap_bytes=1 << 20).heaps[0])
-        checks = run.run()
-    finally:
-        tdist.destroy_process_group()
+    run, checks = _run_in_world_of_one(r, args, tmp_path)
     c = pd.DataFrame(checks)
     assert c["ok"].all() and set(c["variant"]) == {"fused", "senders", "sequential", "auto", "cublas+nccl"}
     out = tmp_path / "out"
