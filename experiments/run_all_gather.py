@@ -218,9 +218,7 @@ def run_grid(w, heap, torch, tdist, plan, modes):
                     else:
                         t = dist.time_collective(fn, warmup=max(5, iters // 4), iters=iters)
                     if p["variant"] in ("triton", "gluon"):
-                        from kernels.comm.remote import check_status
-
-                        check_status(heap.status(), rank, "all_gather flags", lambda i: f"signals from rank {i}")
+                        comm.check_all_gather(heap)
                     alg, bus = comm.bus_bandwidth_gbps(nbytes, W, t["ms"])
                     row.update(ms=t["ms"], q25_ms=t["q25_ms"], q75_ms=t["q75_ms"], loop_ms=t["loop_ms"],
                                slowest_rank=t["slowest_rank"], graph_calls=t["graph"],

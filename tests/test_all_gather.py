@@ -13,7 +13,7 @@ import torch
 
 from kernels import comm
 from kernels.comm import launch as aglaunch, sweep as agsweep
-from kernels.comm.remote import WaitTimeout
+from kernels.comm.waits import WaitTimeout
 from workbench import dist
 
 REPO = Path(__file__).resolve().parents[1]

@@ -26,7 +26,7 @@ from kernels.ag_gemm import AgGemmConfig, AgGemmTimeout, all_gather_matmul
 from kernels.ag_gemm.launch import get_plan
 from kernels.ag_gemm.reference import reference, tolerance
 from kernels.comm import clock
-from kernels.comm.remote import WaitTimeout
+from kernels.comm.waits import WaitTimeout
 from workbench import dist
 
 LATE_S = 1.0     # the late rank's delay
@@ -163,7 +163,7 @@ def _ag_world(W, gather_dim, timeout_s, arrive_after):
     def arrive():   # its shard published, then its ready flag on every waiting rank
         late_plan.pub.copy_(shards[LATE])
         for r in _on_time(W):
-            world.heaps[r].flags("ag_gemm.sig", 3 * W)[LATE] += 1
+            world.heaps[r].flags("ag_gemm.sig", 4 * W)[LATE] += 1
 
     def body(h):
         out = torch.full((S_M * (W if gather_dim == 0 else 1), 21), float("nan"), dtype=torch.bfloat16)
@@ -244,3 +244,58 @@ def test_max_spins_is_gone_from_the_launchers():
         from kernels.ag_gemm.config import validate
 
         validate(AG.replace(max_spins=1 << 12), 2)
+
+
+# --------------------------------------------------------------------------
+# A rank later than the bound: every rank's call fails once, naming it, and the next call works
+# --------------------------------------------------------------------------
+def _family_call(family, W):
+    """(call(heap, timeout_s) -> result, reference) for one family in a world of W ranks."""
+    g = torch.Generator().manual_seed(40 + W)
+    if family == "all_gather":
+        xs = [torch.randn(5, 24, generator=g).to(torch.float16) for _ in range(W)]
+        return (lambda h, t: comm.all_gather(xs[h.rank], h, num_sms=2, timeout_s=t, check=True).clone(),
+                torch.cat(xs).float())
+    if family == "gemm_all_scatter":
+        a = torch.randn(13, 32, generator=g).to(torch.float16)
+        bs = [torch.randn(32, 24, generator=g).to(torch.float16) for _ in range(W)]
+        cfg = gs.ScatterConfig(block_m=16, block_n=16, block_k=16, num_warps=2, num_stages=2, num_sms=2)
+        return (lambda h, t: gs.gemm_all_scatter(a, bs[h.rank], h, config=cfg, timeout_s=t, check=True).clone(),
+                gs.reference(a, bs))
+    shards = [torch.randn(7, 37, generator=g).to(torch.bfloat16) for _ in range(W)]
+    b = torch.randn(37, 21, generator=g).to(torch.bfloat16)
+    return (lambda h, t: all_gather_matmul(shards[h.rank], b, h, gather_dim=0, config=AG, timeout_s=t).clone(),
+            reference(shards, b, 0))
+
+
+@pytest.mark.parametrize("family,W", [("all_gather", 2), ("gemm_all_scatter", 3), ("all_gather_matmul", 3)])
+def test_late_rank_fails_every_rank_once_and_the_next_call_works(family, W):
+    """The on-time ranks give up after the bound and raise naming the late rank; the late rank,
+    arriving after they gave up, finds the call abandoned and raises too; then every rank's next
+    call is right, with no recovery step (the flags stayed in step)."""
+    call, ref = _family_call(family, W)
+    world = dist.SimulatedWorld(W, heap_bytes=1 << 18)
+    timed = {}
+
+    def on_time(h):
+        t0 = time.monotonic()
+        try:
+            return call(h, SHORT_S)
+        finally:
+            timed[h.rank] = time.monotonic() - t0
+
+    with pytest.raises(dist.RankError) as info:
+        world.run(on_time, ranks=_on_time(W))
+    err = info.value.__cause__
+    assert isinstance(err, WaitTimeout), err
+    assert re.match(r"rank \d", str(err)) and f"rank {LATE}" in str(err) and "once every rank has made" in str(err)
+    assert SHORT_S <= _waited(err) < 3 * SHORT_S
+    with pytest.raises(dist.RankError) as info:          # the late rank arrives, alone
+        world.run(lambda h: call(h, SHORT_S), ranks=[LATE])
+    late = info.value.__cause__
+    assert isinstance(late, WaitTimeout) and str(late).startswith(f"rank {LATE}: "), late
+    assert "gave up on this call" in str(late) and "later than the wait bound" in str(late)
+    got = world.run(lambda h: call(h, BOUND_S))          # every rank's next call: right, nothing raised
+    for c in got:
+        assert not torch.isnan(c.float()).any()
+        torch.testing.assert_close(c.double(), ref.double(), atol=3e-2, rtol=3e-2)

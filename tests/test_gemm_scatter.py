@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kernels import gemm_scatter as gs
-from kernels.comm.remote import WaitTimeout
+from kernels.comm.waits import WaitTimeout
 from kernels.gemm_scatter import config as gscfg, launch as gslaunch, metrics as gsmetrics
 from workbench import dist
 

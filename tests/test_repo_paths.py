@@ -137,11 +137,33 @@ def test_readme_names_only_files_that_exist(readme):
                          f"cite it as `git show <commit>:<path>`): {sorted(set(missing))}")
 
 
+def _study_folders() -> list[str]:
+    """The folders under results/ that hold committed results: not what a run writes there
+    (``make report`` writes results/reports/ first thing in a fresh clone)."""
+    return sorted(p.name for p in (REPO / "results").iterdir()
+                  if p.is_dir() and not f"results/{p.name}/".startswith(GENERATED))
+
+
 def test_results_readmes_say_how_a_run_is_added():
     text = (REPO / "results" / "README.md").read_text(encoding="utf-8")
     assert "git show" in text and "README.md" in text
-    for study in sorted(p.name for p in (REPO / "results").iterdir() if p.is_dir()):
+    for study in _study_folders():
         assert f"`{study}/`" in text, f"results/README.md does not list {study}/"
+
+
+def test_generated_output_is_not_taken_for_a_study():
+    """README's two commands in order: `make report` writes results/reports/ (ignored by git), then
+    `make test` must still pass: generated output is no study folder."""
+    made = not (REPO / "results" / "reports").exists()
+    (REPO / "results" / "reports").mkdir(exist_ok=True)
+    try:
+        assert "reports" not in _study_folders()
+        ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", "results/reports/index.html"],
+                                 capture_output=True)
+        assert ignored.returncode in (0, 128), "results/reports/ must stay ignored by git"
+    finally:
+        if made:
+            (REPO / "results" / "reports").rmdir()
 
 
 def _notebook_sources(nb: Path) -> list[tuple[str, str]]:
@@ -155,7 +177,8 @@ DATA_NAME = re.compile(r"[\"']([\w./-]+\.(?:csv|parquet|json))[\"']")
 
 @lru_cache(maxsize=None)
 def _committed_data() -> tuple[str, ...]:
-    return tuple(str(p.relative_to(REPO / "results")) for p in (REPO / "results").rglob("*") if p.is_file())
+    return tuple(str(p.relative_to(REPO / "results")) for p in (REPO / "results").rglob("*")
+                 if p.is_file() and not str(p.relative_to(REPO)).startswith(GENERATED))
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

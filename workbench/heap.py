@@ -148,7 +148,7 @@ class _BumpHeap:
         self._flag_area, self._flag_names, self._flag_used, self._totals = area, names, used, totals
 
     def status(self):
-        """This rank's int32 status words for bounded waits (see kernels.comm.remote.check_status)."""
+        """This rank's int32 status words for bounded waits (see kernels.comm.waits.check_status)."""
         raise NotImplementedError
 
 

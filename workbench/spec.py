@@ -56,6 +56,7 @@ import json
 import math
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -445,14 +446,34 @@ def _parse_grid(raw, path, fname, known, kernel, shape_sets) -> list[Study]:
     return studies
 
 
-def _kernel_module_allowed(kernel: str) -> bool:
+def _module_root(kernel: str, path) -> Path | None:
+    """Where ``python -m`` would find the spec's kernel module when the import path does not:
+    the working directory, or the nearest folder above the spec from which the dotted name
+    leads to a file (``tests.cluster.toy`` from ``tests/cluster/toy.yaml``: the folder holding
+    ``tests/``). None when it is importable as is, or found nowhere."""
+    top = kernel.split(".", 1)[0]
+    try:
+        if importlib.util.find_spec(top) is not None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    rel = Path(*kernel.split("."))
+    starts = [Path.cwd().resolve()] + (list(Path(path).resolve().parents) if path else [])
+    for root in starts:
+        if (root / rel).with_suffix(".py").is_file() or (root / rel / "__init__.py").is_file():
+            return root
+    return None
+
+
+def _kernel_module_allowed(kernel: str, root: Path | None = None) -> bool:
     """Whether the spec's module is this project's code (or a package the user allowed).
 
     Importing runs a module's code, and a shared spec could name any module
     on the path (``antigravity`` opens a browser). Only the top package is
     located (``find_spec`` of a top-level name imports nothing): it must lie
-    under the current directory or this repository, or be listed in
-    $WORKBENCH_KERNEL_PACKAGES (comma-separated, e.g. ``mykernels``).
+    under the current directory, this repository or ``root`` (the folder the spec's own
+    location led to, ``_module_root``), or be listed in $WORKBENCH_KERNEL_PACKAGES
+    (comma-separated, e.g. ``mykernels``).
     """
     top = kernel.split(".", 1)[0]
     if top in {p.strip() for p in os.environ.get("WORKBENCH_KERNEL_PACKAGES", "").split(",")}:
@@ -464,12 +485,16 @@ def _kernel_module_allowed(kernel: str) -> bool:
     if found is None:
         return True
     where = list(found.submodule_search_locations or []) + ([found.origin] if found.origin else [])
-    roots = [Path.cwd().resolve(), Path(__file__).resolve().parents[1]]
+    roots = [Path.cwd().resolve(), Path(__file__).resolve().parents[1]] + ([root] if root else [])
     return any(Path(w).resolve().is_relative_to(r) for w in where if os.path.isabs(w) for r in roots)
 
 
 def _import_kernel(kernel: str, path):
-    if not _kernel_module_allowed(kernel):
+    root = _module_root(kernel, path)
+    if root is not None and str(root) not in sys.path:
+        sys.path.insert(0, str(root))   # a console script's path lacks the working directory python -m adds
+        importlib.invalidate_caches()
+    if not _kernel_module_allowed(kernel, root):
         raise _err(path, "kernel", f"{kernel!r} is not a module of this project (under the current directory or "
                    "the workbench repository), so the spec may not import it; if it is your kernel package, "
                    "name its top package in $WORKBENCH_KERNEL_PACKAGES")

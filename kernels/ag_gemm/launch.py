@@ -35,8 +35,9 @@ surface without a sync: at the start of a later call on this heap (once a copy
 of the status made after the failing call has landed: ``StatusWatch``, at most
 one copy per millisecond of calls), or at ``check(heap)``, which synchronizes.
 Under CUDA-graph capture nothing is copied: call ``check(heap)`` after replaying. In a
-simulated world (CPU) the status is read right after each call. After a timeout every
-rank calls ``recover(heap)``.
+simulated world (CPU) the status is read right after each call. Each failure is reported
+once, on every rank (a rank that arrives after its peers gave up on the call raises too), and
+the call after it works: no recovery step (``kernels.comm.waits`` says how).
 """
 from __future__ import annotations
 
@@ -49,9 +50,10 @@ import triton
 from kernels.ag_gemm import copies
 from kernels.ag_gemm.config import FALLBACKS, AgGemmConfig, as_config, auto_config, validate
 from kernels.ag_gemm.triton import TRACE_COLS, _ag_gemm_kernel
-from kernels.comm.clock import TIMEOUT_ENV, timeout_us as _timeout_us
+from kernels.comm.clock import timeout_us as _timeout_us
 from kernels.comm.decide import shared_choice
-from kernels.comm.remote import STATUS_WORDS, StatusWatch, WaitTimeout, waited_s
+from kernels.comm.waits import (AFTER, ST_CALL, STATUS_WORDS, StatusWatch, WaitTimeout, abandoned_by, abandoned_text,
+                                waited_s)
 from kernels.common.launcher import launch_planned
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -142,19 +144,23 @@ def _shared(heap) -> dict:
         status = torch.zeros(STATUS_WORDS, dtype=torch.int32, device=heap.device)
         s = cache["_shared"] = {
             "status": status, "plans": {},
-            "sig": heap.flags("ag_gemm.sig", 3 * heap.world_size),  # ready[W], done[W], where[W]
+            "sig": heap.flags("ag_gemm.sig", 4 * heap.world_size),  # ready[W], done[W], where[W], abandon[W]
             # epoch, publishers arrived, programs finished, trace tick, fetchers finished, tiles claimed
             "state": heap.flags("ag_gemm.state", 8),
         }
-        s["watch"] = StatusWatch(status, heap.rank, "all_gather_matmul", report=lambda words: _raise_if_failed(
-            words.tolist(), s, heap))
+        s["watch"] = StatusWatch(status, heap.rank, "all_gather_matmul", report=lambda words: _raise(words, s, heap))
     return s
 
 
 def describe_status(values, plan: Plan | None, rank: int, world: int) -> str:
-    """The error text for status words [count, flag id, seen, expected, microseconds waited]."""
-    count, fid, seen, expected = (int(v) for v in values[:4])
-    waited = waited_s(list(values[:STATUS_WORDS]))
+    """The error text for status words (``kernels.comm.waits``: count, flag id, seen, expected,
+    microseconds waited, call tag)."""
+    values = [int(v) for v in values[:STATUS_WORDS]]
+    count, fid, seen, expected = values[:4]
+    call = values[ST_CALL]
+    waited = waited_s(values)
+    if abandoned_by(fid) is not None:
+        return abandoned_text(rank, "all_gather_matmul", abandoned_by(fid), call)
     if fid < 0 and -fid <= world:
         what = (f"rank {-fid - 1} never published its shard (ready flag from rank {-fid - 1})")
     elif fid < 0 and -fid <= 2 * world:
@@ -164,8 +170,7 @@ def describe_status(values, plan: Plan | None, rank: int, world: int) -> str:
         peer = -fid - 1 - 2 * world
         return (f"rank {rank}: all_gather_matmul: rank {peer}'s a_shard lies at heap offset {seen * 16}, ours at "
                 f"{expected * 16}: a shard in the heap must be allocated by the same heap calls on every rank "
-                f"(the peers read it at our offset), or pass one outside the heap. Call "
-                f"kernels.ag_gemm.recover(heap) on every rank before the next call.")
+                f"(the peers read it at our offset), or pass one outside the heap.")
     elif plan is not None and copies.describe_chunk(plan, fid):
         what = copies.describe_chunk(plan, fid)
     elif plan is not None and plan.MT and plan.KG:
@@ -180,15 +185,13 @@ def describe_status(values, plan: Plan | None, rank: int, world: int) -> str:
                 f"fetchers never fetched it")
     else:
         what = f"staging flag {fid} never set"
-    return (f"rank {rank}: all_gather_matmul: {count} bounded wait(s) timed out after waiting {waited:.3f} s; "
-            f"{what} (saw {seen}, expected >= {expected}). Every rank must make the same calls (a rank held back "
-            f"longer than that on purpose needs a larger timeout_s= or ${TIMEOUT_ENV}); call "
-            f"kernels.ag_gemm.recover(heap) on every rank before the next call.")
+    return (f"rank {rank}: all_gather_matmul: call tag {call} gave up after waiting {waited:.3f} s "
+            f"({count} bounded wait(s) so far): {what} (saw {seen}, expected >= {expected}); that call's C is "
+            f"not valid. {AFTER}")
 
 
-def _raise_if_failed(values, s, heap):
-    if int(values[0]) > 0:
-        raise AgGemmTimeout(describe_status(values, s.get("last_plan"), heap.rank, heap.world_size))
+def _raise(values, s, heap):
+    raise AgGemmTimeout(describe_status(values, s.get("last_plan"), heap.rank, heap.world_size))
 
 
 def _after_call(s, heap, plan) -> None:
@@ -199,19 +202,24 @@ def _after_call(s, heap, plan) -> None:
 
 
 def check(heap) -> None:
-    """Synchronize and raise `AgGemmTimeout` if any call on this heap timed out."""
+    """Synchronize and raise `AgGemmTimeout` if a call on this heap failed since the last report
+    (``WaitTimeout`` for the all-gather our sequential variant runs)."""
+    from kernels.comm import check_all_gather
+
     _shared(heap)["watch"].check()
+    check_all_gather(heap)
 
 
 def recover(heap) -> None:
-    """After a timeout, on every rank (collective): zero the flags, epoch and status."""
+    """Zero the flags, the epoch and the status words on every rank (collective). A timeout
+    does not need it (the flags stay in step: ``kernels.comm.waits``); ranks whose calls went
+    out of step (one skipped a call, or launched another configuration) do."""
     s = _shared(heap)
     heap.resync_flags()  # ready/done flags and the epoch live in the heap's flag area
     for plan in s["plans"].values():
         if plan.flags is not None:
             plan.flags.zero_()
-    s["status"].zero_()
-    s["watch"].forget()
+    s["watch"].reset()
     if heap.device.type == "cuda":
         torch.cuda.synchronize(heap.device)
 
@@ -480,7 +488,7 @@ def _fused(heap, plan, c, args):
 
 
 def _gather_ours(a, heap, plan):
-    """A, gathered by our all-gather (in the heap: call heap.barrier() once it has been read)."""
+    """A, gathered by our all-gather (in the heap: call ``_read_gathered(heap)`` once it has been read)."""
     from kernels.ag_gemm.baselines import gathered_a
     from kernels.comm import all_gather
 
@@ -500,8 +508,17 @@ def _sequential(a, b, heap, plan, bias, out=None):
         c = matmul(A, b, out=out)
     if bias is not None:
         c += bias.to(c.dtype)
-    heap.barrier()  # peers may refill the gathered A (our heap buffer) only after we read it
+    _read_gathered(heap)
     return c
+
+
+def _read_gathered(heap):
+    """Peers may refill the gathered A (our heap buffer) only after we read it: a bounded barrier
+    that ends the all-gather's call (one bound for both: ``kernels.comm.barrier``)."""
+    from kernels.comm.barrier import barrier
+    from kernels.comm.launch import within_last_call
+
+    barrier(heap, within=within_last_call(heap))
 
 
 def _torch_fused(heap, gather_dim):
@@ -528,5 +545,5 @@ def _nccl(a, b, heap, plan, bias, out=None):
         return plan.nccl(a, b, bias, out)
     A = _gather_ours(a, heap, plan)  # no process group in a simulated world: ours stands in for NCCL's
     c = torch.matmul(A, b, out=out) if bias is None else torch.addmm(bias.to(A.dtype), A, b, out=out)
-    heap.barrier()  # peers may refill the gathered A (our heap buffer) only after we read it
+    _read_gathered(heap)
     return c

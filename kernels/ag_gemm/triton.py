@@ -60,7 +60,8 @@ interpreter (an order, not a time).
 import triton
 import triton.language as tl
 
-from kernels.comm.remote import peer_delta, remote_store, signal, wait
+from kernels.comm.remote import peer_delta, remote_store, signal
+from kernels.comm.waits import end_round, record_give_up, wait
 
 # trace event kinds
 EV_PUBLISH = tl.constexpr(1)
@@ -106,16 +107,14 @@ def _record(trace_ptr, n, kind, item, t0, t1, sm, MAX_EVENTS: tl.constexpr):
 
 
 @triton.jit
-def _wait_flag(flag_ptr, expected, timeout_us, status_ptr, flag_id, SCOPE: tl.constexpr):
-    """`kernels.comm.remote.wait` behind a fast path: one acquire read and a CTA barrier
+def _wait_flag(flag_ptr, expected, timeout_us, status_ptr, flag_id, call, SCOPE: tl.constexpr):
+    """`kernels.comm.waits.wait` behind a fast path: one acquire read and a CTA barrier
     when the flag is already set (the common case once the gather is ahead). Once any
-    wait of this launch has given up, the others poll once instead of waiting out the
-    bound (one lost peer must not cost timeout_us for every tile)."""
+    wait of this call (tag `call`: epoch + 1) has given up, the others give up at their
+    first poll (one lost peer must not cost timeout_us for every tile)."""
     seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
     if seen < expected:
-        failed = tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu")
-        bound = tl.where(failed > 0, 0, timeout_us)
-        wait(flag_ptr, expected, bound, status_ptr, flag_id, SCOPE)
+        wait(flag_ptr, expected, timeout_us, status_ptr, flag_id, call, SCOPE)
     tl.debug_barrier()  # the acquire (one thread's) ordered before every thread's loads
 
 
@@ -179,6 +178,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
     ready_ptr = sig_ptr          # ready[p]: rank p published its shard (counts calls)
     done_ptr = sig_ptr + WORLD   # done[p]: rank p finished reading our shard (counts calls)
     where_ptr = sig_ptr + 2 * WORLD  # where[p]: rank p's resident shard's heap offset / 16, as it told us
+    # sig_ptr + 3 * WORLD: abandon[p], the latest call rank p said it gave up on (kernels.comm.waits.end_round)
     tick_ptr = state_ptr + 3
     n_ev = 0
     sm = 0
@@ -199,7 +199,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
         # Peers must be done with our previous shard before pub is overwritten.
         for i in tl.static_range(1, WORLD):
             peer = (rank + i) % WORLD
-            _wait_flag(done_ptr + peer, epoch, timeout_us, status_ptr, -1 - WORLD - peer, "sys")
+            _wait_flag(done_ptr + peer, epoch, timeout_us, status_ptr, -1 - WORLD - peer, epoch + 1, "sys")
         for item in range(pid, MT * KG * (WORLD > 1), PUBLISHERS):  # a world of one has no reader
             if TRACE:
                 t0 = _now(tick_ptr, CLOCK)
@@ -228,21 +228,21 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
             if pid == 0:
                 for i in tl.static_range(1, WORLD):
                     peer = (rank + i) % WORLD
-                    _wait_flag(ready_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - peer, "sys")
-                    _same_place(where_ptr, peer, pub_off16, status_ptr, WORLD, RESIDENT)
+                    _wait_flag(ready_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - peer, epoch + 1, "sys")
+                    _same_place(where_ptr, peer, pub_off16, status_ptr, epoch + 1, WORLD, RESIDENT)
         if FETCH:
             for i in tl.static_range(1, WORLD):
                 peer = (rank + i) % WORLD
                 if peer != SKIP_RANK:  # SKIP_RANK: fault injection for tests (-1: none)
                     if TRACE:
                         t0 = _now(tick_ptr, CLOCK)
-                    _wait_flag(ready_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - peer, "sys")
+                    _wait_flag(ready_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - peer, epoch + 1, "sys")
                     if TRACE:
                         n_ev = _record(trace_ptr, n_ev, EV_WAIT, -1 - peer, t0, _now(tick_ptr, CLOCK), sm,
                                        MAX_EVENTS)
                     # the peer's pub, addressed through our own pub pointer (same heap offset)
                     src = pub_ptr + peer_delta(rank, peer, heap_bases, ESIZE, 16 // ESIZE)
-                    n_items = MT * KG * _same_place(where_ptr, peer, pub_off16, status_ptr, WORLD, RESIDENT)
+                    n_items = MT * KG * _same_place(where_ptr, peer, pub_off16, status_ptr, epoch + 1, WORLD, RESIDENT)
                     for item in range(pid, n_items, FETCHERS):
                         if TRACE:
                             t0 = _now(tick_ptr, CLOCK)
@@ -278,26 +278,31 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
         if arrived == tl.num_programs(0) - 1:
             tl.store(state_ptr + 2, 0)
             tl.store(state_ptr + 5, 0)  # the tile counter: every program has made its last claim
-            _end_call(state_ptr, done_ptr, epoch, heap_bases, status_ptr, rank, timeout_us, WORLD, END_WAIT)
+            _end_call(state_ptr, sig_ptr, epoch, heap_bases, status_ptr, rank, timeout_us, WORLD, END_WAIT)
 
 
 @triton.jit
-def _end_call(state_ptr, done_ptr, epoch, heap_bases, status_ptr, rank, timeout_us,
+def _end_call(state_ptr, sig_ptr, epoch, heap_bases, status_ptr, rank, timeout_us,
               WORLD: tl.constexpr, END_WAIT: tl.constexpr):
     """Next epoch, and tell every peer we are done reading its shard. With END_WAIT (a resident
     shard) wait until every peer is done reading ours: the shard is the caller's again once the
-    call is over (they may overwrite it next), so the call ends only when every peer has read it."""
+    call is over (they may overwrite it next), so the call ends only when every peer has read it.
+    Then the end of the round (``kernels.comm.waits.end_round``): a call that gave up tells the
+    peers, and a peer that gave up on this call fails it here too. Done flags are set whatever
+    happened, so every rank's counters stay in step for the next call."""
+    done_ptr = sig_ptr + WORLD
     tl.store(state_ptr, epoch + 1)
     for i in tl.static_range(1, WORLD):
         signal(done_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", "sys")
     if END_WAIT:
         for i in tl.static_range(1, WORLD):
             peer = (rank + i) % WORLD
-            _wait_flag(done_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - WORLD - peer, "sys")
+            _wait_flag(done_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - WORLD - peer, epoch + 1, "sys")
+    end_round(status_ptr, epoch + 1, sig_ptr + 3 * WORLD, heap_bases, rank, WORLD)
 
 
 @triton.jit
-def _same_place(where_ptr, peer, pub_off16, status_ptr, WORLD: tl.constexpr, RESIDENT: tl.constexpr):
+def _same_place(where_ptr, peer, pub_off16, status_ptr, call, WORLD: tl.constexpr, RESIDENT: tl.constexpr):
     """1 when the peer's shard sits at our shard's heap offset (always, unless RESIDENT:
     then each rank said where its own is), else 0 after recording the mismatch in the
     status words: the heap addresses a peer's data by our offset, so shards allocated
@@ -306,10 +311,7 @@ def _same_place(where_ptr, peer, pub_off16, status_ptr, WORLD: tl.constexpr, RES
     if RESIDENT:
         theirs = tl.atomic_add(where_ptr + peer, 0, sem="relaxed", scope="gpu")  # ordered by the ready acquire
         if theirs != pub_off16:
-            if tl.atomic_add(status_ptr, 1) == 0:   # the first failure says what it was
-                tl.atomic_xchg(status_ptr + 1, -1 - 2 * WORLD - peer)
-                tl.atomic_xchg(status_ptr + 2, theirs)
-                tl.atomic_xchg(status_ptr + 3, pub_off16)
+            record_give_up(status_ptr, call, -1 - 2 * WORLD - peer, theirs, pub_off16, 0)
             ok = 0
     return ok
 
@@ -520,7 +522,7 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
                         if TRACE:
                             t0 = _now(tick_ptr, CLOCK)
                         flag = block * NCH + mt // CHUNK_TILES
-                        _wait_flag(flags_ptr + flag, epoch + 1, timeout_us, status_ptr, flag, "gpu")
+                        _wait_flag(flags_ptr + flag, epoch + 1, timeout_us, status_ptr, flag, epoch + 1, "gpu")
                         if TRACE:
                             n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm, MAX_EVENTS)
                         _fence_async_proxy(PROXY_FENCE)
@@ -542,7 +544,7 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
                                 if TRACE:
                                     t0 = _now(tick_ptr, CLOCK)
                                 flag = (block * MT + mt) * KG + g
-                                _wait_flag(flags_ptr + flag, epoch + 1, timeout_us, status_ptr, flag, "gpu")
+                                _wait_flag(flags_ptr + flag, epoch + 1, timeout_us, status_ptr, flag, epoch + 1, "gpu")
                                 if TRACE:
                                     n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm,
                                                    MAX_EVENTS)
@@ -604,5 +606,4 @@ def _finish_kernel(state_ptr, sig_ptr, heap_bases, status_ptr, rank, timeout_us,
                    WORLD: tl.constexpr, END_WAIT: tl.constexpr):
     """The end of a ``chunked`` call (one program, stream-ordered after its copies from the
     peers): what the last GEMM program does in the other variants."""
-    _end_call(state_ptr, sig_ptr + WORLD, tl.load(state_ptr), heap_bases, status_ptr, rank, timeout_us, WORLD,
-              END_WAIT)
+    _end_call(state_ptr, sig_ptr, tl.load(state_ptr), heap_bases, status_ptr, rank, timeout_us, WORLD, END_WAIT)

@@ -1,6 +1,6 @@
 """The clock that bounds every device-side wait, and how long a wait may last.
 
-A bounded wait (``kernels.comm.remote.wait``) gives up after a TIME, not after
+A bounded wait (``kernels.comm.waits.wait``) gives up after a TIME, not after
 a number of polls: how fast a poll goes depends on the GPU, the scope of the
 atomic and the traffic on the link, so a poll count bounds nothing a user can
 reason about (``1 << 24`` polls of the fused all-gather + GEMM gave up after

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kernels.comm.clock import device_ns
 from kernels.comm.triton import _RUNTIME_INTS
+from kernels.comm.waits import _ABANDONED, _ST_CALL, _ST_COUNT, _ST_EXPECTED, _ST_FLAG, _ST_SEEN, _ST_WAITED_US
 
 try:  # Gluon ships with Triton >= 3.4
     from triton.experimental import gluon
@@ -17,7 +18,7 @@ except ImportError:  # pragma: no cover
 if GLUON_AVAILABLE:
 
     @gluon.jit(do_not_specialize=_RUNTIME_INTS)
-    def _all_gather_gluon_kernel(x_ptr, out_ptr, heap_bases, flags_ptr, status_ptr, total_ptr, M, N, rank,
+    def _all_gather_gluon_kernel(x_ptr, out_ptr, heap_bases, flags_ptr, status_ptr, total_ptr, abandon_ptr, M, N, rank,
                                  timeout_us, WORLD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                  VEC: gl.constexpr, ESIZE: gl.constexpr, HINTS: gl.constexpr, EVEN_N: gl.constexpr,
                                  NUM_WARPS: gl.constexpr, WAIT: gl.constexpr, SCOPE: gl.constexpr):
@@ -55,22 +56,62 @@ if GLUON_AVAILABLE:
             gl.atomic_add(flag, 1, sem="release", scope=SCOPE)
         if WAIT:
             if pid == 0:
-                expected = gl.load(total_ptr) + grid  # running total, kept on the device
-                limit = timeout_us.to(gl.int64) * 1000  # bounded in time (kernels.comm.clock)
-                for src in gl.static_range(WORLD):
-                    t0 = device_ns()
-                    waited = t0 - t0
-                    seen = gl.atomic_add(flags_ptr + src, 0, sem="acquire", scope=SCOPE)
-                    while (seen < expected) & (waited < limit):
-                        seen = gl.atomic_add(flags_ptr + src, 0, sem="acquire", scope=SCOPE)
-                        waited = device_ns() - t0
-                    if seen < expected:
-                        if gl.atomic_add(status_ptr, 1) == 0:   # the first to give up says what it waited for
-                            gl.atomic_xchg(status_ptr + 1, src)
-                            gl.atomic_xchg(status_ptr + 2, seen)
-                            gl.atomic_xchg(status_ptr + 3, expected)
-                            gl.atomic_xchg(status_ptr + 4, gl.minimum(waited // 1000, 2 ** 31 - 1).to(gl.int32))
-                gl.store(total_ptr, expected)
-                gl.thread_barrier()
+                call = _wait_all(flags_ptr, total_ptr, grid, timeout_us, status_ptr, WORLD, SCOPE, NUM_WARPS)
+                _end_round(status_ptr, call, abandon_ptr, heap_bases, local_base, rank, WORLD)
 
+    # kernels.comm.waits' wait_all and end_round, written again in Gluon (a Gluon kernel cannot
+    # call @triton.jit functions): the same rules, the same status words.
+    @gluon.jit
+    def _larger(a, b):
+        return gl.maximum(a, b)
 
+    @gluon.jit
+    def _uniform_ns(NUM_WARPS: gl.constexpr):
+        """The largest of the program's threads' clocks: one value all agree on (waits.uniform_ns).
+        (gl.reduce with a combine of our own: gl.max's is a @triton.jit function, which the
+        interpreter, when on, replaces by one the Gluon compiler cannot lower.)"""
+        lanes: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+        return gl.reduce(gl.full([32 * NUM_WARPS], 0, gl.int64, lanes) + device_ns(), 0, _larger)
+
+    @gluon.jit
+    def _give_up(status_ptr, call, flag_id, seen, expected, waited_ns):
+        gl.atomic_add(status_ptr + _ST_COUNT, 1)
+        if gl.atomic_xchg(status_ptr + _ST_CALL, call) != call:   # the first of its call says what it waited for
+            gl.atomic_xchg(status_ptr + _ST_FLAG, flag_id)
+            gl.atomic_xchg(status_ptr + _ST_SEEN, seen)
+            gl.atomic_xchg(status_ptr + _ST_EXPECTED, expected)
+            gl.atomic_xchg(status_ptr + _ST_WAITED_US, gl.minimum(waited_ns // 1000, 2 ** 31 - 1).to(gl.int32))
+
+    @gluon.jit
+    def _wait_all(flags_ptr, total_ptr, count, timeout_us, status_ptr, WORLD: gl.constexpr, SCOPE: gl.constexpr,
+                  NUM_WARPS: gl.constexpr):
+        call = gl.load(total_ptr) + count  # running total, kept on the device: also the call's tag
+        limit = timeout_us.to(gl.int64) * 1000  # bounded in time (kernels.comm.clock)
+        for src in gl.static_range(WORLD):
+            t0 = _uniform_ns(NUM_WARPS)
+            waited = t0 - t0
+            seen = gl.atomic_add(flags_ptr + src, 0, sem="acquire", scope=SCOPE)
+            ended = gl.atomic_add(status_ptr + _ST_CALL, 0, sem="relaxed", scope="gpu") == call
+            while (seen < call) & (waited < limit) & (ended == 0):
+                seen = gl.atomic_add(flags_ptr + src, 0, sem="acquire", scope=SCOPE)
+                ended = gl.atomic_add(status_ptr + _ST_CALL, 0, sem="relaxed", scope="gpu") == call
+                waited = _uniform_ns(NUM_WARPS) - t0
+            if seen < call:
+                _give_up(status_ptr, call, src, seen, call, waited)
+        gl.store(total_ptr, call)
+        gl.thread_barrier()
+        return call
+
+    @gluon.jit
+    def _end_round(status_ptr, call, abandon_ptr, heap_bases, local_base, rank, WORLD: gl.constexpr):
+        if gl.atomic_add(status_ptr + _ST_CALL, 0, sem="relaxed", scope="gpu") == call:
+            for i in gl.static_range(1, WORLD):
+                peer = (rank + i) % WORLD
+                theirs = (gl.load(heap_bases + peer) + ((abandon_ptr + rank).to(gl.int64, bitcast=True) - local_base)
+                          ).to(abandon_ptr.dtype, bitcast=True)
+                gl.atomic_max(theirs, call, sem="release", scope="sys")
+        for i in gl.static_range(1, WORLD):
+            peer = (rank + i) % WORLD
+            said = gl.atomic_add(abandon_ptr + peer, 0, sem="acquire", scope="sys")
+            if said >= call:
+                _give_up(status_ptr, call, _ABANDONED - peer, said, call, 0)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import torch
 
+from kernels.comm.barrier import Within, barrier, check_barrier, poll_barrier
 from kernels.comm.baselines import nccl_all_gather
 from kernels.comm.clock import timeout_us as _timeout_us
 from kernels.comm.config import VARIANTS, _validate, auto_choice, pick_config
 from kernels.comm.decide import shared_choice
 from kernels.comm.gluon import GLUON_AVAILABLE
-from kernels.comm.remote import StatusWatch, wait_all_kernel
+from kernels.comm.waits import StatusWatch, wait_all_kernel
 from kernels.comm.streams import SideStream
 from kernels.comm.triton import _all_gather_kernel
 from kernels.common.launcher import PlannedLaunch
@@ -62,6 +63,7 @@ def all_gather(x: torch.Tensor, heap, *, variant: str = "triton", num_sms: int |
     wait_us = _timeout_us(timeout_s)
     watch = _watch(heap)
     watch.poll()   # an earlier call's timeout, if the device has reported one by now
+    poll_barrier(heap)   # the copy-engine variant's barrier
     W = heap.world_size
     if variant == "auto":
         nbytes = x.numel() * x.element_size()
@@ -79,20 +81,23 @@ def all_gather(x: torch.Tensor, heap, *, variant: str = "triton", num_sms: int |
     plan = cache.get(key)
     if plan is None:
         if len(cache) > PLAN_CACHE_SIZE:   # bounded: drop the oldest plan (dicts keep insertion order)
-            del cache[next(k for k in cache if k != "status_watch")]
+            del cache[next(k for k in cache if k not in ("status_watch", "last variant"))]
         plan = cache[key] = _plan(x, heap, variant, num_sms, block, hints, num_warps, out, scope)
+    cache["last variant"] = variant   # within_last_call: whether a kernel of ours left this call's tag
     if variant == "copy_engine":
-        return _copy_engine(x, heap, plan)
+        return _copy_engine(x, heap, plan, wait_us)
     kernel, grid, out, flags, total, kw, launch = plan
-    status = heap.status()
-    args = (x, out, heap.heap_bases, flags, status, total, x.shape[0], x.numel() // x.shape[0], heap.rank, wait_us)
+    abandon = _abandon(heap)
+    args = (x, out, heap.heap_bases, flags, watch.status, total, abandon, x.shape[0], x.numel() // x.shape[0],
+            heap.rank, wait_us)
     if launch is None:   # a simulated world: the heap runs it in the interpreter, one rank at a time
         heap.launch(kernel, (grid,), *args, **kw)
     else:
         launch(*args)
     if heap.simulated:  # ranks take turns in the interpreter: wait in a launch of its own
         heap.barrier()
-        heap.launch(wait_all_kernel, (1,), flags, total, grid, wait_us, status, WORLD=W, SCOPE=scope)
+        heap.launch(wait_all_kernel, (1,), flags, total, grid, wait_us, watch.status, abandon, heap.heap_bases,
+                    heap.rank, WORLD=W, SCOPE=scope)
     watch.arm()
     if check:
         watch.check()
@@ -103,10 +108,25 @@ def _watch(heap) -> StatusWatch:
     return StatusWatch.of(heap, "all_gather", names=lambda i: f"signals from rank {i}")
 
 
+def _abandon(heap):
+    """Slot p: the latest call rank p said it gave up on (``kernels.comm.waits.end_round``)."""
+    return heap.flags("all_gather.abandon", heap.world_size)
+
+
+def within_last_call(heap) -> Within | None:
+    """The all-gather call just queued, for a barrier that ends it (``kernels.comm.barrier``):
+    its tag is the running total its kernel's wait left. None where no kernel of ours ran it
+    (NCCL, copy engines): the barrier is then a call of its own."""
+    if heap.simulated or heap.cache("all_gather").get("last variant") not in ("triton", "gluon"):
+        return None
+    return Within(_watch(heap), _abandon(heap), heap.flags("all_gather.total", 1))
+
+
 def check_all_gather(heap) -> None:
     """Raise `WaitTimeout` (naming the rank and the silent peer) if any earlier
     ``all_gather`` on this heap timed out. Synchronizes with the device."""
     _watch(heap).check()
+    check_barrier(heap)   # the copy-engine variant ends in a barrier of its own
 
 
 def _plan(x, heap, variant, num_sms, block, hints, num_warps, out, scope):
@@ -142,7 +162,7 @@ def _plan(x, heap, variant, num_sms, block, hints, num_warps, out, scope):
     return kernel, cfg["grid"], out, heap.flags("all_gather", W), heap.flags("all_gather.total", 1), kw, launch
 
 
-def _copy_engine(x, heap, plan):
+def _copy_engine(x, heap, plan, wait_us):
     """Copy engines instead of SMs: one cudaMemcpyAsync into each peer's heap, one after
     another on a side stream (measured on H200s: copies to several peers issued on
     streams of their own share the engines badly, 230 GB/s against 390 in turn), the
@@ -164,7 +184,9 @@ def _copy_engine(x, heap, plan):
         for t in targets:
             t.copy_(x)
         local.copy_(x)
-    heap.barrier()  # every peer's copies into our `out` are complete after this
+    # every peer's copies into our `out` are complete after this: a barrier call of its own (no kernel of
+    # ours left a tag), whose failure all_gather and check_all_gather report too
+    barrier(heap, timeout_s=wait_us / 1e6)
     return out
 
 
@@ -193,14 +215,15 @@ def compile_kernel(variant: str, hints: bool, *, target: str = "sm90", dtype: to
     kernel = _all_gather_gluon_kernel if variant == "gluon" else _all_gather_kernel
     ty = triton_type(dtype)
     signature = {"x_ptr": f"*{ty}", "out_ptr": f"*{ty}", "heap_bases": "*i64", "flags_ptr": "*i32",
-                 "status_ptr": "*i32", "total_ptr": "*i32", "M": "i32", "N": "i32", "rank": "i32",
+                 "status_ptr": "*i32", "total_ptr": "*i32", "abandon_ptr": "*i32", "M": "i32", "N": "i32",
+                 "rank": "i32",
                  "timeout_us": "i32"}
     constexprs = {"WORLD": world_size, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "VEC": cfg["VEC"],
                   "ESIZE": esize,
                   "HINTS": bool(hints) and cfg["VEC"] > 1, "EVEN_N": cfg["EVEN_N"], "WAIT": wait, "SCOPE": "sys"}
     if variant == "gluon":
         constexprs["NUM_WARPS"] = cfg["num_warps"]
-    divisible = ["x_ptr", "out_ptr", "heap_bases", "flags_ptr", "status_ptr", "total_ptr"] + (
+    divisible = ["x_ptr", "out_ptr", "heap_bases", "flags_ptr", "status_ptr", "total_ptr", "abandon_ptr"] + (
         ["N"] if N % 16 == 0 else [])
     (entry,) = cross_compile(kernel, [target], signature=signature, constexprs=constexprs, divisible=divisible,
                              num_warps=cfg["num_warps"], cache_dir=cache_dir)

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import torch
 import triton
 
-from kernels.comm.remote import StatusWatch, wait_all_kernel
+from kernels.comm.waits import StatusWatch, wait_all_kernel
 from kernels.common.launcher import launch_planned
 from kernels.common.plans import PlanCache, config_key, tensor_signature
 from kernels.common.plans import capability as _capability, sm_count as _sm_count
@@ -193,16 +193,19 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
     a: (M, K), the same on every rank; b_local: (K, N / W), this rank's
     columns of B; both bf16, fp16 or fp32, on the heap's device. Returns C
     (M, N), N = W * b_local.shape[1], a heap tensor (``out`` if given, else a
-    heap buffer reused per shape: copy it, or ``heap.barrier()`` after reading,
-    before the next call fills it again). Every rank must make the same calls.
+    heap buffer reused per shape: copy it, or meet the peers after reading
+    (``kernels.comm.barrier(heap)``) before the next call fills it again). Every
+    rank must make the same calls.
 
     ``config``: a ``ScatterConfig`` or a dict of its fields (None: ``config.auto_config``, rank 0's).
     ``hints``: state the 16-byte alignment of the translated pointers, so the
     scatter stores are 128 bits wide (used when the shapes make it true).
     A peer that never signals makes the bounded device-side wait give up and
-    record it; that surfaces as ``kernels.comm.remote.WaitTimeout`` naming the
+    record it; that surfaces as ``kernels.comm.waits.WaitTimeout`` naming the
     rank at this rank's next call, at ``check_gemm_all_scatter(heap)``, or at
-    once with ``check=True`` (which synchronizes). ``timeout_s``: how long that
+    once with ``check=True`` (which synchronizes), once per failure, on every rank
+    (a rank later than the bound finds the call abandoned and raises too); the
+    call after it works (``kernels.comm.waits``). ``timeout_s``: how long that
     wait may last, in seconds of the GPU's clock (default
     ``$WORKBENCH_WAIT_TIMEOUT_S``, else 60; ``kernels.comm.clock``).
     """
@@ -218,26 +221,26 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
         b_desc = p.descriptor("b", b_local, [cfg.block_k, cfg.block_n])
     else:
         a_desc = b_desc = None
-    status = heap.status()
+    status, abandon = watch.status, heap.flags("gemm_scatter.abandon", heap.world_size)
     if p.bands is not None:
         launch_planned(heap, p.launches, "senders", _gemm_scatter_send_kernel, (p.grid,), a, b_local, a_desc, b_desc,
-                       p.out, heap.heap_bases, p.flags, status, p.total, p.bands, *p.args, heap.rank, wait_us,
+                       p.out, heap.heap_bases, p.flags, status, p.total, abandon, p.bands, *p.args, heap.rank, wait_us,
                        p.num_gemm, p.config.group_m, **p.meta)
     elif p.split:
         grid, pieces = p.split
         cfg = p.config
         ws, cnt = workspace(a.device, grid[0] * grid[1] * cfg.block_m * cfg.block_n, grid[0])
         launch_planned(heap, p.launches, "split", _gemm_scatter_split_kernel, grid, a, b_local, a_desc, b_desc,
-                       p.out, ws, cnt, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, wait_us,
+                       p.out, ws, cnt, heap.heap_bases, p.flags, status, p.total, abandon, *p.args, heap.rank, wait_us,
                        *pieces, **p.meta)
     else:
         launch_planned(heap, p.launches, "persistent", _gemm_scatter_kernel, (p.grid,), a, b_local, a_desc, b_desc,
-                       p.out, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, wait_us, p.grid,
+                       p.out, heap.heap_bases, p.flags, status, p.total, abandon, *p.args, heap.rank, wait_us, p.grid,
                        p.config.group_m, **p.meta)
     if heap.simulated:  # ranks take turns in the interpreter: wait in a launch of its own
         heap.barrier()
-        heap.launch(wait_all_kernel, (1,), p.flags, p.total, p.grid, wait_us, status, WORLD=heap.world_size,
-                    SCOPE=scope)
+        heap.launch(wait_all_kernel, (1,), p.flags, p.total, p.grid, wait_us, status, abandon, heap.heap_bases,
+                    heap.rank, WORLD=heap.world_size, SCOPE=scope)
     watch.arm()
     if check:
         watch.check()
@@ -270,24 +273,34 @@ def _unfused(a, b_local, heap, p):
         gathered = all_gather(c_local, heap, variant="triton" if heap.simulated else "auto")
     column_blocks(gathered, heap.world_size, p.out)
     if gathered is not p.libs[1]:
-        heap.barrier()   # our all-gather's buffer (in the heap): peers refill it only after we have read it
+        # our all-gather's buffer (in the heap): peers refill it only after we have read it (a bounded
+        # barrier that ends the all-gather's call)
+        from kernels.comm.barrier import barrier
+        from kernels.comm.launch import within_last_call
+
+        barrier(heap, within=within_last_call(heap))
     return p.out
 
 
 def recover(heap) -> None:
-    """After a timeout, on every rank (collective): zero the flags, the running totals, the
-    status words and the senders' band counters."""
+    """Zero the flags, the running totals, the status words and the senders' band counters on
+    every rank (collective). A timeout does not need it (the flags stay in step:
+    ``kernels.comm.waits``); ranks whose calls went out of step do."""
     heap.resync_flags()
     for p in _plans(heap).values():
         if p.bands is not None:
             p.bands.zero_()
-    _watch(heap).forget()
+    _watch(heap).reset()
 
 
 def check_gemm_all_scatter(heap) -> None:
     """Raise ``WaitTimeout`` (naming this rank and the silent peer) if an earlier
-    ``gemm_all_scatter`` on this heap timed out. Synchronizes with the device."""
+    ``gemm_all_scatter`` on this heap failed since the last report (the all-gather of the
+    sequential variant included). Synchronizes with the device."""
+    from kernels.comm import check_all_gather
+
     _watch(heap).check()
+    check_all_gather(heap)
 
 
 # --------------------------------------------------------------------------
@@ -315,7 +328,7 @@ def compile_kernel(hints: bool, *, target="sm90", dtype: torch.dtype = torch.flo
         raise ValueError(f"compile_kernel: tma_loads=True needs NVIDIA sm_90+ targets, got {target!r}")
     ty = triton_type(dtype)
     sig = {"a_ptr": f"*{ty}", "b_ptr": f"*{ty}", "c_ptr": f"*{ty}", "heap_bases": "*i64", "flags_ptr": "*i32",
-           "status_ptr": "*i32", "total_ptr": "*i32", "M": "i32", "N_LOCAL": "i32", "K": "i32",
+           "status_ptr": "*i32", "total_ptr": "*i32", "abandon_ptr": "*i32", "M": "i32", "N_LOCAL": "i32", "K": "i32",
            "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32", "stride_cm": "i32",
            "rank": "i32", "timeout_us": "i32", "num_sms": "i32", "group_m": "i32"}
     constexprs = {"WORLD": world_size, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
@@ -327,8 +340,8 @@ def compile_kernel(hints: bool, *, target="sm90", dtype: torch.dtype = torch.flo
         sig["b_desc"] = f"tensordesc<{ty}[{cfg.block_k}, {cfg.block_n}]>"
     else:
         constexprs.update(a_desc=None, b_desc=None)
-    divisible = ["a_ptr", "b_ptr", "c_ptr", "heap_bases", "flags_ptr", "status_ptr", "total_ptr", "N_LOCAL", "K",
-                 "stride_am", "stride_bk", "stride_cm"]
+    divisible = ["a_ptr", "b_ptr", "c_ptr", "heap_bases", "flags_ptr", "status_ptr", "total_ptr", "abandon_ptr",
+                 "N_LOCAL", "K", "stride_am", "stride_bk", "stride_cm"]
     kernel = _gemm_scatter_kernel
     if senders:
         kernel = _gemm_scatter_send_kernel
