@@ -5,6 +5,7 @@
   test modules are imported. (Cross-compilation still works: workbench.asm
   rebuilds interpreted functions as compilable ones.)
 - Tests marked `gpu` / `multigpu` skip cleanly, with a reason, without GPUs.
+- Tests marked `slow` (GPU runs of several minutes) skip unless asked for: `--run-slow`.
 - Tuning tables: a fresh, empty user directory (WORKBENCH_TUNING_DIR); no tune-on-miss.
 """
 import importlib.util
@@ -34,11 +35,19 @@ os.environ["WORKBENCH_TUNING_DIR"] = tempfile.mkdtemp(prefix="workbench-tuning-t
 os.environ.pop("WORKBENCH_TUNE", None)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true",
+                     help="also run the tests marked slow (GPU runs of several minutes each)")
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (sm_90: H100 or H200)")
     skip_multi = pytest.mark.skip(reason=f"needs 2 or more CUDA GPUs on one node (sm_90: H100 or H200), found {CUDA_COUNT}")
+    skip_slow = pytest.mark.skip(reason="slow (several minutes on GPUs): pass --run-slow")
     for item in items:
-        if "multigpu" in item.keywords and CUDA_COUNT < 2:
+        if "slow" in item.keywords and not config.getoption("--run-slow"):
+            item.add_marker(skip_slow)
+        elif "multigpu" in item.keywords and CUDA_COUNT < 2:
             item.add_marker(skip_multi)
         elif "gpu" in item.keywords and CUDA_COUNT < 1:
             item.add_marker(skip_gpu)

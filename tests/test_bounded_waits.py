@@ -299,3 +299,47 @@ def test_late_rank_fails_every_rank_once_and_the_next_call_works(family, W):
     for c in got:
         assert not torch.isnan(c.float()).any()
         torch.testing.assert_close(c.double(), ref.double(), atol=3e-2, rtol=3e-2)
+
+
+# --------------------------------------------------------------------------
+# On two GPUs: tests/late_peer_world.py
+# --------------------------------------------------------------------------
+GPU_BOUND_S = 2.0
+
+
+def _check_late_world(scenarios):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs (sm_90: H100 or H200) on one node")
+    from pathlib import Path
+
+    script = Path(__file__).with_name("late_peer_world.py")
+    res = dist.launch(script, 2, ["--bound", str(GPU_BOUND_S), "--scenarios", ",".join(scenarios)],
+                      timeout_s=60 + 40 * len(scenarios), stage_timeout_s=60)
+    rows = {(r["scenario"], r["phase"], r["rank"]): r for r in res.rows}
+    for s in scenarios:
+        early, late = rows[(s, "late", 0)], rows[(s, "late", 1)]
+        # both ranks raise within 5 s of the bound: rank 0 after waiting it out, naming rank 1;
+        # rank 1 (2 x the bound late) at once, its peer having given up on the call
+        assert early["raised"] and "rank 1" in early["error"], (s, early)
+        assert GPU_BOUND_S <= early["seconds"] < GPU_BOUND_S + 5, (s, early)
+        assert late["raised"] and "gave up on this call" in late["error"], (s, late)
+        assert late["seconds"] < GPU_BOUND_S + 5, (s, late)
+        for phase in ("next", "half"):   # the next call right on both; half the bound late: right
+            for rank in (0, 1):
+                r = rows[(s, phase, rank)]
+                assert r["ok"] and not r["raised"], (s, phase, r)
+
+
+@pytest.mark.multigpu
+def test_late_rank_on_two_gpus():
+    from late_peer_world import FAST
+
+    _check_late_world(FAST)
+
+
+@pytest.mark.multigpu
+@pytest.mark.slow
+def test_late_rank_on_two_gpus_every_variant():
+    from late_peer_world import SLOW
+
+    _check_late_world(SLOW)

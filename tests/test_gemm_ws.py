@@ -482,7 +482,7 @@ _GPU_DD_SCRIPT = textwrap.dedent("""
         except Exception as exc:
             out[name] = {{"error": f"{{type(exc).__name__}}: {{exc}}"[:800]}}
 
-    for M, N, K, cfg in matmul_cases:   # matmul: the heuristic's choice (cfg None) or a Gluon config
+    for M, N, K, cfg in matmul_cases:   # matmul with a Gluon config
         name = f"matmul {{M}}x{{N}}x{{K}}-{{cfg}}"
         try:
             a, b = operands(M, N, K, torch.bfloat16, M + N + K)
@@ -523,10 +523,11 @@ _GPU_DD_SCRIPT = textwrap.dedent("""
         out["graph replay"] = {{"error": f"{{type(exc).__name__}}: {{exc}}"[:800]}}
     print(json.dumps(out))
 """)
-# matmul: the goal table's shapes the heuristic sends to the Gluon kernel on an H200, and
-# both Gluon schedules on ragged shapes.
-GPU_DD_MATMUL = [
-    (4096, 4096, 4096, None), (3072, 3072, 3072, None), (2048, 7168, 2048, None),
+# matmul: the goal table's shapes with Gluon configs, and both Gluon schedules on ragged shapes.
+GPU_DD_MATMUL = [   # explicit Gluon configs: which kernel a config-less call runs is the tuning tables' choice
+    (4096, 4096, 4096, dict(gluon="coop", block_n=256, block_k=64, num_stages=3, num_warps=8)),
+    (3072, 3072, 3072, dict(gluon="pingpong", block_n=128, num_stages=4, num_warps=4)),
+    (2048, 7168, 2048, dict(gluon="coop", block_n=256, block_k=32, num_stages=6, num_warps=8)),
     (1000, 1000, 1000, dict(gluon="pingpong", block_n=128, num_stages=5, num_warps=4)),
     (777, 520, 4104, dict(gluon="coop", block_n=256, block_k=32, num_stages=6, num_warps=8)),
     (130, 264, 96, dict(gluon="coop", block_m=256, block_n=128, block_k=32, num_stages=6, num_warps=8)),
@@ -560,8 +561,7 @@ def test_gpu_device_descriptors_correct(gpu_dd_results, name):
     assert "error" not in res, res["error"]
     assert res["finite"], "NaN left in C: some tile was never written"
     assert res["err"] < res["tol"], res
-    # matmul_ws, matmul's Gluon configs and the heuristic's choice on these shapes: the Gluon
-    # kernel, with device descriptors
+    # matmul_ws and matmul's Gluon configs: the Gluon kernel, with device descriptors
     assert res["kind"] == "gluon" and res["device_desc"] and res["fn"] == "_gemm_ws_dev_kernel", res
     if name.startswith("ws "):
         assert res["first_ok"], "the second call changed the first call's C: a stale descriptor"

@@ -217,3 +217,20 @@ def test_notebook_cells_carry_ids_and_tag_their_setup(nb):
     assert any("parameters" in tags[i] for i in setup) and len(setup) >= 2, f"{nb.name}: setup cells {setup}"
     assert all(data["cells"][i]["cell_type"] == "code" for i in setup)
     assert any("findings" in t for t in tags), f"{nb.name}: no cell tagged findings"
+
+
+def test_readme_cluster_example_spec_loads_as_the_console_script_would():
+    """README's cluster example, `workbench sweep tests/cluster/toy.yaml ...` from the repository
+    root: a console script's import path lacks the working directory that `python -m` adds, so
+    the spec's kernel module (tests.cluster.toy) is found relative to the spec or the working
+    directory. Checked in an isolated interpreter (-I: no working directory, no PYTHONPATH)."""
+    import sys
+
+    code = ("import sys, os; assert os.getcwd() not in sys.path and '' not in sys.path; "
+            "from workbench.spec import load_spec; s = load_spec('tests/cluster/toy.yaml', quick=True); "
+            "print(s.kernel, s.module.__name__)")
+    r = subprocess.run([sys.executable, "-I", "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    if "No module named 'workbench'" in r.stderr:
+        pytest.skip("the workbench package is not installed here (pip install -e .), only on PYTHONPATH")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["tests.cluster.toy", "tests.cluster.toy"]
