@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kernels.comm.clock import device_ns
 from kernels.comm.triton import _RUNTIME_INTS
-from kernels.comm.waits import _ABANDONED, _ST_CALL, _ST_COUNT, _ST_EXPECTED, _ST_FLAG, _ST_SEEN, _ST_WAITED_US
+from kernels.comm.waits import _ABANDONED, _POLLS, _ST_CALL, _ST_COUNT, _ST_EXPECTED, _ST_FLAG, _ST_SEEN, _ST_WAITED_US
 
 try:  # Gluon ships with Triton >= 3.4
     from triton.experimental import gluon
@@ -88,16 +88,19 @@ if GLUON_AVAILABLE:
         call = gl.load(total_ptr) + count  # running total, kept on the device: also the call's tag
         limit = timeout_us.to(gl.int64) * 1000  # bounded in time (kernels.comm.clock)
         for src in gl.static_range(WORLD):
-            t0 = _uniform_ns(NUM_WARPS)
-            waited = t0 - t0
             seen = gl.atomic_add(flags_ptr + src, 0, sem="acquire", scope=SCOPE)
-            ended = gl.atomic_add(status_ptr + _ST_CALL, 0, sem="relaxed", scope="gpu") == call
-            while (seen < call) & (waited < limit) & (ended == 0):
-                seen = gl.atomic_add(flags_ptr + src, 0, sem="acquire", scope=SCOPE)
-                ended = gl.atomic_add(status_ptr + _ST_CALL, 0, sem="relaxed", scope="gpu") == call
-                waited = _uniform_ns(NUM_WARPS) - t0
             if seen < call:
-                _give_up(status_ptr, call, src, seen, call, waited)
+                t0 = _uniform_ns(NUM_WARPS)
+                waited = t0 - t0
+                ended = gl.atomic_add(status_ptr + _ST_CALL, 0, sem="relaxed", scope="gpu") == call
+                while (seen < call) & (waited < limit) & (ended == 0):
+                    for _ in gl.static_range(_POLLS):
+                        if seen < call:
+                            seen = gl.atomic_add(flags_ptr + src, 0, sem="acquire", scope=SCOPE)
+                    ended = gl.atomic_add(status_ptr + _ST_CALL, 0, sem="relaxed", scope="gpu") == call
+                    waited = _uniform_ns(NUM_WARPS) - t0
+                if seen < call:
+                    _give_up(status_ptr, call, src, seen, call, waited)
         gl.store(total_ptr, call)
         gl.thread_barrier()
         return call
