@@ -54,7 +54,9 @@ def _scenario(name, heap, torch):
         if name.endswith("_resident"):   # the shard in the heap: peers read it in place
             a = heap.alloc(a.shape, a.dtype).copy_(a)
         b = torch.randn(2048, 1024, generator=gb, device=dev).to(torch.bfloat16)
-        cfg = ag_gemm.AgGemmConfig(variant=variant)
+        from kernels.ag_gemm.config import PIPELINED
+
+        cfg = ag_gemm.AgGemmConfig(**PIPELINED) if variant == "pipelined" else ag_gemm.AgGemmConfig(variant=variant)
         ref = gathered(a).float() @ b.float()     # gathered along M
         return (lambda t: ag_gemm.all_gather_matmul(a, b, heap, gather_dim=0, config=cfg, timeout_s=t),
                 lambda: ag_gemm.check(heap), ref)

@@ -116,7 +116,10 @@ def test_check_true_raises_at_once():
     with pytest.raises(dist.RankError) as info:
         world.run(lambda h: comm.all_gather(xs[h.rank], h, timeout_s=0.05, check=True), ranks=[0])
     assert isinstance(info.value.__cause__, WaitTimeout)
-    comm.check_all_gather(world.heaps[1])   # rank 1 never called: nothing to report
+    # rank 1 never called, but rank 0 told it that it gave up on the call (every rank learns)
+    with pytest.raises(WaitTimeout, match="rank 1: all_gather flags: rank 0 gave up on the call with tag"):
+        comm.check_all_gather(world.heaps[1])
+    comm.check_all_gather(world.heaps[1])   # once
 
 
 def test_sim_barrier_names_missing_rank():

@@ -55,8 +55,8 @@ def test_signal_then_wait_passes_and_counts():
             world.on_rank(r, remote.arrive_kernel, (1,), flags[r], world.heap_bases, r, WORLD=W, SCOPE="sys")
     for r in range(W):
         assert flags[r].tolist() == [2] * W
-        status = torch.zeros(waits.STATUS_WORDS, dtype=torch.int32)
-        world.on_rank(r, waits.wait_kernel, (1,), flags[r], 2, 5, status, WORLD=W, SCOPE="sys")
+        status = world.heaps[r].flags("t.status", waits.status_words(W))
+        world.on_rank(r, waits.wait_kernel, (1,), flags[r], 2, 5, status, world.heap_bases, r, WORLD=W, SCOPE="sys")
         waits.check_status(status, r)  # no timeout
 
 
@@ -66,13 +66,19 @@ def test_rank_that_never_arrives_fails_the_bounded_wait():
     flags = [h.flags("barrier", W) for h in world.heaps]
     for r in (0, 2):  # rank 1 never arrives
         world.on_rank(r, remote.arrive_kernel, (1,), flags[r], world.heap_bases, r, WORLD=W, SCOPE="sys")
-    status = torch.zeros(waits.STATUS_WORDS, dtype=torch.int32)
-    world.on_rank(0, waits.wait_kernel, (1,), flags[0], 1, 30, status, WORLD=W, SCOPE="sys")
+    statuses = [h.flags("barrier.status", waits.status_words(W)) for h in world.heaps]
+    world.on_rank(0, waits.wait_kernel, (1,), flags[0], 1, 30, statuses[0], world.heap_bases, 0, WORLD=W,
+                  SCOPE="sys")
     with pytest.raises(waits.WaitTimeout) as info:
-        waits.check_status(status, 0, "barrier", names=lambda i: f"rank {i}'s arrival")
+        waits.check_status(statuses[0], 0, "barrier", names=lambda i: f"rank {i}'s arrival")
     msg = str(info.value)
     assert msg.startswith("rank 0:") and "on barrier" in msg and "rank 1's arrival" in msg
     assert "flag 1: saw 0, expected >= 1" in msg and "call tag 1" in msg
+    # the give-up told every peer (rule 4): ranks 1 and 2 learn that rank 0 gave up on call 1
+    for r in (1, 2):
+        assert statuses[r][waits.ST_ABANDON + 0] == 1 and statuses[r][waits.ST_COUNT] == 0
+        with pytest.raises(waits.WaitTimeout, match=f"rank {r}: barrier: rank 0 gave up on the call with tag 1"):
+            waits.check_status(statuses[r], r, "barrier")
 
 
 def test_heap_bases_are_the_host_buffers_and_allocations_are_symmetric():
@@ -107,7 +113,8 @@ def test_flags_use_release_after_barrier_and_acquire_spins(tmp_path):
     assert len(release) == 2, "one release atomic per peer"
     assert body.rfind("bar.sync", 0, release[0]) >= 0, "a CTA barrier precedes the release"
     ptx = _compile(waits.wait_kernel, {"flags_ptr": "*i32", "expected": "i32", "timeout_us": "i32",
-                                        "status_ptr": "*i32"}, {"WORLD": 2, "SCOPE": "sys"}, tmp_path)
+                                        "status_ptr": "*i32", "heap_bases": "*i64", "rank": "i32"},
+                   {"WORLD": 2, "SCOPE": "sys"}, tmp_path)
     assert re.search(r"\.sys\.acquire\.|\.acquire\.sys\.", ptx), "waits poll with system-scope acquire"
     # bounded in time: the poll loop reads the GPU's nanosecond clock, and counts no polls
     assert "%globaltimer" in ptx
@@ -145,7 +152,7 @@ def test_status_watch_copies_at_most_once_per_interval_and_reports_each_failure_
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
-    status = torch.zeros(waits.STATUS_WORDS, dtype=torch.int32)
+    status = torch.zeros(waits.status_words(2), dtype=torch.int32)
     watch = waits.StatusWatch(status, 0, "flags", names=lambda i: f"rank {i}")
     watch.cuda, watch._host = True, torch.zeros_like(status)
 
@@ -175,6 +182,13 @@ def test_status_watch_copies_at_most_once_per_interval_and_reports_each_failure_
     land()
     with pytest.raises(waits.WaitTimeout, match="call tag 9"):
         watch.poll()
+    status[waits.ST_ABANDON + 1] = 9              # the peer gave up on that call too: the same failure
+    land()
+    watch.poll()
+    status[waits.ST_ABANDON + 1] = 10             # the peer gave up on a call this rank's waits passed
+    land()
+    with pytest.raises(waits.WaitTimeout, match="rank 1 gave up on the call with tag 10"):
+        watch.poll()
     with pytest.raises(waits.WaitTimeout, match="call tag 11"):
         status[0] += 1
         status[5] = 11
@@ -184,7 +198,7 @@ def test_status_watch_copies_at_most_once_per_interval_and_reports_each_failure_
     watch.poll()                                  # the copy queued before it is dropped
     status[:6] = torch.tensor([1, 0, 0, 1, 10, 1])
     with pytest.raises(waits.WaitTimeout):
-        watch.check()                             # counted from zero again
+        watch.check()                             # tags counted from zero again
 
 
 def test_spin_exit_depends_only_on_values_every_thread_agrees_on(tmp_path):
@@ -198,9 +212,10 @@ def test_spin_exit_depends_only_on_values_every_thread_agrees_on(tmp_path):
     from kernels.comm.triton import _all_gather_kernel
 
     wait = _compile(waits.wait_kernel, {"flags_ptr": "*i32", "expected": "i32", "timeout_us": "i32",
-                                        "status_ptr": "*i32"}, {"WORLD": 3, "SCOPE": "sys"}, tmp_path)
+                                        "status_ptr": "*i32", "heap_bases": "*i64", "rank": "i32"},
+                    {"WORLD": 3, "SCOPE": "sys"}, tmp_path)
     sig = {"x_ptr": "*fp16", "out_ptr": "*fp16", "heap_bases": "*i64", "flags_ptr": "*i32", "status_ptr": "*i32",
-           "total_ptr": "*i32", "abandon_ptr": "*i32", "M": "i32", "N": "i32", "rank": "i32", "timeout_us": "i32"}
+           "total_ptr": "*i32", "M": "i32", "N": "i32", "rank": "i32", "timeout_us": "i32"}
     ce = {"WORLD": 2, "BLOCK_M": 8, "BLOCK_N": 1024, "VEC": 8, "ESIZE": 2, "HINTS": True, "EVEN_N": True,
           "WAIT": True, "SCOPE": "sys"}
     triton_ag = _compile(_all_gather_kernel, sig, ce, tmp_path)
@@ -290,9 +305,10 @@ def test_waits_of_one_call_end_within_one_bound():
     W, bound_s = 4, 0.3
     world = dist.SimulatedWorld(W, heap_bytes=1 << 14)
     flags = world.heaps[0].flags("t", W)
-    status = torch.zeros(waits.STATUS_WORDS, dtype=torch.int32)
+    status = world.heaps[0].flags("t.status", waits.status_words(W))
     t0 = time.monotonic()
-    world.on_rank(0, waits.wait_kernel, (1,), flags, 1, int(bound_s * 1e6), status, WORLD=W, SCOPE="sys")
+    world.on_rank(0, waits.wait_kernel, (1,), flags, 1, int(bound_s * 1e6), status, world.heap_bases, 0, WORLD=W,
+                  SCOPE="sys")
     took = time.monotonic() - t0
     assert bound_s <= took < 2 * bound_s, took
     words = status.tolist()
@@ -300,5 +316,6 @@ def test_waits_of_one_call_end_within_one_bound():
     assert bound_s <= waits.waited_s(words) < 2 * bound_s
     # the next call (a new tag) waits afresh, and its flags arrived: no new give-up
     flags += 2
-    world.on_rank(0, waits.wait_kernel, (1,), flags, 2, int(bound_s * 1e6), status, WORLD=W, SCOPE="sys")
+    world.on_rank(0, waits.wait_kernel, (1,), flags, 2, int(bound_s * 1e6), status, world.heap_bases, 0, WORLD=W,
+                  SCOPE="sys")
     assert status.tolist()[waits.ST_COUNT] == W

@@ -60,6 +60,7 @@ class _BumpHeap:
         self._totals: dict[str, int] = {}
         self._flag_names: dict[str, Any] = {}
         self._caches: dict[str, dict] = {}
+        self._kept: dict[str, dict] = {}
         self._flag_area = self.alloc((FLAG_SLOTS,), torch.int32)
         self._flag_area.zero_()
         self._flag_used = 0
@@ -91,6 +92,11 @@ class _BumpHeap:
     def cache(self, name: str) -> dict:
         """A dict for launch plans and the like, emptied by ``reset()`` (they hold heap tensors)."""
         return self._caches.setdefault(name, {})
+
+    def keep(self, name: str) -> dict:
+        """A dict for what lives as long as the flag area (a status watch over flags, say):
+        ``reset()`` keeps it, ``resync_flags()`` empties it with the flags."""
+        return self._kept.setdefault(name, {})
 
     def named(self, name: str, shape, dtype, *, zero: bool = False):
         """The heap tensor called ``name``: allocated on first use, the same tensor afterwards."""
@@ -208,6 +214,7 @@ class SymmetricHeap(_BumpHeap):
         tdist.barrier(group=self.group)
         self._flag_area.zero_()
         self._totals = {}
+        self._kept = {}
         self._status.zero_()
         torch.cuda.synchronize(self.device)
         tdist.barrier(group=self.group)
@@ -259,6 +266,7 @@ class SimHeap(_BumpHeap):
         """After a failed round: zero this rank's flags, running totals and status words."""
         self._flag_area.zero_()
         self._totals = {}
+        self._kept = {}
         self._status.zero_()
 
     def launch(self, kernel, grid, /, *args, **kwargs):

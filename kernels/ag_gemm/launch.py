@@ -52,8 +52,7 @@ from kernels.ag_gemm.config import FALLBACKS, AgGemmConfig, as_config, auto_conf
 from kernels.ag_gemm.triton import TRACE_COLS, _ag_gemm_kernel
 from kernels.comm.clock import timeout_us as _timeout_us
 from kernels.comm.decide import shared_choice
-from kernels.comm.waits import (AFTER, ST_CALL, STATUS_WORDS, StatusWatch, WaitTimeout, abandoned_by, abandoned_text,
-                                waited_s)
+from kernels.comm.waits import AFTER, ST_ABANDON, ST_CALL, StatusWatch, WaitTimeout, abandoned_text, waited_s
 from kernels.common.launcher import launch_planned
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -141,26 +140,23 @@ def _shared(heap) -> dict:
     cache = heap.cache("ag_gemm")
     s = cache.get("_shared")
     if s is None:
-        status = torch.zeros(STATUS_WORDS, dtype=torch.int32, device=heap.device)
+        watch = StatusWatch.of(heap, "ag_gemm", report=lambda words, peer: _raise(words, peer, heap))
         s = cache["_shared"] = {
-            "status": status, "plans": {},
-            "sig": heap.flags("ag_gemm.sig", 4 * heap.world_size),  # ready[W], done[W], where[W], abandon[W]
+            "watch": watch, "status": watch.status, "plans": {},
+            "sig": heap.flags("ag_gemm.sig", 3 * heap.world_size),  # ready[W], done[W], where[W]
             # epoch, publishers arrived, programs finished, trace tick, fetchers finished, tiles claimed
             "state": heap.flags("ag_gemm.state", 8),
         }
-        s["watch"] = StatusWatch(status, heap.rank, "all_gather_matmul", report=lambda words: _raise(words, s, heap))
     return s
 
 
 def describe_status(values, plan: Plan | None, rank: int, world: int) -> str:
-    """The error text for status words (``kernels.comm.waits``: count, flag id, seen, expected,
-    microseconds waited, call tag)."""
-    values = [int(v) for v in values[:STATUS_WORDS]]
+    """The error text for this rank's own give-up in status words (``kernels.comm.waits``:
+    count, flag id, seen, expected, microseconds waited, call tag)."""
+    values = [int(v) for v in values]
     count, fid, seen, expected = values[:4]
     call = values[ST_CALL]
     waited = waited_s(values)
-    if abandoned_by(fid) is not None:
-        return abandoned_text(rank, "all_gather_matmul", abandoned_by(fid), call)
     if fid < 0 and -fid <= world:
         what = (f"rank {-fid - 1} never published its shard (ready flag from rank {-fid - 1})")
     elif fid < 0 and -fid <= 2 * world:
@@ -190,8 +186,11 @@ def describe_status(values, plan: Plan | None, rank: int, world: int) -> str:
             f"not valid. {AFTER}")
 
 
-def _raise(values, s, heap):
-    raise AgGemmTimeout(describe_status(values, s.get("last_plan"), heap.rank, heap.world_size))
+def _raise(values, peer, heap):
+    if peer is not None:   # a peer gave up on the call (this rank was late, or another one was)
+        raise AgGemmTimeout(abandoned_text(heap.rank, "all_gather_matmul", peer, int(values[ST_ABANDON + peer])))
+    plan = heap.cache("ag_gemm").get("_shared", {}).get("last_plan")
+    raise AgGemmTimeout(describe_status(values, plan, heap.rank, heap.world_size))
 
 
 def _after_call(s, heap, plan) -> None:

@@ -61,7 +61,7 @@ import triton
 import triton.language as tl
 
 from kernels.comm.remote import peer_delta, remote_store, signal
-from kernels.comm.waits import end_round, record_give_up, wait
+from kernels.comm.waits import record_give_up, wait
 
 # trace event kinds
 EV_PUBLISH = tl.constexpr(1)
@@ -107,14 +107,15 @@ def _record(trace_ptr, n, kind, item, t0, t1, sm, MAX_EVENTS: tl.constexpr):
 
 
 @triton.jit
-def _wait_flag(flag_ptr, expected, timeout_us, status_ptr, flag_id, call, SCOPE: tl.constexpr):
+def _wait_flag(flag_ptr, expected, timeout_us, status_ptr, flag_id, call, heap_bases, rank, WORLD: tl.constexpr,
+               SCOPE: tl.constexpr):
     """`kernels.comm.waits.wait` behind a fast path: one acquire read and a CTA barrier
     when the flag is already set (the common case once the gather is ahead). Once any
     wait of this call (tag `call`: epoch + 1) has given up, the others give up at their
     first poll (one lost peer must not cost timeout_us for every tile)."""
     seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
     if seen < expected:
-        wait(flag_ptr, expected, timeout_us, status_ptr, flag_id, call, SCOPE)
+        wait(flag_ptr, expected, timeout_us, status_ptr, flag_id, call, heap_bases, rank, WORLD, SCOPE)
     tl.debug_barrier()  # the acquire (one thread's) ordered before every thread's loads
 
 
@@ -178,7 +179,6 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
     ready_ptr = sig_ptr          # ready[p]: rank p published its shard (counts calls)
     done_ptr = sig_ptr + WORLD   # done[p]: rank p finished reading our shard (counts calls)
     where_ptr = sig_ptr + 2 * WORLD  # where[p]: rank p's resident shard's heap offset / 16, as it told us
-    # sig_ptr + 3 * WORLD: abandon[p], the latest call rank p said it gave up on (kernels.comm.waits.end_round)
     tick_ptr = state_ptr + 3
     n_ev = 0
     sm = 0
@@ -199,7 +199,8 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
         # Peers must be done with our previous shard before pub is overwritten.
         for i in tl.static_range(1, WORLD):
             peer = (rank + i) % WORLD
-            _wait_flag(done_ptr + peer, epoch, timeout_us, status_ptr, -1 - WORLD - peer, epoch + 1, "sys")
+            _wait_flag(done_ptr + peer, epoch, timeout_us, status_ptr, -1 - WORLD - peer, epoch + 1, heap_bases,
+                       rank, WORLD, "sys")
         for item in range(pid, MT * KG * (WORLD > 1), PUBLISHERS):  # a world of one has no reader
             if TRACE:
                 t0 = _now(tick_ptr, CLOCK)
@@ -228,21 +229,25 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
             if pid == 0:
                 for i in tl.static_range(1, WORLD):
                     peer = (rank + i) % WORLD
-                    _wait_flag(ready_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - peer, epoch + 1, "sys")
-                    _same_place(where_ptr, peer, pub_off16, status_ptr, epoch + 1, WORLD, RESIDENT)
+                    _wait_flag(ready_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - peer, epoch + 1, heap_bases,
+                               rank, WORLD, "sys")
+                    _same_place(where_ptr, peer, pub_off16, status_ptr, epoch + 1, heap_bases, rank, WORLD,
+                                RESIDENT)
         if FETCH:
             for i in tl.static_range(1, WORLD):
                 peer = (rank + i) % WORLD
                 if peer != SKIP_RANK:  # SKIP_RANK: fault injection for tests (-1: none)
                     if TRACE:
                         t0 = _now(tick_ptr, CLOCK)
-                    _wait_flag(ready_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - peer, epoch + 1, "sys")
+                    _wait_flag(ready_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - peer, epoch + 1, heap_bases,
+                               rank, WORLD, "sys")
                     if TRACE:
                         n_ev = _record(trace_ptr, n_ev, EV_WAIT, -1 - peer, t0, _now(tick_ptr, CLOCK), sm,
                                        MAX_EVENTS)
                     # the peer's pub, addressed through our own pub pointer (same heap offset)
                     src = pub_ptr + peer_delta(rank, peer, heap_bases, ESIZE, 16 // ESIZE)
-                    n_items = MT * KG * _same_place(where_ptr, peer, pub_off16, status_ptr, epoch + 1, WORLD, RESIDENT)
+                    n_items = MT * KG * _same_place(where_ptr, peer, pub_off16, status_ptr, epoch + 1, heap_bases,
+                                                    rank, WORLD, RESIDENT)
                     for item in range(pid, n_items, FETCHERS):
                         if TRACE:
                             t0 = _now(tick_ptr, CLOCK)
@@ -268,8 +273,8 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
     if COMPUTE:
         # GEMM programs (and, with JOIN, the fetchers too once their copies are done)
         _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr, state_ptr + 5,
-                 S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, timeout_us, epoch, MT, KT, KG, pid - FETCHERS,
-                 tl.num_programs(0) - FETCHERS, n_ev, sm, WORLD, GATHER_K, M_CONTIG, BLOCK_M, BLOCK_N, BLOCK_K,
+                 S_M, S_K, N, stride_bk, stride_bn, stride_cm, heap_bases, rank, timeout_us, epoch, MT, KT, KG,
+                 pid - FETCHERS, tl.num_programs(0) - FETCHERS, n_ev, sm, WORLD, GATHER_K, M_CONTIG, BLOCK_M, BLOCK_N, BLOCK_K,
                  GROUP_M, K_PER_FLAG, HAS_BIAS, EVEN_K, ALIGNED_M, ALIGNED_N, STAGED_FLAG, TRACE, CLOCK, MAX_EVENTS,
                  TMA, PROXY_FENCE, CLAIM, JOIN, WAIT_GROWTH, CHUNK_TILES)
         # the last program of the call: next epoch, and tell peers we are done with their shards
@@ -287,9 +292,8 @@ def _end_call(state_ptr, sig_ptr, epoch, heap_bases, status_ptr, rank, timeout_u
     """Next epoch, and tell every peer we are done reading its shard. With END_WAIT (a resident
     shard) wait until every peer is done reading ours: the shard is the caller's again once the
     call is over (they may overwrite it next), so the call ends only when every peer has read it.
-    Then the end of the round (``kernels.comm.waits.end_round``): a call that gave up tells the
-    peers, and a peer that gave up on this call fails it here too. Done flags are set whatever
-    happened, so every rank's counters stay in step for the next call."""
+    Done flags are set whatever happened, so every rank's counters stay in step for the next
+    call (``kernels.comm.waits``, rule 3)."""
     done_ptr = sig_ptr + WORLD
     tl.store(state_ptr, epoch + 1)
     for i in tl.static_range(1, WORLD):
@@ -297,12 +301,13 @@ def _end_call(state_ptr, sig_ptr, epoch, heap_bases, status_ptr, rank, timeout_u
     if END_WAIT:
         for i in tl.static_range(1, WORLD):
             peer = (rank + i) % WORLD
-            _wait_flag(done_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - WORLD - peer, epoch + 1, "sys")
-    end_round(status_ptr, epoch + 1, sig_ptr + 3 * WORLD, heap_bases, rank, WORLD)
+            _wait_flag(done_ptr + peer, epoch + 1, timeout_us, status_ptr, -1 - WORLD - peer, epoch + 1, heap_bases,
+                       rank, WORLD, "sys")
 
 
 @triton.jit
-def _same_place(where_ptr, peer, pub_off16, status_ptr, call, WORLD: tl.constexpr, RESIDENT: tl.constexpr):
+def _same_place(where_ptr, peer, pub_off16, status_ptr, call, heap_bases, rank, WORLD: tl.constexpr,
+                RESIDENT: tl.constexpr):
     """1 when the peer's shard sits at our shard's heap offset (always, unless RESIDENT:
     then each rank said where its own is), else 0 after recording the mismatch in the
     status words: the heap addresses a peer's data by our offset, so shards allocated
@@ -311,7 +316,7 @@ def _same_place(where_ptr, peer, pub_off16, status_ptr, call, WORLD: tl.constexp
     if RESIDENT:
         theirs = tl.atomic_add(where_ptr + peer, 0, sem="relaxed", scope="gpu")  # ordered by the ready acquire
         if theirs != pub_off16:
-            record_give_up(status_ptr, call, -1 - 2 * WORLD - peer, theirs, pub_off16, 0)
+            record_give_up(status_ptr, call, -1 - 2 * WORLD - peer, theirs, pub_off16, 0, heap_bases, rank, WORLD)
             ok = 0
     return ok
 
@@ -370,8 +375,8 @@ def _fence_async_proxy(ON: tl.constexpr):
 
 @triton.jit
 def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr, claim_ptr,
-             S_M, S_K, N, stride_bk, stride_bn, stride_cm, rank, timeout_us, epoch, MT, KT, KG, gid, num_gemm,
-             n_ev, sm, WORLD: tl.constexpr, GATHER_K: tl.constexpr, M_CONTIG: tl.constexpr,
+             S_M, S_K, N, stride_bk, stride_bn, stride_cm, heap_bases, rank, timeout_us, epoch, MT, KT, KG, gid,
+             num_gemm, n_ev, sm, WORLD: tl.constexpr, GATHER_K: tl.constexpr, M_CONTIG: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
              K_PER_FLAG: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED_M: tl.constexpr,
              ALIGNED_N: tl.constexpr, STAGED_FLAG: tl.constexpr, TRACE: tl.constexpr,
@@ -522,7 +527,8 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
                         if TRACE:
                             t0 = _now(tick_ptr, CLOCK)
                         flag = block * NCH + mt // CHUNK_TILES
-                        _wait_flag(flags_ptr + flag, epoch + 1, timeout_us, status_ptr, flag, epoch + 1, "gpu")
+                        _wait_flag(flags_ptr + flag, epoch + 1, timeout_us, status_ptr, flag, epoch + 1, heap_bases,
+                                   rank, WORLD, "gpu")
                         if TRACE:
                             n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm, MAX_EVENTS)
                         _fence_async_proxy(PROXY_FENCE)
@@ -544,7 +550,8 @@ def _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trac
                                 if TRACE:
                                     t0 = _now(tick_ptr, CLOCK)
                                 flag = (block * MT + mt) * KG + g
-                                _wait_flag(flags_ptr + flag, epoch + 1, timeout_us, status_ptr, flag, epoch + 1, "gpu")
+                                _wait_flag(flags_ptr + flag, epoch + 1, timeout_us, status_ptr, flag, epoch + 1,
+                                           heap_bases, rank, WORLD, "gpu")
                                 if TRACE:
                                     n_ev = _record(trace_ptr, n_ev, EV_WAIT, flag, t0, _now(tick_ptr, CLOCK), sm,
                                                    MAX_EVENTS)

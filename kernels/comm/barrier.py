@@ -24,21 +24,20 @@ __all__ = ["barrier", "check_barrier", "poll_barrier", "Within"]
 
 
 class Within:
-    """The family call a barrier ends: the family's status watch, its abandon flags, and a
-    one-element device tensor holding the call's tag (e.g. the family's running total)."""
+    """The family call a barrier ends: the family's status watch, and a one-element device
+    tensor holding the call's tag (e.g. the family's running total)."""
 
-    def __init__(self, watch: StatusWatch, abandon, tag):
-        self.watch, self.abandon, self.tag = watch, abandon, tag
+    def __init__(self, watch: StatusWatch, tag):
+        self.watch, self.tag = watch, tag
 
 
 def _own(heap) -> dict:
-    cache = heap.cache("barrier")
-    if "watch" not in cache:
-        W = heap.world_size
-        cache.update(watch=StatusWatch.of(heap, "barrier", names=lambda i: f"rank {i}'s arrival"),
-                     flags=heap.flags("barrier", W), total=heap.flags("barrier.total", 1),
-                     abandon=heap.flags("barrier.abandon", W), launches={})
-    return cache
+    kept = heap.keep("barrier")
+    if "flags" not in kept:
+        kept.update(watch=StatusWatch.of(heap, "barrier", names=lambda i: f"rank {i}'s arrival"),
+                    flags=heap.flags("barrier", heap.world_size), total=heap.flags("barrier.total", 1),
+                    launches={})
+    return kept
 
 
 def barrier(heap, *, timeout_s: float | None = None, within: Within | None = None, scope: str = "sys") -> None:
@@ -57,23 +56,22 @@ def barrier(heap, *, timeout_s: float | None = None, within: Within | None = Non
     watch = within.watch if within is not None else own["watch"]
     if within is None:
         watch.poll()
-    abandon = within.abandon if within is not None else own["abandon"]
     tag = within.tag if within is not None else own["total"]
     launch_planned(heap, own["launches"], (within is not None, scope), barrier_kernel, (1,), own["flags"],
-                   own["total"], abandon, heap.heap_bases, watch.status, tag, heap.rank, wait_us,
+                   own["total"], heap.heap_bases, watch.status, tag, heap.rank, wait_us,
                    WORLD=heap.world_size, SCOPE=scope, LINKED=within is not None, num_warps=4)
     watch.arm()
 
 
 def poll_barrier(heap) -> None:
     """Report an earlier barrier's failure if the device has shown one by now (never waits)."""
-    w = heap.cache("barrier").get("watch")
+    w = heap.keep("barrier").get("watch")
     if w is not None:
         w.poll()
 
 
 def check_barrier(heap) -> None:
     """Synchronize and raise ``WaitTimeout`` if an earlier barrier of its own timed out."""
-    w = heap.cache("barrier").get("watch")
+    w = heap.keep("barrier").get("watch")
     if w is not None:
         w.check()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kernels.comm.clock import device_ns
 from kernels.comm.triton import _RUNTIME_INTS
-from kernels.comm.waits import _ABANDONED, _POLLS, _ST_CALL, _ST_COUNT, _ST_EXPECTED, _ST_FLAG, _ST_SEEN, _ST_WAITED_US
+from kernels.comm.waits import _POLLS, _ST_ABANDON, _ST_CALL, _ST_COUNT, _ST_EXPECTED, _ST_FLAG, _ST_SEEN, _ST_WAITED_US
 
 try:  # Gluon ships with Triton >= 3.4
     from triton.experimental import gluon
@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover
 if GLUON_AVAILABLE:
 
     @gluon.jit(do_not_specialize=_RUNTIME_INTS)
-    def _all_gather_gluon_kernel(x_ptr, out_ptr, heap_bases, flags_ptr, status_ptr, total_ptr, abandon_ptr, M, N, rank,
+    def _all_gather_gluon_kernel(x_ptr, out_ptr, heap_bases, flags_ptr, status_ptr, total_ptr, M, N, rank,
                                  timeout_us, WORLD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                  VEC: gl.constexpr, ESIZE: gl.constexpr, HINTS: gl.constexpr, EVEN_N: gl.constexpr,
                                  NUM_WARPS: gl.constexpr, WAIT: gl.constexpr, SCOPE: gl.constexpr):
@@ -56,11 +56,11 @@ if GLUON_AVAILABLE:
             gl.atomic_add(flag, 1, sem="release", scope=SCOPE)
         if WAIT:
             if pid == 0:
-                call = _wait_all(flags_ptr, total_ptr, grid, timeout_us, status_ptr, WORLD, SCOPE, NUM_WARPS)
-                _end_round(status_ptr, call, abandon_ptr, heap_bases, local_base, rank, WORLD)
+                _wait_all(flags_ptr, total_ptr, grid, timeout_us, status_ptr, heap_bases, local_base, rank, WORLD,
+                          SCOPE, NUM_WARPS)
 
-    # kernels.comm.waits' wait_all and end_round, written again in Gluon (a Gluon kernel cannot
-    # call @triton.jit functions): the same rules, the same status words.
+    # kernels.comm.waits' wait_all, written again in Gluon (a Gluon kernel cannot call
+    # @triton.jit functions): the same rules, the same status words.
     @gluon.jit
     def _larger(a, b):
         return gl.maximum(a, b)
@@ -74,21 +74,30 @@ if GLUON_AVAILABLE:
         return gl.reduce(gl.full([32 * NUM_WARPS], 0, gl.int64, lanes) + device_ns(), 0, _larger)
 
     @gluon.jit
-    def _give_up(status_ptr, call, flag_id, seen, expected, waited_ns):
+    def _give_up(status_ptr, call, flag_id, seen, expected, waited_ns, heap_bases, local_base, rank,
+                 WORLD: gl.constexpr):
         gl.atomic_add(status_ptr + _ST_COUNT, 1)
         if gl.atomic_xchg(status_ptr + _ST_CALL, call) != call:   # the first of its call says what it waited for
             gl.atomic_xchg(status_ptr + _ST_FLAG, flag_id)
             gl.atomic_xchg(status_ptr + _ST_SEEN, seen)
             gl.atomic_xchg(status_ptr + _ST_EXPECTED, expected)
             gl.atomic_xchg(status_ptr + _ST_WAITED_US, gl.minimum(waited_ns // 1000, 2 ** 31 - 1).to(gl.int32))
+            for i in gl.static_range(1, WORLD):   # and tells every peer (waits.record_give_up)
+                peer = (rank + i) % WORLD
+                mine = (gl.load(heap_bases + peer) + ((status_ptr + _ST_ABANDON + rank).to(gl.int64, bitcast=True)
+                                                     - local_base)).to(status_ptr.dtype, bitcast=True)
+                gl.atomic_max(mine, call, sem="release", scope="sys")
 
     @gluon.jit
-    def _wait_all(flags_ptr, total_ptr, count, timeout_us, status_ptr, WORLD: gl.constexpr, SCOPE: gl.constexpr,
-                  NUM_WARPS: gl.constexpr):
+    def _wait_all(flags_ptr, total_ptr, count, timeout_us, status_ptr, heap_bases, local_base, rank,
+                  WORLD: gl.constexpr, SCOPE: gl.constexpr, NUM_WARPS: gl.constexpr):
         call = gl.load(total_ptr) + count  # running total, kept on the device: also the call's tag
         limit = timeout_us.to(gl.int64) * 1000  # bounded in time (kernels.comm.clock)
         for src in gl.static_range(WORLD):
             seen = gl.atomic_add(flags_ptr + src, 0, sem="acquire", scope=SCOPE)
+            for _ in gl.static_range(_POLLS):   # a flag about to arrive needs no clock
+                if seen < call:
+                    seen = gl.atomic_add(flags_ptr + src, 0, sem="acquire", scope=SCOPE)
             if seen < call:
                 t0 = _uniform_ns(NUM_WARPS)
                 waited = t0 - t0
@@ -100,21 +109,7 @@ if GLUON_AVAILABLE:
                     ended = gl.atomic_add(status_ptr + _ST_CALL, 0, sem="relaxed", scope="gpu") == call
                     waited = _uniform_ns(NUM_WARPS) - t0
                 if seen < call:
-                    _give_up(status_ptr, call, src, seen, call, waited)
+                    _give_up(status_ptr, call, src, seen, call, waited, heap_bases, local_base, rank, WORLD)
         gl.store(total_ptr, call)
         gl.thread_barrier()
         return call
-
-    @gluon.jit
-    def _end_round(status_ptr, call, abandon_ptr, heap_bases, local_base, rank, WORLD: gl.constexpr):
-        if gl.atomic_add(status_ptr + _ST_CALL, 0, sem="relaxed", scope="gpu") == call:
-            for i in gl.static_range(1, WORLD):
-                peer = (rank + i) % WORLD
-                theirs = (gl.load(heap_bases + peer) + ((abandon_ptr + rank).to(gl.int64, bitcast=True) - local_base)
-                          ).to(abandon_ptr.dtype, bitcast=True)
-                gl.atomic_max(theirs, call, sem="release", scope="sys")
-        for i in gl.static_range(1, WORLD):
-            peer = (rank + i) % WORLD
-            said = gl.atomic_add(abandon_ptr + peer, 0, sem="acquire", scope="sys")
-            if said >= call:
-                _give_up(status_ptr, call, _ABANDONED - peer, said, call, 0)

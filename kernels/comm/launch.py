@@ -71,33 +71,32 @@ def all_gather(x: torch.Tensor, heap, *, variant: str = "triton", num_sms: int |
         variant, auto_sms = ("triton", None) if heap.simulated else shared_choice(
             heap, "all_gather", (W, nbytes), lambda: auto_choice(W, nbytes))
         num_sms = num_sms if num_sms is not None else auto_sms
+    cache = heap.cache("all_gather")
+    cache["last variant"] = variant   # within_last_call: whether a kernel of ours left this call's tag
     if variant == "nccl":
         return nccl_all_gather(x, heap, out, (W * x.shape[0], *x.shape[1:]))
     blk = tuple(block) if isinstance(block, (list, tuple)) else block
     # x's 16-byte alignment is part of the key: the compiled kernel assumes what it saw.
     key = (variant, tuple(x.shape), x.dtype, x.data_ptr() % 16 == 0, num_sms, blk, bool(hints), num_warps, scope,
            None if out is None else (out.data_ptr(), tuple(out.shape), out.dtype))
-    cache = heap.cache("all_gather")
     plan = cache.get(key)
-    if plan is None:
+    if plan is None:   # (the status words, in the heap's flag area, are already there: _watch above)
         if len(cache) > PLAN_CACHE_SIZE:   # bounded: drop the oldest plan (dicts keep insertion order)
-            del cache[next(k for k in cache if k not in ("status_watch", "last variant"))]
+            del cache[next(k for k in cache if k != "last variant")]
         plan = cache[key] = _plan(x, heap, variant, num_sms, block, hints, num_warps, out, scope)
-    cache["last variant"] = variant   # within_last_call: whether a kernel of ours left this call's tag
     if variant == "copy_engine":
         return _copy_engine(x, heap, plan, wait_us)
     kernel, grid, out, flags, total, kw, launch = plan
-    abandon = _abandon(heap)
-    args = (x, out, heap.heap_bases, flags, watch.status, total, abandon, x.shape[0], x.numel() // x.shape[0],
-            heap.rank, wait_us)
+    args = (x, out, heap.heap_bases, flags, watch.status, total, x.shape[0], x.numel() // x.shape[0], heap.rank,
+            wait_us)
     if launch is None:   # a simulated world: the heap runs it in the interpreter, one rank at a time
         heap.launch(kernel, (grid,), *args, **kw)
     else:
         launch(*args)
     if heap.simulated:  # ranks take turns in the interpreter: wait in a launch of its own
         heap.barrier()
-        heap.launch(wait_all_kernel, (1,), flags, total, grid, wait_us, watch.status, abandon, heap.heap_bases,
-                    heap.rank, WORLD=W, SCOPE=scope)
+        heap.launch(wait_all_kernel, (1,), flags, total, grid, wait_us, watch.status, heap.heap_bases, heap.rank,
+                    WORLD=W, SCOPE=scope)
     watch.arm()
     if check:
         watch.check()
@@ -108,18 +107,13 @@ def _watch(heap) -> StatusWatch:
     return StatusWatch.of(heap, "all_gather", names=lambda i: f"signals from rank {i}")
 
 
-def _abandon(heap):
-    """Slot p: the latest call rank p said it gave up on (``kernels.comm.waits.end_round``)."""
-    return heap.flags("all_gather.abandon", heap.world_size)
-
-
 def within_last_call(heap) -> Within | None:
     """The all-gather call just queued, for a barrier that ends it (``kernels.comm.barrier``):
     its tag is the running total its kernel's wait left. None where no kernel of ours ran it
     (NCCL, copy engines): the barrier is then a call of its own."""
     if heap.simulated or heap.cache("all_gather").get("last variant") not in ("triton", "gluon"):
         return None
-    return Within(_watch(heap), _abandon(heap), heap.flags("all_gather.total", 1))
+    return Within(_watch(heap), heap.flags("all_gather.total", 1))
 
 
 def check_all_gather(heap) -> None:
@@ -215,15 +209,14 @@ def compile_kernel(variant: str, hints: bool, *, target: str = "sm90", dtype: to
     kernel = _all_gather_gluon_kernel if variant == "gluon" else _all_gather_kernel
     ty = triton_type(dtype)
     signature = {"x_ptr": f"*{ty}", "out_ptr": f"*{ty}", "heap_bases": "*i64", "flags_ptr": "*i32",
-                 "status_ptr": "*i32", "total_ptr": "*i32", "abandon_ptr": "*i32", "M": "i32", "N": "i32",
-                 "rank": "i32",
+                 "status_ptr": "*i32", "total_ptr": "*i32", "M": "i32", "N": "i32", "rank": "i32",
                  "timeout_us": "i32"}
     constexprs = {"WORLD": world_size, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "VEC": cfg["VEC"],
                   "ESIZE": esize,
                   "HINTS": bool(hints) and cfg["VEC"] > 1, "EVEN_N": cfg["EVEN_N"], "WAIT": wait, "SCOPE": "sys"}
     if variant == "gluon":
         constexprs["NUM_WARPS"] = cfg["num_warps"]
-    divisible = ["x_ptr", "out_ptr", "heap_bases", "flags_ptr", "status_ptr", "total_ptr", "abandon_ptr"] + (
+    divisible = ["x_ptr", "out_ptr", "heap_bases", "flags_ptr", "status_ptr", "total_ptr"] + (
         ["N"] if N % 16 == 0 else [])
     (entry,) = cross_compile(kernel, [target], signature=signature, constexprs=constexprs, divisible=divisible,
                              num_warps=cfg["num_warps"], cache_dir=cache_dir)

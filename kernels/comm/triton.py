@@ -5,15 +5,14 @@ import triton
 import triton.language as tl
 
 from kernels.comm.remote import peer_delta, signal
-from kernels.comm.waits import end_round, wait_all
+from kernels.comm.waits import wait_all
 
 # Integers that vary between calls of one configuration stay unspecialized (no recompiles).
 _RUNTIME_INTS = ["rank", "timeout_us"]
 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
-def _all_gather_kernel(x_ptr, out_ptr, heap_bases, flags_ptr, status_ptr, total_ptr, abandon_ptr, M, N, rank,
-                       timeout_us,
+def _all_gather_kernel(x_ptr, out_ptr, heap_bases, flags_ptr, status_ptr, total_ptr, M, N, rank, timeout_us,
                        WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr,
                        ESIZE: tl.constexpr, HINTS: tl.constexpr, EVEN_N: tl.constexpr, WAIT: tl.constexpr,
                        SCOPE: tl.constexpr):
@@ -42,7 +41,6 @@ def _all_gather_kernel(x_ptr, out_ptr, heap_bases, flags_ptr, status_ptr, total_
         signal(flags_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", SCOPE)
     if WAIT:
         if pid == 0:
-            call = wait_all(flags_ptr, total_ptr, grid, timeout_us, status_ptr, WORLD, SCOPE)
-            end_round(status_ptr, call, abandon_ptr, heap_bases, rank, WORLD)
+            wait_all(flags_ptr, total_ptr, grid, timeout_us, status_ptr, heap_bases, rank, WORLD, SCOPE)
 
 

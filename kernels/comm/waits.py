@@ -19,18 +19,20 @@ peer end every rank's call with a clear error, never a hang:
 3. **Counters stay in step.** A rank that gave up still sets every flag it owes (ready,
    done, arrivals), and flags only grow, so when the late rank makes the call its counters
    meet its peers' again: the next call works on every rank with no collective reset.
-4. **The late rank learns it was late.** At the end of a call one program runs ``end_round``:
-   if the call gave up, it tells every peer (``abandon[rank] := tag`` on the peer, release,
-   system scope); then it reads what its peers told it, and a peer that gave up on this call
-   (or a later one) makes this rank's call fail too. A rank that arrives after its peers gave
-   up on it raises instead of returning as if all were well.
+4. **Every rank learns of a give-up, the late one too.** The first wait of a call to give up
+   also tells every peer: slot ``ST_ABANDON + rank`` of the peer's status words := the call's
+   tag (an atomic max, release, system scope; the status words live in the symmetric heap,
+   at the same offset on every rank). A rank that arrives after its peers gave up on it finds
+   its waits satisfied, but its host sees the peer's give-up in its status words and raises
+   instead of returning as if all were well. Nothing of this runs on a call that went well.
 
-Status words (int32, ``STATUS_WORDS``, one array per family and heap): ``ST_COUNT`` waits
-that gave up (cumulative), then what the first give-up of the latest failing call saw:
-``ST_FLAG`` (its flag id; ``ABANDONED - p``: peer p gave up on this call), ``ST_SEEN``,
-``ST_EXPECTED``, ``ST_WAITED_US`` (microseconds it waited), ``ST_CALL`` (that call's tag).
-On the host, ``StatusWatch`` copies them without synchronizing and reports each failure
-once (``WaitTimeout``), at the next call or at ``check()``.
+Status words (int32, ``status_words(world)`` of them, one array per family and heap, in the
+heap's flag area): ``ST_COUNT`` waits that gave up (cumulative), then what the first give-up
+of the latest failing call saw: ``ST_FLAG`` (its flag id), ``ST_SEEN``, ``ST_EXPECTED``,
+``ST_WAITED_US`` (microseconds it waited), ``ST_CALL`` (that call's tag); then, from
+``ST_ABANDON``, one slot per rank: the latest call tag that rank gave up on. On the host,
+``StatusWatch`` copies them without synchronizing and reports each failing call once
+(``WaitTimeout``), at the next call or at ``check()``.
 """
 from __future__ import annotations
 
@@ -40,10 +42,14 @@ import triton.language as tl
 from kernels.comm.clock import TIMEOUT_ENV, device_ns
 from kernels.comm.remote import signal, translate
 
-ST_COUNT, ST_FLAG, ST_SEEN, ST_EXPECTED, ST_WAITED_US, ST_CALL = range(6)
-STATUS_WORDS = 6
-ABANDONED = -(1 << 30)   # flag id ABANDONED - p: peer p gave up on this call (end_round)
+ST_COUNT, ST_FLAG, ST_SEEN, ST_EXPECTED, ST_WAITED_US, ST_CALL, ST_ABANDON = range(7)
 BARRIER = -(1 << 29)     # flag id BARRIER - p: rank p never reached the barrier (barrier_kernel)
+
+
+def status_words(world: int) -> int:
+    """Status words of a family for a world of ``world`` ranks (the peers' slots included)."""
+    return ST_ABANDON + world
+
 
 _ST_COUNT = tl.constexpr(ST_COUNT)
 _ST_FLAG = tl.constexpr(ST_FLAG)
@@ -51,7 +57,7 @@ _ST_SEEN = tl.constexpr(ST_SEEN)
 _ST_EXPECTED = tl.constexpr(ST_EXPECTED)
 _ST_WAITED_US = tl.constexpr(ST_WAITED_US)
 _ST_CALL = tl.constexpr(ST_CALL)
-_ABANDONED = tl.constexpr(ABANDONED)
+_ST_ABANDON = tl.constexpr(ST_ABANDON)
 _BARRIER = tl.constexpr(BARRIER)
 # clock lanes reduced by uniform_ns: at least one per thread of a program of up to 32 warps, so
 # that the maximum crosses every warp (a smaller tensor is replicated over warps and reduced in each)
@@ -71,15 +77,20 @@ def uniform_ns():
 
 
 @triton.jit
-def record_give_up(status_ptr, call, flag_id, seen, expected, waited_ns):
+def record_give_up(status_ptr, call, flag_id, seen, expected, waited_ns, heap_bases, rank, WORLD: tl.constexpr):
     """Count a wait that gave up; the first of its call (``ST_CALL`` was not ``call`` yet) also
-    leaves what it waited for. Other waits of the call read ``ST_CALL`` and give up too."""
+    leaves what it waited for, and tells every peer (rule 4 of the module docstring). Other
+    waits of the call read ``ST_CALL`` and give up too."""
     tl.atomic_add(status_ptr + _ST_COUNT, 1)
     if tl.atomic_xchg(status_ptr + _ST_CALL, call) != call:
         tl.atomic_xchg(status_ptr + _ST_FLAG, flag_id)
         tl.atomic_xchg(status_ptr + _ST_SEEN, seen)
         tl.atomic_xchg(status_ptr + _ST_EXPECTED, expected)
         tl.atomic_xchg(status_ptr + _ST_WAITED_US, tl.minimum(waited_ns // 1000, 2 ** 31 - 1).to(tl.int32))
+        for i in tl.static_range(1, WORLD):
+            peer = (rank + i) % WORLD
+            mine = translate(status_ptr + _ST_ABANDON + rank, rank, peer, heap_bases)
+            tl.atomic_max(mine, call, sem="release", scope="sys")
 
 
 @triton.jit
@@ -89,19 +100,24 @@ def call_given_up(status_ptr, call):
 
 
 @triton.jit
-def wait(flag_ptr, expected, timeout_us, status_ptr, flag_id, call, SCOPE: tl.constexpr = "sys"):
+def wait(flag_ptr, expected, timeout_us, status_ptr, flag_id, call, heap_bases, rank, WORLD: tl.constexpr,
+         SCOPE: tl.constexpr = "sys"):
     """Spin with acquire reads until the local int32 flag reaches `expected` (flags only grow,
     so ">=" also accepts a later round), for at most `timeout_us` microseconds of the device's
     clock, or until another wait of the same call (tag `call`) gave up. Returns True when the
     flag arrived; otherwise the give-up is recorded in the status words (``record_give_up``).
 
     After the spin a CTA barrier hands the acquired view to every thread of the program. A flag
-    already there costs one read; otherwise the clock (a reduction over the program's threads)
-    and the status word are read once per ``_POLLS`` polls of the flag, so they add little to
-    the time a flag takes to be seen (the all-gather's fixed cost per call is mostly this wait).
+    already there costs one read, and one about to arrive a few more; after ``_POLLS`` polls the
+    clock (a reduction over the program's threads) and the status word are read once per
+    ``_POLLS`` polls of the flag, so they add little to the time a flag takes to be seen (the
+    all-gather's fixed cost per call is mostly this wait).
     """
     seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
-    if seen < expected:   # not there yet: only now the clock, so an arrived flag costs one read
+    for _ in tl.static_range(_POLLS):   # a flag about to arrive needs no clock
+        if seen < expected:
+            seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
+    if seen < expected:   # not there yet: only now the clock and the status word
         t0 = uniform_ns()
         limit = timeout_us.to(tl.int64) * 1000
         waited = t0 - t0
@@ -113,13 +129,14 @@ def wait(flag_ptr, expected, timeout_us, status_ptr, flag_id, call, SCOPE: tl.co
             ended = call_given_up(status_ptr, call)
             waited = uniform_ns() - t0
         if seen < expected:
-            record_give_up(status_ptr, call, flag_id, seen, expected, waited)
+            record_give_up(status_ptr, call, flag_id, seen, expected, waited, heap_bases, rank, WORLD)
     tl.debug_barrier()
     return seen >= expected
 
 
 @triton.jit
-def wait_all(flags_ptr, total_ptr, count, timeout_us, status_ptr, WORLD: tl.constexpr, SCOPE: tl.constexpr):
+def wait_all(flags_ptr, total_ptr, count, timeout_us, status_ptr, heap_bases, rank, WORLD: tl.constexpr,
+             SCOPE: tl.constexpr):
     """Wait until every slot of the local flag array reached the running total
     ``*total_ptr + count``, then record that total (one program, device-side); returns it,
     which is also the call's tag (every rank's totals agree, and they only grow).
@@ -129,46 +146,29 @@ def wait_all(flags_ptr, total_ptr, count, timeout_us, status_ptr, WORLD: tl.cons
     """
     expected = tl.load(total_ptr) + count
     for src in tl.static_range(WORLD):
-        wait(flags_ptr + src, expected, timeout_us, status_ptr, src, expected, SCOPE)
+        wait(flags_ptr + src, expected, timeout_us, status_ptr, src, expected, heap_bases, rank, WORLD, SCOPE)
     tl.store(total_ptr, expected)
     return expected
 
 
-@triton.jit
-def end_round(status_ptr, call, abandon_ptr, heap_bases, rank, WORLD: tl.constexpr):
-    """The end of call `call` on this rank, in one program after every wait of the call (rule 4
-    of the module docstring): if a wait gave up, tell every peer (slot `rank` of its
-    `abandon` array := the tag, release, system scope); then, for each peer that told us it
-    gave up on this call or a later one, record this call as abandoned (flag id ABANDONED - peer)."""
-    if call_given_up(status_ptr, call):
-        for i in tl.static_range(1, WORLD):
-            peer = (rank + i) % WORLD
-            tl.atomic_max(translate(abandon_ptr + rank, rank, peer, heap_bases), call, sem="release", scope="sys")
-    for i in tl.static_range(1, WORLD):
-        peer = (rank + i) % WORLD
-        said = tl.atomic_add(abandon_ptr + peer, 0, sem="acquire", scope="sys")
-        if said >= call:
-            record_give_up(status_ptr, call, _ABANDONED - peer, said, call, 0)
-
-
 @triton.jit(do_not_specialize=["count", "timeout_us", "rank"])
-def wait_all_kernel(flags_ptr, total_ptr, count, timeout_us, status_ptr, abandon_ptr, heap_bases, rank,
+def wait_all_kernel(flags_ptr, total_ptr, count, timeout_us, status_ptr, heap_bases, rank,
                     WORLD: tl.constexpr, SCOPE: tl.constexpr):
-    """`wait_all` and `end_round` as a launch of their own (one program): the wait of a
-    simulated world, whose ranks take turns in the interpreter."""
-    call = wait_all(flags_ptr, total_ptr, count, timeout_us, status_ptr, WORLD, SCOPE)
-    end_round(status_ptr, call, abandon_ptr, heap_bases, rank, WORLD)
+    """`wait_all` as a launch of its own (one program): the wait of a simulated world, whose
+    ranks take turns in the interpreter."""
+    wait_all(flags_ptr, total_ptr, count, timeout_us, status_ptr, heap_bases, rank, WORLD, SCOPE)
 
 
-@triton.jit
-def wait_kernel(flags_ptr, expected, timeout_us, status_ptr, WORLD: tl.constexpr, SCOPE: tl.constexpr):
+@triton.jit(do_not_specialize=["rank"])
+def wait_kernel(flags_ptr, expected, timeout_us, status_ptr, heap_bases, rank, WORLD: tl.constexpr,
+                SCOPE: tl.constexpr):
     """Wait until every slot of the local flag array reaches `expected` (the call's tag)."""
     for src in tl.static_range(WORLD):
-        wait(flags_ptr + src, expected, timeout_us, status_ptr, src, expected, SCOPE)
+        wait(flags_ptr + src, expected, timeout_us, status_ptr, src, expected, heap_bases, rank, WORLD, SCOPE)
 
 
 @triton.jit(do_not_specialize=["rank", "timeout_us"])
-def barrier_kernel(flags_ptr, total_ptr, abandon_ptr, heap_bases, status_ptr, call_ptr, rank, timeout_us,
+def barrier_kernel(flags_ptr, total_ptr, heap_bases, status_ptr, call_ptr, rank, timeout_us,
                    WORLD: tl.constexpr, SCOPE: tl.constexpr, LINKED: tl.constexpr):
     """A bounded barrier of every rank (one program): add 1 to slot `rank` of the flag array on
     every rank (self included, the next rank first), then wait until every slot reached the
@@ -183,9 +183,8 @@ def barrier_kernel(flags_ptr, total_ptr, abandon_ptr, heap_bases, status_ptr, ca
     else:
         call = expected
     for src in tl.static_range(WORLD):
-        wait(flags_ptr + src, expected, timeout_us, status_ptr, _BARRIER - src, call, SCOPE)
+        wait(flags_ptr + src, expected, timeout_us, status_ptr, _BARRIER - src, call, heap_bases, rank, WORLD, SCOPE)
     tl.store(total_ptr, expected)
-    end_round(status_ptr, call, abandon_ptr, heap_bases, rank, WORLD)
 
 
 # ---------------------------------------------------------------------------
@@ -198,12 +197,6 @@ class WaitTimeout(RuntimeError):
 def waited_s(words) -> float:
     """Seconds the first give-up of the latest failing call waited (status word ST_WAITED_US)."""
     return int(words[ST_WAITED_US]) / 1e6 if len(words) > ST_WAITED_US else float("nan")
-
-
-def abandoned_by(flag_id: int) -> int | None:
-    """The peer whose give-up a flag id reports (``end_round``), else None."""
-    peer = ABANDONED - int(flag_id)
-    return peer if 0 <= peer < 1 << 16 else None
 
 
 def missed_barrier(flag_id: int) -> int | None:
@@ -219,19 +212,30 @@ AFTER = ("The flags stay in step: once every rank has made this call, the next c
 
 
 def abandoned_text(rank: int, who: str, peer: int, call: int) -> str:
-    """The late rank's error: its peer gave up on this call before it arrived."""
-    return (f"rank {rank}: {who}: rank {peer} gave up on this call (call tag {call}) before this rank's part "
-            f"of it arrived: this rank was later than the wait bound, so the call's result is not valid "
-            f"here either. {AFTER}")
+    """The error of a rank whose peer gave up on a call (rule 4: the late rank's, above all)."""
+    return (f"rank {rank}: {who}: rank {peer} gave up on the call with tag {call} (it waited out the bound for "
+            f"a rank that had not arrived: this one, if it is the late one), so that call's result is not "
+            f"valid here either. {AFTER}")
 
 
-def describe(words, rank: int, what: str = "flag", names=None) -> str:
-    """The error text for status words (``names(flag_id)`` says whose flag a slot is)."""
+def failure(words, reported_call: int) -> tuple[int, int | None] | None:
+    """The newest failing call the status words show that ``reported_call`` does not cover:
+    (call tag, None) for a give-up of this rank's own, (call tag, peer) for a peer's; else None."""
+    own = int(words[ST_CALL]) if int(words[ST_COUNT]) else 0
+    peers = [int(v) for v in words[ST_ABANDON:]]
+    newest = max([own] + peers)
+    if newest <= reported_call:
+        return None
+    return (newest, None) if own == newest else (newest, peers.index(newest))
+
+
+def describe(words, rank: int, what: str = "flag", names=None, peer: int | None = None) -> str:
+    """The error text for status words (``names(flag_id)`` says whose flag a slot is); ``peer``:
+    the failure to describe is that peer's give-up (``failure``)."""
+    if peer is not None:
+        return abandoned_text(rank, what, peer, int(words[ST_ABANDON + peer]))
     count, flag_id, seen, expected = (int(v) for v in words[:4])
     call = int(words[ST_CALL])
-    peer = abandoned_by(flag_id)
-    if peer is not None:
-        return abandoned_text(rank, what, peer, call)
     late = missed_barrier(flag_id)
     whose = (f"rank {late} never reached the barrier" if late is not None
              else names(flag_id) if names else f"slot {flag_id}")
@@ -243,11 +247,12 @@ def describe(words, rank: int, what: str = "flag", names=None) -> str:
 
 
 def check_status(status, rank: int, what: str = "flag", names=None) -> None:
-    """Raise `WaitTimeout` if a wait recorded in ``status`` gave up (synchronizes: call it
-    after a batch of launches, not inside a timed loop)."""
-    words = status.detach().to("cpu").tolist()[:STATUS_WORDS]
-    if int(words[ST_COUNT]):
-        raise WaitTimeout(describe(words, rank, what, names))
+    """Raise `WaitTimeout` if ``status`` shows a failing call (synchronizes: call it after a
+    batch of launches, not inside a timed loop)."""
+    words = status.detach().to("cpu").tolist()
+    found = failure(words, 0)
+    if found:
+        raise WaitTimeout(describe(words, rank, what, names, found[1]))
 
 
 ARM_EVERY_S = 1e-3  # StatusWatch: at most one status copy per millisecond of host time
@@ -263,33 +268,31 @@ class StatusWatch:
     call) reports a failure that a copy landed since the last poll shows, and otherwise
     returns at once: an error surfaces within about a millisecond of calls after the device
     reached it. ``check()`` synchronizes and reads the words themselves: call it after a
-    batch. Each failure is reported once (the words count give-ups; a report covers the
-    count it saw), so the call after the one that raised runs normally. Under CUDA graph
-    capture nothing is armed (check a captured graph with ``check()`` after replays).
-    ``report(words)`` raises (default: ``WaitTimeout`` with ``describe``).
+    batch. Each failing call is reported once (by its tag: ``failure``), so the call after
+    the one that raised runs normally. Under CUDA graph capture nothing is armed (check a
+    captured graph with ``check()`` after replays). ``report(words, peer)`` raises (default:
+    ``WaitTimeout`` with ``describe``).
     """
 
     def __init__(self, status, rank: int, what: str, names=None, report=None):
         self.status = status
-        self._raise = report or (lambda words: _raise(words, rank, what, names))
+        self._raise = report or (lambda words, peer: _raise(words, rank, what, names, peer))
         self.cuda = status.device.type == "cuda"
         self._host = status.new_zeros(status.shape, device="cpu", pin_memory=self.cuda) if self.cuda else status
         self._event = None
         self._armed_at = float("-inf")
         self._unread = False   # a copy was queued that no poll has read yet
-        self._reported = 0     # give-ups already reported (status word ST_COUNT)
+        self._reported = 0     # the newest failing call (tag) already reported
 
     @classmethod
-    def of(cls, heap, family: str, names=None) -> "StatusWatch":
-        """The watch of ``family``'s calls on ``heap``, with status words of its own (one per
-        heap and family, kept in ``heap.cache(family)``, so ``heap.reset()`` starts a new one)."""
-        import torch
-
-        cache = heap.cache(family)
-        w = cache.get("status_watch")
+    def of(cls, heap, family: str, names=None, report=None) -> "StatusWatch":
+        """The watch of ``family``'s calls on ``heap``: its status words in the heap's flag area
+        (peers write their give-ups there), the watch kept as long as they are (``heap.keep``)."""
+        kept = heap.keep(family)
+        w = kept.get("status_watch")
         if w is None:
-            status = torch.zeros(STATUS_WORDS, dtype=torch.int32, device=heap.device)
-            w = cache["status_watch"] = cls(status, heap.rank, f"{family} flags", names)
+            status = heap.flags(f"{family}.status", status_words(heap.world_size))
+            w = kept["status_watch"] = cls(status, heap.rank, f"{family} flags", names, report)
         return w
 
     def arm(self) -> None:
@@ -331,10 +334,11 @@ class StatusWatch:
         self._report(self.status)
 
     def _report(self, words) -> None:
-        count = int(words[ST_COUNT])
-        if count > self._reported:
-            self._reported = count
-            self._raise(words.tolist() if hasattr(words, "tolist") else list(words))
+        words = words.tolist() if hasattr(words, "tolist") else list(words)
+        found = failure(words, self._reported)
+        if found:
+            self._reported = found[0]
+            self._raise(words, found[1])
 
     def reset(self) -> None:
         """Zero the status words (a collective resynchronization) and drop a queued copy."""
@@ -343,5 +347,5 @@ class StatusWatch:
 
 
 
-def _raise(words, rank, what, names):
-    raise WaitTimeout(describe(words, rank, what, names))
+def _raise(words, rank, what, names, peer):
+    raise WaitTimeout(describe(words, rank, what, names, peer))

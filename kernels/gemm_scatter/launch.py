@@ -170,6 +170,7 @@ def plan_for(a, b_local, heap, config=None, *, hints=True, out=None, scope="sys"
     plans = _plans(heap)
     plan = plans.get(key)
     if plan is None:
+        _watch(heap)   # its status words before the plan's flags: the heap's flag area in the same order on every rank
         plan = plans.put(key, _plan(a, b_local, heap, config, hints, out, scope))
     return plan
 
@@ -221,26 +222,26 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
         b_desc = p.descriptor("b", b_local, [cfg.block_k, cfg.block_n])
     else:
         a_desc = b_desc = None
-    status, abandon = watch.status, heap.flags("gemm_scatter.abandon", heap.world_size)
+    status = watch.status
     if p.bands is not None:
         launch_planned(heap, p.launches, "senders", _gemm_scatter_send_kernel, (p.grid,), a, b_local, a_desc, b_desc,
-                       p.out, heap.heap_bases, p.flags, status, p.total, abandon, p.bands, *p.args, heap.rank, wait_us,
+                       p.out, heap.heap_bases, p.flags, status, p.total, p.bands, *p.args, heap.rank, wait_us,
                        p.num_gemm, p.config.group_m, **p.meta)
     elif p.split:
         grid, pieces = p.split
         cfg = p.config
         ws, cnt = workspace(a.device, grid[0] * grid[1] * cfg.block_m * cfg.block_n, grid[0])
         launch_planned(heap, p.launches, "split", _gemm_scatter_split_kernel, grid, a, b_local, a_desc, b_desc,
-                       p.out, ws, cnt, heap.heap_bases, p.flags, status, p.total, abandon, *p.args, heap.rank, wait_us,
+                       p.out, ws, cnt, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, wait_us,
                        *pieces, **p.meta)
     else:
         launch_planned(heap, p.launches, "persistent", _gemm_scatter_kernel, (p.grid,), a, b_local, a_desc, b_desc,
-                       p.out, heap.heap_bases, p.flags, status, p.total, abandon, *p.args, heap.rank, wait_us, p.grid,
+                       p.out, heap.heap_bases, p.flags, status, p.total, *p.args, heap.rank, wait_us, p.grid,
                        p.config.group_m, **p.meta)
     if heap.simulated:  # ranks take turns in the interpreter: wait in a launch of its own
         heap.barrier()
-        heap.launch(wait_all_kernel, (1,), p.flags, p.total, p.grid, wait_us, status, abandon, heap.heap_bases,
-                    heap.rank, WORLD=heap.world_size, SCOPE=scope)
+        heap.launch(wait_all_kernel, (1,), p.flags, p.total, p.grid, wait_us, status, heap.heap_bases, heap.rank,
+                    WORLD=heap.world_size, SCOPE=scope)
     watch.arm()
     if check:
         watch.check()
@@ -328,7 +329,7 @@ def compile_kernel(hints: bool, *, target="sm90", dtype: torch.dtype = torch.flo
         raise ValueError(f"compile_kernel: tma_loads=True needs NVIDIA sm_90+ targets, got {target!r}")
     ty = triton_type(dtype)
     sig = {"a_ptr": f"*{ty}", "b_ptr": f"*{ty}", "c_ptr": f"*{ty}", "heap_bases": "*i64", "flags_ptr": "*i32",
-           "status_ptr": "*i32", "total_ptr": "*i32", "abandon_ptr": "*i32", "M": "i32", "N_LOCAL": "i32", "K": "i32",
+           "status_ptr": "*i32", "total_ptr": "*i32", "M": "i32", "N_LOCAL": "i32", "K": "i32",
            "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32", "stride_cm": "i32",
            "rank": "i32", "timeout_us": "i32", "num_sms": "i32", "group_m": "i32"}
     constexprs = {"WORLD": world_size, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
@@ -340,8 +341,8 @@ def compile_kernel(hints: bool, *, target="sm90", dtype: torch.dtype = torch.flo
         sig["b_desc"] = f"tensordesc<{ty}[{cfg.block_k}, {cfg.block_n}]>"
     else:
         constexprs.update(a_desc=None, b_desc=None)
-    divisible = ["a_ptr", "b_ptr", "c_ptr", "heap_bases", "flags_ptr", "status_ptr", "total_ptr", "abandon_ptr",
-                 "N_LOCAL", "K", "stride_am", "stride_bk", "stride_cm"]
+    divisible = ["a_ptr", "b_ptr", "c_ptr", "heap_bases", "flags_ptr", "status_ptr", "total_ptr", "N_LOCAL", "K",
+                 "stride_am", "stride_bk", "stride_cm"]
     kernel = _gemm_scatter_kernel
     if senders:
         kernel = _gemm_scatter_send_kernel

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from kernels.common import interpreter
 from kernels.comm.remote import signal
-from kernels.comm.waits import end_round, wait, wait_all
+from kernels.comm.waits import wait, wait_all
 from kernels.gemm.triton import _meet_split, _split_piece, _tile_coords, ptr_mainloop
 
 if interpreter.active():
@@ -58,7 +58,7 @@ def _peer_tile_ptrs(ptrs, rank, peer, heap_bases, HINTS: tl.constexpr, BLOCK_N: 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _gemm_scatter_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, heap_bases, flags_ptr, status_ptr, total_ptr,
-                         abandon_ptr, M, N_LOCAL, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                         M, N_LOCAL, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
                          rank, timeout_us, num_sms, group_m,
                          WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, TMA_LOADS: tl.constexpr, FROM_REGISTERS: tl.constexpr,
@@ -97,8 +97,7 @@ def _gemm_scatter_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, heap_bases, flags_
             _scatter(tile, dst, mask, rank, heap_bases, 1, WORLD, HINTS, BLOCK_N)
         else:
             _scatter(tile, dst, mask, rank, heap_bases, 0, WORLD, HINTS, BLOCK_N)
-    _finish(flags_ptr, total_ptr, status_ptr, abandon_ptr, heap_bases, rank, timeout_us, pid == 0, num_sms, WORLD,
-            WAIT, SCOPE)
+    _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, timeout_us, pid == 0, num_sms, WORLD, WAIT, SCOPE)
 
 
 @triton.jit
@@ -123,8 +122,8 @@ BAND_FLAG = tl.constexpr(1 << 20)  # status flag ids from here on name a row ban
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS + ["num_gemm"])
 def _gemm_scatter_send_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, heap_bases, flags_ptr, status_ptr, total_ptr,
-                              abandon_ptr, band_ptr, M, N_LOCAL, K, stride_am, stride_ak, stride_bk, stride_bn,
-                              stride_cm, rank, timeout_us, num_gemm, group_m,
+                              band_ptr, M, N_LOCAL, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                              rank, timeout_us, num_gemm, group_m,
                               WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                               BLOCK_K: tl.constexpr, TMA_LOADS: tl.constexpr, HINTS: tl.constexpr,
                               WAIT: tl.constexpr, SCOPE: tl.constexpr, SENDERS: tl.constexpr):
@@ -152,7 +151,8 @@ def _gemm_scatter_send_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, heap_bases, f
         for band in range(pid - num_gemm, num_bands, SENDERS):
             first = band * group_m
             band_tiles = tl.minimum(num_pid_m - first, group_m) * num_pid_n
-            if wait(band_ptr + band, band_tiles, timeout_us, status_ptr, BAND_FLAG + band, call, "gpu"):
+            if wait(band_ptr + band, band_tiles, timeout_us, status_ptr, BAND_FLAG + band, call, heap_bases, rank, WORLD,
+                    "gpu"):
                 for sub in range(0, band_tiles):
                     rows = (first + sub // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
                     cols = (sub % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -160,8 +160,8 @@ def _gemm_scatter_send_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, heap_bases, f
                     dst = c_ptr + rows[:, None].to(tl.int64) * stride_cm + (col0 + cols)[None, :]
                     _scatter(tl.load(dst, mask=mask), dst, mask, rank, heap_bases, 1, WORLD, HINTS, BLOCK_N)
                 tl.atomic_xchg(band_ptr + band, 0, sem="relaxed", scope="gpu")   # counted from 0 again next call
-    _finish(flags_ptr, total_ptr, status_ptr, abandon_ptr, heap_bases, rank, timeout_us, pid == 0, tl.num_programs(0),
-            WORLD, WAIT, SCOPE)
+    _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, timeout_us, pid == 0, tl.num_programs(0), WORLD,
+            WAIT, SCOPE)
 
 
 @triton.jit
@@ -176,26 +176,24 @@ def _scatter(tile, dst, mask, rank, heap_bases, FIRST: tl.constexpr, WORLD: tl.c
 
 
 @triton.jit
-def _finish(flags_ptr, total_ptr, status_ptr, abandon_ptr, heap_bases, rank, timeout_us, waiter, programs,
+def _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, timeout_us, waiter, programs,
             WORLD: tl.constexpr, WAIT: tl.constexpr, SCOPE: tl.constexpr):
     """Completion: this program's stores, a CTA barrier, then a release add of 1 to slot
     `rank` of every rank's flag array (kernels.comm.remote.signal). With WAIT one program
     per rank (``waiter``) waits, bounded, acquire, until every rank's ``programs``
-    programs have signalled: C is complete here when the kernel ends; then the end of the
-    round (``kernels.comm.waits.end_round``). The running total lives on the device, so
-    CUDA-graph replays stay right."""
+    programs have signalled: C is complete here when the kernel ends. The running total
+    lives on the device, so CUDA-graph replays stay right."""
     for i in tl.static_range(WORLD):
         signal(flags_ptr + rank, 1, rank, (rank + i) % WORLD, heap_bases, "add", SCOPE)
     if WAIT:
         if waiter:
-            call = wait_all(flags_ptr, total_ptr, programs, timeout_us, status_ptr, WORLD, SCOPE)
-            end_round(status_ptr, call, abandon_ptr, heap_bases, rank, WORLD)
+            wait_all(flags_ptr, total_ptr, programs, timeout_us, status_ptr, heap_bases, rank, WORLD, SCOPE)
 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS[:3] + ["split_k", "steps_per_split"])
 def _gemm_scatter_split_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, ws_ptr, cnt_ptr, heap_bases, flags_ptr,
-                               status_ptr, total_ptr, abandon_ptr, M, N_LOCAL, K, stride_am, stride_ak, stride_bk,
-                               stride_bn, stride_cm, rank, timeout_us, split_k, steps_per_split,
+                               status_ptr, total_ptr, M, N_LOCAL, K, stride_am, stride_ak, stride_bk, stride_bn,
+                               stride_cm, rank, timeout_us, split_k, steps_per_split,
                                WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr, TMA_LOADS: tl.constexpr, SWAP_AB: tl.constexpr,
                                HINTS: tl.constexpr, WAIT: tl.constexpr, SCOPE: tl.constexpr,
@@ -213,5 +211,5 @@ def _gemm_scatter_split_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, ws_ptr, cnt_
         mask = (rows[:, None] < M) & (cols[None, :] < N_LOCAL)
         dst = c_ptr + rows[:, None].to(tl.int64) * stride_cm + (rank * N_LOCAL + cols)[None, :]
         _scatter(acc.to(c_ptr.dtype.element_ty), dst, mask, rank, heap_bases, 0, WORLD, HINTS, BLOCK_N)
-    _finish(flags_ptr, total_ptr, status_ptr, abandon_ptr, heap_bases, rank, timeout_us, (pid == 0) & (pid_k == 0),
+    _finish(flags_ptr, total_ptr, status_ptr, heap_bases, rank, timeout_us, (pid == 0) & (pid_k == 0),
             tl.num_programs(0) * tl.num_programs(1), WORLD, WAIT, SCOPE)
