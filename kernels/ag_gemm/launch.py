@@ -446,7 +446,8 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_di
         raise ValueError(f"all_gather_matmul: out must be a {plan.out_shape} {a_shard.dtype} tensor on "
                          f"{a_shard.device} with unit column stride, got {tuple(out.shape)} {out.dtype}")
     if plan.cfg.variant in FALLBACKS:
-        c = (_sequential if plan.cfg.variant == "sequential" else _nccl)(a_shard, b, heap, plan, bias, out)
+        unfused = _sequential if plan.cfg.variant == "sequential" else _nccl
+        c = unfused(a_shard, b, heap, plan, bias, out, wait_us / 1e6)
         return (c, None) if trace else c
     c = out if out is not None else torch.empty(plan.out_shape, dtype=a_shard.dtype, device=a_shard.device)
     if trace:
@@ -486,20 +487,20 @@ def _fused(heap, plan, c, args):
         heap.barrier()
 
 
-def _gather_ours(a, heap, plan):
+def _gather_ours(a, heap, plan, timeout_s):
     """A, gathered by our all-gather (in the heap: call ``_read_gathered(heap)`` once it has been read)."""
     from kernels.ag_gemm.baselines import gathered_a
     from kernels.comm import all_gather
 
-    gathered = all_gather(a, heap, variant="triton" if heap.simulated else "auto", check=False)
+    gathered = all_gather(a, heap, variant="triton" if heap.simulated else "auto", check=False, timeout_s=timeout_s)
     return gathered_a(gathered, heap.world_size, plan.gather_dim)  # gather_dim 1: rank-major rows -> column blocks
 
 
-def _sequential(a, b, heap, plan, bias, out=None):
+def _sequential(a, b, heap, plan, bias, out, timeout_s):
     """Our all-gather, then our GEMM (and the bias as a separate add)."""
     from kernels.gemm import matmul
 
-    A = _gather_ours(a, heap, plan)
+    A = _gather_ours(a, heap, plan, timeout_s)
     if heap.simulated:
         with heap.world._lock:  # the interpreter runs one rank's kernels at a time
             c = matmul(A, b, out=out)
@@ -507,17 +508,17 @@ def _sequential(a, b, heap, plan, bias, out=None):
         c = matmul(A, b, out=out)
     if bias is not None:
         c += bias.to(c.dtype)
-    _read_gathered(heap)
+    _read_gathered(heap, timeout_s)
     return c
 
 
-def _read_gathered(heap):
+def _read_gathered(heap, timeout_s):
     """Peers may refill the gathered A (our heap buffer) only after we read it: a bounded barrier
     that ends the all-gather's call (one bound for both: ``kernels.comm.barrier``)."""
     from kernels.comm.barrier import barrier
     from kernels.comm.launch import within_last_call
 
-    barrier(heap, within=within_last_call(heap))
+    barrier(heap, timeout_s=timeout_s, within=within_last_call(heap))
 
 
 def _torch_fused(heap, gather_dim):
@@ -537,12 +538,12 @@ def _torch_fused(heap, gather_dim):
     return call
 
 
-def _nccl(a, b, heap, plan, bias, out=None):
+def _nccl(a, b, heap, plan, bias, out, timeout_s):
     """NCCL's all-gather, then cuBLAS, or PyTorch's fused op (the libraries, for the problems
     where they are fastest)."""
     if not heap.simulated:
         return plan.nccl(a, b, bias, out)
-    A = _gather_ours(a, heap, plan)  # no process group in a simulated world: ours stands in for NCCL's
+    A = _gather_ours(a, heap, plan, timeout_s)  # no process group in a simulated world: ours stands in for NCCL's
     c = torch.matmul(A, b, out=out) if bias is None else torch.addmm(bias.to(A.dtype), A, b, out=out)
-    _read_gathered(heap)
+    _read_gathered(heap, timeout_s)
     return c

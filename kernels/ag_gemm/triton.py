@@ -274,9 +274,9 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
         # GEMM programs (and, with JOIN, the fetchers too once their copies are done)
         _compute(a_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, status_ptr, trace_ptr, tick_ptr, state_ptr + 5,
                  S_M, S_K, N, stride_bk, stride_bn, stride_cm, heap_bases, rank, timeout_us, epoch, MT, KT, KG,
-                 pid - FETCHERS, tl.num_programs(0) - FETCHERS, n_ev, sm, WORLD, GATHER_K, M_CONTIG, BLOCK_M, BLOCK_N, BLOCK_K,
-                 GROUP_M, K_PER_FLAG, HAS_BIAS, EVEN_K, ALIGNED_M, ALIGNED_N, STAGED_FLAG, TRACE, CLOCK, MAX_EVENTS,
-                 TMA, PROXY_FENCE, CLAIM, JOIN, WAIT_GROWTH, CHUNK_TILES)
+                 pid - FETCHERS, tl.num_programs(0) - FETCHERS, n_ev, sm, WORLD, GATHER_K, M_CONTIG, BLOCK_M,
+                 BLOCK_N, BLOCK_K, GROUP_M, K_PER_FLAG, HAS_BIAS, EVEN_K, ALIGNED_M, ALIGNED_N, STAGED_FLAG, TRACE,
+                 CLOCK, MAX_EVENTS, TMA, PROXY_FENCE, CLAIM, JOIN, WAIT_GROWTH, CHUNK_TILES)
         # the last program of the call: next epoch, and tell peers we are done with their shards
         tl.debug_barrier()
         arrived = tl.atomic_add(state_ptr + 2, 1, sem="acq_rel", scope="gpu")

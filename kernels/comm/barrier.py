@@ -20,7 +20,7 @@ from kernels.comm.clock import timeout_us as _timeout_us
 from kernels.comm.waits import StatusWatch, barrier_kernel
 from kernels.common.launcher import launch_planned
 
-__all__ = ["barrier", "check_barrier", "poll_barrier", "Within"]
+__all__ = ["barrier", "check_barrier", "poll_barrier", "within_last_barrier", "Within"]
 
 
 class Within:
@@ -61,6 +61,13 @@ def barrier(heap, *, timeout_s: float | None = None, within: Within | None = Non
                    own["total"], heap.heap_bases, watch.status, tag, heap.rank, wait_us,
                    WORLD=heap.world_size, SCOPE=scope, LINKED=within is not None, num_warps=4)
     watch.arm()
+
+
+def within_last_barrier(heap) -> Within:
+    """The barrier call just queued, for a barrier that ends the same call (its waits then give
+    up at once where the first one gave up)."""
+    own = _own(heap)
+    return Within(own["watch"], own["total"])
 
 
 def poll_barrier(heap) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.comm.barrier import Within, barrier, check_barrier, poll_barrier
+from kernels.comm.barrier import Within, barrier, check_barrier, poll_barrier, within_last_barrier
 from kernels.comm.baselines import nccl_all_gather
 from kernels.comm.clock import timeout_us as _timeout_us
 from kernels.comm.config import VARIANTS, _validate, auto_choice, pick_config
@@ -109,10 +109,14 @@ def _watch(heap) -> StatusWatch:
 
 def within_last_call(heap) -> Within | None:
     """The all-gather call just queued, for a barrier that ends it (``kernels.comm.barrier``):
-    its tag is the running total its kernel's wait left. None where no kernel of ours ran it
-    (NCCL, copy engines): the barrier is then a call of its own."""
-    if heap.simulated or heap.cache("all_gather").get("last variant") not in ("triton", "gluon"):
+    its tag is the running total its kernel's wait left, or, for the copy engines, the tag of
+    the barrier it ended with. None after NCCL's (whose wait is NCCL's): the barrier is then a
+    call of its own."""
+    last = heap.cache("all_gather").get("last variant")
+    if heap.simulated or last not in ("triton", "gluon", "copy_engine"):
         return None
+    if last == "copy_engine":
+        return within_last_barrier(heap)
     return Within(_watch(heap), heap.flags("all_gather.total", 1))
 
 

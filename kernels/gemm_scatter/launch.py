@@ -215,7 +215,7 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
     watch.poll()  # an earlier call's timeout, if the device has reported one by now
     p = plan_for(a, b_local, heap, config, hints=hints, out=out, scope=scope)
     if p.libs is not None:
-        return _unfused(a, b_local, heap, p)
+        return _unfused(a, b_local, heap, p, wait_us / 1e6)
     if p.meta["TMA_LOADS"]:
         cfg = p.config
         a_desc = p.descriptor("a", a, [cfg.block_m, cfg.block_k])
@@ -248,7 +248,7 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
     return p.out
 
 
-def _unfused(a, b_local, heap, p):
+def _unfused(a, b_local, heap, p, timeout_s):
     """Variants "nccl" (cuBLAS, NCCL's all-gather) and "sequential" (our GEMM, our all-gather),
     each followed by the permute that puts the column blocks in place, into the plan's C. In a
     simulated world (no process group) our all-gather stands in for NCCL's."""
@@ -271,7 +271,7 @@ def _unfused(a, b_local, heap, p):
 
         tdist.all_gather_into_tensor(gathered, c_local, group=heap.group)
     else:
-        gathered = all_gather(c_local, heap, variant="triton" if heap.simulated else "auto")
+        gathered = all_gather(c_local, heap, variant="triton" if heap.simulated else "auto", timeout_s=timeout_s)
     column_blocks(gathered, heap.world_size, p.out)
     if gathered is not p.libs[1]:
         # our all-gather's buffer (in the heap): peers refill it only after we have read it (a bounded
@@ -279,7 +279,7 @@ def _unfused(a, b_local, heap, p):
         from kernels.comm.barrier import barrier
         from kernels.comm.launch import within_last_call
 
-        barrier(heap, within=within_last_call(heap))
+        barrier(heap, timeout_s=timeout_s, within=within_last_call(heap))
     return p.out
 
 

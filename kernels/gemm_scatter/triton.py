@@ -151,8 +151,8 @@ def _gemm_scatter_send_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, heap_bases, f
         for band in range(pid - num_gemm, num_bands, SENDERS):
             first = band * group_m
             band_tiles = tl.minimum(num_pid_m - first, group_m) * num_pid_n
-            if wait(band_ptr + band, band_tiles, timeout_us, status_ptr, BAND_FLAG + band, call, heap_bases, rank, WORLD,
-                    "gpu"):
+            if wait(band_ptr + band, band_tiles, timeout_us, status_ptr, BAND_FLAG + band, call, heap_bases, rank,
+                    WORLD, "gpu"):
                 for sub in range(0, band_tiles):
                     rows = (first + sub // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
                     cols = (sub % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
