@@ -1271,6 +1271,44 @@ def test_quick_run_measures_committed_token_counts():
     assert run.measured_ms(True) == (4, 32) and run.measured_ms(False) == run.M_LIST
     committed = set(pd.read_csv(root / "results" / "moe_mxfp4" / "rows.csv").M)
     assert set(run.measured_ms(True)) <= committed and set(run.M_LIST) == committed
+    # issue 42's models: gpt-oss at M 1-256 and gpt-oss-120b's long context, both prepacked (the rule)
+    for name in ("gpt-oss-120b", "gpt-oss-20b"):
+        ms, model = run.measured_ms(False, name), run.MODELS[name]
+        assert min(ms) == 1 and 256 in ms and set(run.measured_ms(True, name)) <= set(ms)
+        assert (model.E, model.H, model.I, model.TOP_K) == ((128 if name.endswith("120b") else 32), 2880, 2880, 4)
+        run.use_model(name)
+        assert run.prepackable() and {"default", "prepacked default", "prepacked L3"} <= set(run.variants(1))
+    assert 8192 in run.measured_ms(False, "gpt-oss-120b") and 16384 in run.measured_ms(False, "kimi-k2.5")
+    run.use_model("kimi-k2.5")
+
+
+def test_study_tables_from_synthetic_rows():
+    """run_moe_mxfp4.py's per-model summary and models.csv table: the prepacked default against the HBM
+    bound and the peers, the user's loop eager over graph and its host time (synthetic timings)."""
+    import importlib.util
+    from pathlib import Path
+
+    import pandas as pd
+
+    script = Path(__file__).resolve().parents[1] / "experiments" / "run_moe_mxfp4.py"
+    spec = importlib.util.spec_from_file_location("run_moe_mxfp4", script)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    times = {"default": 100.0, "prepacked default": 40.0, "prepacked L3": 32.0, "bf16 grouped_mm": 120.0,
+             "dequant+grouped_mm": 800.0, "dequant+grouped_gemm": 900.0}
+    rows = [dict(model="gpt-oss-20b", M=16, name=n, method=m, median_us=t * (1.1 if m == "eager" else 1.0),
+                 hbm_bound_us=30.0, active_experts=20, host_us=float("nan"), kind="ours")
+            for n, t in times.items() for m in ("graph", "eager")]
+    rows += [dict(model="gpt-oss-20b", M=16, name="user loop", method=m, median_us=t, hbm_bound_us=30.0,
+                  active_experts=20, host_us=h, kind="loop") for m, t, h in (("eager", 52.0, 31.0), ("graph", 40.0, None))]
+    df = pd.DataFrame(rows)
+    table = run.models_table({"gpt-oss-20b": df}).set_index("method")
+    g = table.loc["graph"]
+    assert g.frac_hbm_bound == pytest.approx(30 / 40) and g.frac_hbm_bound_l3 == pytest.approx(30 / 32)
+    assert g.vs_bf16_grouped_mm == pytest.approx(120 / 32) and g.vs_dequant_grouped_mm == pytest.approx(800 / 32)
+    assert g.user_loop_eager_over_graph == pytest.approx(52 / 40) and g.user_loop_host_us == pytest.approx(31.0)
+    text = run.summary(df)
+    assert "prepacked/bound" in text and "L3/bound" in text and "user loop eager/graph" in text
 
 
 def test_variants_script_scores_the_prepacked_defaults(tmp_path):

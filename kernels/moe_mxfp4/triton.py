@@ -88,7 +88,7 @@ issues the loads of the next 1-3 K steps before the current step's expansion: at
 all 16 KB of a BN64 program are requested before its first HGMMA (118 registers and 4 programs
 per SM at LOAD_AHEAD=1, 151 and 3 at 3: 32-48 KB per SM requested at once), same instructions.
 
-Prepacked weights (``PREPACK``, config; ``quant.prepack_mxfp4`` stores them, same shapes): each
+Prepacked weights (``PREPACK``, config; ``quant.prepack_mxfp4`` stores them, rows and K padded to whole tiles): each
 64-row x 128-K tile of packed bytes is stored thread-major in the order of wgmma's register
 operand (warp = rows 16w.., lane = 3 row bits + 2 byte-column bits, 32 bytes per thread), so a
 thread's two LDG.E.128 land in the registers the expansion and HGMMA use: the reshapes and
@@ -115,6 +115,12 @@ asm takes a scale word for each (``_E2M1_ROT_MUL_HI_PTX``). Cross-compiled (BM16
 BK128, one multiply): 3.31 -> 3.06 SASS instructions per weight, PRMT 88 -> 28, same registers;
 at BM128 x BN128 5.16 -> 4.16 and no spill stores. Each step adds its products in another order
 than levels 0-2, so its bits differ from theirs within a rounding step.
+
+K tail (issue 42). Where BLOCK_K does not divide I (gpt-oss: I = 2880, 22.5 tiles of 128), the
+last K step of each program loads the activations, and plain weights and scales, masked past I
+(code 0, scale byte 127: exact zeros); prepacked weights are stored padded to 128 (prepack_mxfp4),
+so their loads stay unmasked. Every other step keeps its unmasked loads, and a kernel without a
+tail compiles to the same SASS as before the tail existed.
 
 The K steps are unrolled (I is a constexpr; 4 steps at I = 512), loads stay
 plain 128-bit LDGs into registers (Triton's cp.async pipeliner, num_stages > 1,
