@@ -241,13 +241,13 @@ def test_shapes_outside_the_rule_are_refused():
 # ---------------------------------------------------------------------------------------------
 def bounds_problem(M, E, H, I, top_k, *, device, seed=0, subnormal_codes=True):
     """Weights built from codes and scale bytes (not quantized), I = 96 or more, by K block:
-    block 0 scale byte 0 (2**-127: values down to 2**-128, bf16 subnormals), its activation columns
-    times 2**120; block 1 scale byte 254 (2**127) with magnitudes up to 1.5 (finite in bf16), its
-    columns times 2**-124; the other blocks scale byte 127, and every (expert, row) with h % 5 == 0
-    all-zero codes in block 2 (some with the sign bit: -0). The last expert gets no token; token 0
-    goes to expert 1 twice. subnormal_codes=False leaves the scale-0 block without the codes whose
-    value is a bf16 subnormal there (0.5, 1, 1.5: the interpreter's fp32 -> bf16 cast flushes them;
-    the GPU's does not)."""
+    block 0 scale byte 0 (2**-127: values down to 2**-128, bf16 subnormals); block 1 scale byte
+    254 (2**127) with magnitudes up to 1.5 (finite in bf16); their activation columns scaled so the
+    products matter (_scale_bound_columns); the other blocks scale byte 127, and every (expert, row)
+    with h % 5 == 0 all-zero codes in block 2 (some with the sign bit: -0). The last expert gets no
+    token; token 0 goes to expert 1 twice. subnormal_codes=False leaves the scale-0 block without
+    the codes whose value is a bf16 subnormal there (0.5, 1, 1.5: the interpreter's fp32 -> bf16
+    cast flushes them; the GPU's does not)."""
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 16, (E, H, I), generator=g)
     if not subnormal_codes:
@@ -259,14 +259,23 @@ def bounds_problem(M, E, H, I, top_k, *, device, seed=0, subnormal_codes=True):
     packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
     scales = torch.full((E, H, I // 32), 127, dtype=torch.uint8)
     scales[:, :, 0], scales[:, :, 1] = 0, 254
-    a = torch.randn(M * top_k, I, generator=g)
-    a[:, :32] *= 2.0 ** 120
-    a[:, 32:64] *= 2.0 ** -124
+    a = _scale_bound_columns(torch.randn(M * top_k, I, generator=g), torch.ones(M * top_k, dtype=torch.bool))
     ids = torch.stack([torch.randperm(E - 1, generator=g)[:top_k] for _ in range(M)])
     ids[0] = torch.tensor([1, 1, 2, 3][:top_k])
     wts = torch.rand(M, top_k, generator=g) + 0.1
     return dict(a=a.bfloat16().to(device), a_scale=None, w=packed.to(device), ws=scales.to(device),
                 ids=ids.int().to(device), wts=wts.to(device))
+
+
+def _scale_bound_columns(a: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The activation columns that meet the bound blocks, in the given rows: block 0's (scale byte 0)
+    times 2**120, block 1's (scale byte 254) at least 0.5 in magnitude, times 2**-124 (bf16 normals:
+    the weights' subnormals are what is tested, not the activations')."""
+    a = a.clone()
+    a[rows, :32] *= 2.0 ** 120
+    b1 = a[rows, 32:64]
+    a[rows, 32:64] = b1.abs().clamp(min=0.5).copysign(b1) * 2.0 ** -124
+    return a
 
 
 def _bounds_problem_is_what_it_says(p, E):
@@ -331,8 +340,8 @@ def test_gpu_three_configs_against_the_independent_decode(name, M):
     """Each configuration at two M, tokens routed at random to distinct experts, except token 0
     (expert 1 twice and expert 0) and the last expert, which gets none. Two weight sets: quantized
     (every scale byte <= 128: the one-multiply expansion) and with the bounds in experts 0-7 (whose
-    pairs' activation columns of blocks 0 and 1 are scaled by 2**120 and 2**-124, as in
-    bounds_problem). The default path (prepared weights, no config; level 2, and 3 for the bounds),
+    pairs' activation columns of blocks 0 and 1 are scaled as in bounds_problem). Scale byte 0
+    with codes 0.5-1.5 makes bf16 subnormal weights: this checks that wgmma keeps them. The default path (prepared weights, no config; level 2, and 3 for the bounds),
     and the plain layout's default, on NaN-poisoned outputs, within the bound of the independent
     decode (float64); level 2's deterministic mode bit-identical to the plain layout's kernel with
     the same tile."""
@@ -345,12 +354,7 @@ def test_gpu_three_configs_against_the_independent_decode(name, M):
     wts = torch.softmax(torch.randn(M, top_k, device="cuda", generator=g), -1)
     a0 = torch.randn(M * top_k, I, device="cuda", generator=g)
     for kind, (w, ws, prepared) in _gpu_layer(name).items():
-        a = a0.clone()
-        if kind == "bounds":
-            bound_rows = ids.reshape(-1) < 8
-            a[bound_rows, :32] *= 2.0 ** 120
-            a[bound_rows, 32:64] *= 2.0 ** -124
-        a = a.bfloat16()
+        a = (_scale_bound_columns(a0, ids.reshape(-1) < 8) if kind == "bounds" else a0).bfloat16()
         total, mag = reference(a, None, w, ws, ids, wts)
         bound = (top_k + 1) * 2.0 ** -8 * mag + 1e-6
 
