@@ -93,15 +93,15 @@ def _validate(topk_ids, topk_weights, num_experts, block_m):
 @dataclass
 class _RoutingPlan:
     """What one call signature of ``prepare_routing`` needs: sizes, the output buffer's layout
-    (int32 elements: sorted ids, weights, expert ids, counts, the row count; each piece starts
-    16-byte aligned) and the planned launch (None: the torch path)."""
+    (int32 elements, split into sorted ids, weights, expert ids, a pad, counts, a pad, the row
+    count, a pad: each output starts 16-byte aligned) and the planned launch (None: the torch path)."""
     n: int
     top_k: int
     E: int
     BM: int
     rows: int
     blocks: int
-    offsets: tuple[int, int, int, int, int, int]
+    sizes: list[int]
     device: torch.device
     launch: PlannedLaunch | None
 
@@ -118,10 +118,7 @@ def _make_plan(topk_ids, num_experts: int, block_m: int) -> _RoutingPlan:
     n, E, BM = M * top_k, num_experts, block_m
     rows = max_rows(n, E, BM)
     blocks = rows // BM
-    o = [0, rows, 2 * rows]
-    o.append(o[2] + _quad(blocks))
-    o.append(o[3] + _quad(E))
-    o.append(o[4] + 4)
+    sizes = [rows, rows, blocks, _quad(blocks) - blocks, E, _quad(E) - E, 1, 3]
     launch = None
     dev = topk_ids.device
     if dev.type == "cuda" or interpreter.active():
@@ -133,7 +130,7 @@ def _make_plan(topk_ids, num_experts: int, block_m: int) -> _RoutingPlan:
             else 132
         grid, cx = routing_constexprs(n, E, top_k, BM, sms=sms)
         launch = PlannedLaunch.of(_prepare_routing_kernel, grid, cx)
-    return _RoutingPlan(n, top_k, E, BM, rows, blocks, tuple(o), dev, launch)
+    return _RoutingPlan(n, top_k, E, BM, rows, blocks, sizes, dev, launch)
 
 
 def prepare_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, block_m: int, *,
@@ -155,11 +152,10 @@ def prepare_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_expe
         _check_ids(topk_ids, num_experts)
     if plan.launch is None:
         return torch_routing(topk_ids, topk_weights, num_experts, block_m)
-    o = plan.offsets
-    buf = torch.empty(o[5], dtype=torch.int32, device=plan.device)
-    sorted_ids, expert_ids, counts, num_rows = buf[:o[1]], buf[o[2]:o[2] + plan.blocks], buf[o[3]:o[3] + plan.E], \
-        buf[o[4]:o[4] + 1]
-    sorted_weights = buf[o[1]:o[2]].view(torch.float32)
+    # one allocation, its views in one call (each slice of a tensor costs about as much host time)
+    sorted_ids, weights_i32, expert_ids, _, counts, _, num_rows, _ = torch.empty(
+        sum(plan.sizes), dtype=torch.int32, device=plan.device).split_with_sizes(plan.sizes)
+    sorted_weights = weights_i32.view(torch.float32)
     plan.launch(topk_ids, topk_weights, sorted_ids, sorted_weights, expert_ids, num_rows, counts,
                 plan.n, plan.E, plan.rows, plan.blocks, topk_ids.stride(0), topk_ids.stride(1),
                 topk_weights.stride(0), topk_weights.stride(1))
