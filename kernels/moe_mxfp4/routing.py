@@ -45,6 +45,8 @@ from kernels.common import interpreter
 from kernels.common.launcher import PlannedLaunch
 from kernels.common.plans import PlanCache, sm_count, tensor_signature
 
+from . import triton_routing
+
 __all__ = ["Routing", "max_rows", "prepare_routing", "reference_routing", "routing_plan_info", "torch_routing"]
 
 
@@ -102,6 +104,7 @@ class _RoutingPlan:
     rows: int
     blocks: int
     sizes: list[int]
+    total: int
     device: torch.device
     launch: PlannedLaunch | None
 
@@ -122,15 +125,13 @@ def _make_plan(topk_ids, num_experts: int, block_m: int) -> _RoutingPlan:
     launch = None
     dev = topk_ids.device
     if dev.type == "cuda" or interpreter.active():
-        from .triton_routing import _prepare_routing_kernel, routing_constexprs
-
         if interpreter.active():
             interpreter.patch()
         sms = sm_count(dev.index if dev.index is not None else torch.cuda.current_device()) if dev.type == "cuda" \
             else 132
-        grid, cx = routing_constexprs(n, E, top_k, BM, sms=sms)
-        launch = PlannedLaunch.of(_prepare_routing_kernel, grid, cx)
-    return _RoutingPlan(n, top_k, E, BM, rows, blocks, sizes, dev, launch)
+        grid, cx = triton_routing.routing_constexprs(n, E, top_k, BM, sms=sms)
+        launch = PlannedLaunch.of(triton_routing._prepare_routing_kernel, grid, cx)
+    return _RoutingPlan(n, top_k, E, BM, rows, blocks, sizes, sum(sizes), dev, launch)
 
 
 def prepare_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, block_m: int, *,
@@ -154,7 +155,7 @@ def prepare_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_expe
         return torch_routing(topk_ids, topk_weights, num_experts, block_m)
     # one allocation, its views in one call (each slice of a tensor costs about as much host time)
     sorted_ids, weights_i32, expert_ids, _, counts, _, num_rows, _ = torch.empty(
-        sum(plan.sizes), dtype=torch.int32, device=plan.device).split_with_sizes(plan.sizes)
+        plan.total, dtype=torch.int32, device=plan.device).split_with_sizes(plan.sizes)
     sorted_weights = weights_i32.view(torch.float32)
     plan.launch(topk_ids, topk_weights, sorted_ids, sorted_weights, expert_ids, num_rows, counts,
                 plan.n, plan.E, plan.rows, plan.blocks, topk_ids.stride(0), topk_ids.stride(1),
