@@ -1,6 +1,6 @@
 """Host time per call of every public launcher, beside the library it is compared with.
 
-    python experiments/launch_cost.py --out results/launch_cost            # one GPU
+    python experiments/launch_cost.py --out results/launch_cost            # one GPU (MXFP4 MoE routing included)
     python experiments/launch_cost.py --out results/launch_cost --paths 12 # every GEMM config path, held-out shapes
     torchrun --nproc-per-node 2 experiments/launch_cost.py --out results/launch_cost/comm_w2 --comm [--breakdown]
         # every variant of the multi-rank launchers beside the library calls (experiments/launch_cost_comm.py)
@@ -67,6 +67,9 @@ GEMM_SHAPES = [(4096, 4096, 4096), (512, 4096, 7168), (16, 4096, 4096), (128, 81
                (4000, 3000, 2000), (3072, 3072, 3072), (1, 4096, 4096), (2048, 7168, 2048)]
 # MoE layers: (experts, tokens, N, K) for fwd; wgrad uses the same.
 GROUPED = [(8, 4096, 2880, 2880), (32, 8192, 4096, 7168), (8, 512, 5760, 2880)]
+# MXFP4 MoE down-projection layers (name, experts, H, I, top-k) and token counts: a user's loop with
+# the routing prepared in the call (one launch) against the routing by torch ops (before issue 42)
+MOE_MXFP4 = [("gpt-oss-120b", 128, 2880, 2880, 4, (1, 16, 64, 256)), ("kimi-k2.5", 385, 7168, 512, 9, (4, 16, 64, 256))]
 # Shapes the matmul plan sends to the Gluon kernel on an H200 (results/launch_cost/descriptors).
 GLUON_SHAPES = [(4096, 4096, 4096), (3072, 3072, 3072), (2048, 7168, 2048), (4096, 14336, 4096),
                 (8192, 28672, 8192)]
@@ -127,6 +130,7 @@ def single_gpu(rows, bench) -> None:
         _pair(f"matmul {M}x{N}x{K}", lambda: gemm.matmul(A, B), lambda: torch.mm(A, B), "torch.mm", bench, rows,
               2 * M * N * K)
     _grouped(rows, bench)
+    _moe_mxfp4(rows, bench)
 
 
 def config_paths(rows, bench, n_shapes: int, calls: int = CALLS) -> None:
@@ -201,6 +205,41 @@ def _grouped(rows, bench) -> None:
               lambda: mb.grouped_mm("fwd", x, w, sizes, offs=offs), "torch._grouped_mm", bench, rows, 2 * T * N * K)
         _pair(f"grouped_gemm_wgrad G{G} T{T} {N}x{K}", lambda: moe.grouped_gemm_wgrad(x, dy, sizes),
               lambda: mb.grouped_mm("wgrad", x, dy, sizes, offs=offs), "torch._grouped_mm", bench, rows, 2 * T * N * K)
+
+
+def _moe_mxfp4(rows, bench) -> None:
+    """MXFP4 down-projection (prepared weights, level 2): host time of ``prepare_routing`` and of the
+    torch ops it replaced, then a user's loop, ``moe_mxfp4_down(a, weights, (topk_ids, topk_weights))``
+    (the routing prepared in the call) against the same call on a routing by torch ops."""
+    import torch
+
+    from kernels.moe_mxfp4 import block_m_for, moe_mxfp4_down, prepare_routing, prepare_weights, quantize_mxfp4
+    from kernels.moe_mxfp4.routing import torch_routing
+
+    for name, E, H, I, top_k, ms in MOE_MXFP4:
+        g = torch.Generator(device="cuda").manual_seed(E)
+        w = torch.empty(E, H, I // 2, dtype=torch.uint8, device="cuda")
+        ws = torch.empty(E, H, I // 32, dtype=torch.uint8, device="cuda")
+        for e0 in range(0, E, 16):
+            w[e0:e0 + 16], ws[e0:e0 + 16] = quantize_mxfp4(
+                torch.randn(min(16, E - e0), H, I, device="cuda", generator=g) * 0.02)
+        weights = prepare_weights(w, ws, 2)
+        for M in ms:
+            ids = torch.rand(M, E, device="cuda", generator=g).topk(top_k, dim=1).indices.int()
+            wts = torch.softmax(torch.randn(M, top_k, device="cuda", generator=g), -1)
+            a = torch.randn(M * top_k, I, device="cuda", generator=g).bfloat16()
+            bm = block_m_for(M, top_k, E)
+            ref = moe_mxfp4_down(a, weights, torch_routing(ids, wts, E, bm)).float()
+            err = float((moe_mxfp4_down(a, weights, (ids, wts)).float() - ref).norm() / ref.norm())
+            assert err < 1e-2, f"moe_mxfp4_down {name} M={M}: rel err {err} against the torch routing's"
+            for impl, fn in (("ours", lambda: prepare_routing(ids, wts, E, bm)),
+                             ("torch ops", lambda: torch_routing(ids, wts, E, bm))):
+                rows.append(_row(f"moe_mxfp4 {name} M{M}: routing preparation", impl,
+                                 bench.host_time_us(fn, calls=CALLS)))
+            _pair(f"moe_mxfp4 {name} M{M}: user loop", lambda: moe_mxfp4_down(a, weights, (ids, wts)),
+                  lambda: moe_mxfp4_down(a, weights, torch_routing(ids, wts, E, bm)), "torch routing", bench, rows)
+        del w, ws, weights
+        torch.cuda.empty_cache()
 
 
 def breakdown(rows, bench) -> None:

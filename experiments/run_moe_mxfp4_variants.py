@@ -76,7 +76,7 @@ FIT_M = (4, 16, 64, 256)
 HELD_OUT_M = (8, 32, 128)
 # (lowest M, highest M, fitting point) of each range the new default is picked for
 RANGES = ((1, 11, 4), (12, 47, 16), (48, 191, 64), (192, 4095, 256))
-# --small (Triton's interpreter): H and I that the prepacked layout allows (H % 64, I % 128)
+# --small (Triton's interpreter): H and I of whole prepacked tiles (H % 64, I % 128: no padding)
 SMALL = dict(base.SMALL, H=128, I=128)
 SMALL_M = (4, 8, 100)
 BASELINES = ("dequant+grouped_gemm", "bf16 grouped_gemm")
@@ -92,7 +92,11 @@ SHAPES = {"kimi-k2.5": dict(E=385, H=7168, I=512, TOP_K=9),
           "dbrx": dict(E=16, H=6144, I=10752, TOP_K=4),
           "phi3.5-moe": dict(E=16, H=4096, I=6400, TOP_K=2),
           "qwen2-57b-a14b": dict(E=64, H=3584, I=2560, TOP_K=8),
-          "qwen3-30b-a3b": dict(E=128, H=2048, I=768, TOP_K=8)}
+          "qwen3-30b-a3b": dict(E=128, H=2048, I=768, TOP_K=8),
+          # issue 42: I = H = 2880 (not whole 128 x 64 tiles: the prepacked layouts pad I to 2944 and the
+          # kernel's last K step reads I's tail; 23 steps of 128: a loop, no SPLIT_K divides them)
+          "gpt-oss-120b": dict(E=128, H=2880, I=2880, TOP_K=4),
+          "gpt-oss-20b": dict(E=32, H=2880, I=2880, TOP_K=4)}
 
 
 def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:

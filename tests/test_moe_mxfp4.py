@@ -337,8 +337,16 @@ def test_prepack_round_trip_and_validation():
         got = flat[2048 * half + 16 * t:2048 * half + 16 * t + 16].tolist()
         want = [int(stored[r, 32 * half + c8 + c]) for c8 in (0, 8, 16, 24) for r in (17, 25) for c in (2, 3)]
         assert got == want
-    with pytest.raises(ValueError, match="H % 64 == 0 and I % 128 == 0"):
-        prepack_mxfp4(w[:, :96], s[:, :96])
+    with pytest.raises(ValueError, match=r"H % 8 == 0 and I % 32 == 0, got H=100"):
+        prepack_mxfp4(w[:, :100], s[:, :100])
+    # shapes that are not whole tiles are padded (rows to 64, I to 128: code 0 under scale byte 127)
+    for level in (1, 2, 3):
+        wp, sp = prepack_mxfp4(w[:, :72, :48], s[:, :72, :3], level)
+        assert wp.shape == (3, 128, 64) and sp.shape == (3, 128, 4)
+        back = unprepack_mxfp4(wp, sp, level, shape=(72, 96))
+        assert torch.equal(back[0], w[:, :72, :48]) and torch.equal(back[1], s[:, :72, :3])
+        full = unprepack_mxfp4(wp, sp, level)
+        assert (full[0][:, 72:] == 0).all() and (full[0][:, :, 48:] == 0).all() and (full[1][:, :, 3:] == 127).all()
     with pytest.raises(ValueError, match="PREPACK=2 needs EXPAND='ptx'"):
         MoeMxfp4Config(BLOCK_N=64, PREPACK=2, EXPAND="bits").validate(512)
     with pytest.raises(ValueError, match="PREPACK needs SWAP_AB"):
@@ -486,8 +494,8 @@ def test_prepared_weights_refuse_a_wrong_layout():
         moe_mxfp4_down(p["a"], w2.w, w2.w_scale, r, config=cfg)              # prepacked bytes passed bare
     with pytest.raises(ValueError, match="without w_scale"):
         moe_mxfp4_down(p["a"], w2, p["w_scale"], r)
-    with pytest.raises(ValueError, match="H % 64 == 0 and I % 128 == 0, got H=96, I=128; level=0 keeps"):
-        prepare_weights(p["w"][:, :96], p["w_scale"][:, :96])
+    with pytest.raises(ValueError, match="H % 8 == 0 and I % 32 == 0, got H=100, I=128; level=0 keeps"):
+        prepare_weights(p["w"][:, :100], p["w_scale"][:, :100])
     with pytest.raises(ValueError, match="level must be 0"):
         Mxfp4Weights(p["w"], p["w_scale"], 4)
     with pytest.raises(ValueError, match="w_scale must be"):
@@ -495,8 +503,8 @@ def test_prepared_weights_refuse_a_wrong_layout():
     wide = torch.zeros(E, 128, 128, dtype=torch.uint8)[:, :, :64]           # rows 128 bytes apart, 64 used
     with pytest.raises(ValueError, match="contiguous rows"):
         Mxfp4Weights(wide, p["w_scale"], 2)
-    with pytest.raises(ValueError, match="I % 128 == 0"):
-        config_for_block_m(16, 64, prepacked=2)
+    with pytest.raises(ValueError, match="I % 32 == 0"):
+        config_for_block_m(16, 48, prepacked=2)
     assert prepare_weights(p["w"], p["w_scale"], 0).w is p["w"]               # level 0: no copy
     assert default_config(4, 9, 385, 512).PREPACK == 0                        # plain weights: plain defaults
     assert default_config(16384, 9, 385, 512) == config_for_block_m(128, 512)
@@ -513,8 +521,8 @@ def test_prepared_weights_plan_key_has_the_layout():
     assert len(set(same)) == 3
     w2 = prepare_weights(p["w"], p["w_scale"], 2)
     assert w2.max_scale == int(p["w_scale"].max()) <= 128 and w2.one_mul
-    assert mx_plan.unwrap_weights(p["w"], p["w_scale"], r)[3:] == (0, False)
-    assert mx_plan.unwrap_weights(w2, r, None)[1:] == (w2.w_scale, r, 2, True)    # (a, weights, routing)
+    assert mx_plan.unwrap_weights(p["w"], p["w_scale"], r)[3:] == (0, False, None)
+    assert mx_plan.unwrap_weights(w2, r, None)[1:] == (w2.w_scale, r, 2, True, None)    # (a, weights, routing)
     moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r)
     moe_mxfp4_down(p["a"], w2, r)
     assert mx_launch._PLANS.get(key(p["w"], p["w_scale"], 0)).config.PREPACK == 0
@@ -699,8 +707,9 @@ def test_weights_scale_range_and_split_k_validate():
         MoeMxfp4Config(SPLIT_K=3).validate(512)
     with pytest.raises(ValueError, match="deterministic mode needs SPLIT_K=1"):
         MoeMxfp4Config(SPLIT_K=2, DETERMINISTIC=True).validate(512)
-    with pytest.raises(ValueError, match="multiple of SPLIT_K \\* BLOCK_K = 256"):
+    with pytest.raises(ValueError, match=r"cdiv\(I=384, BLOCK_K=128\) = 3, to be a multiple of SPLIT_K"):
         MoeMxfp4Config(SPLIT_K=2).validate(384)
+    MoeMxfp4Config(SPLIT_K=2).validate(480)             # 4 steps, the last I's 96-wide tail
     assert MoeMxfp4Config(BLOCK_N=64, PREPACK=2, ONE_MUL=False, SPLIT_K=2).label().endswith("_prepack2_2mul_sk2")
     with pytest.raises(ValueError, match="maxnreg must be None or an int in"):
         MoeMxfp4Config(maxnreg=16).validate(512)
@@ -835,8 +844,8 @@ def test_launcher_validates_and_caches():
         moe_mxfp4_down(p["a"].float(), p["w"], p["w_scale"], r, config=cfg)
     with pytest.raises(ValueError, match="w_scale must be uint8"):
         moe_mxfp4_down(p["a"], p["w"], p["w_scale"][:, :, :1], r, config=cfg)
-    with pytest.raises(ValueError, match="multiple of BLOCK_K"):
-        moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg.replace(BLOCK_K=128))
+    with pytest.raises(ValueError, match="to be a multiple of SPLIT_K"):
+        moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg.replace(SPLIT_K=2))
     with pytest.raises(ValueError, match="routing must come from prepare_routing"):
         moe_mxfp4_down(p["a"], p["w"], p["w_scale"], (1, 2), config=cfg)
     with pytest.raises(ValueError, match="accumulate=True needs an out"):
@@ -1262,6 +1271,44 @@ def test_quick_run_measures_committed_token_counts():
     assert run.measured_ms(True) == (4, 32) and run.measured_ms(False) == run.M_LIST
     committed = set(pd.read_csv(root / "results" / "moe_mxfp4" / "rows.csv").M)
     assert set(run.measured_ms(True)) <= committed and set(run.M_LIST) == committed
+    # issue 42's models: gpt-oss at M 1-256 and gpt-oss-120b's long context, both prepacked (the rule)
+    for name in ("gpt-oss-120b", "gpt-oss-20b"):
+        ms, model = run.measured_ms(False, name), run.MODELS[name]
+        assert min(ms) == 1 and 256 in ms and set(run.measured_ms(True, name)) <= set(ms)
+        assert (model.E, model.H, model.I, model.TOP_K) == ((128 if name.endswith("120b") else 32), 2880, 2880, 4)
+        run.use_model(name)
+        assert run.prepackable() and {"default", "prepacked default", "prepacked L3"} <= set(run.variants(1))
+    assert 8192 in run.measured_ms(False, "gpt-oss-120b") and 16384 in run.measured_ms(False, "kimi-k2.5")
+    run.use_model("kimi-k2.5")
+
+
+def test_study_tables_from_synthetic_rows():
+    """run_moe_mxfp4.py's per-model summary and models.csv table: the prepacked default against the HBM
+    bound and the peers, the user's loop eager over graph and its host time (synthetic timings)."""
+    import importlib.util
+    from pathlib import Path
+
+    import pandas as pd
+
+    script = Path(__file__).resolve().parents[1] / "experiments" / "run_moe_mxfp4.py"
+    spec = importlib.util.spec_from_file_location("run_moe_mxfp4", script)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    times = {"default": 100.0, "prepacked default": 40.0, "prepacked L3": 32.0, "bf16 grouped_mm": 120.0,
+             "dequant+grouped_mm": 800.0, "dequant+grouped_gemm": 900.0}
+    rows = [dict(model="gpt-oss-20b", M=16, name=n, method=m, median_us=t * (1.1 if m == "eager" else 1.0),
+                 hbm_bound_us=30.0, active_experts=20, host_us=float("nan"), kind="ours")
+            for n, t in times.items() for m in ("graph", "eager")]
+    rows += [dict(model="gpt-oss-20b", M=16, name="user loop", method=m, median_us=t, hbm_bound_us=30.0,
+                  active_experts=20, host_us=h, kind="loop") for m, t, h in (("eager", 52.0, 31.0), ("graph", 40.0, None))]
+    df = pd.DataFrame(rows)
+    table = run.models_table({"gpt-oss-20b": df}).set_index("method")
+    g = table.loc["graph"]
+    assert g.frac_hbm_bound == pytest.approx(30 / 40) and g.frac_hbm_bound_l3 == pytest.approx(30 / 32)
+    assert g.vs_bf16_grouped_mm == pytest.approx(120 / 32) and g.vs_dequant_grouped_mm == pytest.approx(800 / 32)
+    assert g.user_loop_eager_over_graph == pytest.approx(52 / 40) and g.user_loop_host_us == pytest.approx(31.0)
+    text = run.summary(df)
+    assert "prepacked/bound" in text and "L3/bound" in text and "user loop eager/graph" in text
 
 
 def test_variants_script_scores_the_prepacked_defaults(tmp_path):

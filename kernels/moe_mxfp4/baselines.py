@@ -5,8 +5,13 @@
    rows in expert order, our bf16 grouped GEMM (``kernels.moe``), then
    weight each row and sum a token's top_k rows;
 2. ``dequant_grouped_mm``: the same with ``torch._grouped_mm`` (CUTLASS on sm_90);
-3. ``bf16_grouped_gemm``: bf16 weights kept in memory (no dequantization): the
-   unquantized speed, at four times the weight bytes.
+3. ``bf16_grouped_gemm`` / ``bf16_grouped_mm``: bf16 weights kept in memory (no
+   dequantization), our grouped GEMM or ``torch._grouped_mm``: the unquantized speed, at four
+   times the weight bytes.
+
+4. ``gpt_oss_reference``: the gpt-oss reference implementation's own MoE down-projection (the
+   ``gpt-oss`` package's Triton path, ``triton_kernels.matmul_ogs`` with MXFP4 weights in its
+   Hopper layout), where that package and ``triton_kernels`` import; else the reason.
 
 ``SortedRows`` (made once per routing, outside the timed region, like the
 kernel's ``prepare_routing``) holds the expert order of the pairs without
@@ -21,9 +26,10 @@ import torch
 from kernels.moe import grouped_gemm
 
 from .launch import dequantize_weights_bf16
+from .quant import dequantize_mxfp4
 
-__all__ = ["SortedRows", "bf16_grouped_gemm", "combine", "dequant_grouped_gemm", "dequant_grouped_mm",
-           "grouped_gemm_rows", "grouped_mm_rows", "sorted_rows"]
+__all__ = ["SortedRows", "bf16_grouped_gemm", "bf16_grouped_mm", "combine", "dequant_grouped_gemm",
+           "dequant_grouped_mm", "gpt_oss_reference", "grouped_gemm_rows", "grouped_mm_rows", "sorted_rows"]
 
 
 @dataclass(frozen=True)
@@ -78,3 +84,47 @@ def dequant_grouped_mm(a, w, w_scale, rows: SortedRows, topk_weights, *, w_bf16_
 
 def bf16_grouped_gemm(a, w_bf16, rows: SortedRows, topk_weights) -> torch.Tensor:
     return combine(grouped_gemm_rows(a, w_bf16, rows), rows, topk_weights)
+
+
+def bf16_grouped_mm(a, w_bf16, rows: SortedRows, topk_weights) -> torch.Tensor:
+    return combine(grouped_mm_rows(a, w_bf16, rows), rows, topk_weights)
+
+
+def gpt_oss_reference(w: torch.Tensor, w_scale: torch.Tensor):
+    """(factory, note): the gpt-oss reference MoE's down-projection as a peer, or (None, why not).
+
+    Its Triton path (``gpt_oss.triton.moe``) runs the down-projection as
+    ``matmul_ogs(x, w2, b2, rdata, scatter_indx=..., precision_config=..., gammas=rdata.gate_scal)``
+    on its own MXFP4 layout (``quantize_mx4`` of the bf16 weights [E, I, H]); x holds the pairs'
+    rows in expert order (its ``gather_indx``). ``factory(a, topk_ids, topk_weights)`` routes with
+    its ``routing`` on logits whose top-k are these ids (their softmax: these weights), outside the
+    timed callable it returns (as ``prepare_routing`` is for ours). Its torch path is no peer: its
+    MLPBlock keeps bf16 weights and gathers one [H, I] matrix per token and slot. Its API has moved
+    between versions: any failure is returned as the note, never raised."""
+    try:
+        from gpt_oss.triton import moe as go_moe
+        from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig, matmul_ogs
+        from triton_kernels.numerics import InFlexData
+        from triton_kernels.routing import routing
+    except Exception as exc:      # ImportError, or the package failing on this machine's triton
+        return None, f"absent: {type(exc).__name__}: {str(exc)[:200]}"
+    try:
+        E = w.shape[0]
+        w2, w2_mx = go_moe.quantize_mx4(dequantize_mxfp4(w, w_scale, torch.bfloat16).transpose(1, 2).contiguous())
+        pc = PrecisionConfig(weight_scale=w2_mx, flex_ctx=FlexCtx(rhs_data=InFlexData()))
+    except Exception as exc:
+        return None, f"imported, but its weights could not be made: {type(exc).__name__}: {str(exc)[:200]}"
+
+    def factory(a: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
+        M, k = topk_ids.shape
+        logits = torch.full((M, E), -1e4, dtype=torch.float32, device=a.device)
+        logits.scatter_(1, topk_ids.long(), topk_weights.float().log())
+        rdata, gather_indx, scatter_indx = routing(logits.to(a.dtype), k, simulated_ep=1)
+        x = a.index_select(0, gather_indx.src_indx.long())
+
+        def run():
+            return matmul_ogs(x, w2, None, rdata, scatter_indx=scatter_indx, precision_config=pc,
+                              gammas=rdata.gate_scal)
+        return run
+
+    return factory, "imported (gpt_oss.triton.moe, triton_kernels)"

@@ -34,7 +34,8 @@ class MoeMxfp4Config:
     the low and high nibbles meet two contiguous halves of the bf16 activations (loaded as they
     are) instead of their even and odd columns (a register split; MXFP4 activations are then
     interleaved back into K order, which costs more than level 2 saves). Needs SWAP_AB, 4 warps,
-    BLOCK_N % 64 == 0, BLOCK_K % 128 == 0 and H % BLOCK_N == 0. The launcher runs a PREPACK
+    BLOCK_N % 64 == 0, BLOCK_K % 128 == 0 and the prepacked rows (H rounded up to 64) % BLOCK_N == 0;
+    BLOCK_K must divide I rounded up to 128 (what prepack_mxfp4 stores). The launcher runs a PREPACK
     config only on ``Mxfp4Weights`` of that level (``prepare_weights``).
     ONE_MUL (PREPACK only): scale each bf16x2 pattern with one multiply by 2**(s - 1) instead of
     two (x 2**126, then x 2**(s - 127)); exact, and the same bits, only while every scale byte
@@ -98,9 +99,7 @@ class MoeMxfp4Config:
                 raise ValueError(f"moe_mxfp4: {name} must be a power of two >= 16, got {v}")
         if self.BLOCK_K < 32:
             raise ValueError(f"moe_mxfp4: BLOCK_K must be >= 32 (one scale block), got {self.BLOCK_K}")
-        if K % self.BLOCK_K:
-            raise ValueError(f"moe_mxfp4: the intermediate size I={K} must be a multiple of BLOCK_K="
-                             f"{self.BLOCK_K}; pick a BLOCK_K that divides it")
+        steps = -(-K // self.BLOCK_K)     # the last one reads I's tail (K % BLOCK_K) and zeros past it
         if self.maxnreg is not None and not (isinstance(self.maxnreg, int) and 24 <= self.maxnreg <= 255):
             raise ValueError(f"moe_mxfp4: maxnreg must be None or an int in [24, 255], got {self.maxnreg!r}")
         if self.SPLIT_K not in (1, 2, 4):
@@ -108,9 +107,9 @@ class MoeMxfp4Config:
         if self.SPLIT_K > 1 and self.DETERMINISTIC:
             raise ValueError("moe_mxfp4: SPLIT_K > 1 adds partial sums with atomics; the deterministic mode "
                              "needs SPLIT_K=1")
-        if K % (self.BLOCK_K * self.SPLIT_K):
-            raise ValueError(f"moe_mxfp4: SPLIT_K={self.SPLIT_K} needs the intermediate size I={K} to be a "
-                             f"multiple of SPLIT_K * BLOCK_K = {self.SPLIT_K * self.BLOCK_K}")
+        if steps % self.SPLIT_K:
+            raise ValueError(f"moe_mxfp4: SPLIT_K={self.SPLIT_K} needs the K steps, cdiv(I={K}, BLOCK_K="
+                             f"{self.BLOCK_K}) = {steps}, to be a multiple of SPLIT_K")
         if self.num_warps not in (1, 2, 4, 8):
             raise ValueError(f"moe_mxfp4: num_warps must be 1, 2, 4 or 8, got {self.num_warps}")
         if self.EXPAND not in ("ptx", "bits"):
@@ -128,6 +127,9 @@ class MoeMxfp4Config:
                                  and self.BLOCK_K % 128 == 0):
             raise ValueError(f"moe_mxfp4: PREPACK needs SWAP_AB, num_warps=4, BLOCK_N % 64 == 0 and "
                              f"BLOCK_K % 128 == 0, got {self.label()}")
+        if self.PREPACK and (-(-K // 128) * 128) % self.BLOCK_K:
+            raise ValueError(f"moe_mxfp4: prepacked weights hold I={K} as {-(-K // 128)} tiles of 128 (padded); "
+                             f"BLOCK_K={self.BLOCK_K} does not divide them: use BLOCK_K=128")
         if self.num_stages < 1:
             raise ValueError(f"moe_mxfp4: num_stages must be >= 1, got {self.num_stages}")
 
@@ -180,17 +182,17 @@ def config_for_block_m(block_m: int, K: int, *, deterministic: bool = False, pre
                        H: int | None = None) -> MoeMxfp4Config:
     """The heuristic's config for a given row tile (what the launcher runs for a routing padded to
     block_m when no config is passed); prepacked: the weights' layout level (0 = plain). H (the
-    output columns), when given: a prepacked tile wider than 64 columns that does not divide H
-    falls back to 64 (every prepacked H is a multiple of 64)."""
+    output columns), when given: a prepacked tile wider than 64 columns that does not divide the
+    prepacked rows (H rounded up to 64, prepack_mxfp4's padding) falls back to 64 (gpt-oss' 2880)."""
     if prepacked:
         if prepacked not in (1, 2, 3):
             raise ValueError(f"moe_mxfp4: prepacked must be 0, 1, 2 or 3, got {prepacked!r}")
-        if K % 128:
-            raise ValueError(f"moe_mxfp4: prepacked weights need I % 128 == 0, got I={K}")
+        if K % 32:
+            raise ValueError(f"moe_mxfp4: prepacked weights need I % 32 == 0, got I={K}")
         cfg = _BY_BLOCK_M_PREPACKED.get(block_m)
         if cfg is None:
             raise ValueError(f"moe_mxfp4: BLOCK_M must be one of {_BLOCK_M}, got {block_m!r}")
-        if H is not None and H % cfg.BLOCK_N:
+        if H is not None and (-(-H // 64) * 64) % cfg.BLOCK_N:     # the prepacked rows: H rounded up to 64
             cfg = cfg.replace(BLOCK_N=64)
         return cfg.replace(PREPACK=prepacked, DETERMINISTIC=deterministic)
     bk = 128
@@ -215,14 +217,14 @@ SPLIT_LONG_STEPS = 32
 
 
 def split_k_for(max_tiles: int, K: int, block_k: int, sms: int) -> int:
-    """The launcher's SPLIT_K without a config (atomic mode), 1, 2 or 4: K is split in two again
-    while each part keeps at least SPLIT_MIN_STEPS whole BLOCK_K steps and either the launch has
-    fewer than SPLIT_PROGRAMS_PER_SM programs per SM (``max_tiles``: the routing's row blocks
+    """The launcher's SPLIT_K without a config (atomic mode), 1, 2 or 4: the cdiv(K, BLOCK_K) steps
+    are split in two again while they divide evenly, each part keeps at least SPLIT_MIN_STEPS steps
+    and either the launch has fewer than SPLIT_PROGRAMS_PER_SM programs per SM (``max_tiles``: the routing's row blocks
     times the column tiles, an upper bound) or a program would run SPLIT_LONG_STEPS steps or
     more. KIMI-K2.5 (I = 512: 4 steps) never splits; Mixtral (I = 14336: 112 steps) splits 4."""
-    s = 1
-    while s < 4 and K % (2 * s * block_k) == 0:
-        steps = K // (s * block_k)
+    s, total = 1, -(-K // block_k)
+    while s < 4 and total % (2 * s) == 0:
+        steps = total // s
         if steps // 2 < SPLIT_MIN_STEPS:
             break
         if max_tiles * s >= sms * SPLIT_PROGRAMS_PER_SM and steps < SPLIT_LONG_STEPS:
@@ -260,8 +262,8 @@ _BY_M_RANGE: tuple = ()
 
 # Weights prepacked at level 1, 2 or 3 (quant.prepare_weights; the launcher's no-config path for
 # Mxfp4Weights). One layout serves every M, so every row tile needs a PREPACK config: SWAP_AB
-# (also at BM64/128, where the plain default does not swap), 4 warps, BLOCK_N 64 (H % 64 == 0 is
-# all the layout guarantees), BLOCK_K 128. PREPACK is set to the weights' level; the tiles were
+# (also at BM64/128, where the plain default does not swap), 4 warps, BLOCK_N 64 (the prepacked rows
+# are padded to a multiple of 64, no more), BLOCK_K 128 (I is padded to a multiple of 128). PREPACK is set to the weights' level; the tiles were
 # measured at level 2.
 # Measured: results/moe_mxfp4/README.md, "Prepacked weights on the H200" (commit efb9efe, one
 # H200, graph replay, L2 flushed: `python3 experiments/run_moe_mxfp4_variants.py --budget-s 150

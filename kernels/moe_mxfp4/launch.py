@@ -2,7 +2,7 @@
 
     from kernels.moe_mxfp4 import default_config, moe_mxfp4_down, prepare_routing
     cfg = default_config(M, top_k, E, I)
-    routing = prepare_routing(topk_ids, topk_weights, E, cfg.BLOCK_M)   # no host sync
+    routing = prepare_routing(topk_ids, topk_weights, E, cfg.BLOCK_M)   # one launch, no host sync
     out = moe_mxfp4_down(a, w, w_scale, routing, config=cfg)           # [M, H] bf16
 
 Prepacked weights (the fast path; a model loader prepacks once and serves every M with them):
@@ -11,6 +11,7 @@ Prepacked weights (the fast path; a model loader prepacks once and serves every 
     weights = prepare_weights(w, w_scale)                               # at load time: Mxfp4Weights, level 2
     routing = prepare_routing(topk_ids, topk_weights, E, block_m_for(M, top_k, E))
     out = moe_mxfp4_down(a, weights, routing)                           # the prepacked default config
+    out = moe_mxfp4_down(a, weights, (topk_ids, topk_weights))          # the same, routing prepared in the call
 
 The layout level travels with the weights (``Mxfp4Weights``), so the plan knows it (it is part
 of the plan's key), and a config whose PREPACK differs from the weights' level is refused
@@ -45,9 +46,9 @@ from kernels.common.plans import PlanCache, capturing, config_key, tensor_signat
 
 from . import plan as mplan
 from . import select as mselect
-from .config import MoeMxfp4Config
+from .config import MoeMxfp4Config, block_m_for
 from .quant import Mxfp4Weights
-from .routing import Routing
+from .routing import Routing, prepare_routing
 from .triton import _dequant_kernel, _moe_mxfp4_down_kernel
 
 __all__ = ["clear_plans", "dequantize_weights_bf16", "moe_mxfp4_down", "plan_cache_info", "plan_for"]
@@ -60,49 +61,67 @@ def _sig(t: torch.Tensor | None):
 
 
 def _plan_key(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config, deterministic=False,
-              tune=False, capture=False) -> tuple:
-    """Everything a plan depends on; the weights' layout level and scale range included (same
-    shapes either way); without a config also the epilogue asked for, whether tuning was asked
-    and (then) whether a CUDA graph is being captured (no tuning there: a later eager call tunes)."""
-    return (_sig(a), _sig(a_scale), _sig(w), _sig(w_scale), level, one_mul, _sig(out), _sig(routing.sorted_ids),
-            _sig(routing.sorted_weights), _sig(routing.expert_ids), _sig(routing.num_rows),
+              tune=False, capture=False, shape=None) -> tuple:
+    """Everything a plan depends on; the weights' layout level, scale range and logical shape
+    included (same tensors either way); without a config also the epilogue asked for, whether
+    tuning was asked and (then) whether a CUDA graph is being captured (no tuning there: a later
+    eager call tunes)."""
+    return (_sig(a), _sig(a_scale), _sig(w), _sig(w_scale), level, one_mul, shape, _sig(out),
+            _sig(routing.sorted_ids), _sig(routing.sorted_weights), _sig(routing.expert_ids), _sig(routing.num_rows),
             routing.num_pairs, routing.top_k, routing.num_experts, routing.block_m, routing.max_blocks,
             bool(accumulate), config_key(config), bool(deterministic) if config is None else None,
             bool(tune), bool(capture))
 
 
 def _build_plan(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config, *,
-                deterministic: bool = False, tune: bool = False, capture: bool = False) -> mplan.Plan:
+                deterministic: bool = False, tune: bool = False, capture: bool = False, shape=None) -> mplan.Plan:
     """A call signature's plan; without a config, for the selection layer's choice (kept in the plan)."""
     choice = None
     if config is None:
-        M, H, K, E = mplan.validate(a, a_scale, w, w_scale, routing, out, accumulate)
+        M, H, K, E = mplan.validate(a, a_scale, w, w_scale, routing, out, accumulate, shape)
         call = mplan.make_call(a, a_scale, w, w_scale, level, one_mul, routing, M, H, K, E, deterministic)
         choice = mselect.choose(call, mplan.builder(call), tune=tune, capturing=capture)
         config = choice.candidate.config
     elif deterministic and isinstance(config, MoeMxfp4Config) and not config.DETERMINISTIC:
         mplan.fail("deterministic=True with a config whose DETERMINISTIC is False: pass "
                    "config.replace(DETERMINISTIC=True), or config=None")
-    return mplan.build(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config, choice)
+    return mplan.build(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config, choice, shape=shape)
 
 
 def _plan_for(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config, deterministic,
-              tune) -> mplan.Plan:
+              tune, shape=None) -> mplan.Plan:
     want_tune = config is None and common_select.tune_requested(tune)
     try:
         cap = want_tune and capturing(a)
         key = _plan_key(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config, deterministic,
-                        want_tune, cap)
+                        want_tune, cap, shape)
     except AttributeError:       # not tensors / not a Routing: let validation say what is wrong
-        mplan.validate(a, a_scale, w, w_scale, routing, out, accumulate)
+        mplan.validate(a, a_scale, w, w_scale, routing, out, accumulate, shape)
         raise
     plan = _PLANS.get(key)
     if plan is None:
         if interpreter.active():
             interpreter.patch()
         plan = _PLANS.put(key, _build_plan(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate,
-                                           config, deterministic=deterministic, tune=want_tune, capture=cap))
+                                           config, deterministic=deterministic, tune=want_tune, capture=cap,
+                                           shape=shape))
     return plan
+
+
+def _routing_of(routing, w, config):
+    """A Routing as it is, or the router's (topk_ids, topk_weights) prepared here (``prepare_routing``,
+    one launch) for the config's row tile, or without a config ``block_m_for``'s."""
+    if isinstance(routing, Routing) or not isinstance(routing, (tuple, list)):
+        return routing
+    if len(routing) != 2 or not isinstance(routing[0], torch.Tensor) or routing[0].dim() != 2 \
+            or not isinstance(w, torch.Tensor):
+        mplan.fail(f"routing must come from prepare_routing(), or be the router's (topk_ids, topk_weights) with "
+                   f"topk_ids a 2-D [M, top_k] tensor; got {type(routing).__name__} of "
+                   f"{[type(x).__name__ for x in routing][:3]}")
+    ids, wts = routing
+    E = w.shape[0]
+    bm = config.BLOCK_M if isinstance(config, MoeMxfp4Config) else block_m_for(ids.shape[0], ids.shape[1], E)
+    return prepare_routing(ids, wts, E, bm)
 
 
 def plan_for(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: torch.Tensor | None = None,
@@ -112,8 +131,10 @@ def plan_for(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: torch.Ten
     """The plan ``moe_mxfp4_down`` runs for these arguments (made once per call signature; without
     a config its ``choice`` says which candidate runs and why: after editing a tuning table at run
     time, call ``clear_plans()``)."""
-    w, w_scale, routing, level, one_mul = mplan.unwrap_weights(w, w_scale, routing)
-    return _plan_for(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config, deterministic, tune)
+    w, w_scale, routing, level, one_mul, shape = mplan.unwrap_weights(w, w_scale, routing)
+    routing = _routing_of(routing, w, config)
+    return _plan_for(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config, deterministic, tune,
+                     shape)
 
 
 def clear_plans() -> None:
@@ -122,7 +143,7 @@ def clear_plans() -> None:
 
 
 def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: torch.Tensor | None = None,
-                   routing: Routing | None = None, *, a_scale: torch.Tensor | None = None,
+                   routing: Routing | tuple | None = None, *, a_scale: torch.Tensor | None = None,
                    config: MoeMxfp4Config | None = None, out: torch.Tensor | None = None,
                    accumulate: bool = False, deterministic: bool = False, tune: bool | None = None) -> torch.Tensor:
     """MoE down-projection with MXFP4 weights: out[t] = sum_k w_tk * a[t*top_k+k] @ W[e_tk].T.
@@ -133,7 +154,9 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: tor
     of a [E, H, I] tensor, plain layout); or w = ``Mxfp4Weights`` (``prepare_weights``:
     the weights with their layout level, prepacked by default) and no w_scale, called as
     ``moe_mxfp4_down(a, weights, routing)``. routing: ``prepare_routing(topk_ids,
-    topk_weights, E, BM)`` with BM = config.BLOCK_M. Returns out bf16 [M, H] (written, or
+    topk_weights, E, BM)`` with BM = config.BLOCK_M, or the router's ``(topk_ids, topk_weights)``
+    themselves (prepared in the call, one launch: BM from the config, else ``block_m_for``).
+    Returns out bf16 [M, H] (written, or
     added to with ``accumulate=True``). A config must read the weights' layout
     (config.PREPACK == level, else ValueError). Without a config, the selection layer's
     choice among the configs of the routing's BM and the weights' layout runs: this GPU's
@@ -146,8 +169,10 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: tor
     ``prepare_weights`` whose scale bytes are all <= 128 run the one-multiply expansion
     (``MoeMxfp4Config.ONE_MUL``). No host synchronization (a first call that tunes does, once).
     """
-    w, w_scale, routing, level, one_mul = mplan.unwrap_weights(w, w_scale, routing)
-    plan = _plan_for(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config, deterministic, tune)
+    w, w_scale, routing, level, one_mul, shape = mplan.unwrap_weights(w, w_scale, routing)
+    routing = _routing_of(routing, w, config)
+    plan = _plan_for(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config, deterministic, tune,
+                     shape)
     return mplan.execute(plan, a, a_scale, w, w_scale, routing, out, accumulate)
 
 

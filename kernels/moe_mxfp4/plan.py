@@ -18,7 +18,7 @@ from kernels.common.launcher import PlannedLaunch
 from kernels.common.plans import sm_count
 
 from .config import MoeMxfp4Config
-from .quant import Mxfp4Weights
+from .quant import Mxfp4Weights, prepacked_shape
 from .routing import Routing
 from .triton import _moe_mxfp4_down_kernel, _reduce_topk_kernel
 
@@ -84,27 +84,36 @@ def fail(msg: str):
     raise ValueError(f"moe_mxfp4_down: {msg}")
 
 
-def validate(a, a_scale, w, w_scale, routing, out, accumulate) -> tuple[int, int, int, int]:
+def validate(a, a_scale, w, w_scale, routing, out, accumulate, shape=None) -> tuple[int, int, int, int]:
+    """(M, H, K, E) of a call, after every check; shape: the weights' logical (H, I) when they are
+    stored padded (``Mxfp4Weights.shape``; None: the tensors' own)."""
     if not isinstance(routing, Routing):
-        fail(f"routing must come from prepare_routing(), got {type(routing).__name__}")
+        fail(f"routing must come from prepare_routing() (or be the router's (topk_ids, topk_weights)), got "
+             f"{type(routing).__name__}")
     for name, t in (("a", a), ("w", w), ("w_scale", w_scale)):
         if not isinstance(t, torch.Tensor):
             fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if w.dim() != 3 or w.dtype != torch.uint8:
         fail(f"w must be packed MXFP4, uint8 [E, H, I / 2], got {w.dtype} {tuple(w.shape)}")
-    E, H, K2 = w.shape
-    K = 2 * K2
+    E, Hw, K2 = w.shape
+    H, K = (Hw, 2 * K2) if shape is None else shape
+    if (H, K) != (Hw, 2 * K2) and prepacked_shape(H, K) != (Hw, 2 * K2):
+        fail(f"weights of logical (H, I) = {(H, K)} cannot be stored as w {tuple(w.shape)} (the prepacked layouts "
+             f"pad to {prepacked_shape(H, K)})")
     if K % 32:
         fail(f"the intermediate size I={K} must be a multiple of 32 (one scale per 32 values)")
-    if w_scale.dtype != torch.uint8 or tuple(w_scale.shape) != (E, H, K // 32):
-        fail(f"w_scale must be uint8 [E, H, I / 32] = {(E, H, K // 32)}, got {w_scale.dtype} {tuple(w_scale.shape)}")
+    if w_scale.dtype != torch.uint8 or tuple(w_scale.shape) != (E, Hw, K2 // 16):
+        fail(f"w_scale must be uint8 [E, H, I / 32] = {(E, Hw, K2 // 16)}, got {w_scale.dtype} {tuple(w_scale.shape)}")
     if routing.num_experts != E:
         fail(f"routing was prepared for {routing.num_experts} experts but w has E={E}")
     n = routing.num_pairs
     if a_scale is None:
         if a.dtype != torch.bfloat16 or tuple(a.shape) != (n, K):
+            hint = ("; prepacked tensors padded to whole 128-K tiles need Mxfp4Weights(..., shape=(H, I)), "
+                    "which prepare_weights sets") if shape is None and isinstance(a, torch.Tensor) and \
+                a.dim() == 2 and a.shape[1] < K else ""
             fail(f"a must be bf16 [M * top_k, I] = {(n, K)} (w4a16), or packed uint8 [M * top_k, I / 2] "
-                 f"with a_scale (a4w4); got {a.dtype} {tuple(a.shape)}")
+                 f"with a_scale (a4w4); got {a.dtype} {tuple(a.shape)}{hint}")
     else:
         if a.dtype != torch.uint8 or tuple(a.shape) != (n, K // 2):
             fail(f"with a_scale, a must be packed MXFP4 uint8 [M * top_k, I / 2] = {(n, K // 2)}, "
@@ -140,17 +149,18 @@ def validate(a, a_scale, w, w_scale, routing, out, accumulate) -> tuple[int, int
 
 
 def unwrap_weights(w, w_scale, routing):
-    """(w, w_scale, routing, layout level, one_mul): Mxfp4Weights carry their level and whether
-    every scale byte is at most 128; plain tensors are level 0, scales unknown.
+    """(w, w_scale, routing, layout level, one_mul, shape): Mxfp4Weights carry their level, whether
+    every scale byte is at most 128 and their logical (H, I) (``shape``: None unless the stored
+    tensors are padded); plain tensors are level 0, scales unknown, shape None.
     ``moe_mxfp4_down(a, weights, routing)`` puts the routing where w_scale goes; it is moved back."""
     if not isinstance(w, Mxfp4Weights):
-        return w, w_scale, routing, 0, False
-    if routing is None and isinstance(w_scale, Routing):
+        return w, w_scale, routing, 0, False, None
+    if routing is None and isinstance(w_scale, (Routing, tuple, list)):
         w_scale, routing = None, w_scale
     if w_scale is not None:
         fail("w is Mxfp4Weights, which holds its scales: call moe_mxfp4_down(a, weights, routing) "
              "without w_scale")
-    return w.w, w.w_scale, routing, w.level, w.one_mul
+    return w.w, w.w_scale, routing, w.level, w.one_mul, (w.shape if w.padded else None)
 
 
 def check_layout(config: MoeMxfp4Config, level: int) -> None:
@@ -173,8 +183,8 @@ def make_call(a, a_scale, w, w_scale, level, one_mul, routing, M, H, K, E, deter
 
 def call_of(a, a_scale, w, routing, *, w_scale=None, deterministic: bool = False) -> Call:
     """A call's facts (validated as ``moe_mxfp4_down`` validates it; w may be ``Mxfp4Weights``)."""
-    w, w_scale, routing, level, one_mul = unwrap_weights(w, w_scale, routing)
-    M, H, K, E = validate(a, a_scale, w, w_scale, routing, None, False)
+    w, w_scale, routing, level, one_mul, shape = unwrap_weights(w, w_scale, routing)
+    M, H, K, E = validate(a, a_scale, w, w_scale, routing, None, False, shape)
     if interpreter.active():
         interpreter.patch()
     return make_call(a, a_scale, w, w_scale, level, one_mul, routing, M, H, K, E, deterministic)
@@ -185,7 +195,7 @@ def builder(call: Call):
     ``out`` (what tune-on-miss times; such plans are not cached)."""
     def build_one(config: MoeMxfp4Config):
         plan = build(call.a, call.a_scale, call.w, call.w_scale, call.level, call.one_mul, call.routing, None,
-                     False, config)
+                     False, config, shape=(call.H, call.K))
 
         def run(out: torch.Tensor) -> torch.Tensor:
             return execute(plan, call.a, call.a_scale, call.w, call.w_scale, call.routing, out, False)
@@ -193,15 +203,17 @@ def builder(call: Call):
     return build_one
 
 
-def build(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config, choice=None) -> Plan:
+def build(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config, choice=None, *,
+          shape=None) -> Plan:
     """The plan of one call signature for ``config`` (checked against the call: ValueError)."""
-    M, H, K, E = validate(a, a_scale, w, w_scale, routing, out, accumulate)
+    M, H, K, E = validate(a, a_scale, w, w_scale, routing, out, accumulate, shape)
     if not isinstance(config, MoeMxfp4Config):
         fail(f"config must be a MoeMxfp4Config, got {type(config).__name__}")
     config.validate(K)
     check_layout(config, level)
-    if config.PREPACK and H % config.BLOCK_N:
-        fail(f"PREPACK needs H % BLOCK_N == 0 (H={H}, BLOCK_N={config.BLOCK_N})")
+    if config.PREPACK and w.shape[1] % config.BLOCK_N:
+        fail(f"PREPACK needs the prepacked rows (H={H} rounded up to 64: {w.shape[1]}) to be a multiple of "
+             f"BLOCK_N={config.BLOCK_N}; use BLOCK_N=64")
     if config.BLOCK_M != routing.block_m:
         fail(f"config.BLOCK_M={config.BLOCK_M} but the routing was padded to {routing.block_m} rows; "
              f"call prepare_routing(..., block_m={config.BLOCK_M})")

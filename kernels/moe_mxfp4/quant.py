@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BLOCK", "E2M1_VALUES", "PREPACK_ROWS", "PREPACK_K", "Mxfp4Weights", "dequantize_mxfp4",
-           "prepack_mxfp4", "prepare_weights", "quantize_mxfp4", "unprepack_mxfp4"]
+__all__ = ["BLOCK", "E2M1_VALUES", "PREPACK_ROWS", "PREPACK_K", "Mxfp4Weights", "check_prepackable",
+           "dequantize_mxfp4", "prepack_mxfp4", "prepacked_shape", "prepare_weights", "quantize_mxfp4",
+           "unprepack_mxfp4"]
 
 BLOCK = 32
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -127,17 +128,70 @@ _W_TILE_L3 = (2, 4, 8, 4, 4, 2, 2)
 # lanes c2 c1 read the same 8).
 
 
-def _prepack_check(w, w_scale, what):
+# Which shapes the prepacked layouts take (levels 1-3): I a multiple of 32 (one scale per 32
+# values, MXFP4 itself) and H a multiple of 8 (output rows stay 16-byte aligned for the epilogue's
+# 8-wide bf16 atomics). The stored tiles are 64 rows x 128 K, so the rows are padded to a multiple
+# of 64 and I to a multiple of 128 at prepack, with zero codes and the neutral scale byte 127
+# (2**0): the padded K adds exact zeros to every sum and the padded rows are never stored.
+PREPACK_H_MULTIPLE = 8
+PREPACK_I_MULTIPLE = BLOCK
+PAD_SCALE = 127
+
+
+def prepacked_shape(H: int, I: int) -> tuple[int, int]:
+    """(rows, K) of the prepacked tensors of an [H, I] expert: H rounded up to 64, I to 128."""
+    return -(-H // PREPACK_ROWS) * PREPACK_ROWS, -(-I // PREPACK_K) * PREPACK_K
+
+
+def check_prepackable(H: int, I: int, what: str) -> None:
+    """ValueError naming the rule unless the prepacked layouts take an [H, I] expert."""
+    if H < 1 or I < 1 or H % PREPACK_H_MULTIPLE or I % PREPACK_I_MULTIPLE:
+        raise ValueError(f"{what}: the prepacked layouts (levels 1-3) need H % {PREPACK_H_MULTIPLE} == 0 and "
+                         f"I % {PREPACK_I_MULTIPLE} == 0, got H={H}, I={I}; level=0 keeps the plain layout")
+
+
+def _uint8_pair(w, w_scale, what):
     for name, t in (("w", w), ("w_scale", w_scale)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() < 2:
             raise ValueError(f"{what}: {name} must be a uint8 tensor [..., H, ...], got "
                              f"{getattr(t, 'dtype', type(t).__name__)}")
+
+
+def _prepack_check(w, w_scale, what):
+    """Plain weights about to be prepacked: (H, K2) after the rule and the scales' shape are checked."""
+    _uint8_pair(w, w_scale, what)
     H, K2 = w.shape[-2], w.shape[-1]
-    if H % PREPACK_ROWS or (2 * K2) % PREPACK_K:
-        raise ValueError(f"{what}: needs H % {PREPACK_ROWS} == 0 and I % {PREPACK_K} == 0, got H={H}, I={2 * K2}")
+    check_prepackable(H, 2 * K2, what)
     if tuple(w_scale.shape) != tuple(w.shape[:-1]) + (K2 // 16,):
         raise ValueError(f"{what}: w_scale must be {tuple(w.shape[:-1]) + (K2 // 16,)}, got {tuple(w_scale.shape)}")
     return H, K2
+
+
+def _stored_check(w, w_scale, what):
+    """Tensors in a prepacked layout: whole 64-row x 128-K tiles, scales to match; (rows, K2)."""
+    _uint8_pair(w, w_scale, what)
+    H, K2 = w.shape[-2], w.shape[-1]
+    if H % PREPACK_ROWS or (2 * K2) % PREPACK_K:
+        raise ValueError(f"{what}: prepacked tensors hold whole {PREPACK_ROWS}-row x {PREPACK_K}-K tiles "
+                         f"(rows % {PREPACK_ROWS} == 0, I % {PREPACK_K} == 0), got rows={H}, I={2 * K2}")
+    if tuple(w_scale.shape) != tuple(w.shape[:-1]) + (K2 // 16,):
+        raise ValueError(f"{what}: w_scale must be {tuple(w.shape[:-1]) + (K2 // 16,)}, got {tuple(w_scale.shape)}")
+    return H, K2
+
+
+def _pad_plain(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain weights [..., H, I/2] + scales -> [..., Hp, Ip/2] + [..., Hp, Ip/32] (prepacked_shape):
+    the added rows and K hold code 0 under scale byte 127 (exact zeros)."""
+    H, K2 = w.shape[-2], w.shape[-1]
+    Hp, Ip = prepacked_shape(H, 2 * K2)
+    if (Hp, Ip) == (H, 2 * K2):
+        return w, w_scale
+    lead = tuple(w.shape[:-2])
+    wp = torch.zeros(lead + (Hp, Ip // 2), dtype=torch.uint8, device=w.device)
+    sp = torch.full(lead + (Hp, Ip // BLOCK), PAD_SCALE, dtype=torch.uint8, device=w.device)
+    wp[..., :H, :K2] = w
+    sp[..., :H, :K2 // 16] = w_scale
+    return wp, sp
 
 
 # Level 2: the bits of each 4-byte register group are rearranged too. A thread's register holds
@@ -203,17 +257,21 @@ def _regroup_bits(w: torch.Tensor, inverse: bool) -> torch.Tensor:
 
 def prepack_mxfp4(w: torch.Tensor, w_scale: torch.Tensor, level: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP4 weights (packed uint8 [..., H, I / 2], scales uint8 [..., H, I / 32], as
-    ``quantize_mxfp4`` gives them) -> the same bytes in the kernel's ``PREPACK`` layout, same
-    shapes. Each block of 64 rows keeps its memory range; inside it, each K tile of 128
-    values (64 x 64 packed bytes, 64 x 4 scales) is stored contiguously in the order of
-    wgmma's register operand (see ``_W_TILE``; level 3: ``_W_TILE_L3``). H % 64 == 0 and I % 128 == 0. level=2 also
-    rearranges the bits of every 4-byte register group (``_rot_bit_map``) for the kernel's
-    ``PREPACK=2`` expansion; level=3 first pairs the codes of each 128-K tile as (K = j,
-    K = 64 + j) (``_pair_halves``), then does what level 2 does. ``unprepack_mxfp4`` inverts
-    each."""
-    H, K2 = _prepack_check(w, w_scale, "prepack_mxfp4")
+    ``quantize_mxfp4`` gives them) -> the same values in the kernel's ``PREPACK`` layout. Each
+    block of 64 rows keeps its memory range; inside it, each K tile of 128 values (64 x 64
+    packed bytes, 64 x 4 scales) is stored contiguously in the order of wgmma's register operand
+    (see ``_W_TILE``; level 3: ``_W_TILE_L3``). H % 8 == 0 and I % 32 == 0 (``check_prepackable``);
+    the rows are padded to a multiple of 64 and I to a multiple of 128 (``prepacked_shape``: code
+    0 under scale byte 127), so the result is [..., Hp, Ip / 2] and [..., Hp, Ip / 32] (the
+    input's shapes where H % 64 == 0 and I % 128 == 0). level=2 also rearranges the bits of every
+    4-byte register group (``_rot_bit_map``) for the kernel's ``PREPACK=2`` expansion; level=3
+    first pairs the codes of each 128-K tile as (K = j, K = 64 + j) (``_pair_halves``), then does
+    what level 2 does. ``unprepack_mxfp4`` inverts each (``shape=(H, I)`` drops the padding)."""
+    _prepack_check(w, w_scale, "prepack_mxfp4")
     if level not in (1, 2, 3):
         raise ValueError(f"prepack_mxfp4: level must be 1, 2 or 3, got {level!r}")
+    w, w_scale = _pad_plain(w, w_scale)
+    H, K2 = w.shape[-2], w.shape[-1]
     if level == 3:
         w = _pair_halves(w, inverse=False)
     if level >= 2:
@@ -236,9 +294,13 @@ def prepack_mxfp4(w: torch.Tensor, w_scale: torch.Tensor, level: int = 1) -> tup
     return wp.contiguous(), sp.contiguous()
 
 
-def unprepack_mxfp4(wp: torch.Tensor, sp: torch.Tensor, level: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """The inverse of ``prepack_mxfp4`` (the same level)."""
-    H, K2 = _prepack_check(wp, sp, "unprepack_mxfp4")
+def unprepack_mxfp4(wp: torch.Tensor, sp: torch.Tensor, level: int = 1,
+                    shape: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of ``prepack_mxfp4`` (the same level); ``shape=(H, I)``: the logical rows and
+    K of the weights that were prepacked (their padding is dropped; default: all rows and K)."""
+    H, K2 = _stored_check(wp, sp, "unprepack_mxfp4")
+    if level not in (1, 2, 3):
+        raise ValueError(f"unprepack_mxfp4: level must be 1, 2 or 3, got {level!r}")
     lead = wp.shape[:-2]
     nb, kb = H // PREPACK_ROWS, K2 // 64
     n = len(lead)
@@ -255,6 +317,12 @@ def unprepack_mxfp4(wp: torch.Tensor, sp: torch.Tensor, level: int = 1) -> tuple
         w = _regroup_bits(w, inverse=True)
     if level == 3:
         w = _pair_halves(w, inverse=True)
+    if shape is not None:
+        h, i = shape
+        if prepacked_shape(h, i) != (H, 2 * K2):
+            raise ValueError(f"unprepack_mxfp4: shape={tuple(shape)} is prepacked as {prepacked_shape(h, i)}, "
+                             f"not as the tensors' (rows={H}, I={2 * K2})")
+        w, ws = w[..., :h, :i // 2], ws[..., :h, :i // BLOCK]
     return w.contiguous(), ws.contiguous()
 
 
@@ -268,25 +336,30 @@ class Mxfp4Weights:
     """MXFP4 expert weights together with the layout their bytes are in.
 
     w: uint8 [E, H, I / 2], w_scale: uint8 [E, H, I / 32]; level: 0 for the plain layout
-    (``quantize_mxfp4``'s), 1 to 3 for ``prepack_mxfp4(..., level)``'s (same shapes, other
-    byte order). The prepacked layouts and the plain one cannot be told apart from the
-    tensors, so the level travels with them: ``moe_mxfp4_down(a, weights, routing)`` reads
-    it, picks a config of that layout when none is given, and refuses a config of another.
+    (``quantize_mxfp4``'s), 1 to 3 for ``prepack_mxfp4(..., level)``'s (other byte order; rows
+    and K padded to whole 64 x 128 tiles where H % 64 or I % 128: then the tensors are [E, Hp,
+    Ip / 2] and ``shape`` says the logical (H, I)). The prepacked layouts and the plain one cannot
+    be told apart from the tensors, so the level travels with them: ``moe_mxfp4_down(a, weights,
+    routing)`` reads it, picks a config of that layout when none is given, and refuses a config of
+    another.
 
     Make one with ``prepare_weights`` (once, at load time); wrap tensors that were prepacked
-    elsewhere (a saved checkpoint) with ``Mxfp4Weights(w, w_scale, level)`` and the level they
-    were prepacked with: that is the one statement the launcher cannot check.
+    elsewhere (a saved checkpoint) with ``Mxfp4Weights(w, w_scale, level, shape=(H, I))`` and the
+    level they were prepacked with: that is the one statement the launcher cannot check.
 
     max_scale: the largest scale byte, when known (``prepare_weights`` reads it once). Where it
     is at most 128 (every block's largest magnitude under 16, as in trained weights) the kernel
     scales each pair of values with one multiply instead of two (``MoeMxfp4Config.ONE_MUL``);
     None (unknown) keeps the two. Pass it only as ``int(w_scale.max())`` of these scales.
+
+    shape: the experts' logical (H, I), None for the tensors' own (rows, 2 * w.shape[-1]).
     """
 
     w: torch.Tensor
     w_scale: torch.Tensor
     level: int = 0
     max_scale: int | None = None
+    shape: tuple[int, int] | None = None
 
     def __post_init__(self):
         w, s = self.w, self.w_scale
@@ -305,13 +378,40 @@ class Mxfp4Weights:
         if self.max_scale is not None and (not isinstance(self.max_scale, int) or not 0 <= self.max_scale <= 255):
             raise ValueError(f"Mxfp4Weights: max_scale must be None or the largest scale byte (an int in "
                              f"[0, 255]), got {self.max_scale!r}")
-        if self.level:
-            _prepack_check(w, s, "Mxfp4Weights")
-            # the kernel reads each 64-row block of the prepacked layout as one contiguous range
-            if w.stride(2) != 1 or w.stride(1) != K2 or s.stride(2) != 1 or s.stride(1) != K2 // 16:
-                raise ValueError(f"Mxfp4Weights: prepacked w and w_scale need contiguous rows (strides (.., {K2}, 1) "
-                                 f"and (.., {K2 // 16}, 1)), got {tuple(w.stride())} and {tuple(s.stride())}; "
-                                 f"call .contiguous()")
+        shape = (H, 2 * K2) if self.shape is None else self.shape
+        if not (isinstance(shape, tuple) and len(shape) == 2 and all(type(v) is int for v in shape)):
+            raise ValueError(f"Mxfp4Weights: shape must be None or the logical (H, I) as two ints, got {self.shape!r}")
+        object.__setattr__(self, "shape", shape)
+        if self.level == 0:
+            if shape != (H, 2 * K2):
+                raise ValueError(f"Mxfp4Weights: plain weights (level 0) are not padded: shape={shape} but the "
+                                 f"tensors hold (H, I) = {(H, 2 * K2)}")
+            return
+        check_prepackable(*shape, "Mxfp4Weights")
+        if prepacked_shape(*shape) != (H, 2 * K2):
+            raise ValueError(f"Mxfp4Weights: experts of (H, I) = {shape} are prepacked as [E, {prepacked_shape(*shape)[0]}, "
+                             f"{prepacked_shape(*shape)[1] // 2}] (rows to 64, I to 128), got w {tuple(w.shape)}; "
+                             f"pass shape=(H, I) of the weights that were prepacked")
+        # the kernel reads each 64-row block of the prepacked layout as one contiguous range
+        if w.stride(2) != 1 or w.stride(1) != K2 or s.stride(2) != 1 or s.stride(1) != K2 // 16:
+            raise ValueError(f"Mxfp4Weights: prepacked w and w_scale need contiguous rows (strides (.., {K2}, 1) "
+                             f"and (.., {K2 // 16}, 1)), got {tuple(w.stride())} and {tuple(s.stride())}; "
+                             f"call .contiguous()")
+
+    @property
+    def H(self) -> int:
+        """The output columns (hidden size) of each expert."""
+        return self.shape[0]
+
+    @property
+    def I(self) -> int:  # noqa: E743 (the reduction is called I throughout)
+        """The reduction length (intermediate size) of each expert."""
+        return self.shape[1]
+
+    @property
+    def padded(self) -> bool:
+        """Whether the stored tensors carry padding rows or K (prepacked, H % 64 or I % 128)."""
+        return self.shape != (self.w.shape[1], 2 * self.w.shape[2])
 
     @property
     def one_mul(self) -> bool:
@@ -323,8 +423,11 @@ class Mxfp4Weights:
         return self.w.shape[0]
 
     def plain(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(w, w_scale) in the plain layout (``unprepack_mxfp4`` when prepacked; for references)."""
-        return (self.w, self.w_scale) if self.level == 0 else unprepack_mxfp4(self.w, self.w_scale, self.level)
+        """(w, w_scale) in the plain layout, [E, H, I / 2] and [E, H, I / 32] (``unprepack_mxfp4``
+        when prepacked, the padding dropped; for references)."""
+        if self.level == 0:
+            return self.w, self.w_scale
+        return unprepack_mxfp4(self.w, self.w_scale, self.level, shape=self.shape)
 
 
 def prepare_weights(w: torch.Tensor, w_scale: torch.Tensor, level: int = 2, *,
@@ -334,11 +437,12 @@ def prepare_weights(w: torch.Tensor, w_scale: torch.Tensor, level: int = 2, *,
 
     level 2 (the default): ``prepack_mxfp4(..., 2)``, the fastest layout measured (issue 17;
     results/moe_mxfp4/README.md); 1: tile order only; 3: level 2 with the codes paired by K
-    halves, fewer instructions with bf16 activations when cross-compiled, not yet timed (with
-    MXFP4 activations it needs more registers than level 2); 0: the tensors as they are (no copy).
-    Prepacking needs H % 64 == 0 and I % 128 == 0 (use level 0 otherwise) and writes a copy,
-    ``experts_per_chunk`` experts at a time (its int64 temporaries stay a few times that slice).
-    Also reads the largest scale byte (``max_scale``; one synchronization, at load time).
+    halves, fewer instructions with bf16 activations when cross-compiled (with MXFP4 activations
+    it needs more registers than level 2); 0: the tensors as they are (no copy).
+    Prepacking needs H % 8 == 0 and I % 32 == 0 (``check_prepackable``; level 0 otherwise): gpt-oss'
+    H = I = 2880 are prepacked as 2880 x 2944 (the last 128-K tile half zeros). It writes a copy,
+    ``experts_per_chunk`` experts at a time (its int64 temporaries stay a few times that slice),
+    and reads the largest scale byte (``max_scale``; one synchronization, at load time).
     """
     if level not in (0, 1, 2, 3):
         raise ValueError(f"prepare_weights: level must be 0 (plain), 1, 2 or 3, got {level!r}")
@@ -346,13 +450,12 @@ def prepare_weights(w: torch.Tensor, w_scale: torch.Tensor, level: int = 2, *,
     max_scale = int(w_scale.max()) if w_scale.numel() else 0
     if level == 0:
         return Mxfp4Weights(w, w_scale, 0, max_scale)
-    try:
-        _prepack_check(w, w_scale, "prepare_weights")
-    except ValueError as exc:
-        raise ValueError(f"{exc}; level=0 keeps the plain layout") from None
-    wp = torch.empty_like(w, memory_format=torch.contiguous_format)
-    sp = torch.empty_like(w_scale, memory_format=torch.contiguous_format)
+    E, H, K2 = w.shape
+    check_prepackable(H, 2 * K2, "prepare_weights")
+    Hp, Ip = prepacked_shape(H, 2 * K2)
+    wp = torch.empty((E, Hp, Ip // 2), dtype=torch.uint8, device=w.device)
+    sp = torch.empty((E, Hp, Ip // BLOCK), dtype=torch.uint8, device=w.device)
     step = max(1, experts_per_chunk)
-    for e0 in range(0, w.shape[0], step):
+    for e0 in range(0, E, step):
         wp[e0:e0 + step], sp[e0:e0 + step] = prepack_mxfp4(w[e0:e0 + step], w_scale[e0:e0 + step], level)
-    return Mxfp4Weights(wp, sp, level, max_scale)
+    return Mxfp4Weights(wp, sp, level, max_scale, shape=(H, 2 * K2))

@@ -1,4 +1,4 @@
-"""Routing preparation for the down-projection, with no host synchronization.
+"""Routing preparation for the down-projection: one kernel launch, planned once, no host sync.
 
 From the router's ``topk_ids`` / ``topk_weights`` ([M, top_k]) to the layout the
 kernel reads: the M * top_k (token, slot) pairs sorted by expert, each expert's
@@ -21,9 +21,19 @@ no ``.cpu()``) and the whole preparation can be captured in a CUDA graph:
 max_rows = M * top_k + min(E, M * top_k) * (BM - 1), rounded up to BM: each
 expert that has pairs wastes at most BM - 1 rows.
 
+How: on a GPU (and in Triton's interpreter) one Triton kernel writes all of it
+(``triton_routing._prepare_routing_kernel``); what depends only on the call's
+signature (shapes, strides, dtypes, device, E, BM: the grid, the tile sizes, the
+compiled kernel) is decided once and kept in a plan, so a repeated call is a
+lookup, one allocation (the outputs are views of one buffer, fresh every call:
+a Routing stays valid while later calls make theirs) and one launch. CPU tensors
+outside the interpreter take the same layout from torch ops (``torch_routing``,
+also the tests' second reference beside the host loops of ``reference_routing``).
+
 Expert ids must lie in [0, E); like any torch indexing, this is not checked on
-the device (that would need a sync): ``prepare_routing(..., check=True)`` reads
-them back and raises a ValueError, for debugging.
+the device (that would need a sync): the kernel leaves a pair with another id
+out of every expert, and ``prepare_routing(..., check=True)`` reads the ids back
+and raises a ValueError, for debugging.
 """
 from __future__ import annotations
 
@@ -31,7 +41,13 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Routing", "max_rows", "prepare_routing", "reference_routing"]
+from kernels.common import interpreter
+from kernels.common.launcher import PlannedLaunch
+from kernels.common.plans import PlanCache, sm_count, tensor_signature
+
+from . import triton_routing
+
+__all__ = ["Routing", "max_rows", "prepare_routing", "reference_routing", "routing_plan_info", "torch_routing"]
 
 
 @dataclass(frozen=True)
@@ -76,19 +92,102 @@ def _validate(topk_ids, topk_weights, num_experts, block_m):
         raise ValueError(f"prepare_routing: block_m must be 16, 32, 64 or 128, got {block_m!r}")
 
 
+@dataclass
+class _RoutingPlan:
+    """What one call signature of ``prepare_routing`` needs: sizes, the output buffer's layout
+    (int32 elements, split into sorted ids, weights, expert ids, a pad, counts, a pad, the row
+    count, a pad: each output starts 16-byte aligned) and the planned launch (None: the torch path)."""
+    n: int
+    top_k: int
+    E: int
+    BM: int
+    rows: int
+    blocks: int
+    sizes: list[int]
+    total: int
+    device: torch.device
+    launch: PlannedLaunch | None
+
+
+_PLANS = PlanCache()
+
+
+def _quad(x: int) -> int:
+    return -(-x // 4) * 4
+
+
+def _make_plan(topk_ids, num_experts: int, block_m: int) -> _RoutingPlan:
+    M, top_k = topk_ids.shape
+    n, E, BM = M * top_k, num_experts, block_m
+    rows = max_rows(n, E, BM)
+    blocks = rows // BM
+    sizes = [rows, rows, blocks, _quad(blocks) - blocks, E, _quad(E) - E, 1, 3]
+    launch = None
+    dev = topk_ids.device
+    if dev.type == "cuda" or interpreter.active():
+        if interpreter.active():
+            interpreter.patch()
+        sms = sm_count(dev.index if dev.index is not None else torch.cuda.current_device()) if dev.type == "cuda" \
+            else 132
+        grid, cx = triton_routing.routing_constexprs(n, E, top_k, BM, sms=sms)
+        launch = PlannedLaunch.of(triton_routing._prepare_routing_kernel, grid, cx)
+    return _RoutingPlan(n, top_k, E, BM, rows, blocks, sizes, sum(sizes), dev, launch)
+
+
 def prepare_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, block_m: int, *,
                     check: bool = False) -> Routing:
-    """Sort the (token, slot) pairs by expert and pad each expert to block_m rows (torch ops, no sync)."""
+    """Sort the (token, slot) pairs by expert and pad each expert to block_m rows: one kernel
+    launch on a GPU (planned once per call signature: shapes, strides, dtypes, device, E, BM), no
+    host synchronization (``check=True`` reads the ids back, once per call, to check their range).
+    CPU tensors outside Triton's interpreter: ``torch_routing``."""
+    try:
+        key = (tensor_signature(topk_ids), tensor_signature(topk_weights), num_experts, block_m)
+    except AttributeError:                  # not tensors: let validation say what is wrong
+        _validate(topk_ids, topk_weights, num_experts, block_m)
+        raise
+    plan = _PLANS.get(key)
+    if plan is None:
+        _validate(topk_ids, topk_weights, num_experts, block_m)
+        plan = _PLANS.put(key, _make_plan(topk_ids, num_experts, block_m))
+    if check:
+        _check_ids(topk_ids, num_experts)
+    if plan.launch is None:
+        return torch_routing(topk_ids, topk_weights, num_experts, block_m)
+    # one allocation, its views in one call (each slice of a tensor costs about as much host time)
+    sorted_ids, weights_i32, expert_ids, _, counts, _, num_rows, _ = torch.empty(
+        plan.total, dtype=torch.int32, device=plan.device).split_with_sizes(plan.sizes)
+    sorted_weights = weights_i32.view(torch.float32)
+    plan.launch(topk_ids, topk_weights, sorted_ids, sorted_weights, expert_ids, num_rows, counts,
+                plan.n, plan.E, plan.rows, plan.blocks, topk_ids.stride(0), topk_ids.stride(1),
+                topk_weights.stride(0), topk_weights.stride(1))
+    return Routing(sorted_ids, sorted_weights, expert_ids, num_rows, counts, plan.n, plan.top_k, plan.E, plan.BM)
+
+
+def routing_plan_info() -> dict:
+    """How many routing plans are cached, and the bound."""
+    return {"plans": len(_PLANS), "max": _PLANS.size}
+
+
+def _check_ids(topk_ids, num_experts):
+    flat = topk_ids.reshape(-1)
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= num_experts):
+        raise ValueError(f"prepare_routing: topk_ids must lie in [0, {num_experts}), got "
+                         f"[{int(flat.min())}, {int(flat.max())}]")
+
+
+def torch_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, block_m: int, *,
+                  check: bool = False) -> Routing:
+    """The same layout from torch ops (no sync either, about 15 launches on a GPU): the CPU path,
+    and a reference for the kernel."""
     _validate(topk_ids, topk_weights, num_experts, block_m)
+    if check:
+        _check_ids(topk_ids, num_experts)
     dev = topk_ids.device
     M, top_k = topk_ids.shape
     n = M * top_k
     E, BM = num_experts, block_m
     rows = max_rows(n, E, BM)
     flat = topk_ids.reshape(-1).to(torch.int64)
-    if check and n and (int(flat.min()) < 0 or int(flat.max()) >= E):
-        raise ValueError(f"prepare_routing: topk_ids must lie in [0, {E}), got "
-                         f"[{int(flat.min())}, {int(flat.max())}]")
     # scatter_add, not bincount: bincount's output size depends on the data (a sync on CUDA).
     counts = torch.zeros(E, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + BM - 1) // BM * BM

@@ -29,6 +29,7 @@ from kernels.common import tune as common_tune
 
 from .config import INTERPRET_CONFIG, MoeMxfp4Config, block_m_for, config_for_block_m, with_split_k
 from .plan import Call, builder, call_of
+from .quant import PREPACK_H_MULTIPLE, prepacked_shape
 
 NAME = "moe_mxfp4"
 ACTS = ("bf16", "mxfp4")
@@ -120,7 +121,7 @@ def _splits(cfg: MoeMxfp4Config, K: int) -> list[int]:
     """SPLIT_K values next to ``cfg``'s (half and double, of 1, 2, 4) that keep at least two K
     steps per program: where the rule may be one step off."""
     return [s for s in (cfg.SPLIT_K // 2, cfg.SPLIT_K * 2)
-            if s in (1, 2, 4) and K % (s * cfg.BLOCK_K) == 0 and K // (s * cfg.BLOCK_K) >= 2]
+            if s in (1, 2, 4) and -(-K // cfg.BLOCK_K) % s == 0 and -(-K // cfg.BLOCK_K) // s >= 2]
 
 
 def candidates(call: Call) -> dict[str, common.Candidate]:
@@ -162,8 +163,9 @@ def usable(call: Call, config: MoeMxfp4Config) -> None:
         raise ValueError(f"BLOCK_M={config.BLOCK_M} but the routing was padded to {call.block_m} rows")
     if config.PREPACK != call.level:
         raise ValueError(f"PREPACK={config.PREPACK} but the weights are in layout level {call.level}")
-    if config.PREPACK and call.H % config.BLOCK_N:
-        raise ValueError(f"PREPACK needs H % BLOCK_N == 0 (H={call.H}, BLOCK_N={config.BLOCK_N})")
+    if config.PREPACK and prepacked_shape(call.H, call.K)[0] % config.BLOCK_N:
+        raise ValueError(f"PREPACK needs the prepacked rows (H={call.H} rounded up to 64) % BLOCK_N == 0 "
+                         f"(BLOCK_N={config.BLOCK_N})")
     if config.DETERMINISTIC != call.deterministic:
         raise ValueError(f"DETERMINISTIC={config.DETERMINISTIC} but the call asked for the "
                          f"{'deterministic' if call.deterministic else 'atomic'} epilogue")
@@ -308,7 +310,8 @@ FIELDS = ("M", "E", "top_k", "H", "K")
 def shape_of(row: Mapping[str, Any]) -> dict:
     """A shape spec row checked: M tokens (1 .. 2^20), E experts, top_k (1 .. E), H output
     columns, K = I the reduction (a multiple of 32), act (bf16 or mxfp4 activations, default
-    bf16), prepack (the weights' layout level 0-3, default 2 as ``prepare_weights`` makes),
+    bf16), prepack (the weights' layout level 0-3, default 2 as ``prepare_weights`` makes; 1-3
+    need H % 8 == 0),
     deterministic (0/1, default 0), block_m (the routing's row tile, default ``block_m_for``).
     Other fields (source, ...) are kept as they are."""
     def bad(msg: str):
@@ -331,8 +334,8 @@ def shape_of(row: Mapping[str, Any]) -> dict:
     prepack = row.get("prepack", 2)
     if isinstance(prepack, bool) or prepack not in (0, 1, 2, 3):
         bad(f"prepack must be the weights' layout level 0 (plain), 1, 2 or 3, got {prepack!r}")
-    if prepack and (H % 64 or K % 128):
-        bad(f"prepack={prepack} needs H % 64 == 0 and K % 128 == 0 (got H={H}, K={K}); use prepack: 0")
+    if prepack and H % PREPACK_H_MULTIPLE:
+        bad(f"prepack={prepack} needs H % {PREPACK_H_MULTIPLE} == 0 (got H={H}); use prepack: 0")
     det = row.get("deterministic", 0)
     if det not in (0, 1):          # True / False are 1 / 0
         bad(f"deterministic must be 0 or 1 (true/false), got {det!r}")

@@ -88,7 +88,7 @@ issues the loads of the next 1-3 K steps before the current step's expansion: at
 all 16 KB of a BN64 program are requested before its first HGMMA (118 registers and 4 programs
 per SM at LOAD_AHEAD=1, 151 and 3 at 3: 32-48 KB per SM requested at once), same instructions.
 
-Prepacked weights (``PREPACK``, config; ``quant.prepack_mxfp4`` stores them, same shapes): each
+Prepacked weights (``PREPACK``, config; ``quant.prepack_mxfp4`` stores them, rows and K padded to whole tiles): each
 64-row x 128-K tile of packed bytes is stored thread-major in the order of wgmma's register
 operand (warp = rows 16w.., lane = 3 row bits + 2 byte-column bits, 32 bytes per thread), so a
 thread's two LDG.E.128 land in the registers the expansion and HGMMA use: the reshapes and
@@ -115,6 +115,12 @@ asm takes a scale word for each (``_E2M1_ROT_MUL_HI_PTX``). Cross-compiled (BM16
 BK128, one multiply): 3.31 -> 3.06 SASS instructions per weight, PRMT 88 -> 28, same registers;
 at BM128 x BN128 5.16 -> 4.16 and no spill stores. Each step adds its products in another order
 than levels 0-2, so its bits differ from theirs within a rounding step.
+
+K tail (issue 42). Where BLOCK_K does not divide I (gpt-oss: I = 2880, 22.5 tiles of 128), the
+last K step of each program loads the activations, and plain weights and scales, masked past I
+(code 0, scale byte 127: exact zeros); prepacked weights are stored padded to 128 (prepack_mxfp4),
+so their loads stay unmasked. Every other step keeps its unmasked loads, and a kernel without a
+tail compiles to the same SASS as before the tail existed.
 
 The K steps are unrolled (I is a constexpr; 4 steps at I = 512), loads stay
 plain 128-bit LDGs into registers (Triton's cp.async pipeliner, num_stages > 1,
@@ -480,18 +486,34 @@ def _e2m1_to_bf16(packed, scale, R: tl.constexpr, C: tl.constexpr, EXPAND: tl.co
 
 
 @triton.jit
+def _ld(ptrs, mask, other, NT: tl.constexpr):
+    """A masked load, evict-first with NT."""
+    if NT:
+        return tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_first")
+    else:
+        return tl.load(ptrs, mask=mask, other=other)
+
+
+@triton.jit
 def _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm,
-            A_FP4: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HALVES: tl.constexpr = False):
+            A_FP4: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HALVES: tl.constexpr = False,
+            KLIM: tl.constexpr = 0):
     """Step k0 of the gathered activation rows: bf16 [BM, BK], or packed [BM, BK/2] + scales.
     HALVES (PREPACK=3): the first and the second 64 columns of each 128-column tile apart, the K
     order of the weights' low and high nibbles: bf16 as two [BM, BK/2] tiles; MXFP4 as the two
-    halves' packed bytes [BM, BK/4, 2] and scales [BM, BK/64, 2], each joined (_mma expands them)."""
+    halves' packed bytes [BM, BK/4, 2] and scales [BM, BK/64, 2], each joined (_mma expands them).
+    KLIM (the step that holds I's tail, I % BK != 0): columns at or past KLIM = I read as zeros
+    (packed code 0, scale byte 127), so the tail adds exact zeros."""
     if HALVES and not A_FP4:
         i = tl.arange(0, BK // 2)
         rk = k0 + (i // 64) * 128 + i % 64
         a_ptrs = a_ptr + rows[:, None] * stride_am + rk[None, :]
-        a = tl.load(a_ptrs, mask=ok[:, None], other=0.0)
-        a_s = tl.load(a_ptrs + 64, mask=ok[:, None], other=0.0)
+        if KLIM:
+            a = tl.load(a_ptrs, mask=ok[:, None] & (rk < KLIM)[None, :], other=0.0)
+            a_s = tl.load(a_ptrs + 64, mask=ok[:, None] & (rk + 64 < KLIM)[None, :], other=0.0)
+        else:
+            a = tl.load(a_ptrs, mask=ok[:, None], other=0.0)
+            a_s = tl.load(a_ptrs + 64, mask=ok[:, None], other=0.0)
     elif HALVES:
         # gathered apart, each half expands in K order with no split of the expanded tile (which
         # Triton staged through shared memory: 4.94 SASS instructions per weight against 4.16)
@@ -501,16 +523,31 @@ def _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm,
         rks = k0 // 32 + (j // 2) * 4 + j % 2
         p_ptrs = a_ptr + rows[:, None] * stride_am + rkp[None, :]
         s_ptrs = a_scale_ptr + rows[:, None] * stride_asm + rks[None, :]
-        a = tl.join(tl.load(p_ptrs, mask=ok[:, None], other=0), tl.load(p_ptrs + 32, mask=ok[:, None], other=0))
-        a_s = tl.join(tl.load(s_ptrs, mask=ok[:, None], other=127), tl.load(s_ptrs + 2, mask=ok[:, None], other=127))
+        if KLIM:
+            a = tl.join(tl.load(p_ptrs, mask=ok[:, None] & (rkp < KLIM // 2)[None, :], other=0),
+                        tl.load(p_ptrs + 32, mask=ok[:, None] & (rkp + 32 < KLIM // 2)[None, :], other=0))
+            a_s = tl.join(tl.load(s_ptrs, mask=ok[:, None] & (rks < KLIM // 32)[None, :], other=127),
+                          tl.load(s_ptrs + 2, mask=ok[:, None] & (rks + 2 < KLIM // 32)[None, :], other=127))
+        else:
+            a = tl.join(tl.load(p_ptrs, mask=ok[:, None], other=0), tl.load(p_ptrs + 32, mask=ok[:, None], other=0))
+            a_s = tl.join(tl.load(s_ptrs, mask=ok[:, None], other=127),
+                          tl.load(s_ptrs + 2, mask=ok[:, None], other=127))
     elif A_FP4:
         rkp = k0 // 2 + tl.arange(0, BK // 2)
         rks = k0 // 32 + tl.arange(0, BK // 32)
-        a = tl.load(a_ptr + rows[:, None] * stride_am + rkp[None, :], mask=ok[:, None], other=0)
-        a_s = tl.load(a_scale_ptr + rows[:, None] * stride_asm + rks[None, :], mask=ok[:, None], other=127)
+        pm = ok[:, None]
+        sm = ok[:, None]
+        if KLIM:
+            pm = pm & (rkp < KLIM // 2)[None, :]
+            sm = sm & (rks < KLIM // 32)[None, :]
+        a = tl.load(a_ptr + rows[:, None] * stride_am + rkp[None, :], mask=pm, other=0)
+        a_s = tl.load(a_scale_ptr + rows[:, None] * stride_asm + rks[None, :], mask=sm, other=127)
     else:
         rk = k0 + tl.arange(0, BK)
-        a = tl.load(a_ptr + rows[:, None] * stride_am + rk[None, :], mask=ok[:, None], other=0.0)
+        am = ok[:, None]
+        if KLIM:
+            am = am & (rk < KLIM)[None, :]
+        a = tl.load(a_ptr + rows[:, None] * stride_am + rk[None, :], mask=am, other=0.0)
         a_s = a
     return a, a_s
 
@@ -518,9 +555,11 @@ def _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm,
 @triton.jit
 def _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
             NT: tl.constexpr, EVEN_N: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr = 0,
-            EXPAND: tl.constexpr = "ptx", BN: tl.constexpr = 64, ONE_MUL: tl.constexpr = False):
+            EXPAND: tl.constexpr = "ptx", BN: tl.constexpr = 64, ONE_MUL: tl.constexpr = False,
+            KLIM: tl.constexpr = 0):
     """Step k0 of expert e's packed weights [BN, BK/2] and scales [BN, BK/32] (PREPACK: the
-    scales' bit patterns, broadcast to [BN, BK/2])."""
+    scales' bit patterns, broadcast to [BN, BK/2]). KLIM (the step holding I's tail, plain layout):
+    codes past I read as 0 under scale byte 127; prepacked weights hold that padding in memory."""
     if PREPACK:
         w, w_s = _load_w_prepacked(w_ptr, w_scale_ptr, e, tl.program_id(1), k0, stride_we, stride_wn,
                                    stride_wse, stride_wsn, NT, EXPAND, BN, BK, PREPACK, ONE_MUL)
@@ -531,20 +570,22 @@ def _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_ws
         s_ptrs = w_scale_ptr + e * stride_wse + rn[:, None] * stride_wsn + rks[None, :]
         # NT: the weights are read once per token block; evict_first keeps them from pushing
         # the activations and the output rows out of L2.
-        if EVEN_N:
+        if EVEN_N and not KLIM:
             if NT:
                 w = tl.load(w_ptrs, eviction_policy="evict_first")
                 w_s = tl.load(s_ptrs, eviction_policy="evict_first")
             else:
                 w = tl.load(w_ptrs)
                 w_s = tl.load(s_ptrs)
+        elif EVEN_N:
+            w = _ld(w_ptrs, (rkp < KLIM // 2)[None, :], 0, NT)
+            w_s = _ld(s_ptrs, (rks < KLIM // 32)[None, :], 127, NT)
+        elif KLIM:
+            w = _ld(w_ptrs, n_ok[:, None] & (rkp < KLIM // 2)[None, :], 0, NT)
+            w_s = _ld(s_ptrs, n_ok[:, None] & (rks < KLIM // 32)[None, :], 127, NT)
         else:
-            if NT:
-                w = tl.load(w_ptrs, mask=n_ok[:, None], other=0, eviction_policy="evict_first")
-                w_s = tl.load(s_ptrs, mask=n_ok[:, None], other=127, eviction_policy="evict_first")
-            else:
-                w = tl.load(w_ptrs, mask=n_ok[:, None], other=0)
-                w_s = tl.load(s_ptrs, mask=n_ok[:, None], other=127)
+            w = _ld(w_ptrs, n_ok[:, None], 0, NT)
+            w_s = _ld(s_ptrs, n_ok[:, None], 127, NT)
     return w, w_s
 
 
@@ -589,6 +630,19 @@ def _mma(acc, a, a_s, w, w_s, A_FP4: tl.constexpr, SWAP_AB: tl.constexpr, EXPAND
 
 
 @triton.jit
+def _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok, k0,
+               stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
+               A_FP4: tl.constexpr, NT: tl.constexpr, EVEN_N: tl.constexpr, EXPAND: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr,
+               ONE_MUL: tl.constexpr, KLIM: tl.constexpr):
+    """The loads of one K step (activations, weights, scales); KLIM: I, on the step holding its tail."""
+    a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3, KLIM)
+    w, w_s = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
+                     NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL, KLIM)
+    return a, a_s, w, w_s
+
+
+@triton.jit
 def _moe_mxfp4_down_kernel(
     a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr,
     sorted_ids_ptr, sorted_weights_ptr, expert_ids_ptr, num_rows_ptr,
@@ -601,15 +655,20 @@ def _moe_mxfp4_down_kernel(
     PREPACK: tl.constexpr = 0, ONE_MUL: tl.constexpr = False, SPLIT_K: tl.constexpr = 1,
     MAX_UNROLL: tl.constexpr = 16,
 ):
-    """One BM x BN tile of the down-projection (with SPLIT_K > 1, its K / SPLIT_K slice
-    program_id(2)); out is [M, H] (ATOMIC) or the per-pair workspace [pairs, H]. K % (BK *
-    SPLIT_K) == 0 (checked by the launcher)."""
-    NSTEPS: tl.constexpr = K // (BK * SPLIT_K)
+    """One BM x BN tile of the down-projection (with SPLIT_K > 1, its share program_id(2) of the
+    cdiv(K, BK) steps); out is [M, H] (ATOMIC) or the per-pair workspace [pairs, H]. cdiv(K, BK) %
+    SPLIT_K == 0 (checked by the launcher). Where BK does not divide K = I, each program's last
+    step reads the columns past I as zeros (KT = I: the masks of _load_a / _load_w; prepacked
+    weights hold zero codes there, prepack_mxfp4's padding), so the tail adds exact zeros and the
+    other steps keep their unmasked loads."""
+    NSTEPS: tl.constexpr = (K + BK - 1) // BK // SPLIT_K
+    KT: tl.constexpr = K if K % BK else 0            # the mask limit of the last step, 0: no tail
+    K_FIRST: tl.constexpr = KT if NSTEPS == 1 else 0
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     k_lo = 0                    # a constant without SPLIT_K: the step offsets fold
     if SPLIT_K > 1:
-        k_lo = tl.program_id(2) * (K // SPLIT_K)
+        k_lo = tl.program_id(2) * (NSTEPS * BK)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < H
@@ -618,9 +677,9 @@ def _moe_mxfp4_down_kernel(
         ok = ids < num_pairs
         rows = ids.to(tl.int64)
         e = tl.maximum(tl.load(expert_ids_ptr + pid_m), 0).to(tl.int64)
-        a0, as0 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
-        w0, ws0 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo, stride_we, stride_wn, stride_wse, stride_wsn,
-                          NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
+        a0, as0, w0, ws0 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok, k_lo,
+                                      stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
+                                      A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, K_FIRST)
     if PREFETCH_EPILOGUE:
         wts = tl.load(sorted_weights_ptr + rm)
     if pid_m * BM >= tl.load(num_rows_ptr):
@@ -630,9 +689,9 @@ def _moe_mxfp4_down_kernel(
         ok = ids < num_pairs
         rows = ids.to(tl.int64)
         e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-        a0, as0 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
-        w0, ws0 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo, stride_we, stride_wn, stride_wse, stride_wsn,
-                          NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
+        a0, as0, w0, ws0 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok, k_lo,
+                                      stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
+                                      A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, K_FIRST)
 
     if SWAP_AB:
         acc = tl.zeros((BN, BM), dtype=tl.float32)
@@ -646,21 +705,27 @@ def _moe_mxfp4_down_kernel(
     # iteration consumes what it loads: the inline PTX expansion takes its operands four
     # elements per 32-bit register as they were loaded, and a tile carried across iterations
     # may come back in another register order (on the GPU the prepacked layout's bytes did).
+    # The last step of a tail (KT) is peeled off the loop, so the loop's loads stay unmasked.
     if NSTEPS > MAX_UNROLL:
         acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
-        for s in range(1, NSTEPS):
-            k0 = k_lo + s * BK
-            a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
-            w, w_s = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
-                             NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
+        for s in range(1, NSTEPS - (KT > 0)):
+            a, a_s, w, w_s = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok,
+                                        k_lo + s * BK, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
+                                        stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, 0)
+            acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
+        if KT:
+            a, a_s, w, w_s = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok,
+                                        k_lo + (NSTEPS - 1) * BK, stride_am, stride_asm, stride_we, stride_wn,
+                                        stride_wse, stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK,
+                                        ONE_MUL, KT)
             acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
     elif LOAD_AHEAD == 0:
         acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
         for s in tl.static_range(1, NSTEPS):
-            k0 = k_lo + s * BK
-            a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
-            w, w_s = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
-                             NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
+            a, a_s, w, w_s = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok,
+                                        k_lo + s * BK, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
+                                        stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL,
+                                        KT if s == NSTEPS - 1 else 0)
             acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
     else:
         # LOAD_AHEAD = L: the loads of steps s + 1 .. s + L are in flight while step s expands
@@ -670,30 +735,30 @@ def _moe_mxfp4_down_kernel(
         a2, as2, w2, ws2 = a0, as0, w0, ws0
         a3, as3, w3, ws3 = a0, as0, w0, ws0
         if LOAD_AHEAD >= 1 and NSTEPS > 1:
-            a1, as1 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + BK, stride_am, stride_asm, A_FP4, BM, BK,
-                              PREPACK == 3)
-            w1, ws1 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo + BK, stride_we, stride_wn, stride_wse,
-                              stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
+            a1, as1, w1, ws1 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok,
+                                          k_lo + BK, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
+                                          stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL,
+                                          KT if NSTEPS == 2 else 0)
         if LOAD_AHEAD >= 2 and NSTEPS > 2:
-            a2, as2 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + 2 * BK, stride_am, stride_asm, A_FP4, BM, BK,
-                              PREPACK == 3)
-            w2, ws2 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo + 2 * BK, stride_we, stride_wn, stride_wse,
-                              stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
+            a2, as2, w2, ws2 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok,
+                                          k_lo + 2 * BK, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
+                                          stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL,
+                                          KT if NSTEPS == 3 else 0)
         if LOAD_AHEAD >= 3 and NSTEPS > 3:
-            a3, as3 = _load_a(a_ptr, a_scale_ptr, rows, ok, k_lo + 3 * BK, stride_am, stride_asm, A_FP4, BM, BK,
-                              PREPACK == 3)
-            w3, ws3 = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k_lo + 3 * BK, stride_we, stride_wn, stride_wse,
-                              stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
+            a3, as3, w3, ws3 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok,
+                                          k_lo + 3 * BK, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
+                                          stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL,
+                                          KT if NSTEPS == 4 else 0)
         for s in tl.static_range(NSTEPS):
             acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
             a0, as0, w0, ws0 = a1, as1, w1, ws1
             a1, as1, w1, ws1 = a2, as2, w2, ws2
             a2, as2, w2, ws2 = a3, as3, w3, ws3
             if s + LOAD_AHEAD + 1 < NSTEPS:        # the step that now enters the last slot
-                kn = k_lo + (s + LOAD_AHEAD + 1) * BK
-                an, asn = _load_a(a_ptr, a_scale_ptr, rows, ok, kn, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3)
-                wn, wsn = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, kn, stride_we, stride_wn, stride_wse,
-                                  stride_wsn, NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL)
+                an, asn, wn, wsn = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok,
+                                              k_lo + (s + LOAD_AHEAD + 1) * BK, stride_am, stride_asm, stride_we,
+                                              stride_wn, stride_wse, stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN,
+                                              BK, PREPACK, ONE_MUL, KT if s + LOAD_AHEAD + 2 == NSTEPS else 0)
                 if LOAD_AHEAD == 1:
                     a1, as1, w1, ws1 = an, asn, wn, wsn
                 elif LOAD_AHEAD == 2:
