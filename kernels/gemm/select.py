@@ -67,11 +67,12 @@ def _estimate(call: Call, cfg: gconfig.GemmConfig, name: str) -> float:
 
 
 def cold(call: Call) -> common.Candidate:
-    """The cold rule's candidate: the region table's pick for the call's region (on sm_90+, when
-    that candidate exists for the call), else ``kernels.gemm.cold.heuristic``'s, named as the
+    """The cold rule's candidate: the region table's pick for the call's region, or its class's
+    default where the table has none (``kernels.gemm.cold.region_pick``; on sm_90+, when that
+    candidate exists for the call), else ``kernels.gemm.cold.heuristic``'s, named as the
     candidate it equals (else "cold")."""
-    if cold_rule.REGIONS and call.hopper:
-        name = cold_rule.region_pick(call.M, call.N, call.K, call.dtype, call.aligned, call.sms)
+    if call.hopper:
+        name, _ = cold_rule.region_pick(call.M, call.N, call.K, call.dtype, call.aligned, call.sms)
         cands = candidates(call) if name else {}
         if name in cands:
             return cands[name]
