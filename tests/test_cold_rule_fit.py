@@ -212,3 +212,33 @@ def test_refit_reports_held_out_regret_per_region_class(tmp_path):
     big = report[(report["class"] == "bigpad") & (report.rule == "regions")]
     assert set(big["pick"]) == {"t128x256"} and big.via.str.contains("no fit points").all()
     assert "Per region class" in (out / "cold_rule_summary.md").read_text()
+
+
+def test_the_zoo_covers_every_class_in_both_halves():
+    """experiments/gemm_shapes.yaml holds fit and held-out shapes of every class the rule keys
+    apart: large unaligned ones (fp16 and bf16; A's rows alone, B's and C's, C's alone, all of
+    them), narrow N and long K; at least 8 fit shapes each (the fit's --min-shapes is 3)."""
+    import sys
+    from collections import Counter, defaultdict
+
+    from kernels.gemm import cold
+
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from run_gemm_zoo import load_shapes
+
+    fit = _script()
+    count = Counter()
+    unaligned = defaultdict(set)
+    for s in load_shapes():
+        call = fit.fake_call(s)
+        cls = cold.shape_class(call.M, call.N, call.K, call.dtype, call.aligned, 132)
+        count[(cls, s["split"])] += 1
+        if cls == "bigpad":
+            unaligned[s["split"]].add((s["dtype"], f"{int(call.a_ok)}{int(call.b_ok)}{int(call.c_ok)}"))
+    for cls in ("bigpad", "narrow", "longk"):
+        assert count[(cls, "fit")] >= 8 and count[(cls, "held_out")] >= 8, (cls, count)
+    # TMA flags of A, B, C: 011 A's rows alone unaligned; 100 B's and C's; 110 C's alone (B a
+    # transposed view); 001 A's and B's (the same); 000 all three
+    for half in ("fit", "held_out"):
+        assert {d for d, _ in unaligned[half]} == {"bfloat16", "float16"}
+        assert {t for _, t in unaligned[half]} == {"011", "100", "110", "001", "000"}, unaligned[half]
