@@ -192,6 +192,8 @@ def main(argv=None) -> int:
                     help="fit shapes a region needs for its least-geomean pick (fewer: best worst case)")
     ap.add_argument("--margin", type=float, default=0.005, help="CV regret the region table must win by")
     ap.add_argument("--write-rule", action="store_true", help="write kernels/gemm/cold_rule.json if it is kept")
+    ap.add_argument("--rule-out", type=Path, default=None,
+                    help="with --write-rule: write the rule here instead (try it with WORKBENCH_GEMM_COLD_RULE=PATH)")
     args = ap.parse_args(argv)
     import pandas as pd
 
@@ -261,8 +263,10 @@ def main(argv=None) -> int:
                "region_info": info if keep == "regions" else {}, "min_shapes": args.min_shapes,
                "fitted_on": sorted({_repo_path(p) for p in args.times}), "cv_regret": cv_gm,
                "fit_records": len(fit)}
-        RULE_PATH.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {RULE_PATH} ({keep}, {len(doc['regions'])} regions)")
+        path = args.rule_out or RULE_PATH
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {path} ({keep}, {len(doc['regions'])} regions)")
     return 0
 
 

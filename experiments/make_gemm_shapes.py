@@ -15,7 +15,8 @@ classes of problem the cold rule keys apart (``kernels.gemm.cold.shape_class``),
 halves: large unaligned problems (M, N, K >= 1024, 16-bit, fp16 and bf16; the rows of A, of B and
 C, or of both not multiples of 8 elements; B row-major or a transposed view, so that C's rows
 alone are unaligned too), narrow N with tall M (N <= 1024, M >= 4096), and long K with small M
-and N (K >= 8192, fewer 128x128 tiles than SMs), plus the shapes issue 43 named.
+and N (K >= 8192, fewer 128x128 tiles than SMs), plus the shapes issue 43 named; all of them carry ``group: regions`` (``workbench tune gemm
+--where group=regions`` tunes them alone).
 
 Split: a shape is held out (never seen while fitting the heuristic) when the
 SHA-256 of "MxNxK" (decimal, e.g. "16x4096x4096") read as an integer is odd; the
@@ -158,7 +159,8 @@ def bigpad_shapes(rng: random.Random, seen: set) -> list[dict]:
         seen.add((M, N, K))
         # B a transposed view one time in three: then K's rows are A's and B's, N's C's alone
         b = "t" if i % 9 in (1, 5, 6) else "row"
-        row = {"M": M, "N": N, "K": K, "source": f"region/bigpad-{which}", "dtype": ("bfloat16", "float16")[i % 2]}
+        row = {"M": M, "N": N, "K": K, "source": f"region/bigpad-{which}", "dtype": ("bfloat16", "float16")[i % 2],
+               "group": "regions"}
         if b == "t":
             row["b"] = "t"
         out.append(row)
@@ -175,7 +177,7 @@ def narrow_shapes(rng: random.Random, seen: set) -> list[dict]:
                 break
         seen.add((M, N, K))
         out.append({"M": M, "N": N, "K": K, "source": "region/narrow",
-                    "dtype": "float16" if i % 4 == 3 else "bfloat16"})
+                    "dtype": "float16" if i % 4 == 3 else "bfloat16", "group": "regions"})
     return out
 
 
@@ -190,7 +192,7 @@ def long_k_shapes(rng: random.Random, seen: set) -> list[dict]:
                 break
         seen.add((M, N, K))
         out.append({"M": M, "N": N, "K": K, "source": "region/longk",
-                    "dtype": "float16" if i % 4 == 3 else "bfloat16"})
+                    "dtype": "float16" if i % 4 == 3 else "bfloat16", "group": "regions"})
     return out
 
 
@@ -199,7 +201,8 @@ def region_shapes(seen: set) -> list[dict]:
     named = []
     for M, N, K, dtype, b, what in NAMED:
         seen.add((M, N, K))
-        named.append({"M": M, "N": N, "K": K, "source": f"issue43/{what}", "dtype": dtype, **({"b": b} if b == "t" else {})})
+        named.append({"M": M, "N": N, "K": K, "source": f"issue43/{what}", "dtype": dtype, "group": "regions",
+                      **({"b": b} if b == "t" else {})})
     return named + bigpad_shapes(rng, seen) + narrow_shapes(rng, seen) + long_k_shapes(rng, seen)
 
 

@@ -375,8 +375,9 @@ def main(argv=None) -> int:
         print(f"fresh shapes: {len(drawn)} drawn with seed {seed} (M, N, K uniform in [1, {FRESH_MAX}], N and K "
               f"multiples of 8, bf16; {fresh_file})", flush=True)
         shapes += drawn
-    verify(shapes, args, prov, args.out)
-    print(report(args.out), flush=True)
+    if shapes:
+        verify(shapes, args, prov, args.out)
+        print(report(args.out), flush=True)
     if args.tune_on_miss:
         extra = ([dict(M=9, N=16, K=24, dtype="float16")] if args.small else
                  fresh_shapes(args.tune_on_miss, seed=seed, skip=max(args.fresh, 20)))

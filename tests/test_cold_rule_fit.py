@@ -242,3 +242,25 @@ def test_the_zoo_covers_every_class_in_both_halves():
     for half in ("fit", "held_out"):
         assert {d for d, _ in unaligned[half]} == {"bfloat16", "float16"}
         assert {t for _, t in unaligned[half]} == {"011", "100", "110", "001", "000"}, unaligned[half]
+
+
+def test_a_refitted_rule_is_tried_through_the_environment(tmp_path):
+    """WORKBENCH_GEMM_COLD_RULE names a rule file to use instead of the shipped one (what a GPU
+    node's checks run after refitting); a path that is not a file is an error that says so."""
+    import os
+    import subprocess
+    import sys
+
+    rule = tmp_path / "rule.json"
+    rule.write_text(json.dumps({"regions": {"bigpad": "t128x128"}}))
+    code = ("import json; from kernels.gemm import cold; "
+            "print(json.dumps([cold.REGIONS, cold.region_pick(5000, 5001, 5003, __import__('torch').float16, "
+            "False, 132)]))")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), WORKBENCH_GEMM_COLD_RULE=str(rule))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    regions, picked = json.loads(r.stdout.strip().splitlines()[-1])
+    assert regions == {"bigpad": "t128x128"} and picked == ["t128x128", "bigpad"]
+    env["WORKBENCH_GEMM_COLD_RULE"] = str(tmp_path / "typo.json")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "WORKBENCH_GEMM_COLD_RULE" in r.stderr and "no such file" in r.stderr

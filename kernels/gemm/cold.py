@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -242,6 +243,9 @@ def fma_bound_us(M: int, N: int, K: int) -> float:
 # The region table: fitted on measured candidates (experiments/fit_gemm_cold_rule.py)
 # --------------------------------------------------------------------------
 RULE_PATH = Path(__file__).resolve().parent / "cold_rule.json"
+# A rule file to use instead of the shipped one (a refit being tried before it ships: what
+# ``experiments/tune_gpu.py`` points its checks at after refitting), read once at import.
+RULE_ENV = "WORKBENCH_GEMM_COLD_RULE"
 MAX_RULE_BYTES = 1 << 20
 
 
@@ -360,4 +364,17 @@ def load_regions(path: Path = RULE_PATH) -> dict[str, str]:
     return dict(regions)
 
 
-REGIONS = load_regions()
+def _rule_path() -> Path:
+    """``$WORKBENCH_GEMM_COLD_RULE`` when set (it must name a file: a typo is an error, not the
+    shipped rule in disguise), else the shipped ``cold_rule.json``."""
+    given = os.environ.get(RULE_ENV, "").strip()
+    if not given:
+        return RULE_PATH
+    path = Path(given).expanduser()
+    if not path.is_file():
+        raise ValueError(f"{RULE_ENV}={given!r}: no such file; point it at a rule written by "
+                         f"experiments/fit_gemm_cold_rule.py --write-rule, or unset it to use the shipped rule")
+    return path
+
+
+REGIONS = load_regions(_rule_path())
