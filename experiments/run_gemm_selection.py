@@ -135,6 +135,16 @@ def _methods(a, b, c, max_candidates: int | None):
     return fns, plan, call, cold
 
 
+def _append(path: Path, df) -> None:
+    """Rows appended to a CSV in the columns its header already has (a resumed run's rows line up
+    with the first run's; a column the file lacks is left out)."""
+    import pandas as pd
+
+    if path.exists():
+        df = df.reindex(columns=pd.read_csv(path, nrows=0).columns)
+    df.to_csv(path, mode="a", header=not path.exists(), index=False)
+
+
 def verify(shapes: list[dict], args, prov, out_dir: Path) -> None:
     import pandas as pd
     import torch
@@ -146,6 +156,7 @@ def verify(shapes: list[dict], args, prov, out_dir: Path) -> None:
     device = "cuda" if on_gpu else "cpu"
     done = _done(out_dir) if args.resume else set()
     t0 = time.time()
+    measured = 0
     for i, s in enumerate(shapes):
         s = gtuning.shape_of(s)
         key = (set_of(s), s["M"], s["N"], s["K"], s["dtype"], s["b"])
@@ -181,8 +192,9 @@ def verify(shapes: list[dict], args, prov, out_dir: Path) -> None:
             for mode, tm in timings.items():
                 t, cub = tm.get(name), tm.get("cublas")
                 rows.append(dict(
-                    {k: v for k, v in s.items() if k not in ("source", "split")}, set=key[0], split=s.get("split"),
-                    origin=s.get("source", ""), b_layout=s["b"], **{"class": cls}, method=name, mode=mode,
+                    {k: s[k] for k in ("M", "N", "K", "dtype", "b")}, set=key[0], split=s.get("split"),
+                    origin=s.get("source", ""), group=s.get("group", ""), b_layout=s["b"], **{"class": cls},
+                    method=name, mode=mode,
                     status=status[name] if t is not None or status[name] != "ok" else "not timed",
                     rel_err=errs.get(name, math.nan), candidate=cand,
                     source={"ours": plan.choice.source if plan.choice else "", "cold": "cold"}.get(name, ""),
@@ -192,10 +204,8 @@ def verify(shapes: list[dict], args, prov, out_dir: Path) -> None:
                     vs_cublas=cub.median_ms / t.median_ms if t and cub else math.nan,
                     cublas_us=cub.median_ms * 1e3 if cub else math.nan, **provenance.flat(prov)))
         df = pd.DataFrame(rows)
-        for name, part in (("verify.csv", df[~df.method.str.startswith("ours:")]),
-                           ("candidates.csv", df[df.method.str.startswith("ours:")])):
-            path = out_dir / name
-            part.to_csv(path, mode="a", header=not path.exists(), index=False)
+        _append(out_dir / "verify.csv", df[~df.method.str.startswith("ours:")])
+        _append(out_dir / "candidates.csv", df[df.method.str.startswith("ours:")])
         g = timings["graph"]
         ratio = (lambda n: g["cublas"].median_ms / g[n].median_ms if n in g and "cublas" in g else math.nan)
         ours = {n: g[n].median_ms for n in g if n.startswith("ours:")}
@@ -206,9 +216,14 @@ def verify(shapes: list[dict], args, prov, out_dir: Path) -> None:
               f"{host.get('ours', math.nan):.1f} / cuBLAS {host.get('cublas', math.nan):.1f} us"
               + ("" if all(v == "ok" for v in status.values()) else
                  f"  NOT OK: { {k: v for k, v in status.items() if v != 'ok'} }"), flush=True)
+        measured += 1
         del a, b, c, ref
         if on_gpu:
             torch.cuda.empty_cache()
+    have = _done(out_dir)
+    left = sum((set_of(s), s["M"], s["N"], s["K"], s["dtype"], s.get("b", "row")) not in have for s in shapes)
+    print(f"verify: {measured} shapes measured now, {len(shapes) - left} of {len(shapes)} in {out_dir / 'verify.csv'}"
+          + (f"; {left} left (run again with --resume)" if left else "; done"), flush=True)
 
 
 def tune_on_miss(shapes: list[dict], args, prov, out_csv: Path) -> None:
@@ -224,6 +239,7 @@ def tune_on_miss(shapes: list[dict], args, prov, out_csv: Path) -> None:
     on_gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
     device = "cuda" if on_gpu else "cpu"
     budget = tune.budget_s(args.tune_budget_s)
+    os.environ[tune.BUDGET_ENV] = str(budget)   # what matmul(tune=True) reads
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["WORKBENCH_TUNING_DIR"] = tmp

@@ -166,3 +166,12 @@ def test_the_report_is_written_from_the_rows_of_a_run(tmp_path):
     goals = pd.read_csv(tmp_path / "selection_goals.csv")
     assert len(goals) == 12 and set(goals["mode"]) == {"graph", "eager"}
     assert (tmp_path / "selection_summary.csv").exists() and (tmp_path / "selection_by_class.csv").exists()
+
+
+def test_rows_of_a_resumed_run_line_up_with_the_first_runs(tmp_path):
+    path = tmp_path / "verify.csv"
+    rgs._append(path, pd.DataFrame([{"M": 1, "N": 2, "group": "regions", "median_us": 3.0}]))
+    rgs._append(path, pd.DataFrame([{"median_us": 4.0, "M": 5, "N": 6, "extra": "x"}]))
+    df = pd.read_csv(path)
+    assert list(df.columns) == ["M", "N", "group", "median_us"] and list(df.median_us) == [3.0, 4.0]
+    assert list(df.M) == [1, 5] and df.group.isna().tolist() == [False, True]
