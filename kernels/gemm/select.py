@@ -126,9 +126,11 @@ COMPILE_COSTS = common_tune.CompileCosts(COMPILE_GUESS_S, default_s=1.5)
 
 
 def _plan_of(call: Call, cand: common.Candidate):
+    """The candidate's plan for this call, or None where it cannot be made (the tuner then says
+    why when it tries the candidate; an estimate must never be what fails a user's call)."""
     try:
         return variants.VARIANTS[cand.variant].plan(call, cand.config, explicit=True)
-    except (ValueError, TypeError, KeyError):
+    except Exception:
         return None
 
 
