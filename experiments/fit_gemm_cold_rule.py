@@ -1,5 +1,6 @@
 """Fit the GEMM cold-start rule on the zoo's fit half, timed on every GPU given, and report it
-on the held-out half and on the fresh shapes, against the per-shape best candidate and cuBLAS.
+on the held-out half and on the fresh shapes, against the per-shape best candidate and cuBLAS,
+overall and per region class.
 
     python experiments/fit_gemm_cold_rule.py --times results/gemm_selection/h100/times_gemm.csv \\
         results/gemm_selection/h200/times_gemm.csv --out results/gemm_selection --write-rule
@@ -7,21 +8,25 @@ on the held-out half and on the fresh shapes, against the per-shape best candida
 Input: the per-candidate times ``workbench tune gemm --times`` writes (every candidate of a shape
 timed in the same tuning run, cuBLAS among them). Two rules are compared:
 
-* ``cost model``: the rule in ``kernels/gemm/cold.py`` as it is (without a region table), the
-  cost model fitted earlier on one H200's zoo sweep;
-* ``regions``: a table from a few coarse features (dtype, operands TMA-aligned, M class, rounds
-  of 128x256 tiles over the SMs, long K) to the one candidate with the least geometric-mean
-  regret over the fit half's shapes of that region on every GPU (at least ``--min-shapes`` of
-  them), at three levels of detail (``kernels.gemm.cold.regions``): a problem takes its most
-  specific region the table has, else the cost model.
+* ``cost model``: the rule in ``kernels/gemm/cold.py`` without a region table (the cost model
+  fitted earlier on one H200's zoo sweep, and the class defaults, ``cold.UNFITTED``);
+* ``regions``: a table from a few coarse features to one candidate per region
+  (``kernels.gemm.cold.regions``: the class regions of large unaligned, narrow-N and long-K
+  problems first, then general ones at three levels of detail). A region with at least
+  ``--min-shapes`` fit shapes takes the candidate of least geometric-mean regret over them on
+  every GPU; one with fewer takes the candidate with the best worst case over the shapes it
+  has (never the library by default); one with none is left out, so a problem takes its
+  class's default (``cold.UNFITTED``) or its next, coarser region, else the cost model.
 
 Which is kept is decided on the fit half alone, by 5-fold cross-validation (shapes split by a
 hash of their key, both GPUs' timings of a shape in the same fold): the region table is kept
 (``--write-rule`` writes ``kernels/gemm/cold_rule.json``) only if its cross-validated regret
 beats the cost model's by more than ``--margin``; otherwise the simpler of the two that is
 within the margin. Then both are reported on the held-out half and the fresh shapes, which
-took no part in the choice: ``cold_rule_report.csv`` (per shape and GPU) and
-``cold_rule_summary.csv`` / ``.md`` (per rule, set and GPU: regret and ratio to cuBLAS).
+took no part in the choice: ``cold_rule_report.csv`` (per shape and GPU: the pick, the region
+that named it, the regret), ``cold_rule_summary.csv`` / ``.md`` (per rule, set and GPU: regret
+against the per-shape best of ours and cuBLAS, ratio to cuBLAS, and the best of ours alone) and
+``cold_rule_regions.csv`` (the same per region class: bigpad, narrow, longk, other).
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 RULE_PATH = ROOT / "kernels" / "gemm" / "cold_rule.json"
 SMS = 132  # H100 SXM and H200: the rule's features count rounds over this many SMs
 LIBRARY = "cublas"
+MIN_SHAPES = 3
 
 
 def load_times(paths: list[Path]) -> dict:
@@ -79,12 +85,14 @@ def fake_call(shape: dict):
                 b_km=s["b"] == "t" and b_ok, c_ok=c_ok, device_descriptors=True, gluon_device_descriptors=True)
 
 
-def region(shape: dict) -> list[str]:
-    """The coarse classes the region table is keyed on, most specific first (``kernels.gemm.cold.regions``)."""
+def facts(shape: dict) -> dict:
+    """What the rule looks at: M, N, K, dtype, whether every operand is TMA-aligned; the regions
+    the table is keyed on, most specific first (``kernels.gemm.cold.regions``); the class."""
     from kernels.gemm import cold
 
     call = fake_call(shape)
-    return cold.regions(call.M, call.N, call.K, call.dtype, call.aligned, SMS)
+    args = (call.M, call.N, call.K, call.dtype, call.aligned, SMS)
+    return {"args": args, "region": cold.regions(*args), "class": cold.shape_class(*args) or "other"}
 
 
 def cost_model_pick(shape: dict) -> str:
@@ -111,38 +119,65 @@ def geomean(xs) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
 
 
-def fit_regions(recs: list[dict], min_shapes: int) -> dict[str, str]:
-    """region -> the candidate of least geometric-mean regret over the region's records (each a
-    shape on one GPU) that timed it, among candidates timed on all of them."""
+GEOMEAN, WORST = "least geomean regret", "best worst case"
+
+
+def fit_regions(recs: list[dict], min_shapes: int) -> tuple[dict[str, str], dict[str, dict]]:
+    """(region -> candidate, region -> {shapes, how}) over the records (each a shape on one GPU),
+    among the candidates timed on all of a region's records: least geometric-mean regret where
+    the region has at least ``min_shapes`` shapes, else the best worst-case regret (few points:
+    the candidate that is never far off on any of them)."""
     by_region: dict[str, list[dict]] = defaultdict(list)
     for r in recs:
-        for reg in r["region"]:   # every level: a specific region with too few shapes falls back
+        for reg in r["region"]:   # every level
             by_region[reg].append(r)
-    table = {}
-    for reg, rows in by_region.items():
-        if len({r["key"] for r in rows}) < min_shapes:
-            continue
+    table, info = {}, {}
+    for reg, rows in sorted(by_region.items()):
+        shapes = len({r["key"] for r in rows})
         common = set.intersection(*(set(r["us"]) for r in rows))
-        scores = {c: geomean(r["us"][c] / min(r["us"].values()) for r in rows) for c in common}
-        if scores:
-            table[reg] = min(scores, key=scores.get)
-    return table
+        if not common:
+            continue
+        regrets = {c: [r["us"][c] / min(r["us"].values()) for r in rows] for c in sorted(common)}
+        how = GEOMEAN if shapes >= min_shapes else WORST
+        score = (lambda c: geomean(regrets[c])) if how == GEOMEAN else (lambda c: (max(regrets[c]),
+                                                                                   geomean(regrets[c])))
+        table[reg] = min(regrets, key=score)
+        info[reg] = {"shapes": shapes, "how": how}
+    return table, info
 
 
-def pick(rule: str, table: dict, rec: dict) -> str:
+def pick(rule: str, table: dict, rec: dict) -> tuple[str, str]:
+    """(candidate, what named it) for one record under ``rule``: the region table's pick as
+    ``kernels.gemm.cold.region_pick`` makes it (the region, or a class default), else the cost model."""
     if rule == "regions":
-        c = next((table[r] for r in rec["region"] if r in table), None)
+        from kernels.gemm import cold
+
+        c, via = cold.region_pick(*rec["args"], table=table)
         if c is not None and c in rec["us"]:
-            return c
-    return rec["cost_model"]
+            return c, via
+    return rec["cost_model"], "cost model"
 
 
 def regret(rule: str, table: dict, recs: list[dict]) -> list[float]:
     out = []
     for r in recs:
-        c = pick(rule, table, r)
+        c = pick(rule, table, r)[0]
         out.append(r["us"][c] / min(r["us"].values()) if c in r["us"] else math.nan)
     return out
+
+
+def summarize(g, **keys) -> dict:
+    """One summary row of report rows ``g``: regret against the per-shape best of ours and cuBLAS,
+    ratio to cuBLAS, and what the best of ours alone reaches."""
+    ours_best = g.cublas_us / g.best_ours
+    return {**keys, "shapes": len(g),
+            "regret_geomean": geomean(g.regret), "regret_worst": g.regret.max(),
+            "vs_cublas_geomean": geomean(g.vs_cublas), "vs_cublas_min": g.vs_cublas.min(),
+            "below_0.80": int((g.vs_cublas < 0.8).sum()), "below_0.90": int((g.vs_cublas < 0.9).sum()),
+            "library_picked": int((g["pick"] == LIBRARY).sum()),
+            "tables_vs_cublas_geomean": geomean(g.cublas_us / g.best_us),
+            "tables_vs_cublas_min": float((g.cublas_us / g.best_us).min()),
+            "best_ours_vs_cublas_geomean": geomean(ours_best), "best_ours_vs_cublas_min": float(ours_best.min())}
 
 
 def fold_of(key: str, k: int = 5) -> int:
@@ -153,9 +188,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--times", type=Path, nargs="+", required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--min-shapes", type=int, default=2)
+    ap.add_argument("--min-shapes", type=int, default=MIN_SHAPES,
+                    help="fit shapes a region needs for its least-geomean pick (fewer: best worst case)")
     ap.add_argument("--margin", type=float, default=0.005, help="CV regret the region table must win by")
     ap.add_argument("--write-rule", action="store_true", help="write kernels/gemm/cold_rule.json if it is kept")
+    ap.add_argument("--rule-out", type=Path, default=None,
+                    help="with --write-rule: write the rule here instead (try it with WORKBENCH_GEMM_COLD_RULE=PATH)")
     args = ap.parse_args(argv)
     import pandas as pd
 
@@ -166,61 +204,69 @@ def main(argv=None) -> int:
             continue
         shape = rec["shape"]
         recs.append({"device": device, "key": key, "shape": shape, "split": split_of(shape), "us": rec["us"],
-                     "region": region(shape), "cost_model": cost_model_pick(shape)})
+                     **facts(shape), "cost_model": cost_model_pick(shape)})
     fit = [r for r in recs if r["split"] == "fit"]
     # Cross-validation on the fit half only.
     cv = {"cost model": [], "regions": []}
     for k in range(5):
         train = [r for r in fit if fold_of(r["key"]) != k]
         test = [r for r in fit if fold_of(r["key"]) == k]
-        table = fit_regions(train, args.min_shapes)
+        table, _ = fit_regions(train, args.min_shapes)
         for rule in cv:
             cv[rule] += regret(rule, table, test)
     cv_gm = {rule: geomean(v) for rule, v in cv.items()}
     keep = "regions" if cv_gm["regions"] < cv_gm["cost model"] * (1 - args.margin) else "cost model"
-    table = fit_regions(fit, args.min_shapes)
+    table, info = fit_regions(fit, args.min_shapes)
     print(f"5-fold CV on the fit half ({len(fit)} shape-GPU records): regret cost model {cv_gm['cost model']:.3f}, "
           f"regions {cv_gm['regions']:.3f} -> keep {keep}")
+    few = {r: i for r, i in info.items() if i["how"] == WORST}
+    print(f"{len(table)} regions fitted, {len(few)} of them on fewer than {args.min_shapes} shapes (best worst case)")
     rows = []
     for r in recs:
         best = min(r["us"], key=r["us"].get)
         for rule in ("cost model", "regions"):
-            c = pick(rule, table, r)
+            c, via = pick(rule, table, r)
             t = r["us"].get(c, math.nan)
-            rows.append({"device": r["device"], "key": r["key"], "split": r["split"], "region": r["region"][0],
-                         "rule": rule, "pick": c, "us": t, "best": best, "best_us": r["us"][best],
-                         "cublas_us": r["us"][LIBRARY], "regret": t / r["us"][best],
+            rows.append({"device": r["device"], "key": r["key"], "split": r["split"], "class": r["class"],
+                         "region": r["region"][0], "rule": rule, "pick": c, "via": via,
+                         "via_shapes": info.get(via, {}).get("shapes", 0), "us": t, "best": best,
+                         "best_us": r["us"][best], "cublas_us": r["us"][LIBRARY], "regret": t / r["us"][best],
                          "vs_cublas": r["us"][LIBRARY] / t,
                          "best_ours": min((v for n, v in r["us"].items() if n != LIBRARY), default=math.nan)})
     df = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / "cold_rule_report.csv", index=False)
-    summ = []
-    for (rule, split, dev), g in df.groupby(["rule", "split", "device"]):
-        ours_best = g.cublas_us / g.best_ours
-        summ.append({"rule": rule, "set": split, "device": dev, "shapes": len(g),
-                     "regret_geomean": geomean(g.regret), "regret_worst": g.regret.max(),
-                     "vs_cublas_geomean": geomean(g.vs_cublas), "vs_cublas_min": g.vs_cublas.min(),
-                     "below_0.80": int((g.vs_cublas < 0.8).sum()), "below_0.90": int((g.vs_cublas < 0.9).sum()),
-                     "library_picked": int((g["pick"] == LIBRARY).sum()),
-                     "tables_vs_cublas_geomean": geomean(g.cublas_us / g.best_us),
-                     "tables_vs_cublas_min": float((g.cublas_us / g.best_us).min()),
-                     "best_ours_vs_cublas_geomean": geomean(ours_best)})
-    sdf = pd.DataFrame(summ)
+    sdf = pd.DataFrame([summarize(g, rule=rule, set=split, device=dev)
+                        for (rule, split, dev), g in df.groupby(["rule", "split", "device"])])
     sdf.to_csv(args.out / "cold_rule_summary.csv", index=False)
+    cdf = pd.DataFrame([summarize(g, rule=rule, set=split, device=dev, **{"class": cls})
+                        for (rule, split, dev, cls), g in df.groupby(["rule", "split", "device", "class"])])
+    cdf.to_csv(args.out / "cold_rule_regions.csv", index=False)
+    fmt = lambda x: f"{x:.3f}"   # noqa: E731
     md = ["# GEMM cold rule: fitted on the fit half, reported on the others\n",
           f"5-fold cross-validated regret on the fit half: cost model {cv_gm['cost model']:.3f}, region table "
-          f"{cv_gm['regions']:.3f}; kept: **{keep}** (margin {args.margin}).\n",
-          "```", sdf.to_string(index=False, float_format=lambda x: f"{x:.3f}"), "```", ""]
+          f"{cv_gm['regions']:.3f}; kept: **{keep}** (margin {args.margin}). Regions with fewer than "
+          f"{args.min_shapes} fit shapes take the candidate with the best worst case over them "
+          f"({len(few)} of {len(table)}).\n",
+          "Regret: time over the per-shape best of every candidate timed, ours and cuBLAS; `best_ours`: the best "
+          "of our kernels alone.\n",
+          "```", sdf.to_string(index=False, float_format=fmt), "```", "",
+          "Per region class (bigpad: large unaligned 16-bit; narrow: N <= 1024, tall M; longk: long K, small M "
+          "and N; `kernels.gemm.cold.shape_class`):\n",
+          "```", cdf.to_string(index=False, float_format=fmt), "```", ""]
     (args.out / "cold_rule_summary.md").write_text("\n".join(md))
-    print(sdf.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(sdf.to_string(index=False, float_format=fmt))
+    print(cdf[cdf.set != "fit"].to_string(index=False, float_format=fmt))
     if args.write_rule:
         doc = {"format": "kernel-workbench gemm cold rule", "version": 1, "rule": keep,
                "regions": table if keep == "regions" else {}, "sms": SMS,
+               "region_info": info if keep == "regions" else {}, "min_shapes": args.min_shapes,
                "fitted_on": sorted({_repo_path(p) for p in args.times}), "cv_regret": cv_gm,
                "fit_records": len(fit)}
-        RULE_PATH.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {RULE_PATH} ({keep}, {len(doc['regions'])} regions)")
+        path = args.rule_out or RULE_PATH
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {path} ({keep}, {len(doc['regions'])} regions)")
     return 0
 
 

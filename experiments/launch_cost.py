@@ -74,6 +74,7 @@ MOE_MXFP4 = [("gpt-oss-120b", 128, 2880, 2880, 4, (1, 16, 64, 256)), ("kimi-k2.5
 GLUON_SHAPES = [(4096, 4096, 4096), (3072, 3072, 3072), (2048, 7168, 2048), (4096, 14336, 4096),
                 (8192, 28672, 8192)]
 CALLS = 200
+PATH_CALLS = 300   # --paths: the host-time goal of issue 43 is read on medians of at least 300 calls
 
 
 @triton.jit
@@ -133,11 +134,15 @@ def single_gpu(rows, bench) -> None:
     _moe_mxfp4(rows, bench)
 
 
-def config_paths(rows, bench, n_shapes: int, calls: int = CALLS) -> None:
+def config_paths(rows, bench, n_shapes: int, calls: int = PATH_CALLS) -> None:
     """Every config path of ``matmul`` (each candidate of ``kernels.gemm.select.candidates``: persistent
     TMA, stream-K, tail slices, split-K / swap-AB, Gluon, padded operands, the library) and the
-    selection's own choice (tables, as users call it), host time per call beside ``torch.mm``, on
-    the first ``n_shapes`` held-out zoo shapes; then a profile of the slowest path's calls."""
+    selection's own choice (tables, as users call it), host time per call (median of ``calls``)
+    beside ``torch.mm``, on the first ``n_shapes`` held-out zoo shapes (16-bit, at most 50 GFLOP);
+    each row names its plan's kind (``kind``: library, tma, splitk, gluon, ...; ``padded``: operands
+    copied first); then a profile of the slowest path's calls. ``paths_summary.md``
+    (``experiments/gemm_selection_report.paths_summary``): per path, the ratio to ``torch.mm``
+    against the goal (library 1.1x, ours 1.2x)."""
     import cProfile
     import pstats
 
@@ -147,7 +152,7 @@ def config_paths(rows, bench, n_shapes: int, calls: int = CALLS) -> None:
     from kernels.gemm import launch as glaunch, select as gselect, tuning as gtuning
 
     # Held-out shapes short enough that 200 queued calls cost the GPU little (at most 50 GFLOP each).
-    shapes = [s for s in load_shapes() if s["split"] == "held_out" and s["dtype"] == "bfloat16"
+    shapes = [s for s in load_shapes() if s["split"] == "held_out" and s["dtype"] in ("bfloat16", "float16")
               and 2 * s["M"] * s["N"] * s["K"] <= 50e9][:n_shapes]
     worst = (0.0, None, "")
     for i, s in enumerate(shapes):
@@ -156,9 +161,9 @@ def config_paths(rows, bench, n_shapes: int, calls: int = CALLS) -> None:
         M, K = A.shape
         N = B.shape[1]
         call = glaunch._call(A, B, None, M, N, K, False, False)
+        cfgs = {f"{name} [{cand.variant}]": cand.config for name, cand in gselect.candidates(call).items()}
         fns = {"torch.mm": lambda: torch.mm(A, B), "matmul (selected)": lambda: glaunch.matmul(A, B)}
-        for name, cand in gselect.candidates(call).items():
-            fns[f"{name} [{cand.variant}]"] = (lambda cfg=cand.config: glaunch.matmul(A, B, cfg))
+        fns.update({name: (lambda cfg=cfg: glaunch.matmul(A, B, cfg)) for name, cfg in cfgs.items()})
         base = None
         for name, fn in fns.items():
             try:
@@ -170,7 +175,10 @@ def config_paths(rows, bench, n_shapes: int, calls: int = CALLS) -> None:
             h = bench.host_time_us(fn, calls=calls, warmup=10)
             base = h["median_us"] if name == "torch.mm" else base
             ratio = h["median_us"] / base if base else math.nan
-            rows.append(_row(f"paths {M}x{N}x{K}", name, h, ratio_vs_torch_mm=ratio))
+            p = glaunch.plan_for(A, B, cfgs.get(name)) if name != "torch.mm" else None
+            rows.append(_row(f"paths {M}x{N}x{K}", name, h, ratio_vs_torch_mm=ratio, dtype=s["dtype"], b=s["b"],
+                             kind=p.kind if p is not None else "torch.mm",
+                             padded=bool(p is not None and (p.pad_a or p.pad_b))))
             if name != "torch.mm" and ratio > worst[0]:
                 worst = (ratio, fn, f"{M}x{N}x{K} {name}")
         line = ", ".join(f"{r['impl'].split(' ')[0]} {r['host_us']:.0f}" for r in rows if r["case"] == f"paths {M}x{N}x{K}")
@@ -184,6 +192,23 @@ def config_paths(rows, bench, n_shapes: int, calls: int = CALLS) -> None:
         torch.cuda.synchronize()
         print(f"profile of the slowest path ({worst[2]}: {worst[0]:.2f}x torch.mm), 200 calls:", flush=True)
         pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+
+
+def write_paths_summary(df, out: Path) -> str:
+    """``paths_summary.md`` and ``.csv``: per config path, host time per call over ``torch.mm``'s."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gemm_selection_report as rep
+
+    summ = rep.paths_summary(df)
+    summ.to_csv(out / "paths_summary.csv", index=False)
+    dev = ", ".join(map(str, df.device_name.dropna().unique())) if "device_name" in df else ""
+    text = (f"# Host time per call of each GEMM config path, beside torch.mm ({dev})\n\n"
+            f"Median of {int(df.host_calls.min())}+ back-to-back calls per path and shape "
+            f"(`experiments/launch_cost.py --paths`); ratio: the path's median over torch.mm's on the same shape. "
+            f"Goal: the library path within {rep.HOST_LIBRARY}x, ours within {rep.HOST_OURS}x.\n\n"
+            + rep._table(summ) + "\n")
+    (out / "paths_summary.md").write_text(text)
+    return text
 
 
 def _grouped(rows, bench) -> None:
@@ -814,7 +839,9 @@ def main(argv=None) -> int:
                     help="only: where a planned matmul call's host time goes (with --comm: also the parts of a "
                          "chunked and a pipelined all_gather_matmul call)")
     ap.add_argument("--paths", type=int, default=0, metavar="N",
-                    help="only: every GEMM config path's host time on N held-out zoo shapes (paths.csv)")
+                    help="only: every GEMM config path's host time on N held-out zoo shapes (paths.csv, "
+                         "paths_summary.md); a large N takes them all")
+    ap.add_argument("--calls", type=int, default=PATH_CALLS, help="with --paths: calls per median (default 300)")
     ap.add_argument("--descriptors", action="store_true",
                     help="only: host vs device TMA descriptors (files descriptors*.csv, descriptors_log.txt)")
     ap.add_argument("--dry-run", action="store_true",
@@ -859,7 +886,7 @@ def main(argv=None) -> int:
     elif args.breakdown:
         breakdown(rows, bench)
     elif args.paths:
-        config_paths(rows, bench, args.paths)
+        config_paths(rows, bench, args.paths, calls=args.calls)
     else:
         single_gpu(rows, bench)
     if rows:
@@ -871,6 +898,8 @@ def main(argv=None) -> int:
                 "paths.csv" if args.paths else "launch_cost.csv")
         df.to_csv(out / name, index=False)
         print(f"wrote {out / name} ({len(df)} rows)")
+        if args.paths:
+            print(write_paths_summary(df, out))
     return 0
 
 

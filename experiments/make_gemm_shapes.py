@@ -10,6 +10,14 @@ a seeded generator (log-uniform sizes: M in [1, 16384], N and K in [64, 16384];
 tall-skinny, short-wide, just past a tile edge; N and K not multiples of 8 one
 time in five). fp16 and fp32 subsets repeat some of them.
 
+Then the region shapes (their own seeded generator, so the rows above never change): the
+classes of problem the cold rule keys apart (``kernels.gemm.cold.shape_class``), each with both
+halves: large unaligned problems (M, N, K >= 1024, 16-bit, fp16 and bf16; the rows of A, of B and
+C, or of both not multiples of 8 elements; B row-major or a transposed view, so that C's rows
+alone are unaligned too), narrow N with tall M (N <= 1024, M >= 4096), and long K with small M
+and N (K >= 8192, fewer 128x128 tiles than SMs), plus the shapes issue 43 named; all of them carry ``group: regions`` (``workbench tune gemm
+--where group=regions`` tunes them alone).
+
 Split: a shape is held out (never seen while fitting the heuristic) when the
 SHA-256 of "MxNxK" (decimal, e.g. "16x4096x4096") read as an integer is odd; the
 others are the fit half. The dtype is not part of the key, so a shape and its fp16
@@ -118,6 +126,86 @@ def irregular_shapes(seen: set) -> list[dict]:
     return out
 
 
+# --------------------------------------------------------------------------
+# Region shapes (issue 43): the classes the cold rule keys apart, both halves of each
+# --------------------------------------------------------------------------
+SEED_REGIONS = 43
+N_BIGPAD = 36     # large unaligned: 12 each with A's rows, B's (and C's) rows, or both unaligned
+N_NARROW = 16
+N_LONG_K = 16
+SMS = 132
+# (M, N, K, dtype, b, class): the shapes issue 43's user timed (ours well ahead of cuBLAS on the
+# unaligned ones, behind on the narrow and long-K ones)
+NAMED = [(8191, 8193, 1000, "bfloat16", "row", "unaligned"), (4500, 4500, 4500, "float16", "row", "unaligned"),
+         (13955, 632, 3464, "bfloat16", "row", "narrow"), (9000, 1000, 3000, "bfloat16", "row", "narrow"),
+         (768, 768, 49152, "bfloat16", "row", "longk")]
+
+
+def _misalign(rng: random.Random, x: int) -> int:
+    """x moved to a size that is not a multiple of 8 (1-7 past the multiple below it)."""
+    return x - x % 8 + rng.randint(1, 7)
+
+
+def bigpad_shapes(rng: random.Random, seen: set) -> list[dict]:
+    out = []
+    for i in range(N_BIGPAD):
+        which = ("a", "bc", "both")[i % 3]     # whose rows are unaligned: A (K), B and C (N), or all
+        while True:
+            M, N, K = (_loguniform(rng, 1024, 16384) for _ in range(3))
+            N = _misalign(rng, N) if which in ("bc", "both") else N - N % 8
+            K = _misalign(rng, K) if which in ("a", "both") else K - K % 8
+            if _flop(M, N, K) <= MAX_FLOP and (M, N, K) not in seen:
+                break
+        seen.add((M, N, K))
+        # B a transposed view one time in three: then K's rows are A's and B's, N's C's alone
+        b = "t" if i % 9 in (1, 5, 6) else "row"
+        row = {"M": M, "N": N, "K": K, "source": f"region/bigpad-{which}", "dtype": ("bfloat16", "float16")[i % 2],
+               "group": "regions"}
+        if b == "t":
+            row["b"] = "t"
+        out.append(row)
+    return out
+
+
+def narrow_shapes(rng: random.Random, seen: set) -> list[dict]:
+    out = []
+    for i in range(N_NARROW):
+        while True:
+            M, N, K = rng.randint(4096, 16384), _align(rng, _loguniform(rng, 64, 1024)), _align(rng, _loguniform(
+                rng, 256, 8192))
+            if N <= 1024 and _flop(M, N, K) <= MAX_FLOP and (M, N, K) not in seen:
+                break
+        seen.add((M, N, K))
+        out.append({"M": M, "N": N, "K": K, "source": "region/narrow",
+                    "dtype": "float16" if i % 4 == 3 else "bfloat16", "group": "regions"})
+    return out
+
+
+def long_k_shapes(rng: random.Random, seen: set) -> list[dict]:
+    out = []
+    for i in range(N_LONG_K):
+        while True:
+            M, N = _loguniform(rng, 65, 1536), _loguniform(rng, 64, 1536) // 8 * 8 or 8
+            K = _loguniform(rng, 8192, 65536) // 8 * 8
+            few_tiles = -(-M // 128) * -(-N // 128) < SMS
+            if few_tiles and _flop(M, N, K) <= MAX_FLOP and (M, N, K) not in seen:
+                break
+        seen.add((M, N, K))
+        out.append({"M": M, "N": N, "K": K, "source": "region/longk",
+                    "dtype": "float16" if i % 4 == 3 else "bfloat16", "group": "regions"})
+    return out
+
+
+def region_shapes(seen: set) -> list[dict]:
+    rng = random.Random(SEED_REGIONS)
+    named = []
+    for M, N, K, dtype, b, what in NAMED:
+        seen.add((M, N, K))
+        named.append({"M": M, "N": N, "K": K, "source": f"issue43/{what}", "dtype": dtype, "group": "regions",
+                      **({"b": b} if b == "t" else {})})
+    return named + bigpad_shapes(rng, seen) + narrow_shapes(rng, seen) + long_k_shapes(rng, seen)
+
+
 def zoo() -> list[dict]:
     real = real_shapes()
     irregular = irregular_shapes({(s["M"], s["N"], s["K"]) for s in real})
@@ -125,6 +213,7 @@ def zoo() -> list[dict]:
     # fp16: every third bf16 shape; fp32 (tf32 tensor cores): every sixth, when small enough
     rows += [dict(s, dtype="float16") for s in (real + irregular)[::3]]
     rows += [dict(s, dtype="float32") for s in (real + irregular)[1::6] if _flop(s["M"], s["N"], s["K"]) <= 1e12]
+    rows += region_shapes({(r["M"], r["N"], r["K"]) for r in rows})
     for r in rows:
         r["split"] = "held_out" if held_out(r["M"], r["N"], r["K"]) else "fit"
     return rows
@@ -132,7 +221,8 @@ def zoo() -> list[dict]:
 
 def render(rows: list[dict]) -> str:
     head = ("# GEMM shape zoo: written by experiments/make_gemm_shapes.py (do not edit by hand).\n"
-            "# A is M x K (activations), B is K x N (weights), C is M x N.\n"
+            "# A is M x K (activations), B is K x N (weights), C is M x N; b: t, B is a transposed view\n"
+            "# (x @ w.t(): K-major).\n"
             "# split: held_out when int(sha256(f'{M}x{N}x{K}'), 16) is odd, else fit\n"
             "# (the heuristic is fitted on 'fit' rows only).\n")
     return head + yaml.safe_dump({"seed": SEED, "shapes": rows}, sort_keys=False, width=120)
@@ -151,7 +241,9 @@ def main(argv=None) -> int:
     rows = zoo()
     print(f"wrote {OUT} ({len(rows)} shapes: "
           + ", ".join(f"{d} {sum(r['dtype'] == d for r in rows)}" for d in ("bfloat16", "float16", "float32"))
-          + f"; held out {sum(r['split'] == 'held_out' for r in rows)})")
+          + f"; held out {sum(r['split'] == 'held_out' for r in rows)}; region shapes "
+          + ", ".join(f"{k} {sum(r['source'].startswith(f'region/{k}') for r in rows)}"
+                      for k in ("bigpad", "narrow", "longk")) + ")")
     return 0
 
 

@@ -60,7 +60,11 @@ def load_shapes(path: Path = SHAPES) -> list[dict]:
         if min(M, N, K) < 1 or dtype not in ("bfloat16", "float16", "float32") or split not in ("fit", "held_out"):
             raise ValueError(f"{path}: shape {i} {r!r}: sizes >= 1, dtype bfloat16/float16/float32, "
                              f"split fit/held_out")
-        out.append({"M": M, "N": N, "K": K, "dtype": dtype, "split": split, "source": str(r.get("source", ""))})
+        b = str(r.get("b", "row"))
+        if b not in ("row", "t"):
+            raise ValueError(f"{path}: shape {i} {r!r}: b must be row or t (B a transposed view)")
+        out.append({"M": M, "N": N, "K": K, "dtype": dtype, "split": split, "source": str(r.get("source", "")),
+                    "b": b})
     return out
 
 

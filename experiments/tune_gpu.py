@@ -13,6 +13,16 @@ so the checks that follow use them; copy them into ``kernels/common/tables/`` to
 every candidate's time to ``OUT/work/times_<family>.csv``, the checks' tables beside them, each
 phase's output to ``OUT/log.txt``; after every phase ``OUT/work`` and the log are packed into
 ``OUT/results.tar.gz`` (so a run stopped by its time limit keeps what it finished).
+
+Issue 43's measurements, in this order (each call fits a 10-minute slot; the same ``--out``):
+
+    python experiments/tune_gpu.py --out OUT --only tests,tune-gemm-regions,refit-gemm --gemm-budget-s 0.8
+    python experiments/tune_gpu.py --out OUT --only report-gemm     # again until it measures nothing new
+    python experiments/tune_gpu.py --out OUT --only tune-on-miss,paths-all
+
+``refit-gemm`` writes ``OUT/work/cold_rule/cold_rule.json`` (and its report); every phase started
+after that file exists runs with ``WORKBENCH_GEMM_COLD_RULE`` pointing at it, so the checks measure
+the refitted rule before it ships (copy it to ``kernels/gemm/cold_rule.json`` to ship it).
 """
 from __future__ import annotations
 
@@ -27,6 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
+# The per-candidate times the shipped GEMM cold rule was fitted on (refit-gemm adds this run's)
+COMMITTED_TIMES = ["results/gemm_selection/h100/times_gemm.csv", "results/gemm_selection/h200/times_gemm.csv"]
 
 
 def phases(out: Path, fresh: int, day: str | None, gemm_budget: float,
@@ -65,6 +77,22 @@ def phases(out: Path, fresh: int, day: str | None, gemm_budget: float,
                          "--fresh-yaml", str(fresh_yaml), "--tune-on-miss", "3", "--fresh", str(fresh),
                          *day_args, "--budget-s", "100", "--host-calls", "60"], 120),
         ("paths", [PY, "experiments/launch_cost.py", "--out", str(out / "launch_cost"), "--paths", "8"], 60),
+        # Issue 43: the region shapes' fit half tuned (every candidate's time), the cold rule refitted
+        # on them and the committed times into OUT/cold_rule/ (the phases after it use that rule:
+        # see main), then the report: the held-out half and fresh shapes drawn now, every candidate
+        # of ours timed beside the choice (resumed across runs: call again until it says done),
+        # tune-on-miss in a new process with an empty Triton cache, every path's host time.
+        ("tune-gemm-regions", [*wb, "gemm", "--shapes", "experiments/gemm_shapes.yaml", "--budget-s",
+                               str(gemm_budget), "--where", "group=regions", "--where", "split=fit",
+                               "--times", str(out / "times_gemm.csv")], 420),
+        ("refit-gemm", [PY, "experiments/fit_gemm_cold_rule.py", "--times", *COMMITTED_TIMES,
+                        str(out / "times_gemm.csv"), "--out", str(out / "cold_rule"), "--write-rule",
+                        "--rule-out", str(out / "cold_rule" / "cold_rule.json")], 60),
+        ("report-gemm", [PY, "experiments/run_gemm_selection.py", "--out", str(out / "selection"), "--split",
+                         "held_out", "--fresh", str(fresh), *day_args, "--resume", "--budget-s", "420"], 560),
+        ("tune-on-miss", [PY, "experiments/run_gemm_selection.py", "--out", str(out / "selection"), "--split", "none",
+                          "--tune-on-miss", "3", *day_args], 120),
+        ("paths-all", [PY, "experiments/launch_cost.py", "--out", str(out / "launch_cost"), "--paths", "1000"], 500),
     ]
 
 
@@ -113,12 +141,15 @@ def main(argv=None) -> int:
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.time()
     status = []
+    rule = out / "cold_rule" / "cold_rule.json"
     with open(top / "log.txt", "a") as log:
         for name, argv_, limit in todo:
             left = args.deadline_s - (time.time() - t0)
             if left < 20:
                 status.append(f"{name}: skipped (deadline)")
                 continue
+            if rule.is_file():   # refit-gemm ran (now or in an earlier call with this OUT): check that rule
+                env["WORKBENCH_GEMM_COLD_RULE"] = str(rule)
             log.write(f"\n===== {name}: {shlex.join(argv_)}\n")
             log.flush()
             start = time.time()

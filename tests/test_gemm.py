@@ -111,6 +111,16 @@ CASES = [
     ("130x264x95-bf16-bT-unaligned-pad", 130, 264, 95, "bfloat16", dict(SMALL, tma=True, tma_store=False, pad=True,
                                                                        _b="t")),
     ("130x257x96-fp16-bT-ptr", 130, 257, 96, "float16", dict(SMALL, _b="t")),
+    # Padded operands at the edges: one row of C (M = 1), one column (N = 1: B's and C's rows one
+    # element), one element; C's rows alone unaligned (B a transposed view with K aligned); tail
+    # slices on padded operands (45 tiles on 4 programs leave a partial last round).
+    ("1x33x95-bf16-pad-one-row", 1, 33, 95, "bfloat16", dict(SMALL, tma=True, tma_store=False, pad=True)),
+    ("70x1x95-fp16-pad-one-column", 70, 1, 95, "float16", dict(SMALL, tma=True, tma_store=False, pad=True)),
+    ("1x1x41-bf16-pad-one-element", 1, 1, 41, "bfloat16", dict(SMALL, tma=True, tma_store=False, pad=True)),
+    ("70x1x96-fp16-bT-one-column", 70, 1, 96, "float16", dict(SMALL, tma=True, tma_store=False, pad=True,
+                                                              _b="t")),
+    ("130x257x95-bf16-pad-tail-slices", 130, 257, 95, "bfloat16",
+     dict(SMALL, tma=True, tma_store=False, pad=True, num_sms=4, tail_split=2)),
     # fp32 FMA kernel (fma=True): outer products per row of B (block_m < 16) or tl.dot in ieee
     # precision (block_m >= 16); K pieces meet in the split-K workspace; B row-major or K-major.
     ("1x7x64-fp32-fma", 1, 7, 64, "float32", dict(FMA, block_m=1)),
@@ -207,6 +217,17 @@ def test_interpreter_b_layout_path(interpreter_results, case, b_kmajor, trans_b)
     fp32 B K-major for the persistent kernel only, and leaves unaligned or pointer-path B alone."""
     res = interpreter_results[case]
     assert (res["b_kmajor"], res["trans_b"]) == (b_kmajor, trans_b), res
+
+
+PAD_EDGE_CASES = [c[0] for c in CASES if "one-" in c[0] or "pad-tail" in c[0]]
+
+
+@pytest.mark.parametrize("case", PAD_EDGE_CASES)
+def test_interpreter_padded_edges_take_the_tma_path(interpreter_results, case):
+    """One row, one column, one element of C: the padded operands go through TMA (not the pointer
+    kernel), right to the last element (the outputs were NaN-poisoned)."""
+    res = interpreter_results[case]
+    assert "error" not in res and res["kind"] == "tma" and res["finite"] and res["err"] <= res["tol"], res
 
 
 @pytest.mark.parametrize("case", FMA_CASES)
@@ -769,6 +790,58 @@ def test_gpu_fma_small_m_fp32(M, N, K, b_t, isolated_tables):
         assert torch.isfinite(c).all()
         err = ((c.double() - ref).norm() / ref.norm()).item()
         assert err <= (FMA_TOL if fma else gsweep.tolerance(torch.float32)), err
+
+
+# Unaligned shapes (some operand's rows not 16-byte multiples), padded for TMA: large ones the cold
+# rule sends to the padded kernel, and the edges, one row (M = 1) and one column (N = 1) of C.
+# (M, N, K, B a transposed view): whose rows are unaligned in the comment.
+PADDED_GPU_CASES = [
+    (8191, 8193, 1000, False),   # B's and C's (issue 43's shape)
+    (4500, 4500, 4500, False),   # all three
+    (1025, 2048, 1027, False),   # A's
+    (3000, 4097, 2048, True),    # C's alone
+    (2049, 1024, 1033, True),    # A's and B's
+    (1, 4097, 1000, False),      # one row of C; B's and C's
+    (1, 4096, 1001, False),      # one row; A's
+    (4097, 1, 1000, False),      # one column of C: B's and C's rows one element
+    (3000, 1, 1001, True),       # one column, A's and B's rows too
+    (1, 1, 1025, False),         # one element
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("M,N,K,b_t", PADDED_GPU_CASES)
+def test_gpu_padded_unaligned_shapes(M, N, K, b_t, dtype, isolated_tables):
+    """The cold rule's choice (no tuning table) and the padded persistent tiles (128x256 with tail
+    slices, 128x128, 64x128) on unaligned shapes: fresh inputs, NaN-poisoned outputs, twice in a
+    row, against an fp32 reference; large unaligned shapes run ours, padded, through TMA."""
+    from kernels.gemm import select as gselect
+
+    g = torch.Generator(device="cuda").manual_seed(M + 3 * N + 7 * K + b_t)
+    a = torch.randn(M, K, device="cuda", generator=g).to(dtype)
+    b = torch.randn(N, K, device="cuda", generator=g).to(dtype).t() if b_t else \
+        torch.randn(K, N, device="cuda", generator=g).to(dtype)
+    ref = a.float() @ b.float()
+    call = glaunch._call(a, b, None, M, N, K, False, False)
+    assert not call.aligned
+    cands = gselect.candidates(call)
+    cfgs = {"cold rule": None, **{n: cands[n].config for n in ("t128x256", "t128x128", "t64x128")}}
+    for name, cfg in cfgs.items():
+        for _ in range(2):
+            c = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+            gemm.matmul(a, b, cfg, out=c)
+            torch.cuda.synchronize()
+            assert torch.isfinite(c).all(), (name, "unwritten (NaN-poisoned) or non-finite outputs")
+            err = ((c.float() - ref).norm() / ref.norm()).item()
+            assert err <= gsweep.tolerance(dtype), (name, err)
+        p = glaunch.plan_for(a, b, cfg, c)
+        if cfg is not None:
+            assert p.kind == "tma" and bool(p.pad_a) == (not call.a_ok) and bool(p.pad_b) == (not call.b_ok), name
+    if min(M, N, K) >= gcold.BIG_MIN:   # the rule runs our padded TMA kernel there, not cuBLAS
+        p = glaunch.plan_for(a, b, None, c)
+        assert p.choice.source == "cold" and p.kind != "library" and p.choice.candidate.variant != "library", \
+            p.choice
 
 
 @pytest.mark.gpu

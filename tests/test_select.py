@@ -185,12 +185,18 @@ def test_tuner_skips_failing_and_disagreeing_candidates():
 
 
 def test_tuner_stops_starting_candidates_after_the_budget(monkeypatch):
-    clock = iter(range(0, 1000, 1))
-    monkeypatch.setattr(tune.time, "monotonic", lambda: next(clock))
+    """Without compile estimates (families that give none): candidates start while the budget
+    lasts; each timing takes 1 s of a fake clock, so a 3 s budget times three."""
+    clock = {"t": 0.0}
+    monkeypatch.setattr(tune.time, "monotonic", lambda: clock["t"])
     cands = _cands(*[f"c{i}" for i in range(10)])
-    r = tune.tune(cands, cands[0], _make, timer=_fake_timer({c.name: 10.0 - i for i, c in enumerate(cands)}),
-                  budget=3)
-    assert 1 < len(r.times_us) < 10
+    fake = _fake_timer({c.name: 10.0 - i for i, c in enumerate(cands)})
+
+    def timer(fn, rep_ms):
+        clock["t"] += 1.0
+        return fake(fn, rep_ms)
+    r = tune.tune(cands, cands[0], _make, timer=timer, budget=3)
+    assert list(r.times_us) == ["c0", "c1", "c2"] and set(r.skipped) == {f"c{i}" for i in range(3, 10)}
 
 
 def test_tuning_budget_from_the_environment(monkeypatch):
@@ -300,6 +306,8 @@ def test_gemm_tune_on_miss_times_candidates_saves_the_winner_and_results_agree(m
         "tiny": Candidate("tiny", "persistent", tiny), "split": Candidate("split", "splitk", split)})
     times = {"cold": 50.0, "tiny": 40.0, "split": 20.0}
     seen = []
+    # the interpreter's runs take real time, which the budget counts: a budget they never reach
+    monkeypatch.setenv("WORKBENCH_TUNE_BUDGET_S", "600")
 
     def timer(fn, rep_ms):
         fn()
@@ -400,3 +408,136 @@ def test_workbench_tune_does_not_count_compiles_against_the_budget(monkeypatch):
     assert len(user.times_us) == 1 and user.candidate.name == "cold"
     whole = tune.tune(cands, cands[0], make, timer=timer, budget=5, count_first_runs=False)
     assert set(whole.times_us) == {"cold", "a", "b", "c"} and whole.candidate.name == "c"
+
+
+# ----------------------------------------------------------- tune-on-miss: compiles within the budget
+class _FakeTriton:
+    """A fake clock and a fake compiler: a candidate's first run costs its kind's compile time
+    (once per kernel: a second candidate of the same kernel costs nothing), each timing ``timing_s``."""
+
+    def __init__(self, monkeypatch, compile_s: dict, timing_s: float = 0.05):
+        self.t, self.compile_s, self.timing_s, self.cache = 0.0, compile_s, timing_s, set()
+        monkeypatch.setattr(tune.time, "monotonic", lambda: self.t)
+
+    def make(self, c):
+        def fn():
+            if (c.variant, c.config.get("kernel", c.name)) not in self.cache:
+                self.cache.add((c.variant, c.config.get("kernel", c.name)))
+                self.t += self.compile_s[c.variant]
+            return c.name
+        fn.name = c.name
+        return fn
+
+    def timer(self, fn, rep_ms):
+        self.t += self.timing_s
+        return {"cold": 10.0, "lib": 9.0}.get(fn.name, 5.0), 0.0, "fake"
+
+
+def _kinds(*spec):
+    """Candidates (name, kind): the kind is the variant (what CompileCosts keys on here)."""
+    return [Candidate(n, k, {}) for n, k in spec]
+
+
+def _compiles(costs):
+    return tune.Compiles(costs, kind=lambda c: c.variant, key=lambda c: (c.variant, c.config.get("kernel", c.name)))
+
+
+def test_tune_on_miss_holds_its_budget_with_compiles_counted(monkeypatch):
+    """Budget 2 s, compiles 0.7 s (plain tiles) and 1.5 s (stream-K): a tuner that only stops
+    *starting* candidates once the budget is spent starts a compile at 1.5 s and returns at
+    2.25 s, past budget + 10%; counting expected compiles it returns within 2.2 s, having timed
+    cuBLAS (nothing to compile) and the plain tiles before the stream-K ones."""
+    spec = [("cold", "tma"), ("sk1", "sk"), ("lib", "library"), ("a", "tma"), ("b", "tma"), ("sk2", "sk")]
+    costs = {"tma": 0.7, "sk": 1.5, "library": 0.0}
+    fake = _FakeTriton(monkeypatch, costs)
+    cands = _kinds(*spec)
+    guesses = tune.CompileCosts({"tma": 0.8, "sk": 2.0, "library": 0.0}, default_s=1.0)
+    r = tune.tune(cands, cands[0], fake.make, timer=fake.timer, budget=2.0, compiles=_compiles(guesses))
+    assert fake.t <= 2.0 * 1.1 and r.elapsed_s <= 2.2
+    assert list(r.times_us) == ["cold", "lib", "a"]   # compiled (nothing to compile) first, then the cheapest
+    assert set(r.skipped) == {"b", "sk1", "sk2"} and "budget" in r.skipped["b"]
+    assert r.first_run_s["cold"] == pytest.approx(0.7) and guesses.measured_s["tma"] == pytest.approx(0.7)
+    # The same problem with compile time ignored overruns: this test could not pass without it.
+    fake2 = _FakeTriton(monkeypatch, costs)
+    blind = tune.tune(cands, cands[0], fake2.make, timer=fake2.timer, budget=2.0)
+    assert fake2.t > 2.0 * 1.1 and blind.elapsed_s > 2.2
+
+
+def test_compile_estimates_follow_what_is_measured(monkeypatch):
+    """The guess for a kind (0.1 s) is far below its real compile (0.8 s): after the first one is
+    measured, the estimate is 0.8 and the third is not started (a guess that stayed would start
+    it at 1.8 s and return at 2.65 s)."""
+    fake = _FakeTriton(monkeypatch, {"x": 0.8})
+    cands = _kinds(("cold", "x"), ("a", "x"), ("b", "x"), ("c", "x"))
+    costs = tune.CompileCosts({"x": 0.1}, default_s=0.1)
+    r = tune.tune(cands, cands[0], fake.make, timer=fake.timer, budget=2.0, compiles=_compiles(costs))
+    assert list(r.times_us) == ["cold", "a"] and set(r.skipped) == {"b", "c"} and fake.t <= 2.2
+    # A kernel already compiled costs nothing more, and a load from Triton's cache (a first run
+    # under cache_hit_s) leaves the kind's estimate as it was.
+    assert costs.estimate("x", ("x", "a")) == 0.0 and costs.estimate("x", ("x", "new")) == pytest.approx(0.8)
+    costs.observe("x", ("x", "loaded"), 0.02)
+    assert costs.estimate("x", ("x", "new")) == pytest.approx(0.8) and costs.estimate("x", ("x", "loaded")) == 0.0
+
+
+def test_candidates_of_a_compiled_kernel_are_timed_first(monkeypatch):
+    """Two candidates sharing the cold candidate's kernel (another knob that compiles to the same
+    kernel) cost no compile: they come first and fit where a new kernel would not."""
+    fake = _FakeTriton(monkeypatch, {"tma": 0.9})
+    cands = [Candidate("cold", "tma", {"kernel": "k0"}), Candidate("new", "tma", {"kernel": "k1"}),
+             Candidate("same", "tma", {"kernel": "k0"})]
+    costs = tune.CompileCosts({"tma": 0.9}, default_s=0.9)
+    costs.compiled.add(("tma", "k0"))   # compiled earlier in this process (fake Triton has it too)
+    fake.cache.add(("tma", "k0"))
+    r = tune.tune(cands, cands[0], fake.make, timer=fake.timer, budget=0.5, compiles=_compiles(costs))
+    assert list(r.times_us) == ["cold", "same"] and set(r.skipped) == {"new"} and fake.t <= 0.55
+
+
+def test_gemm_tune_on_miss_counts_compiles_against_the_budget(monkeypatch):
+    """matmul(tune=True) in the interpreter with a fake clock and fake compile times per kind of
+    kernel (the pointer kernel 0.7 s, split-K 1.5 s; timing 0.05 s): the first call tunes within
+    budget + 10%, times the candidates whose compiles fit, says which it skipped, and learns the
+    pointer kernel's real compile cost; with compiles ignored the same call overruns."""
+    tiny = variants.persistent.Config(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=1, num_stages=1)
+    tiny2 = variants.persistent.Config(block_m=16, block_n=32, block_k=16, group_m=2, num_warps=1, num_stages=1)
+    split = variants.splitk.Config(block_m=16, block_n=32, block_k=16, num_warps=1, num_stages=1, split_k=2)
+    monkeypatch.setattr(gselect, "candidates", lambda call: {
+        "tiny": Candidate("tiny", "persistent", tiny), "tiny2": Candidate("tiny2", "persistent", tiny2),
+        "split": Candidate("split", "splitk", split)})
+    compile_s = {"ptr": 0.7, "splitk": 1.5}
+    clock = {"t": 0.0}
+    seen = set()
+    monkeypatch.setattr(tune.time, "monotonic", lambda: clock["t"])
+    real_execute = variants.execute
+
+    def execute(p, a, b, out):   # the fake compiler: a kernel's first launch costs its kind's compile
+        key = (p.kind, repr(sorted(p.launch.kwargs.items())))
+        if key not in seen:
+            seen.add(key)
+            clock["t"] += compile_s[p.kind]
+        return real_execute(p, a, b, out)
+    monkeypatch.setattr(variants, "execute", execute)
+
+    def timer(fn, rep_ms):
+        fn()
+        clock["t"] += 0.05
+        return 10.0, 0.0, "fake"
+    monkeypatch.setattr(tune, "gpu_timer", timer)
+    costs = tune.CompileCosts(gselect.COMPILE_GUESS_S, default_s=1.5)
+    monkeypatch.setattr(gselect, "COMPILE_COSTS", costs)
+    a, b = _operands(M=20, N=24, K=64)
+    c = torch.full((20, 24), float("nan"), dtype=torch.float16)
+    glaunch.matmul(a, b, out=c, tune=True)
+    assert _reference_ok(c, a, b)
+    entry = glaunch.plan_for(a, b, out=c, tune=True).choice.entry
+    assert entry["elapsed_s"] <= 2.0 * 1.1 and clock["t"] <= 2.0 * 1.1
+    assert entry["timed"] == 2 and entry["skipped"] == 2 and entry["first_runs_s"] == pytest.approx(1.4)
+    assert costs.measured_s["ptr"] == pytest.approx(0.7)
+    # compiles ignored (the tuner as it was): the same first call passes budget + 10%
+    glaunch.clear_plans()
+    monkeypatch.setattr(gselect, "compiles", lambda call: None)
+    monkeypatch.setattr(select, "TABLES", tables.Tables(shipped=Path(tables.user_root()) / "none"))
+    tables.table_path(tables.user_root(), select.device_of(None), "gemm").unlink()
+    seen.clear()
+    clock["t"] = 0.0
+    glaunch.matmul(a, b, out=c, tune=True)
+    assert glaunch.plan_for(a, b, out=c, tune=True).choice.entry["elapsed_s"] > 2.0 * 1.1

@@ -122,6 +122,7 @@ def record(family: Family, result, cold: Candidate, by: str = "tune-on-miss") ->
         "us": round(result.times_us[result.candidate.name], 3),
         "cold": cold.name, "cold_us": round(result.times_us.get(cold.name, float("nan")), 3),
         "timed": len(result.times_us), "of": result.considered, "kept": result.kept,
+        "skipped": len(result.skipped), "first_runs_s": round(sum(result.first_run_s.values()), 3),
         "how": result.how, "elapsed_s": round(result.elapsed_s, 3),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "git": provenance.git_info()["git_sha"], "torch": versions.get("torch_version"), "by": by,

@@ -4,11 +4,23 @@
 ``tune`` runs the cold rule's candidate first (it is the reference), then the others in the
 order given (the family lists its likeliest first), each once to compile and to check that
 its result agrees with the cold candidate's within the dtype's tolerance, then times it
-(``workbench.bench.measure``: CUDA events, L2 flushed before each run, the median). It starts
-no candidate once the budget is spent (a compile already under way finishes), so a new
-problem costs about the budget. The fastest is kept only if it beats the cold candidate by
-more than the noise: ``margin`` or the two timings' relative spreads together, whichever is
-larger; otherwise the cold candidate stays (no table entry churns on noise).
+(``workbench.bench.measure``: CUDA events, L2 flushed before each run, the median). The
+fastest is kept only if it beats the cold candidate by more than the noise: ``margin`` or the
+two timings' relative spreads together, whichever is larger; otherwise the cold candidate
+stays (no table entry churns on noise).
+
+The budget. A user's first call that tunes (tune-on-miss) counts everything against it,
+compiles included: Triton compiles a kernel in about a second, several times what timing it
+costs, so a tuner that only stopped *starting* candidates once the budget was spent overran it
+by a compile or two. Given ``compiles`` (a ``Compiles``: what compiling each candidate is
+expected to cost), ``tune`` starts a candidate only when its expected compile plus a timing
+fits in what is left of the budget, and takes the candidates whose kernels are compiled
+already (or cheapest to compile) first; it measures each compile as it goes, and the estimate
+of that kind of kernel follows the measurements. The cold candidate always runs (the call needs
+its result, and would compile it without tuning too). ``workbench tune`` (``count_first_runs=False``)
+does not count first runs: it times every candidate the budget's timing share allows.
+Without ``compiles`` a candidate is started while the budget lasts (what families that do
+not estimate compiles get).
 """
 from __future__ import annotations
 
@@ -16,7 +28,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from kernels.common.select import Candidate
 
@@ -36,6 +48,51 @@ class Result:
     considered: int                    # candidates offered
     elapsed_s: float
     how: str                           # how the times were taken
+    first_run_s: Mapping[str, float] = dataclasses.field(default_factory=dict)   # each one's first run (its compile)
+    skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)   # not started: the budget, and why
+
+
+class CompileCosts:
+    """What compiling costs in this process, per kind of kernel (a family's own words: "tma",
+    "gluon", ...): a starting guess per kind until a compile of that kind has been measured,
+    then the longest measured; and which kernels are compiled already (keys the family
+    chooses), which cost nothing more. A first run shorter than ``cache_hit_s`` is a kernel
+    loaded from Triton's cache, not a compile: it marks the kernel compiled and leaves the
+    kind's estimate as it was."""
+
+    def __init__(self, guesses_s: Mapping[str, float], default_s: float, cache_hit_s: float = 0.1):
+        self.guesses_s = dict(guesses_s)
+        self.default_s = float(default_s)
+        self.cache_hit_s = float(cache_hit_s)
+        self.measured_s: dict[str, float] = {}
+        self.compiled: set[Hashable] = set()
+
+    def estimate(self, kind: str, key: Hashable) -> float:
+        if key in self.compiled:
+            return 0.0
+        return self.measured_s.get(kind, self.guesses_s.get(kind, self.default_s))
+
+    def observe(self, kind: str, key: Hashable, seconds: float) -> None:
+        self.compiled.add(key)
+        if seconds >= self.cache_hit_s:
+            self.measured_s[kind] = max(seconds, self.measured_s.get(kind, 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiles:
+    """A family's view of compile costs for one problem: ``kind(candidate)`` names the kind of
+    kernel it compiles, ``key(candidate)`` the compiled kernel itself (what Triton would cache
+    it under, as near as the family can say without compiling)."""
+
+    costs: CompileCosts
+    kind: Callable[[Candidate], str]
+    key: Callable[[Candidate], Hashable]
+
+    def estimate(self, cand: Candidate) -> float:
+        return self.costs.estimate(self.kind(cand), self.key(cand))
+
+    def observe(self, cand: Candidate, seconds: float) -> None:
+        self.costs.observe(self.kind(cand), self.key(cand), seconds)
 
 
 def budget_s(budget: float | None = None) -> float:
@@ -70,10 +127,20 @@ def gpu_timer(fn: Callable[[], Any], rep_ms: float) -> tuple[float, float, str]:
     return t.median_ms * 1e3, (t.rel_spread if math.isfinite(t.rel_spread) else 0.0), how
 
 
+def _order(candidates: Sequence[Candidate], cold: Candidate, compiles: Compiles | None) -> list[Candidate]:
+    """The cold candidate, then the others: as given, or (with ``compiles``) compiled ones first
+    and the rest cheapest compile first, the family's order kept among equals."""
+    rest = [c for c in candidates if c.name != cold.name]
+    if compiles is not None:
+        rest = sorted(rest, key=compiles.estimate)   # stable: the family's order among equals
+    return [cold] + rest
+
+
 def tune(candidates: Sequence[Candidate], cold: Candidate, make: Callable[[Candidate], Callable[[], Any]], *,
          agree: Callable[[Any, Any], bool] | None = None, budget: float | None = None,
          margin: float = DEFAULT_MARGIN, timer: Timer | None = None,
-         progress: Callable[[str], None] | None = None, count_first_runs: bool = True) -> Result:
+         progress: Callable[[str], None] | None = None, count_first_runs: bool = True,
+         compiles: Compiles | None = None) -> Result:
     """Time ``candidates`` (the cold one first) and pick one; see the module docstring.
 
     ``make(candidate)`` returns a callable that runs it once and returns its output (it may
@@ -82,10 +149,11 @@ def tune(candidates: Sequence[Candidate], cold: Candidate, make: Callable[[Candi
     kept). ``timer(fn, rep_ms)`` -> (median us, relative spread, how) replaces the GPU timer
     (tests use a fake). ``count_first_runs=False`` (``workbench tune``): each candidate's first
     run, which compiles it, is not counted against the budget (a first call of a user's
-    program that tunes counts everything)."""
+    program that tunes counts everything). ``compiles``: expected compile costs, so that the
+    budget holds with compiles counted (see the module docstring)."""
     budget = budget_s(budget)
     timer = timer or gpu_timer
-    order = [cold] + [c for c in candidates if c.name != cold.name]
+    order = _order(candidates, cold, compiles if count_first_runs else None)
     start = time.monotonic()
     deadline = start + budget
     # Each candidate gets an equal share of the budget for its timed runs (compiles come on top).
@@ -93,17 +161,34 @@ def tune(candidates: Sequence[Candidate], cold: Candidate, make: Callable[[Candi
     times: dict[str, float] = {}
     spreads: dict[str, float] = {}
     failed: dict[str, str] = {}
+    first_runs: dict[str, float] = {}
+    skipped: dict[str, str] = {}
+    rest_s = 0.0   # the most a candidate has cost besides its first run (building, checking, timing)
     how = ""
     reference = None
     for i, cand in enumerate(order):
-        if i > 0 and time.monotonic() >= deadline:
-            break
+        now = time.monotonic()
+        if i > 0:
+            if compiles is not None and count_first_runs:
+                need = compiles.estimate(cand) + rest_s
+                if now + need > deadline:
+                    skipped[cand.name] = (f"{need:.2f} s expected (compile {need - rest_s:.2f} s), "
+                                          f"{max(0.0, deadline - now):.2f} s of the budget left")
+                    continue
+            elif now >= deadline:
+                skipped.update({c.name: "budget spent" for c in order[i:]})
+                break
+        t_first = 0.0
         try:
             fn = make(cand)
-            t_first = time.monotonic()
+            t0 = time.monotonic()
             out = fn()
+            t_first = time.monotonic() - t0
+            first_runs[cand.name] = t_first
+            if compiles is not None:
+                compiles.observe(cand, t_first)
             if not count_first_runs:
-                deadline += time.monotonic() - t_first
+                deadline += t_first
             if i == 0:
                 reference = out
             elif agree is not None and not agree(reference, out):
@@ -115,6 +200,8 @@ def tune(candidates: Sequence[Candidate], cold: Candidate, make: Callable[[Candi
                 raise
             failed[cand.name] = f"{type(exc).__name__}: {exc}"[:300]
             continue
+        finally:
+            rest_s = max(rest_s, time.monotonic() - now - t_first)
         times[cand.name], spreads[cand.name] = us, spread
         if progress is not None:
             progress(f"{cand.name}: {us:.1f} us")
@@ -123,4 +210,5 @@ def tune(candidates: Sequence[Candidate], cold: Candidate, make: Callable[[Candi
     need = max(margin, spreads.get(best, 0.0) + spreads.get(cold.name, 0.0))
     kept = best != cold.name and times[best] < cold_us * (1.0 - need)
     chosen = next(c for c in order if c.name == best) if kept else cold
-    return Result(chosen, kept, times, spreads, failed, len(order), time.monotonic() - start, how)
+    return Result(chosen, kept, times, spreads, failed, len(order), time.monotonic() - start, how,
+                  first_runs, skipped)

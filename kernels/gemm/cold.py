@@ -2,8 +2,10 @@
 table has and no one asked to tune (``kernels.gemm.select`` consults the tables first).
 
 First the region table (``REGIONS``, fitted by ``experiments/fit_gemm_cold_rule.py`` on measured
-candidates and shipped as ``cold_rule.json``) where it has the problem's region; else two
-rules, each where it was measured: large aligned 16-bit problems take the tiling study's
+candidates and shipped as ``cold_rule.json``) where it has the problem's region: its class region
+(large unaligned, narrow-N or long-K problems, ``shape_class``), or the class's default where the
+table has no fit points of the class (``UNFITTED``: large unaligned problems run our padded TMA
+kernel), else its general region; else two rules, each where it was measured: large aligned 16-bit problems take the tiling study's
 ``tiling_rule``; everything else takes, of ``kernels.gemm.config.candidates``, the one the
 cost model ``estimate_us`` says is fastest (constants ``COST``, fitted on the fit half of the
 shape zoo by ``experiments/fit_gemm_heuristic.py``). fp32 at small M takes the FMA kernel,
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -240,26 +243,81 @@ def fma_bound_us(M: int, N: int, K: int) -> float:
 # The region table: fitted on measured candidates (experiments/fit_gemm_cold_rule.py)
 # --------------------------------------------------------------------------
 RULE_PATH = Path(__file__).resolve().parent / "cold_rule.json"
+# A rule file to use instead of the shipped one (a refit being tried before it ships: what
+# ``experiments/tune_gpu.py`` points its checks at after refitting), read once at import.
+RULE_ENV = "WORKBENCH_GEMM_COLD_RULE"
 MAX_RULE_BYTES = 1 << 20
 
 
-def regions(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> list[str]:
-    """The coarse classes of a problem the region table is keyed on, the most specific first:
-    dtype (16-bit or fp32), operands TMA-aligned or padded, N and K whole tiles (N % 128, K % 64)
-    or ragged, M (<= 16, <= 64, <= 512, more), N <= 64, rounds of 128x256 tiles over the SMs
-    (< 1, < 4, more) and K (>= 8192: long); then the same without K, and dtype, alignment,
-    evenness and M alone (a region the fit saw too few shapes of falls back to the next coarser
-    one)."""
+# Classes of problem the region table keys apart from the rest, each with levels of its own ahead
+# of the general ones (issue 43's user tried them: our kernels won 2-4.5x on the first and lost on
+# the other two, while the general regions, fitted on few or none of them, sent all three to cuBLAS):
+#   bigpad: 16-bit, some operand's rows (A: K, B: N or K, C: N) not 16-byte multiples, so ours pad them
+#           and TMA runs, while cuBLAS takes a slower unaligned kernel; M, N and K all >= BIG_MIN;
+#   narrow: N <= NARROW_MAX_N with tall M (>= NARROW_MIN_M): few tiles across, many down;
+#   longk:  K >= LONG_K_MIN with small M (above SMALL_M) and N: fewer 128x128 tiles than SMs, so the
+#           work is in K (split-K or stream-K territory).
+BIG_MIN = 1024
+NARROW_MAX_N = 1024
+NARROW_MIN_M = 4096
+LONG_K_MIN = 8192
+# A class the table has no fit points of takes this (else the general regions serve). bigpad: the
+# padded persistent TMA kernel, 128x256 tiles (measured 2.0-4.5x cuBLAS on the seven large
+# unaligned shapes issue 43 reports, padding inside the timed call); the design rule is that the
+# cold rule never gives the library a problem class where ours win.
+UNFITTED = {"bigpad": "t128x256"}
+
+
+def shape_class(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> str | None:
+    """'bigpad', 'narrow', 'longk' (see above), or None for the rest."""
+    if dtype != torch.float32 and not aligned and min(M, N, K) >= BIG_MIN:
+        return "bigpad"
+    if N <= NARROW_MAX_N and M >= NARROW_MIN_M:
+        return "narrow"
+    if K >= LONG_K_MIN and M > SMALL_M and math.ceil(M / 128) * math.ceil(N / 128) < num_sms:
+        return "longk"
+    return None
+
+
+def _rounds_class(M: int, N: int, num_sms: int) -> str:
+    rounds = math.ceil(M / 128) * math.ceil(N / 256) / max(1, num_sms)
+    return "r<1" if rounds < 1 else "r<4" if rounds < 4 else "r4+"
+
+
+def class_regions(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> list[str]:
+    """The problem's class regions, most specific first: class, dtype, alignment and rounds of
+    128x256 tiles; class, dtype and alignment; the class alone ([] outside the classes)."""
+    cls = shape_class(M, N, K, dtype, aligned, num_sms)
+    if cls is None:
+        return []
+    feats = [cls, "fp32" if dtype == torch.float32 else "16", "tma" if aligned else "pad",
+             _rounds_class(M, N, num_sms)]
+    return [",".join(feats[:n]) for n in (4, 3, 1)]
+
+
+def general_regions(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> list[str]:
+    """The coarse classes every problem has, the most specific first: dtype (16-bit or fp32),
+    operands TMA-aligned or padded, N and K whole tiles (N % 128, K % 64) or ragged, M (<= 16,
+    <= 64, <= 512, more), N <= 64, rounds of 128x256 tiles over the SMs (< 1, < 4, more) and K
+    (>= 8192: long); then the same without K, and dtype, alignment, evenness and M alone."""
     dt = "fp32" if dtype == torch.float32 else "16"
     m = "m16" if M <= 16 else "m64" if M <= 64 else "m512" if M <= 512 else "mbig"
-    rounds = math.ceil(M / 128) * math.ceil(N / 256) / max(1, num_sms)
-    w = "r<1" if rounds < 1 else "r<4" if rounds < 4 else "r4+"
     # N and K whole tiles or not: ragged edges cost our kernels masked tiles and partial TMA boxes
     # that cuBLAS's wider kernel choice avoids (on the fit half, 0.71-0.75x cuBLAS for the best
     # of ours on large ragged shapes against 0.99-1.01x on even ones, both GPUs)
     even = "even" if N % 128 == 0 and K % 64 == 0 else "ragged"
-    feats = [dt, "tma" if aligned else "pad", even, m, "n64" if N <= 64 else "n", w, "klong" if K >= 8192 else "k"]
+    feats = [dt, "tma" if aligned else "pad", even, m, "n64" if N <= 64 else "n", _rounds_class(M, N, num_sms),
+             "klong" if K >= 8192 else "k"]
     return [",".join(feats[:n]) for n in (7, 6, 4)]
+
+
+def regions(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> list[str]:
+    """Every region of a problem the table may hold, the most specific first: its class regions
+    (``class_regions``), then the general ones (``general_regions``). A region the fit saw too few
+    shapes of holds the candidate with the best worst case over the shapes it saw
+    (``experiments/fit_gemm_cold_rule.py``); one it saw none of is absent, and the next serves."""
+    return (class_regions(M, N, K, dtype, aligned, num_sms)
+            + general_regions(M, N, K, dtype, aligned, num_sms))
 
 
 def region(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> str:
@@ -267,12 +325,24 @@ def region(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: i
     return regions(M, N, K, dtype, aligned, num_sms)[0]
 
 
-def region_pick(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> str | None:
-    """The region table's candidate for the most specific region of the problem it has."""
-    for r in regions(M, N, K, dtype, aligned, num_sms):
-        if r in REGIONS:
-            return REGIONS[r]
-    return None
+def region_pick(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int,
+                table: dict[str, str] | None = None) -> tuple[str | None, str]:
+    """(candidate, the region that named it) from the region table (``REGIONS`` unless ``table``):
+    the problem's most specific class region the table has; else, for a class it has none of,
+    ``UNFITTED``'s candidate for the class; else its most specific general region the table has.
+    (None, "") when none applies (the cost model serves)."""
+    table = REGIONS if table is None else table
+    cls_regions = class_regions(M, N, K, dtype, aligned, num_sms)
+    for r in cls_regions:
+        if r in table:
+            return table[r], r
+    cls = cls_regions[-1] if cls_regions else None
+    if cls in UNFITTED:
+        return UNFITTED[cls], f"{cls} (no fit points: default)"
+    for r in general_regions(M, N, K, dtype, aligned, num_sms):
+        if r in table:
+            return table[r], r
+    return None, ""
 
 
 def load_regions(path: Path = RULE_PATH) -> dict[str, str]:
@@ -294,4 +364,17 @@ def load_regions(path: Path = RULE_PATH) -> dict[str, str]:
     return dict(regions)
 
 
-REGIONS = load_regions()
+def _rule_path() -> Path:
+    """``$WORKBENCH_GEMM_COLD_RULE`` when set (it must name a file: a typo is an error, not the
+    shipped rule in disguise), else the shipped ``cold_rule.json``."""
+    given = os.environ.get(RULE_ENV, "").strip()
+    if not given:
+        return RULE_PATH
+    path = Path(given).expanduser()
+    if not path.is_file():
+        raise ValueError(f"{RULE_ENV}={given!r}: no such file; point it at a rule written by "
+                         f"experiments/fit_gemm_cold_rule.py --write-rule, or unset it to use the shipped rule")
+    return path
+
+
+REGIONS = load_regions(_rule_path())

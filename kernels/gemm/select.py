@@ -67,11 +67,12 @@ def _estimate(call: Call, cfg: gconfig.GemmConfig, name: str) -> float:
 
 
 def cold(call: Call) -> common.Candidate:
-    """The cold rule's candidate: the region table's pick for the call's region (on sm_90+, when
-    that candidate exists for the call), else ``kernels.gemm.cold.heuristic``'s, named as the
+    """The cold rule's candidate: the region table's pick for the call's region, or its class's
+    default where the table has none (``kernels.gemm.cold.region_pick``; on sm_90+, when that
+    candidate exists for the call), else ``kernels.gemm.cold.heuristic``'s, named as the
     candidate it equals (else "cold")."""
-    if cold_rule.REGIONS and call.hopper:
-        name = cold_rule.region_pick(call.M, call.N, call.K, call.dtype, call.aligned, call.sms)
+    if call.hopper:
+        name, _ = cold_rule.region_pick(call.M, call.N, call.K, call.dtype, call.aligned, call.sms)
         cands = candidates(call) if name else {}
         if name in cands:
             return cands[name]
@@ -112,9 +113,60 @@ def agree(ref: torch.Tensor, out: torch.Tensor) -> bool:
     return bool(torch.isfinite(out.float()).all() and diff <= 2 * tolerance(ref.dtype) * scale)
 
 
+# What compiling a candidate's kernel costs, by kind of kernel (``compile_kind``), in seconds:
+# starting guesses until this process has compiled one of the kind, then what it measured
+# (``kernels.common.tune.CompileCosts``). Their order is that of a cross-compile of each kind for
+# sm_90 on a 2-core CPU (``workbench asm compile`` of each candidate of a 4096^3 bf16 problem):
+# plain persistent tiles and the Gluon kernels 0.5-1 s, tail slices about 1.3, stream-K 1.7-2.5;
+# a GPU node's host compiles faster, so these err long (a candidate skipped, never the budget
+# overrun). cuBLAS compiles nothing.
+COMPILE_GUESS_S = {"library": 0.0, "ptr": 0.6, "tma": 0.8, "tma-tail": 1.4, "tma-sk": 2.2, "splitk": 0.9,
+                   "fma": 1.0, "gluon": 1.0}
+COMPILE_COSTS = common_tune.CompileCosts(COMPILE_GUESS_S, default_s=1.5)
+
+
+def _plan_of(call: Call, cand: common.Candidate):
+    """The candidate's plan for this call, or None where it cannot be made (the tuner then says
+    why when it tries the candidate; an estimate must never be what fails a user's call)."""
+    try:
+        return variants.VARIANTS[cand.variant].plan(call, cand.config, explicit=True)
+    except Exception:
+        return None
+
+
+def compile_kind(call: Call, cand: common.Candidate) -> str:
+    """The kind of kernel a candidate compiles for this call (``COMPILE_GUESS_S``'s keys)."""
+    p = _plan_of(call, cand)
+    if p is None:
+        return "unknown"
+    if p.kind == "tma":
+        kw = p.launch.kwargs
+        return "tma-sk" if kw.get("STREAM_K") else "tma-tail" if kw.get("TAIL_SPLIT", 1) > 1 else "tma"
+    return p.kind
+
+
+def compile_key(call: Call, cand: common.Candidate):
+    """What Triton would cache the candidate's kernel under for this call, as near as a plan says
+    without compiling: the kernel, its constexprs and options, the dtype, and how each integer
+    argument specializes (== 1, a multiple of 16)."""
+    p = _plan_of(call, cand)
+    if p is None or p.launch is None:
+        return (cand.variant, cand.name, "no kernel" if p is not None else "no plan")
+    ints = tuple((a == 1, a % 16 == 0) for a in p.args if isinstance(a, int) and not isinstance(a, bool))
+    fn = getattr(getattr(p.launch.fn, "fn", p.launch.fn), "__qualname__", str(p.launch.fn))
+    return (fn, tuple(sorted((k, repr(v)) for k, v in p.launch.kwargs.items())), str(call.dtype), ints,
+            p.device_desc, call.b_kmajor_layout)
+
+
+def compiles(call: Call) -> common_tune.Compiles:
+    """This call's view of the family's compile costs (for ``kernels.common.tune.tune``)."""
+    return common_tune.Compiles(COMPILE_COSTS, lambda c: compile_kind(call, c), lambda c: compile_key(call, c))
+
+
 def tuner(call: Call, budget: float | None = None, timer=None, progress=None, count_first_runs: bool = True):
     """The tune-on-miss callable for ``common.choose``: times this call's candidates on its own
-    A and B (results into scratch outputs; the caller's C is untouched)."""
+    A and B (results into scratch outputs; the caller's C is untouched), compiles counted against
+    the budget unless ``count_first_runs`` is False (``workbench tune``)."""
     def run(cold_candidate: common.Candidate):
         cands = list(candidates(call).values())
         scratch = torch.empty((call.M, call.N), dtype=call.dtype, device=call.a.device)
@@ -132,7 +184,7 @@ def tuner(call: Call, budget: float | None = None, timer=None, progress=None, co
             return once
 
         return common_tune.tune(cands, cold_candidate, make, agree=agree, budget=budget, timer=timer,
-                                progress=progress, count_first_runs=count_first_runs)
+                                progress=progress, count_first_runs=count_first_runs, compiles=compiles(call))
     return run
 
 
