@@ -1,0 +1,305 @@
+"""Which line of my kernel stalls? A report's counters per source line, joined with `asm lines`.
+
+`pc_table(prof, attr)` gives one row per SASS instruction: the report's counters,
+the instruction's class (``workbench.asm.isa``) and, when the Triton cache entry
+of the profiled kernel is at hand (`join_entry`), its source line and chain of
+call sites exactly as ``workbench asm lines`` attributes it (the cubin's line
+table through ``nvdisasm``, matched by address: the report's PCs are the
+function's start plus the same offsets). Without the entry the line is the one
+the report correlates (``ncu_report``'s ``source_info``: the innermost line,
+no call sites).
+
+`line_table` sums it per source line, in source order: instructions, instructions
+executed, warp-state samples (all and not issued) by stall reason, the memory
+tables' traffic, the line's share of the kernel's samples, and (``calls_*``) what
+inlined helpers called from that line cost. Instructions without a line are one
+row of their own, so the rows add up to the kernel's totals.
+
+`diff_lines` compares two kernels line by line (the hint pair: the store line's
+samples and L2 traffic before and after).
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import pandas as pd
+
+from .report import KernelProfile, ProfileError, reason_label
+
+__all__ = ["join_entry", "pc_table", "line_table", "diff_lines", "source_text", "top_reasons", "MEMORY_COLUMNS",
+           "no_line_note", "via_str", "find_entry"]
+
+# memory-table columns shown per line where the kernel has any (name -> label)
+MEMORY_COLUMNS = {"l2_sectors_global": "L2 sectors (global)", "l1_wavefronts_shared": "shared wavefronts",
+                  "l1_tag_requests_global": "L1 requests (global)"}
+COUNTERS = ("inst_executed", "thread_inst_executed", "samples", "samples_not_issued", *MEMORY_COLUMNS)
+_SASS_ADDR = re.compile(r"/\*([0-9a-fA-F]{4,})\*/")
+NO_LINE_INFO = ("the kernel carries no line info: a library kernel (no Triton source, e.g. cuBLAS), or a Triton "
+                "kernel compiled with TRITON_DISABLE_LINE_INFO=1 (unset it, clear the kernel's cache entry and "
+                "profile again)")
+
+
+def via_str(via) -> str:
+    """(('/x/remote.py', 83), ('/x/remote.py', 90)) -> 'remote.py:83 < remote.py:90'."""
+    return " < ".join(f"{os.path.basename(f)}:{ln}" for f, ln in via)
+
+
+def no_line_note(prof: KernelProfile) -> str | None:
+    return None if prof.line_info else NO_LINE_INFO
+
+
+# ---------------------------------------------------------------------------
+# the join with the cache entry
+
+
+def _entry_offsets(attr) -> dict[int, object]:
+    """{SASS address: LineInstr} of a SASS attribution (the text's /*addr*/ of each instruction)."""
+    out = {}
+    lines = attr.text_lines
+    for i in attr.instrs:
+        raw = lines[i.text_line - 1] if 0 < i.text_line <= len(lines) else ""
+        m = _SASS_ADDR.search(raw)
+        if m:
+            out[int(m.group(1), 16)] = i
+    return out
+
+
+def _opcode(text: str) -> str:
+    """'@!P0 STG.E.128 [R2], R4' -> 'STG'."""
+    toks = text.split()
+    if toks and toks[0].startswith("@"):
+        toks = toks[1:]
+    return toks[0].split(".")[0] if toks else ""
+
+
+def join_entry(prof: KernelProfile, entry, attr=None):
+    """The SASS attribution of `entry` (`workbench.asm.lines.entry_lines`), checked to be the profiled kernel.
+
+    Raises ProfileError when the entry's code is not the report's: another
+    kernel, or the same kernel compiled differently.
+    """
+    from ..asm.lines import entry_lines
+
+    if attr is None:
+        attr = entry_lines(entry, "sass")
+    at = _entry_offsets(attr)
+    pcs = prof.pcs[prof.pcs["sass"] != ""]
+    where = f"cache entry {entry.hash[:12]} ({entry.name})"
+    if not at:
+        raise ProfileError(f"{where} has no SASS to match the report against")
+    missing = [o for o in pcs["offset"] if o not in at]
+    differ = [o for o, t in zip(pcs["offset"], pcs["sass"]) if o in at and _opcode(t) != at[o].mnemonic.split(".")[0]]
+    if missing or differ or len(at) != len(pcs):
+        raise ProfileError(
+            f"{where} is not the kernel {prof.name} this report profiled: {len(at)} instructions against the "
+            f"report's {len(pcs)}, {len(differ)} with another opcode at the same offset; give the cache of the "
+            "profiled run (workbench profile run keeps it beside the report)")
+    return attr
+
+
+def find_entry(prof: KernelProfile, cache=None, spec: str | None = None, limit: int = 8):
+    """(entry, its SASS attribution) of the profiled kernel.
+
+    `spec`: a hash prefix or an entry directory (checked against the report);
+    else the entries of `cache` named like the kernel, newest first, the first
+    whose code is the report's (at most `limit` are disassembled). Raises
+    ProfileError (or the cache's CacheError) when none is.
+    """
+    from ..asm.cache import get_entry, list_entries
+
+    if spec:
+        entry = get_entry(spec, cache)
+        return entry, join_entry(prof, entry)
+    hits = [e for e in list_entries(cache) if e.name == prof.name and e.ok and "cubin" in e.stages]
+    hits.sort(key=lambda e: e.mtime, reverse=True)
+    for entry in hits[:limit]:
+        try:
+            return entry, join_entry(prof, entry)
+        except ProfileError:
+            continue
+    where = cache or "the Triton cache"
+    raise ProfileError(f"no entry of {where} is the kernel {prof.name} this report profiled "
+                       f"({len(hits)} of that name looked at)")
+
+
+# ---------------------------------------------------------------------------
+# per instruction
+
+
+def pc_table(prof: KernelProfile, attr=None) -> pd.DataFrame:
+    """One row per SASS instruction: offset, sass, file, line, via, class columns and the counters.
+
+    `attr`: the entry's SASS attribution from `join_entry` (lines and call sites
+    as `asm lines` gives them); without it, the report's own lines.
+    """
+    from ..asm.isa import classify
+
+    df = prof.pcs.copy()
+    classes = [classify(t, "sass") if t else None for t in df["sass"]]
+    df["mnemonic"] = [c.mnemonic if c else "" for c in classes]
+    df["category"] = [c.category if c else "other" for c in classes]
+    df["space"] = [c.space if c else None for c in classes]
+    df["kind"] = [c.kind if c else None for c in classes]
+    df["width_bits"] = pd.array([c.width_bits if c else None for c in classes], dtype="Int64")
+    df["via"] = [()] * len(df)
+    if attr is not None:
+        at = _entry_offsets(attr)
+        files, lines, vias = [], [], []
+        for off, f, ln in zip(df["offset"], df["file"], df["line"]):
+            i = at.get(off)
+            if i is None:
+                files.append(f)
+                lines.append(ln)
+                vias.append(())
+            else:
+                files.append(i.file if i.line is not None else None)
+                lines.append(i.line)
+                vias.append(tuple(i.via))
+        df["file"], df["via"] = files, vias
+        df["line"] = pd.array(lines, dtype="Int64")
+    return df
+
+
+# ---------------------------------------------------------------------------
+# per line
+
+
+def top_reasons(counts: dict[str, float], total: float, n: int = 3) -> str:
+    """'long scoreboard 78%, wait 9%, selected 6%': the `n` largest reasons with at least 1% of `total` samples."""
+    if not total:
+        return ""
+    top = sorted(((v, r) for r, v in counts.items() if v), reverse=True)[:n]
+    kept = [(v, r) for i, (v, r) in enumerate(top) if i == 0 or v / total >= 0.01]
+    return ", ".join(f"{reason_label(r)} {v / total:.0%}" for v, r in kept)
+
+
+def source_text(prof: KernelProfile, file: str | None) -> tuple[list[str] | None, str | None]:
+    """(lines, note) of a source file: the text the report embedded (what was profiled), else the file here.
+
+    The note says where the text came from when that matters: the file here
+    differs from the profiled one, or neither is available.
+    """
+    from ..asm.lines import read_source
+
+    if not file:
+        return None, None
+    embedded = prof.sources.get(file)
+    if embedded is None:  # another checkout's path: match by name
+        base = os.path.basename(file)
+        hits = [t for f, t in prof.sources.items() if os.path.basename(f) == base]
+        embedded = hits[0] if len(hits) == 1 else None
+    here, problem = read_source(file)
+    if embedded is not None:
+        lines = embedded.splitlines()
+        if here is not None and here != lines:
+            return lines, f"{file}: changed since it was profiled; the text shown is the report's"
+        return lines, None
+    if here is None:
+        return None, f"{file}: no text (the report embeds none and {problem})"
+    return here, None
+
+
+def line_table(prof: KernelProfile, attr=None, pcs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per source line that has instructions, in source order, plus one for instructions without a line.
+
+    Columns: file, line, source, via (call chains of the line's instructions),
+    instructions, mix (their classes), the counters (inst_executed,
+    thread_inst_executed, samples, samples_not_issued, memory traffic), share
+    (of the kernel's samples), top_reasons, calls_samples / calls_inst_executed
+    (what inlined helpers called from this line cost), and stall_<reason>
+    columns. The rows' counters add up to the kernel's totals.
+    """
+    from ..asm.lines import summarize_line
+
+    df = pc_table(prof, attr) if pcs is None else pcs
+    reason_cols = prof.reason_columns() + prof.reason_columns(not_issued=True)
+    sums = [c for c in COUNTERS + tuple(reason_cols) if c in df.columns]
+    key = df["line"].notna()
+    df = df.assign(_file=df["file"].where(key, None), _line=df["line"].where(key, pd.NA))
+    total = float(df["samples"].sum()) or 0.0
+    calls: dict[tuple, dict] = {}
+    for row in df[df["via"].map(bool)].itertuples(index=False):
+        for site in set(row.via):
+            c = calls.setdefault(site, {"samples": 0, "inst_executed": 0})
+            c["samples"] += row.samples
+            c["inst_executed"] += row.inst_executed
+    rows = []
+    sources: dict[str, list[str] | None] = {}
+    grouped = df[key].groupby(["_file", "_line"], sort=False)
+    for (file, line), g in grouped:
+        if file not in sources:
+            sources[file] = source_text(prof, file)[0]
+        text = sources[file]
+        rows.append(_line_row(file, int(line), text[int(line) - 1] if text and 0 < line <= len(text) else "",
+                              g, sums, prof, total, calls.get((file, int(line)), {})))
+    rest = df[~key]
+    if len(rest):
+        what = "no line info" if not prof.line_info else "no line: compiler-generated or padding"
+        rows.append(_line_row(None, pd.NA, f"({what})", rest, sums, prof, total, {}))
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    order = pd.to_numeric(out["line"], errors="coerce").fillna(float("inf"))
+    out = out.assign(_nofile=out["file"].isna(), _order=order).sort_values(
+        ["_nofile", "file", "_order"], kind="stable").drop(columns=["_nofile", "_order"]).reset_index(drop=True)
+    out["line"] = out["line"].astype("Int64")
+    out["mix"] = [summarize_line(c) for c in out["mix"]]
+    return out
+
+
+def _line_row(file, line, source, g: pd.DataFrame, sums, prof, total, calls) -> dict:
+    vals = {c: g[c].sum() for c in sums}
+    vals = {c: (int(v) if float(v).is_integer() else float(v)) for c, v in vals.items()}
+    mix: dict[tuple, int] = {}
+    for cat, space, kind, width in zip(g["category"], g["space"], g["kind"], g["width_bits"]):
+        if cat != "other":
+            k = (cat, space, kind, None if pd.isna(width) else int(width))
+            mix[k] = mix.get(k, 0) + 1
+    vias = sorted({via_str(v) for v in g["via"] if v})
+    reasons = {r: vals.get(f"stall_{r}", 0) for r in prof.reasons}
+    samples = vals.get("samples", 0)
+    return {"file": file, "line": line, "source": source, "via": "; ".join(vias), "instructions": len(g),
+            "mix": mix, **vals, "share": samples / total if total else 0.0,
+            "top_reasons": top_reasons(reasons, samples), "calls_samples": calls.get("samples", 0),
+            "calls_inst_executed": calls.get("inst_executed", 0),
+            "calls_share": calls.get("samples", 0) / total if total else 0.0}
+
+
+# ---------------------------------------------------------------------------
+# two kernels
+
+
+def diff_lines(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Two `line_table`s joined by (file name, line): samples, share, reasons and traffic before and after.
+
+    Lines are matched by file name, not directory (two checkouts compile the same
+    file at different paths). Rows: every line either kernel has, in source
+    order, with ``*_a`` / ``*_b`` columns and ``share_change`` (b - a, in
+    fractions of each kernel's samples).
+    """
+    cols = ["instructions", "inst_executed", "samples", "samples_not_issued", "share", "top_reasons",
+            "l2_sectors_global", "l1_wavefronts_shared", "mix"]
+
+    def prep(t):
+        t = t.copy()
+        t["base"] = [os.path.basename(f) if isinstance(f, str) else "" for f in t["file"]]
+        t["key_line"] = t["line"].astype("float").fillna(-1).astype(int)
+        for c in cols:
+            if c not in t.columns:
+                t[c] = 0
+        return t[["base", "key_line", "file", "source"] + cols]
+
+    m = pd.merge(prep(a), prep(b), on=["base", "key_line"], how="outer", suffixes=("_a", "_b"))
+    for c in cols:
+        fill = "" if c in ("top_reasons", "mix") else 0
+        for s in ("_a", "_b"):
+            m[c + s] = m[c + s].fillna(fill)
+    m["file"] = m["file_b"].where(m["file_b"].notna(), m["file_a"])
+    m["source"] = m["source_b"].where(m["source_b"].fillna("") != "", m["source_a"]).fillna("")
+    m["line"] = m["key_line"].where(m["key_line"] >= 0, pd.NA).astype("Int64")
+    m["share_change"] = m["share_b"] - m["share_a"]
+    m = m.assign(_nofile=m["base"] == "", _order=m["key_line"].where(m["key_line"] >= 0, 1 << 30)).sort_values(
+        ["_nofile", "base", "_order"], kind="stable")
+    keep = ["file", "line", "source"] + [c + s for c in cols for s in ("_a", "_b")] + ["share_change"]
+    return m[keep].reset_index(drop=True)
