@@ -41,7 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="ncu --clock-control (default none: the GPU's clocks are left alone)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="stop the run after S seconds")
     p.add_argument("--csv", action="store_true", help="also write ncu's own per-instruction CSV (NAME.sass.csv)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="after --: arguments for the script")
+    p.add_argument("args", nargs="*", metavar="-- ARGS", help="arguments for the script (after --)")
     p.set_defaults(profile_func=cmd_run)
 
     p = sub.add_parser("show", help="the report's counters per source line (CPU, no ncu)")
@@ -78,7 +78,7 @@ def run(args) -> int:
 def cmd_run(args) -> int:
     from .run import DEFAULT_SECTIONS, profile
 
-    extra = args.args[1:] if args.args[:1] == ["--"] else args.args
+    extra = list(args.args)
     profile(args.target, out=args.out, name=args.name, kernel=args.kernel, launch=args.launch,
             sections=args.sections or DEFAULT_SECTIONS, cache=args.cache, ncu=args.ncu,
             clock_control=args.clock_control, timeout_s=args.timeout, args=extra, csv=args.csv,
@@ -97,8 +97,6 @@ def open_report(report, kernel=None, cache=None, entry=None):
     disassembled here. An entry the user named must be the profiled kernel; one
     from the summary that is missing or differs becomes a note.
     """
-    from ..asm.cache import CacheError
-    from .lines import find_entry, join_entry
     from .report import read_summary, start
 
     explicit = bool(entry or cache)
@@ -106,7 +104,10 @@ def open_report(report, kernel=None, cache=None, entry=None):
     summary, _ = read_summary(Path(report))
     if not explicit and summary and summary.get("hash") and summary.get("cache"):
         spec, where = str(summary["hash"]), Path(report).parent / str(summary["cache"])
-    pending = start(report, kernel)
+    pending = start(report, kernel)  # first: pandas and the disassembly below overlap with the child
+    from ..asm.cache import CacheError
+    from .lines import find_entry, join_entry
+
     early = None
     try:
         if spec:
@@ -145,9 +146,9 @@ def _disassemble(spec, where):
 
 
 def cmd_show(args) -> int:
+    prof, attr, entry, notes = open_report(args.report, args.kernel, args.cache, args.entry)
     from .lines import line_table, no_line_note, pc_table
 
-    prof, attr, entry, notes = open_report(args.report, args.kernel, args.cache, args.entry)
     notes = prof.notes + notes
     if no_line_note(prof):
         notes.append(no_line_note(prof))

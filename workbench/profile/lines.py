@@ -215,55 +215,62 @@ def line_table(prof: KernelProfile, attr=None, pcs: pd.DataFrame | None = None) 
     df = pc_table(prof, attr) if pcs is None else pcs
     reason_cols = prof.reason_columns() + prof.reason_columns(not_issued=True)
     sums = [c for c in COUNTERS + tuple(reason_cols) if c in df.columns]
-    key = df["line"].notna()
-    df = df.assign(_file=df["file"].where(key, None), _line=df["line"].where(key, pd.NA))
-    total = float(df["samples"].sum()) or 0.0
-    calls: dict[tuple, dict] = {}
-    for row in df[df["via"].map(bool)].itertuples(index=False):
-        for site in set(row.via):
-            c = calls.setdefault(site, {"samples": 0, "inst_executed": 0})
-            c["samples"] += row.samples
-            c["inst_executed"] += row.inst_executed
-    rows = []
-    sources: dict[str, list[str] | None] = {}
-    grouped = df[key].groupby(["_file", "_line"], sort=False)
-    for (file, line), g in grouped:
-        if file not in sources:
-            sources[file] = source_text(prof, file)[0]
-        text = sources[file]
-        rows.append(_line_row(file, int(line), text[int(line) - 1] if text and 0 < line <= len(text) else "",
-                              g, sums, prof, total, calls.get((file, int(line)), {})))
-    rest = df[~key]
-    if len(rest):
-        what = "no line info" if not prof.line_info else "no line: compiler-generated or padding"
-        rows.append(_line_row(None, pd.NA, f"({what})", rest, sums, prof, total, {}))
-    out = pd.DataFrame(rows)
-    if out.empty:
-        return out
-    order = pd.to_numeric(out["line"], errors="coerce").fillna(float("inf"))
-    out = out.assign(_nofile=out["file"].isna(), _order=order).sort_values(
-        ["_nofile", "file", "_order"], kind="stable").drop(columns=["_nofile", "_order"]).reset_index(drop=True)
-    out["line"] = out["line"].astype("Int64")
-    out["mix"] = [summarize_line(c) for c in out["mix"]]
-    return out
-
-
-def _line_row(file, line, source, g: pd.DataFrame, sums, prof, total, calls) -> dict:
-    vals = {c: g[c].sum() for c in sums}
-    vals = {c: (int(v) if float(v).is_integer() else float(v)) for c, v in vals.items()}
-    mix: dict[tuple, int] = {}
-    for cat, space, kind, width in zip(g["category"], g["space"], g["kind"], g["width_bits"]):
+    has_line = df["line"].notna()
+    # one key per row: (file, line), or ("", -1) for the instructions without a line
+    keys = list(zip(df["file"].where(has_line, "").fillna(""), df["line"].fillna(-1).astype(int)))
+    df = df.assign(_key=keys)
+    out = df.groupby("_key", sort=False)[sums].sum()
+    out["instructions"] = df.groupby("_key", sort=False).size()
+    mix: dict[tuple, dict] = {}
+    vias: dict[tuple, set] = {}
+    calls: dict[tuple, list] = {}
+    for k, cat, space, kind, width, via, samples, executed in zip(
+            keys, df["category"], df["space"], df["kind"], df["width_bits"], df["via"], df["samples"],
+            df["inst_executed"]):
         if cat != "other":
-            k = (cat, space, kind, None if pd.isna(width) else int(width))
-            mix[k] = mix.get(k, 0) + 1
-    vias = sorted({via_str(v) for v in g["via"] if v})
-    reasons = {r: vals.get(f"stall_{r}", 0) for r in prof.reasons}
-    samples = vals.get("samples", 0)
-    return {"file": file, "line": line, "source": source, "via": "; ".join(vias), "instructions": len(g),
-            "mix": mix, **vals, "share": samples / total if total else 0.0,
-            "top_reasons": top_reasons(reasons, samples), "calls_samples": calls.get("samples", 0),
-            "calls_inst_executed": calls.get("inst_executed", 0),
-            "calls_share": calls.get("samples", 0) / total if total else 0.0}
+            cls = (cat, space, kind, None if width is pd.NA or width is None else int(width))
+            m = mix.setdefault(k, {})
+            m[cls] = m.get(cls, 0) + 1
+        if via:
+            vias.setdefault(k, set()).add(via_str(via))
+            for site in set(via):
+                c = calls.setdefault((site[0], int(site[1])), [0, 0])
+                c[0] += samples
+                c[1] += executed
+    total = float(df["samples"].sum())
+    out = out.reset_index()
+    out["file"] = [f or None for f, _ in out["_key"]]
+    out["line"] = pd.array([ln if ln >= 0 else None for _, ln in out["_key"]], dtype="Int64")
+    out["source"] = _source_column(prof, out["_key"])
+    out["via"] = ["; ".join(sorted(vias.get(k, ()))) for k in out["_key"]]
+    out["mix"] = [summarize_line(mix.get(k, {})) for k in out["_key"]]
+    out["share"] = out["samples"] / total if total else 0.0
+    reasons = out[prof.reason_columns()].to_numpy() if prof.reasons else None
+    out["top_reasons"] = [top_reasons(dict(zip(prof.reasons, reasons[i])), out["samples"].iat[i])
+                          if reasons is not None else "" for i in range(len(out))]
+    out["calls_samples"] = [calls.get(k, (0, 0))[0] for k in out["_key"]]
+    out["calls_inst_executed"] = [calls.get(k, (0, 0))[1] for k in out["_key"]]
+    out["calls_share"] = out["calls_samples"] / total if total else 0.0
+    out = out.assign(_nofile=out["file"].isna(), _order=out["line"].astype("float").fillna(float("inf")))
+    out = out.sort_values(["_nofile", "file", "_order"], kind="stable").reset_index(drop=True)
+    first = ["file", "line", "source", "via", "instructions", "mix"]
+    rest = [c for c in out.columns if c not in first and not c.startswith("_")]
+    return out[first + rest]
+
+
+def _source_column(prof: KernelProfile, keys) -> list[str]:
+    texts: dict[str, list[str] | None] = {}
+    out = []
+    what = "no line info" if not prof.line_info else "no line: compiler-generated or padding"
+    for file, line in keys:
+        if not file:
+            out.append(f"({what})")
+            continue
+        if file not in texts:
+            texts[file] = source_text(prof, file)[0]
+        text = texts[file]
+        out.append(text[line - 1] if text and 0 < line <= len(text) else "")
+    return out
 
 
 # ---------------------------------------------------------------------------

@@ -205,9 +205,8 @@ class Pending:
         self.path, self.kernel, self.timeout_s = path, kernel, timeout_s
         self.t0 = time.monotonic()
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSTARTUP", "PYTHONINSPECT")}
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", "workbench.profile.reader", str(path)]
+        # the reader runs as a script: only the standard library and ncu_report are imported there
+        cmd = [sys.executable, str(Path(__file__).with_name("reader.py")), str(path)]
         if kernel is not None:
             cmd += ["--kernel", str(kernel)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
@@ -233,7 +232,8 @@ class Pending:
         if isinstance(data, dict) and "error" in data:
             if data.get("missing") == "ncu_report":
                 raise ProfileError(INSTALL_HINT)
-            raise ProfileError(str(data["error"])[:2000])
+            msg = str(data["error"])[:2000]
+            raise ProfileError(msg if msg.startswith(str(self.path)) else f"{self.path}: {msg}")
         if rc != 0 or not isinstance(data, dict):
             how = f"was killed by signal {-rc}" if rc < 0 else f"exited with {rc}"
             tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
@@ -294,18 +294,19 @@ def read_summary(report: Path) -> tuple[dict | None, str | None]:
 
 
 def _profile(path: Path, data: dict) -> KernelProfile:
+    import numpy as np
     import pandas as pd
 
     k = data.get("kernel") or {}
     instrs = data.get("instructions") or []
     files = [str(f) for f in (data.get("files") or [])]
     metrics = data.get("metrics") or {}
-    start_pc = k.get("function_pc") or 0
-    rows = {}
-    for off, text, fi, line in instrs:
-        f = files[fi] if isinstance(fi, int) and 0 <= fi < len(files) else None
-        rows[int(off)] = {"offset": int(off), "sass": str(text), "file": f, "line": line if f else None}
-    columns, reasons = {}, []
+    start_pc = int(k.get("function_pc") or 0)
+    file_of = lambda fi: files[fi] if isinstance(fi, int) and 0 <= fi < len(files) else None  # noqa: E731
+    base = pd.DataFrame({"offset": [int(r[0]) for r in instrs], "sass": [str(r[1]) for r in instrs],
+                         "file": [file_of(r[2]) for r in instrs],
+                         "line": pd.array([r[3] if file_of(r[2]) else None for r in instrs], dtype="Int64")})
+    series, reasons = {}, []
     for name, m in metrics.items():
         if name.startswith(STALL_PREFIX):
             reason = name[len(STALL_PREFIX):]
@@ -316,25 +317,27 @@ def _profile(path: Path, data: dict) -> KernelProfile:
             col = METRIC_COLUMNS[name]
         else:
             continue
-        values = {}
-        for pc, v in zip(m["pcs"], m["values"]):
-            off = int(pc) - int(start_pc)
-            values[off] = values.get(off, 0) + v
-            if off not in rows:  # a counted PC outside the function's code: kept, so no count is lost
-                rows[off] = {"offset": off, "sass": "", "file": None, "line": None}
-        columns[col] = values
+        s = pd.Series(m["values"], index=np.asarray(m["pcs"], dtype=np.int64) - start_pc)
+        series[col] = s.groupby(level=0).sum() if s.index.has_duplicates else s
     reasons.sort()
-    base = pd.DataFrame([rows[o] for o in sorted(rows)], columns=["offset", "sass", "file", "line"])
-    base.insert(1, "pc", base["offset"] + int(start_pc))
-    base["line"] = base["line"].astype("Int64")
+    # a counted PC outside the function's code gets a row of its own, so that no count is lost
+    counted = pd.Index(sorted({o for s in series.values() for o in s.index}))
+    extra = counted.difference(pd.Index(base["offset"]))
+    if len(extra):
+        base = pd.concat([base, pd.DataFrame({"offset": extra, "sass": "", "file": None,
+                                              "line": pd.array([None] * len(extra), dtype="Int64")})])
+    base = base.sort_values("offset", kind="stable").reset_index(drop=True)
+    base.insert(1, "pc", base["offset"] + start_pc)
+    index = pd.Index(base["offset"])
     counters = {}
     for col in (list(METRIC_COLUMNS.values()) + [f"stall_{r}" for r in reasons]
                 + [f"stall_{r}_not_issued" for r in reasons]):
-        vals = pd.to_numeric(base["offset"].map(columns.get(col) or {}), errors="coerce").fillna(0)
-        counters[col] = vals.astype("int64") if (vals % 1 == 0).all() else vals
-    counters["samples"] = sum((counters[f"stall_{r}"] for r in reasons), pd.Series(0, index=base.index))
-    counters["samples_not_issued"] = sum((counters[f"stall_{r}_not_issued"] for r in reasons),
-                                         pd.Series(0, index=base.index))
+        vals = series[col].reindex(index, fill_value=0) if col in series else pd.Series(0, index=index)
+        vals = vals.to_numpy()
+        counters[col] = vals.astype(np.int64) if np.all(np.mod(vals, 1) == 0) else vals.astype(float)
+    zero = np.zeros(len(index), dtype=np.int64)
+    counters["samples"] = sum((counters[f"stall_{r}"] for r in reasons), zero)
+    counters["samples_not_issued"] = sum((counters[f"stall_{r}_not_issued"] for r in reasons), zero)
     df = pd.concat([base, pd.DataFrame(counters)], axis=1)
     raw_totals = data.get("totals") or {}
     totals = {METRIC_COLUMNS.get(n, n): v for n, v in raw_totals.items()}

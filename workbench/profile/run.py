@@ -211,47 +211,55 @@ def profile(target: str, *, out: str | os.PathLike = "profiles", name: str | Non
     if why or rc != 0 or not report.is_file():
         raise ProfileError((why or f"the profiled program exited with {rc}") + f"; {log_path} ends with:\n"
                            + _tail(log))
-    return _summarize(report, target=target, kernel=kernel, launch=launch, sections=sections, cache_dir=cache_dir,
-                      ncu=exe, clock_control=clock_control, cmd=cmd, seconds=time.monotonic() - t0, csv=csv,
-                      echo=echo)
+    facts = {"target": target, "kernel_regex": kernel, "launch": launch, "sections": list(sections),
+             "clock_control": clock_control, "command": shlex.join(cmd), "ncu": exe, "ncu_version": _ncu_version(exe),
+             "seconds": round(time.monotonic() - t0, 1)}
+    summary = write_summary(report, cache_dir, facts)
+    if csv:
+        write_ncu_csv(exe, report, report.with_name(summary_path(report).stem + ".sass.csv"))
+    entry = summary["hash"]
+    where = f"Triton cache entry {entry[:12]} ({cache_dir})" if entry else summary["entry_note"]
+    echo(f"{summary['kernel']}: {report} ({summary['report_bytes'] / 1024:,.0f} kB), summary "
+         f"{summary_path(report)}; {where}\n  {summary['totals']['samples']:,} warp-state samples; per source "
+         f"line: workbench profile show {report}")
+    return summary
 
 
-def _summarize(report: Path, *, target, kernel, launch, sections, cache_dir: Path, ncu, clock_control, cmd,
-               seconds, csv, echo) -> dict:
+def write_summary(report: Path, cache_dir: Path | None, facts: dict) -> dict:
+    """Write NAME.json beside `report`: the kernel, its Triton cache entry (found in `cache_dir` by matching
+    its code against the report's), `facts` (how the report was made) and the provenance of this run."""
     from .. import provenance
     from .lines import find_entry
     from .report import load
 
     prof = load(report)
     entry_hash, note = None, None
-    try:
-        entry, _ = find_entry(prof, cache_dir)
-        entry_hash = entry.hash
-    except Exception as exc:  # a library kernel has no entry; the report stands without one
-        note = f"no Triton cache entry: {exc}"
+    if cache_dir is not None and Path(cache_dir).is_dir():
+        try:
+            entry_hash = find_entry(prof, cache_dir)[0].hash
+        except Exception as exc:  # a library kernel has no entry; the report stands without one
+            note = f"no Triton cache entry: {exc}"
+    else:
+        note = "no Triton cache was kept"
     out = report.parent
-    try:
-        cache_rel = os.path.relpath(cache_dir.resolve(), out.resolve())
-    except ValueError:
-        cache_rel = str(cache_dir.resolve())
+    cache_rel = None
+    if entry_hash:
+        try:
+            cache_rel = os.path.relpath(Path(cache_dir).resolve(), out.resolve())
+        except ValueError:
+            cache_rel = str(Path(cache_dir).resolve())
     summary = {
         "report": report.name, "kernel": prof.name, "kernels": prof.kernels, "hash": entry_hash,
-        "cache": cache_rel if entry_hash else None, "entry_note": note, "target": target, "kernel_regex": kernel,
-        "launch": launch, "sections": list(sections), "clock_control": clock_control,
-        "command": shlex.join(cmd), "ncu": ncu, "ncu_version": _ncu_version(ncu),
+        "cache": cache_rel, "entry_note": note, **facts,
         "device": prof.launch.get("device"), "launch_config": prof.launch, "line_info": prof.line_info,
         "totals": {k: prof.totals.get(k) for k in ("samples", "samples_not_issued", "inst_executed")},
-        "report_bytes": report.stat().st_size, "seconds": round(seconds, 1),
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        **provenance.git_info(), **provenance.versions(),
+        "report_bytes": report.stat().st_size,
     }
+    for key, value in {"created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                       **provenance.git_info(), **provenance.versions()}.items():
+        summary.setdefault(key, value)
     path = summary_path(report)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(summary, indent=1, default=str) + "\n")
     tmp.replace(path)
-    if csv:
-        write_ncu_csv(ncu, report, report.with_name(path.stem + ".sass.csv"))
-    entry_text = f"Triton cache entry {entry_hash[:12]} ({cache_dir})" if entry_hash else note
-    echo(f"{prof.name}: {report} ({summary['report_bytes'] / 1024:,.0f} kB), summary {path}; {entry_text}\n"
-         f"  {prof.total_samples:,} warp-state samples; see it per source line: workbench profile show {report}")
     return summary
