@@ -24,12 +24,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-pytest.importorskip("ncu_report", reason="the report reader: pip install 'ncu-report==2026.3.1' (make test installs it)")
+from workbench.asm.cache import get_entry
+from workbench.profile import ProfileError, load
+from workbench.profile import lines as PL
+from workbench.profile.report import CSV_COLUMNS, ncu_csv_column, reader_missing
 
-from workbench.asm.cache import get_entry  # noqa: E402
-from workbench.profile import ProfileError, load  # noqa: E402
-from workbench.profile import lines as PL  # noqa: E402
-from workbench.profile.report import CSV_COLUMNS, ncu_csv_column  # noqa: E402
+# collected everywhere (tests/test_gpu_collection.py), skipped with the reason where the reader is missing
+pytestmark = pytest.mark.skipif(reader_missing() is not None, reason=str(reader_missing()))
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures" / "profiles"

@@ -25,8 +25,9 @@ __all__ = ["heat", "line_hover", "stall_cells", "profile_html", "top_lines_figur
 CSS = """
 <style>
 .wb-prof { font-family: var(--jp-ui-font-family, sans-serif); font-size: 12px; line-height: 1.3; }
-.wb-prof .wb-profbox { max-height: 34em; overflow: auto; border: 1px solid #ddd; margin: 4px 0 8px 0; }
-.wb-prof table { border-collapse: collapse; width: 100%; }
+.wb-prof .wb-profbox { max-height: 40em; overflow: auto; border: 1px solid #ddd; margin: 4px 0 8px 0; }
+.wb-prof table { border-collapse: collapse; width: 100%; table-layout: fixed; }
+.wb-prof tr.wb-gap td { color: #999; font-style: italic; text-align: center; background: #fafafa; }
 .wb-prof th { background: #f5f5f5; position: sticky; top: 0; text-align: left; padding: 1px 6px; }
 .wb-prof td { padding: 0 6px; vertical-align: top; border: 0; }
 .wb-prof td.wb-no { color: #999; text-align: right; width: 3.5em; }
@@ -108,22 +109,30 @@ def profile_html(prof: KernelProfile, attr=None, *, title: str | None = None, co
     by_file: dict = {}
     for row in table.to_dict(orient="records"):
         by_file.setdefault(row["file"] if isinstance(row["file"], str) else None, []).append(row)
+    span = 6 + len(mem)
     for file, rows in by_file.items():
-        body.append(f'<tr class="wb-file"><td colspan="{6 + len(mem)}">{html.escape(file or "(no source line)")}'
-                    "</td></tr>")
+        body.append(f'<tr class="wb-file"><td colspan="{span}">{html.escape(file or "(no source line)")}</td></tr>')
+        last = None
         for row in _with_context(prof, file, rows, context):
             if shown >= max_rows:
-                body.append(f'<tr><td colspan="{6 + len(mem)}"><i>&#8943; truncated at {max_rows} rows</i></td></tr>')
+                body.append(f'<tr><td colspan="{span}"><i>&#8943; truncated at {max_rows} rows</i></td></tr>')
                 break
+            line = None if pd.isna(row["line"]) else int(row["line"])
+            if last is not None and line is not None and line > last + 1:
+                body.append(f'<tr class="wb-gap"><td colspan="{span}">&#8943; lines {last + 1}-{line - 1} '
+                            "made no instruction &#8943;</td></tr>")
+            last = line
             shown += 1
             body.append(_row_html(row, prof, mem))
     note = no_line_note(prof)
     caption = title or f"{prof.label()}: {prof.total_samples:,} warp-state samples"
     notes = "".join(f"<div><i>{html.escape(n)}</i></div>" for n in ([note] if note else []) + prof.notes)
+    cols = ('<colgroup><col style="width:3.5em"><col style="width:33%"><col style="width:15%"><col style="width:8%">'
+            '<col style="width:6%"><col style="width:18%">' + '<col style="width:7%">' * len(mem) + "</colgroup>")
     return (f'{CSS}<div class="wb-prof"><b>{html.escape(caption)}</b>: each line coloured by its share of the '
             f"kernel's stall samples (white none, red half or more); hover a line for every stall reason and its "
-            f'memory traffic{notes}<div class="wb-profbox"><table><thead>{head}</thead><tbody>{"".join(body)}'
-            "</tbody></table></div></div>")
+            f'memory traffic{notes}<div class="wb-profbox"><table>{cols}<thead>{head}</thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div></div>')
 
 
 def _with_context(prof, file, rows, context):
@@ -151,7 +160,7 @@ def _row_html(row: dict, prof: KernelProfile, mem) -> str:
     tip = html.escape(line_hover(row, prof), quote=True)
     cells = (f'<td class="wb-no">{line}</td>{src}<td>{html.escape(row.get("mix") or "")}</td>'
              f'<td class="wb-num">{_num(row.get("inst_executed"))}</td><td class="wb-num">{_num(row.get("samples"))}</td>'
-             f'<td class="wb-stall">{share:.1%} {html.escape(row.get("top_reasons") or "")}</td>'
+             f'<td class="wb-share">{share:.1%} {html.escape(row.get("top_reasons") or "")}</td>'
              + "".join(f'<td class="wb-num">{_num(row.get(c))}</td>' for c, _ in mem))
     extra = ""
     if row.get("via") or row.get("calls_samples"):

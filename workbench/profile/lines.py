@@ -302,6 +302,8 @@ def diff_lines(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         fill = "" if c in ("top_reasons", "mix") else 0
         for s in ("_a", "_b"):
             m[c + s] = m[c + s].fillna(fill)
+            if fill == 0 and c != "share" and (m[c + s] % 1 == 0).all():  # counts stay integers
+                m[c + s] = m[c + s].astype("int64")
     m["file"] = m["file_b"].where(m["file_b"].notna(), m["file_a"])
     m["source"] = m["source_b"].where(m["source_b"].fillna("") != "", m["source_a"]).fillna("")
     m["line"] = m["key_line"].where(m["key_line"] >= 0, pd.NA).astype("Int64")
