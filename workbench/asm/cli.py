@@ -418,9 +418,10 @@ def _render_source(view) -> list[str]:
             what = (what + "; " if what else "") + f"{r.calls} from inlined calls"
         num = "" if pd.isna(r.line) else r.line
         measured = ""
-        if "samples" in view.columns:  # --counters
-            measured = (f"{int(r.samples):>8,} {r.share:>6.1%}  {r.top_reasons[:34]:<34} "
-                        if r.samples or r.inst_executed else f"{'':>8} {'':>6}  {'':<34} ")
+        if "samples" in view.columns:  # --counters: samples, share, the top stall reason
+            top = r.top_reasons.split(",")[0]
+            measured = (f"{int(r.samples):>8,} {r.share:>6.1%}  {top:<24} "
+                        if r.samples or r.inst_executed else f"{'':>8} {'':>6}  {'':<24} ")
         lines.append(f"  {num:>5}  {src:<{width}}  {measured}{what}".rstrip())
     return lines
 

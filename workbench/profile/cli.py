@@ -23,10 +23,11 @@ _NUM = [("instructions", "instr", 6), ("inst_executed", "executed", 12), ("sampl
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from . import run as run_module
+
     sub = parser.add_subparsers(dest="profile_command", metavar="SUBCOMMAND", required=True)
     p = sub.add_parser("run", help="profile one kernel launch with ncu (GPU node): report + JSON summary",
-                       description=__import__("workbench.profile.run", fromlist=["_"]).__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=run_module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", metavar="SCRIPT_OR_MODULE[:FN]",
                    help="a script (run as __main__), or SCRIPT.py:FN / package.module:FN (FN() is called)")
     p.add_argument("--kernel", metavar="REGEX", help="profile a kernel whose name matches (default: the first launched)")

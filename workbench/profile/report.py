@@ -141,7 +141,7 @@ class KernelProfile:
     index: int                       # the kernel's number in the report (from 0)
     kernels: list[str]               # every kernel the report holds
     launch: dict                     # grid, block, registers, device, cc, duration_ns, sample interval ...
-    pcs: "object"                    # pandas DataFrame, one row per instruction (see the module docstring)
+    pcs: "pandas.DataFrame"          # one row per SASS instruction (see the module docstring)
     reasons: list[str]               # the stall reasons sampled (column stall_<reason>)
     sources: dict[str, str]          # source files the report embeds: path -> text
     totals: dict                     # the report's own kernel totals (ncu's sums over all PCs)
@@ -204,13 +204,12 @@ class Pending:
     def __init__(self, path: Path, kernel: str | None, timeout_s: float):
         self.path, self.kernel, self.timeout_s = path, kernel, timeout_s
         self.t0 = time.monotonic()
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSTARTUP", "PYTHONINSPECT")}
         # the reader runs as a script: only the standard library and ncu_report are imported there
         cmd = [sys.executable, str(Path(__file__).with_name("reader.py")), str(path)]
         if kernel is not None:
             cmd += ["--kernel", str(kernel)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True)
+                                     start_new_session=True)
 
     def _answer(self) -> dict:
         left = max(1.0, self.timeout_s - (time.monotonic() - self.t0))
