@@ -166,6 +166,7 @@ def test_show_text_and_json(profiles):
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "put_kernel" in out and "lines and call sites from Triton cache entry QQZPKJTQM53B" in out
+    assert "56 SASS instructions" in out  # the entry's, every one of them
     assert re.search(r"tl\.store\(translate\(.*global store|88\.\d%\s+long scoreboard", out), out
     assert "inlined, called from remote.py:" in out and "in the helpers it inlines" in out
     total = next(line for line in out.splitlines() if line.strip().startswith("total"))
@@ -189,6 +190,23 @@ def test_show_by_pc(profiles):
     assert len(stg) == 2 and all(r["width_bits"] == 128 and len(r["via"]) == 2 for r in stg)
     text = _cli("profile", "show", FIX / "put.ncu-rep", "--by", "pc").stdout
     assert "STG.E.128" in text and "remote.py:" in text
+
+
+def test_without_the_reports_sass_the_entry_gives_the_instructions(profiles):
+    """`profile show` leaves the report's SASS text out (its disassembly is most of the reading time); the
+    cache entry then gives the instructions, checked against ncu's per-opcode executed counts."""
+    lean = load(FIX / "put.ncu-rep", sass=False)
+    assert not lean.has_sass and lean.pcs["sass"].isna().all() and lean.opcodes["STG"] == 65536
+    assert lean.pcs["samples"].sum() == profiles["put"].total_samples
+    assert PL.line_table(lean)["instructions"].isna().all()  # unknown without text or entry
+    entry = get_entry(json.loads((FIX / "put.json").read_text())["hash"], FIX / "put.triton-cache")
+    full = PL.line_table(profiles["put"], PL.join_entry(profiles["put"], entry))
+    joined = PL.line_table(lean, PL.join_entry(lean, entry))
+    cols = ["line", "via", "instructions", "mix", "inst_executed", "samples", "samples_not_issued", "calls_samples"]
+    pd.testing.assert_frame_equal(joined[cols], full[cols])
+    other = get_entry(json.loads((HINTS / "hint1.json").read_text())["hash"], HINTS / "hint1.triton-cache")
+    with pytest.raises(ProfileError, match="instructions executed per opcode differ"):
+        PL.join_entry(lean, other)
 
 
 def test_an_entry_of_another_kernel_is_refused(profiles):

@@ -90,7 +90,7 @@ def cmd_run(args) -> int:
 # -- show ----------------------------------------------------------------------------
 
 
-def open_report(report, kernel=None, cache=None, entry=None):
+def open_report(report, kernel=None, cache=None, entry=None, sass=True):
     """(profile, SASS attribution or None, entry or None, notes) of one kernel of `report`.
 
     The entry of the profiled kernel: `entry` / `cache` as given, else the one
@@ -105,7 +105,7 @@ def open_report(report, kernel=None, cache=None, entry=None):
     summary, _ = read_summary(Path(report))
     if not explicit and summary and summary.get("hash") and summary.get("cache"):
         spec, where = str(summary["hash"]), Path(report).parent / str(summary["cache"])
-    pending = start(report, kernel)  # first: pandas and the disassembly below overlap with the child
+    pending = start(report, kernel, sass)  # first: pandas and the disassembly below overlap with the child
     from ..asm.cache import CacheError
     from .lines import find_entry, join_entry
 
@@ -147,7 +147,8 @@ def _disassemble(spec, where):
 
 
 def cmd_show(args) -> int:
-    prof, attr, entry, notes = open_report(args.report, args.kernel, args.cache, args.entry)
+    # the line view needs no SASS text from the report (the library's disassembly is most of its reading time)
+    prof, attr, entry, notes = open_report(args.report, args.kernel, args.cache, args.entry, sass=args.by == "pc")
     from .lines import line_table, no_line_note, pc_table
 
     notes = prof.notes + notes
@@ -161,7 +162,7 @@ def cmd_show(args) -> int:
     if args.json:
         print(json.dumps(_json(prof, entry, table, args.by, notes), indent=1, default=_jsonable))
         return 0
-    print("\n".join(_header(prof, entry) + (_render_lines(prof, table) if args.by == "line"
+    print("\n".join(_header(prof, entry, pcs) + (_render_lines(prof, table) if args.by == "line"
                                              else _render_pcs(prof, table))
                     + [f"note: {n}" for n in notes]))
     return 0
@@ -198,14 +199,14 @@ def _json(prof, entry, table, by, notes) -> dict:
             "by": by, "rows": rows, "notes": notes}
 
 
-def _header(prof, entry) -> list[str]:
-    t = prof.pcs
+def _header(prof, entry, t) -> list[str]:
     lines = [prof.label()]
     if entry is not None:
         lines.append(f"lines and call sites from Triton cache entry {entry.hash[:12]} ({entry.path.parent})")
+    known = t["sass"].notna() & (t["sass"] != "")
     lines.append(f"{int(t['samples'].sum()):,} warp-state samples ({int(t['samples_not_issued'].sum()):,} not issued), "
-                 f"{int(t['inst_executed'].sum()):,} instructions executed, {int((t['sass'] != '').sum()):,} "
-                 "SASS instructions")
+                 f"{int(t['inst_executed'].sum()):,} warp instructions executed"
+                 + (f", {int(known.sum()):,} SASS instructions" if known.any() else ""))
     return lines + [""]
 
 
@@ -216,7 +217,11 @@ def _memory_cols(prof, table) -> list[tuple[str, str]]:
 
 
 def _fmt(v) -> str:
-    return f"{int(v):,}" if v == v and float(v).is_integer() else f"{v:,.1f}"
+    import pandas as pd
+
+    if v is None or v is pd.NA or v != v:
+        return ""
+    return f"{int(v):,}" if float(v).is_integer() else f"{v:,.1f}"
 
 
 def _clip(text: str, width: int) -> str:
@@ -249,7 +254,7 @@ def _render_lines(prof, table) -> list[str]:
             extra.append(f"+{_fmt(r['calls_samples'])} samples ({r['calls_share']:.1%}) in the helpers it inlines")
         if extra:
             out.append(f"  {'':>5}    " + "; ".join(extra))
-    total = {c: table[c].sum() for c, _, _ in _NUM}
+    total = {c: table[c].sum() if table[c].notna().any() else None for c, _, _ in _NUM}
     out.append(f"  {'total':>5}  {'':<{width}}" + "".join(f"  {_fmt(total[c]):>{w}}" for c, _, w in _NUM)
                + f"  {table['share'].sum():>6.1%}")
     return out
@@ -269,7 +274,7 @@ def _render_pcs(prof, pcs) -> list[str]:
         if r.get("via"):
             where += " < " + via_str(r["via"])
         reasons = top_reasons({x: r.get(f"stall_{x}", 0) for x in prof.reasons}, r["samples"], 2)
-        out.append((f"  {r['offset']:>6x}  {_clip(r['sass'], 44):<44}  {_clip(where, 22):<22}  "
+        out.append((f"  {r['offset']:>6x}  {_clip(r['sass'] or '', 44):<44}  {_clip(where, 22):<22}  "
                     f"{_fmt(r['inst_executed']):>12}  {_fmt(r['samples']):>8}  {_fmt(r['samples_not_issued']):>10}  "
                     f"{_clip(reasons, 36):<36}" + "".join(f"  {_fmt(r[c]):>20}" for c, _ in mem)).rstrip())
     return out

@@ -76,25 +76,42 @@ def _opcode(text: str) -> str:
 def join_entry(prof: KernelProfile, entry, attr=None):
     """The SASS attribution of `entry` (`workbench.asm.lines.entry_lines`), checked to be the profiled kernel.
 
-    Raises ProfileError when the entry's code is not the report's: another
-    kernel, or the same kernel compiled differently.
+    With the report's SASS text: the same instructions, the same opcode at
+    every offset. Without it: every counted PC is an instruction of the entry,
+    and the warp instructions executed per opcode (the report's per-PC counts
+    summed by the entry's opcodes) equal ncu's own per-opcode sums. Raises
+    ProfileError when the entry's code is not the report's: another kernel, or
+    the same kernel compiled differently.
     """
     from ..asm.lines import entry_lines
 
     if attr is None:
         attr = entry_lines(entry, "sass")
     at = _entry_offsets(attr)
-    pcs = prof.pcs[prof.pcs["sass"] != ""]
     where = f"cache entry {entry.hash[:12]} ({entry.name})"
     if not at:
         raise ProfileError(f"{where} has no SASS to match the report against")
+    pcs = prof.pcs[prof.pcs["sass"] != ""] if prof.has_sass else prof.pcs
     missing = [o for o in pcs["offset"] if o not in at]
-    differ = [o for o, t in zip(pcs["offset"], pcs["sass"]) if o in at and _opcode(t) != at[o].mnemonic.split(".")[0]]
-    if missing or differ or len(at) != len(pcs):
-        raise ProfileError(
-            f"{where} is not the kernel {prof.name} this report profiled: {len(at)} instructions against the "
-            f"report's {len(pcs)}, {len(differ)} with another opcode at the same offset; give the cache of the "
-            "profiled run (workbench profile run keeps it beside the report)")
+    if prof.has_sass:
+        differ = sum(_opcode(t) != at[o].mnemonic.split(".")[0] for o, t in zip(pcs["offset"], pcs["sass"]) if o in at)
+        wrong = (f"{len(at)} instructions against the report's {len(pcs)}, {differ} with another opcode at the "
+                 "same offset")
+        bad = bool(missing or differ or len(at) != len(pcs))
+    else:
+        ours: dict[str, float] = {}
+        for off, n in zip(pcs["offset"], pcs["inst_executed"]):
+            if n and off in at:
+                op = at[off].mnemonic.split(".")[0]
+                ours[op] = ours.get(op, 0) + n
+        theirs = {op: n for op, n in prof.opcodes.items() if n}
+        differ = sorted(op for op in set(ours) | set(theirs) if ours.get(op, 0) != theirs.get(op, 0))
+        wrong = (f"{len(missing)} counted instructions are not in it, the instructions executed per opcode differ "
+                 f"for {len(differ)} opcode(s){' (' + ', '.join(differ[:6]) + ')' if differ else ''}")
+        bad = bool(missing or differ or not theirs)
+    if bad:
+        raise ProfileError(f"{where} is not the kernel {prof.name} this report profiled: {wrong}; give the cache of "
+                           "the profiled run (workbench profile run keeps it beside the report)")
     return attr
 
 
@@ -130,34 +147,42 @@ def find_entry(prof: KernelProfile, cache=None, spec: str | None = None, limit: 
 def pc_table(prof: KernelProfile, attr=None) -> pd.DataFrame:
     """One row per SASS instruction: offset, sass, file, line, via, class columns and the counters.
 
-    `attr`: the entry's SASS attribution from `join_entry` (lines and call sites
-    as `asm lines` gives them); without it, the report's own lines.
+    `attr`: the entry's SASS attribution from `join_entry`: lines and call
+    sites as `asm lines` gives them, and the entry's instructions (all of
+    them, never-executed ones with zero counters, when the report's text was
+    not read). Without it, the report's own lines, and classes from the
+    report's SASS text where it was read.
     """
     from ..asm.isa import classify
+    from ..asm.lines import instr_text
 
     df = prof.pcs.copy()
-    classes = [classify(t, "sass") if t else None for t in df["sass"]]
+    at = _entry_offsets(attr) if attr is not None else {}
+    if at and not prof.has_sass:  # the entry's code stands in for the text the report was not asked for
+        extra = sorted(set(at) - set(df["offset"]))
+        if extra:
+            zeros = pd.DataFrame({c: 0 for c in df.columns if c not in ("offset", "pc", "sass", "file", "line")},
+                                 index=range(len(extra)))
+            start = int(df["pc"].iat[0] - df["offset"].iat[0]) if len(df) else 0
+            add = pd.concat([pd.DataFrame({"offset": extra, "pc": [start + o for o in extra], "sass": None,
+                                           "file": None, "line": pd.array([None] * len(extra), dtype="Int64")}),
+                             zeros], axis=1)
+            df = pd.concat([df, add[df.columns]], ignore_index=True).sort_values("offset").reset_index(drop=True)
+        df["sass"] = [instr_text(attr, at[o]) if o in at else t for o, t in zip(df["offset"], df["sass"])]
+    if at:
+        classes = [at.get(o) for o in df["offset"]]
+    else:
+        classes = [classify(t, "sass") if t else None for t in df["sass"]]
     df["mnemonic"] = [c.mnemonic if c else "" for c in classes]
     df["category"] = [c.category if c else "other" for c in classes]
     df["space"] = [c.space if c else None for c in classes]
     df["kind"] = [c.kind if c else None for c in classes]
     df["width_bits"] = pd.array([c.width_bits if c else None for c in classes], dtype="Int64")
-    df["via"] = [()] * len(df)
-    if attr is not None:
-        at = _entry_offsets(attr)
-        files, lines, vias = [], [], []
-        for off, f, ln in zip(df["offset"], df["file"], df["line"]):
-            i = at.get(off)
-            if i is None:
-                files.append(f)
-                lines.append(ln)
-                vias.append(())
-            else:
-                files.append(i.file if i.line is not None else None)
-                lines.append(i.line)
-                vias.append(tuple(i.via))
-        df["file"], df["via"] = files, vias
-        df["line"] = pd.array(lines, dtype="Int64")
+    df["via"] = [tuple(c.via) if at and c is not None else () for c in classes]
+    if at:
+        df["file"] = [(c.file if c.line is not None else None) if c is not None else f
+                      for c, f in zip(classes, df["file"])]
+        df["line"] = pd.array([c.line if c is not None else ln for c, ln in zip(classes, df["line"])], dtype="Int64")
     return df
 
 
@@ -220,7 +245,9 @@ def line_table(prof: KernelProfile, attr=None, pcs: pd.DataFrame | None = None) 
     keys = list(zip(df["file"].where(has_line, "").fillna(""), df["line"].fillna(-1).astype(int)))
     df = df.assign(_key=keys)
     out = df.groupby("_key", sort=False)[sums].sum()
-    out["instructions"] = df.groupby("_key", sort=False).size()
+    # SASS instructions per line; unknown (NA) when neither the report's text nor the entry was read
+    out["instructions"] = (df.groupby("_key", sort=False).size() if df["sass"].notna().any()
+                           else pd.Series(pd.NA, index=out.index, dtype="Int64"))
     mix: dict[tuple, dict] = {}
     vias: dict[tuple, set] = {}
     calls: dict[tuple, list] = {}

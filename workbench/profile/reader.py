@@ -1,15 +1,18 @@
 """Read one kernel of an Nsight Compute report into plain JSON (runs in a child process).
 
-    python workbench/profile/reader.py REPORT [--kernel K]
+    python workbench/profile/reader.py REPORT [--kernel K] [--no-sass]
 
 A report is untrusted input handed to a native library (NVIDIA's ``ncu_report``
 reader): `workbench.profile.report.load` runs this module in a child process,
 with a memory limit and a deadline, so that a report that crashes or hangs the
 library costs an error message, not the caller. The child writes one JSON
 object to stdout: the report's kernels, and for the chosen one its SASS
-instructions (offset from the function's start, text, source file and line)
-and the per-PC counters (instruction counts, warp-state samples by stall
-reason, memory traffic), each as the metric's correlation ids and values.
+instructions (offset from the function's start, text, source file and line;
+with --no-sass only those with a counter, without their text: the library
+disassembles the kernel for the text, most of the time a large kernel takes),
+the per-PC counters (instruction counts, warp-state samples by stall reason,
+memory traffic), each as the metric's correlation ids and values, and ncu's
+warp instructions executed per opcode.
 Errors go out as ``{"error": "..."}`` with exit status 2.
 
 `check_container` (also used by the parent before it starts a child) walks the
@@ -220,29 +223,56 @@ def _pick(kernels, want: str | None):
     raise ReportError(f"--kernel {want!r} matches none of the report's kernels: " + ", ".join(names[:20]))
 
 
-def _walk(action, start: int) -> tuple[list, list]:
-    """The function's SASS from its first instruction on: [[offset, text, file index, line]], files."""
+def _source(action, pc: int, files: dict) -> tuple[int, int | None]:
+    info = action.source_info(pc)
+    if info is None:
+        return -1, None
+    f = _text(info.file_name())
+    if not f:
+        return -1, None
+    ln = info.line()
+    return files.setdefault(f, len(files)), (ln if isinstance(ln, int) and ln > 0 else None)
+
+
+def _instructions(action, start: int, counted: set, sass: bool) -> tuple[list, list]:
+    """[[offset, SASS text or None, file index, line]] and the files.
+
+    With `sass`, every instruction of the function, walked from its first one
+    (the library disassembles the kernel on the first call: most of this
+    process's time on a large kernel); without, the instructions that have a
+    counter, their text left out.
+    """
     files: dict[str, int] = {}
     rows = []
+    if not sass:
+        for pc in sorted(counted):
+            rows.append([pc - start, None, *_source(action, pc, files)])
+        return rows, list(files)
     off = 0
     while off < 16 * MAX_INSTRUCTIONS:
         text = action.sass_by_pc(start + off)
         if not text:
             break
-        info = action.source_info(start + off)
-        fi, line = -1, None
-        if info is not None:
-            f = _text(info.file_name())
-            if f:
-                fi = files.setdefault(f, len(files))
-                ln = info.line()
-                line = ln if isinstance(ln, int) and ln > 0 else None
-        rows.append([off, _text(text).strip(), fi, line])
+        rows.append([off, _text(text).strip(), *_source(action, start + off, files)])
         off += 16
     return rows, list(files)
 
 
-def read(path: str, kernel: str | None = None) -> dict:
+def _opcodes(action) -> dict:
+    """{opcode: warp instructions executed} (ncu's own sums, which the join with a cache entry checks)."""
+    m = action.metric_by_name("sass__inst_executed_per_opcode")
+    if m is None or not m.has_correlation_ids() or not 0 < m.num_instances() <= MAX_INSTANCES:
+        return {}
+    ids = m.correlation_ids()
+    out = {}
+    for i in range(m.num_instances()):
+        op, v = ids.value(i), _value(m, i)
+        if isinstance(op, str) and isinstance(v, (int, float)):
+            out[op[:MAX_TEXT]] = v
+    return out
+
+
+def read(path: str, kernel: str | None = None, sass: bool = True) -> dict:
     """The report's kernels and the chosen one's instructions and per-PC counters (see the module docstring)."""
     import ncu_report
 
@@ -270,7 +300,8 @@ def read(path: str, kernel: str | None = None) -> dict:
     if not isinstance(start, int) or start <= 0:
         pcs = [pc for m in metrics.values() for pc in m["pcs"]]
         start = min(pcs) if pcs else 0
-    instructions, files = _walk(action, start)
+    counted = {pc for m in metrics.values() for pc in m["pcs"]}
+    instructions, files = _instructions(action, start, counted, sass)
     sources = {}
     try:
         embedded = action.source_files()
@@ -287,7 +318,8 @@ def read(path: str, kernel: str | None = None) -> dict:
         "kernel": {"index": k, "range": r_idx, "action": a_idx, "name": name[:MAX_TEXT],
                    "mangled": _text(action.name(ncu_report.IAction.NameBase_MANGLED)),
                    "function_pc": start, "launch": launch},
-        "instructions": instructions, "files": files, "sources": sources,
+        "instructions": instructions, "sass": sass, "files": files, "sources": sources,
+        "opcodes": _opcodes(action),
         "metrics": metrics, "totals": totals,
     }
 
@@ -308,11 +340,12 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="reader.py")
     p.add_argument("report")
     p.add_argument("--kernel", default=None)
+    p.add_argument("--no-sass", action="store_true", help="leave the SASS text out (no disassembly)")
     args = p.parse_args(argv)
     try:
         check_container(args.report)
         _limit_memory(args.report)
-        out = read(args.report, args.kernel)
+        out = read(args.report, args.kernel, sass=not args.no_sass)
     except ReportError as exc:
         out, rc = {"error": str(exc)}, 2
     except ImportError as exc:

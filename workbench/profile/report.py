@@ -145,6 +145,8 @@ class KernelProfile:
     reasons: list[str]               # the stall reasons sampled (column stall_<reason>)
     sources: dict[str, str]          # source files the report embeds: path -> text
     totals: dict                     # the report's own kernel totals (ncu's sums over all PCs)
+    has_sass: bool = True            # the SASS text was read (else `sass` is None, rows are the counted PCs)
+    opcodes: dict = field(default_factory=dict)  # ncu's warp instructions executed per opcode
     summary: dict | None = None      # the JSON `workbench profile run` wrote beside the report
     notes: list[str] = field(default_factory=list)
 
@@ -201,13 +203,15 @@ def _check_file(path: Path) -> int:
 class Pending:
     """A report being read by the child; `result()` waits for it (the caller may work meanwhile)."""
 
-    def __init__(self, path: Path, kernel: str | None, timeout_s: float):
+    def __init__(self, path: Path, kernel: str | None, timeout_s: float, sass: bool = True):
         self.path, self.kernel, self.timeout_s = path, kernel, timeout_s
         self.t0 = time.monotonic()
         # the reader runs as a script: only the standard library and ncu_report are imported there
         cmd = [sys.executable, str(Path(__file__).with_name("reader.py")), str(path)]
         if kernel is not None:
             cmd += ["--kernel", str(kernel)]
+        if not sass:
+            cmd.append("--no-sass")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
 
@@ -252,19 +256,25 @@ class Pending:
         return _profile(self.path, self._answer())
 
 
-def start(path: str | os.PathLike, kernel: str | int | None = None) -> Pending:
-    """Check the report and start reading it; `.result()` gives the KernelProfile."""
+def start(path: str | os.PathLike, kernel: str | int | None = None, sass: bool = True) -> Pending:
+    """Check the report and start reading it; `.result()` gives the KernelProfile (see `load`)."""
     path = Path(path)
     _check_file(path)
     missing = reader_missing()
     if missing:
         raise ProfileError(missing)
-    return Pending(path, None if kernel is None else str(kernel), _positive_env(ENV_TIMEOUT, DEFAULT_TIMEOUT_S))
+    return Pending(path, None if kernel is None else str(kernel), _positive_env(ENV_TIMEOUT, DEFAULT_TIMEOUT_S), sass)
 
 
-def load(path: str | os.PathLike, kernel: str | int | None = None) -> KernelProfile:
-    """One kernel of an Nsight Compute report (`kernel`: its number from 0, or a regex of its name; default the first)."""
-    return start(path, kernel).result()
+def load(path: str | os.PathLike, kernel: str | int | None = None, sass: bool = True) -> KernelProfile:
+    """One kernel of an Nsight Compute report (`kernel`: its number from 0, or a regex of its name; default the first).
+
+    `sass=False` leaves the SASS text out: the rows are then the instructions
+    that have a counter, and reading a large kernel takes a fraction of the time
+    (the library disassembles the kernel for the text). `workbench profile show`
+    reads it so, and takes the text from the Triton cache entry when it has one.
+    """
+    return start(path, kernel, sass).result()
 
 
 def summary_path(report: Path) -> Path:
@@ -302,7 +312,9 @@ def _profile(path: Path, data: dict) -> KernelProfile:
     metrics = data.get("metrics") or {}
     start_pc = int(k.get("function_pc") or 0)
     file_of = lambda fi: files[fi] if isinstance(fi, int) and 0 <= fi < len(files) else None  # noqa: E731
-    base = pd.DataFrame({"offset": [int(r[0]) for r in instrs], "sass": [str(r[1]) for r in instrs],
+    has_sass = bool(data.get("sass", True))
+    base = pd.DataFrame({"offset": [int(r[0]) for r in instrs],
+                         "sass": pd.array([str(r[1]) if has_sass else None for r in instrs], dtype=object),
                          "file": [file_of(r[2]) for r in instrs],
                          "line": pd.array([r[3] if file_of(r[2]) else None for r in instrs], dtype="Int64")})
     series, reasons = {}, []
@@ -323,7 +335,7 @@ def _profile(path: Path, data: dict) -> KernelProfile:
     counted = pd.Index(sorted({o for s in series.values() for o in s.index}))
     extra = counted.difference(pd.Index(base["offset"]))
     if len(extra):
-        base = pd.concat([base, pd.DataFrame({"offset": extra, "sass": "", "file": None,
+        base = pd.concat([base, pd.DataFrame({"offset": extra, "sass": "" if has_sass else None, "file": None,
                                               "line": pd.array([None] * len(extra), dtype="Int64")})])
     base = base.sort_values("offset", kind="stable").reset_index(drop=True)
     base.insert(1, "pc", base["offset"] + start_pc)
@@ -349,7 +361,8 @@ def _profile(path: Path, data: dict) -> KernelProfile:
                          kernels=[str(x.get("name")) for x in data.get("kernels") or []],
                          launch=dict(k.get("launch") or {}), pcs=df, reasons=reasons,
                          sources={str(f): str(t) for f, t in (data.get("sources") or {}).items()},
-                         totals=totals, summary=summary, notes=[why] if why else [])
+                         totals=totals, has_sass=has_sass, opcodes=dict(data.get("opcodes") or {}),
+                         summary=summary, notes=[why] if why else [])
     dropped = prof.launch.get("samples_dropped_bytes")
     if isinstance(dropped, (int, float)) and dropped > 0:
         prof.notes.append(f"ncu dropped {dropped:,.0f} bytes of warp samples (its buffer was full): the samples "
