@@ -442,6 +442,19 @@ def test_profile_run_failures_say_what_to_do(tmp_path, body, message):
     assert "Traceback (most recent call last):\n" not in res.stderr  # ours; the program's own log tail may quote one
 
 
+def test_a_summary_without_the_reader_says_what_to_install(tmp_path, monkeypatch):
+    import shutil
+
+    from workbench.profile import report as R
+    from workbench.profile.run import write_summary
+
+    shutil.copyfile(FIX / "put.ncu-rep", tmp_path / "put.ncu-rep")
+    monkeypatch.setattr(R, "reader_missing", lambda: R.INSTALL_HINT)
+    summary = write_summary(tmp_path / "put.ncu-rep", None, {"command": "ncu ..."})
+    assert summary["kernel"] is None and "pip install 'ncu-report==2026.3.1'" in summary["entry_note"]
+    assert json.loads((tmp_path / "put.json").read_text())["command"] == "ncu ..."
+
+
 def test_profile_run_without_ncu(tmp_path):
     env = {**ENV, "PATH": str(tmp_path)}
     env.pop("NCU", None)

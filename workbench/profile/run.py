@@ -219,42 +219,46 @@ def profile(target: str, *, out: str | os.PathLike = "profiles", name: str | Non
         write_ncu_csv(exe, report, report.with_name(summary_path(report).stem + ".sass.csv"))
     entry = summary["hash"]
     where = f"Triton cache entry {entry[:12]} ({cache_dir})" if entry else summary["entry_note"]
-    echo(f"{summary['kernel']}: {report} ({summary['report_bytes'] / 1024:,.0f} kB), summary "
-         f"{summary_path(report)}; {where}\n  {summary['totals']['samples']:,} warp-state samples; per source "
-         f"line: workbench profile show {report}")
+    samples = f"{summary['totals']['samples']:,} warp-state samples; " if summary["totals"] else ""
+    echo(f"{summary['kernel'] or 'the kernel'}: {report} ({summary['report_bytes'] / 1024:,.0f} kB), summary "
+         f"{summary_path(report)}; {where}\n  {samples}per source line: workbench profile show {report}")
     return summary
 
 
 def write_summary(report: Path, cache_dir: Path | None, facts: dict) -> dict:
     """Write NAME.json beside `report`: the kernel, its Triton cache entry (found in `cache_dir` by matching
-    its code against the report's), `facts` (how the report was made) and the provenance of this run."""
+    its code against the report's), `facts` (how the report was made) and the provenance of this run.
+
+    Without the report reader (the `profile` extra) the summary says how the report was made and what to
+    install to read it; the kernel's details stay empty.
+    """
     from .. import provenance
     from .lines import find_entry
-    from .report import load
+    from .report import load, reader_missing
 
-    prof = load(report)
-    entry_hash, note = None, None
-    if cache_dir is not None and Path(cache_dir).is_dir():
-        try:
-            entry_hash = find_entry(prof, cache_dir)[0].hash
-        except Exception as exc:  # a library kernel has no entry; the report stands without one
-            note = f"no Triton cache entry: {exc}"
+    summary = {"report": report.name, "kernel": None, "kernels": None, "hash": None, "cache": None,
+               "entry_note": None, **facts, "device": None, "launch_config": None, "line_info": None,
+               "totals": None, "report_bytes": report.stat().st_size}
+    missing = reader_missing()
+    if missing:
+        summary["entry_note"] = f"not read here: {missing}"
     else:
-        note = "no Triton cache was kept"
-    out = report.parent
-    cache_rel = None
-    if entry_hash:
+        prof = load(report)
+        summary.update(kernel=prof.name, kernels=prof.kernels, device=prof.launch.get("device"),
+                       launch_config=prof.launch, line_info=prof.line_info,
+                       totals={k: prof.totals.get(k) for k in ("samples", "samples_not_issued", "inst_executed")})
+        if cache_dir is not None and Path(cache_dir).is_dir():
+            try:
+                summary["hash"] = find_entry(prof, cache_dir)[0].hash
+            except Exception as exc:  # a library kernel has no entry; the report stands without one
+                summary["entry_note"] = f"no Triton cache entry: {exc}"
+        else:
+            summary["entry_note"] = "no Triton cache was kept"
+    if summary["hash"]:
         try:
-            cache_rel = os.path.relpath(Path(cache_dir).resolve(), out.resolve())
+            summary["cache"] = os.path.relpath(Path(cache_dir).resolve(), report.parent.resolve())
         except ValueError:
-            cache_rel = str(Path(cache_dir).resolve())
-    summary = {
-        "report": report.name, "kernel": prof.name, "kernels": prof.kernels, "hash": entry_hash,
-        "cache": cache_rel, "entry_note": note, **facts,
-        "device": prof.launch.get("device"), "launch_config": prof.launch, "line_info": prof.line_info,
-        "totals": {k: prof.totals.get(k) for k in ("samples", "samples_not_issued", "inst_executed")},
-        "report_bytes": report.stat().st_size,
-    }
+            summary["cache"] = str(Path(cache_dir).resolve())
     for key, value in {"created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                        **provenance.git_info(), **provenance.versions()}.items():
         summary.setdefault(key, value)

@@ -28,9 +28,12 @@ def plan(study: str, measure: str, cases: list[str], *, timeout_s: float = 570.0
 
     data = datasource.plan(f"profiles_{study}", measure, committed_dir=REPO / "results" / "profiles" / study,
                            gpus_needed=1)
-    if data.fresh and find_ncu() is None:  # a GPU but no profiler: the committed reports, and why
-        _note(f"*Profiles: this machine has a GPU but no ncu (Nsight Compute), so the committed reports are "
-              f"shown (`results/profiles/{study}/`); install Nsight Compute to profile afresh.*")
+    why = None if not data.fresh else ("no ncu (Nsight Compute)" if find_ncu() is None
+                                       else "no report reader (`pip install 'ncu-report==2026.3.1'`)"
+                                       if reader_missing() else None)
+    if why:  # a GPU but nothing to profile with, or to read the result: the committed reports, and why
+        _note(f"*Profiles: this machine has a GPU but {why}, so the committed reports are shown "
+              f"(`results/profiles/{study}/`).*")
         data = datasource.plan(f"profiles_{study}", "committed", committed_dir=REPO / "results" / "profiles" / study)
     data.measure([REPO / "experiments" / "profile_cases.py", "--out", data.out, *cases], timeout_s=timeout_s)
     return data
