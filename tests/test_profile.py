@@ -418,7 +418,8 @@ def test_profile_run_writes_the_report_and_names_the_cache_entry(tmp_path):
     joined = " ".join(args)
     for want in ("--clock-control none", "--section SourceCounters", "--section WarpStateStats",
                  "--section MemoryWorkloadAnalysis_Tables", "--import-source yes", "--launch-skip 1",
-                 "--launch-count 1", "-k regex:put_kernel", "-m workbench.profile.target experiments/profile_cases.py:put"):
+                 "--launch-count 1", "-k regex:put_kernel",
+                 "-m workbench.profile.target experiments/profile_cases.py:put"):
         assert want in joined, want
     summary = json.loads((tmp_path / "out" / "put.json").read_text())
     assert summary["hash"].startswith("QQZPKJTQM53B") and summary["cache"] == "put.triton-cache"
@@ -432,7 +433,8 @@ def test_profile_run_writes_the_report_and_names_the_cache_entry(tmp_path):
     ("import sys\nprint('==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
      "Performance Counters')\nsys.exit(1)\n", "not open to this user (ERR_NVGPUCTRPERM): run as root"),
     ("print('==WARNING== No kernels were profiled.')\n", "ncu profiled no kernel"),
-    ("import sys\nprint('Traceback (most recent call last): boom')\nsys.exit(3)\n", "the profiled program exited with 3"),
+    ("import sys\nprint('Traceback (most recent call last): boom')\nsys.exit(3)\n",
+     "the profiled program exited with 3"),
 ])
 def test_profile_run_failures_say_what_to_do(tmp_path, body, message):
     ncu = _fake_ncu(tmp_path, body)

@@ -30,13 +30,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        description=run_module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", metavar="SCRIPT_OR_MODULE[:FN]",
                    help="a script (run as __main__), or SCRIPT.py:FN / package.module:FN (FN() is called)")
-    p.add_argument("--kernel", metavar="REGEX", help="profile a kernel whose name matches (default: the first launched)")
+    p.add_argument("--kernel", metavar="REGEX",
+                   help="profile a kernel whose name matches (default: the first launched)")
     p.add_argument("--launch", type=int, default=1, metavar="N", help="its N-th matching launch (default 1)")
     p.add_argument("--sections", nargs="+", metavar="S", default=None,
                    help="ncu sections (default: SourceCounters WarpStateStats MemoryWorkloadAnalysis_Tables)")
     p.add_argument("--out", default="profiles", metavar="DIR", help="where the report goes (default profiles/)")
     p.add_argument("--name", help="file name of the report (default: FN, or the script's name)")
-    p.add_argument("--cache", metavar="DIR", help="Triton cache for the run (default: a fresh one, OUT/NAME.triton-cache)")
+    p.add_argument("--cache", metavar="DIR",
+                   help="Triton cache for the run (default: a fresh one, OUT/NAME.triton-cache)")
     p.add_argument("--ncu", metavar="PATH", help="the ncu to run (default: $NCU, PATH, /usr/local/cuda/bin/ncu)")
     p.add_argument("--clock-control", default="none", choices=["none", "base"],
                    help="ncu --clock-control (default none: the GPU's clocks are left alone)")
@@ -48,9 +50,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("show", help="the report's counters per source line (CPU, no ncu)")
     p.add_argument("report", metavar="REPORT", help="an .ncu-rep file")
     p.add_argument("--kernel", metavar="K", help="which kernel of the report: its number (from 0) or a regex")
-    p.add_argument("--by", choices=["line", "pc"], default="line", help="per source line (default) or per SASS instruction")
-    p.add_argument("--cache", metavar="DIR", help="Triton cache holding the profiled kernel (adds inlined helpers' call "
-                                                  "sites; default: the one named in the report's summary)")
+    p.add_argument("--by", choices=["line", "pc"], default="line",
+                   help="per source line (default) or per SASS instruction")
+    p.add_argument("--cache", metavar="DIR", help="Triton cache holding the profiled kernel (adds inlined helpers' "
+                                                  "call sites; default: the one named in the report's summary)")
     p.add_argument("--entry", metavar="HASH", help="the cache entry of the profiled kernel (hash prefix or directory)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(profile_func=cmd_show)

@@ -159,7 +159,8 @@ def _row_html(row: dict, prof: KernelProfile, mem) -> str:
     style = f' style="background:{heat(share)}"' if share else ""
     tip = html.escape(line_hover(row, prof), quote=True)
     cells = (f'<td class="wb-no">{line}</td>{src}<td>{html.escape(row.get("mix") or "")}</td>'
-             f'<td class="wb-num">{_num(row.get("inst_executed"))}</td><td class="wb-num">{_num(row.get("samples"))}</td>'
+             f'<td class="wb-num">{_num(row.get("inst_executed"))}</td>'
+             f'<td class="wb-num">{_num(row.get("samples"))}</td>'
              f'<td class="wb-share">{share:.1%} {html.escape(row.get("top_reasons") or "")}</td>'
              + "".join(f'<td class="wb-num">{_num(row.get(c))}</td>' for c, _ in mem))
     extra = ""

@@ -78,7 +78,8 @@ def describe_line_changes(d: pd.DataFrame) -> list[str]:
     """One sentence per line: 'remote.py:38 `tl.store(...)`: samples 250 (14.1%) -> 1,328 (75.3%), ...'."""
     out = []
     for r in d.itertuples(index=False):
-        where = f"{os.path.basename(r.file)}:{r.line}" if isinstance(r.file, str) and not pd.isna(r.line) else "(no line)"
+        located = isinstance(r.file, str) and not pd.isna(r.line)
+        where = f"{os.path.basename(r.file)}:{r.line}" if located else "(no line)"
         src = f" `{r.source.strip()}`" if r.source else ""
         parts = [f"samples {_n(r.samples_a)} ({r.share_a:.1%}) -> {_n(r.samples_b)} ({r.share_b:.1%})"]
         if r.top_reasons_a or r.top_reasons_b:
