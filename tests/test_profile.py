@@ -474,19 +474,29 @@ def test_profile_run_without_ncu(tmp_path):
 
 
 def test_show_on_the_gluon_gemm_is_quick():
-    """Goal: <= 2 s end to end on the 2-core CPU machine (results/profiles/README.md has the measured time).
-    The best of three runs is checked against $WORKBENCH_PROFILE_SHOW_BUDGET_S (default 4 s: CI machines
-    are shared)."""
-    budget = float(os.environ.get("WORKBENCH_PROFILE_SHOW_BUDGET_S", "4"))
-    best = float("inf")
+    """Goal: at most 2 s end to end on the 2-core CPU machine (results/profiles/README.md has the times).
+
+    Checked on the CPU time of the whole command (the CLI and the reader it starts, both waited for: an
+    upper bound of the wall time on an otherwise idle 2-core machine, where the two overlap), which a
+    machine shared with other jobs does not inflate the way it does the wall time. Best of three, against
+    $WORKBENCH_PROFILE_SHOW_BUDGET_S (default 2 s)."""
+    import resource
+
+    budget = float(os.environ.get("WORKBENCH_PROFILE_SHOW_BUDGET_S", "2"))
+    best_cpu = best_wall = float("inf")
     for _ in range(3):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         res = _cli("profile", "show", GLUON)
-        best = min(best, time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         assert res.returncode == 0, res.stderr
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        best_cpu, best_wall = min(best_cpu, cpu), min(best_wall, wall)
     assert "_gemm_ws_dev_kernel" in res.stdout
-    print(f"workbench profile show {GLUON.name}: best of 3 {best:.2f} s")
-    assert best <= budget
+    print(f"workbench profile show {GLUON.name}: best of 3: {best_cpu:.2f} s CPU, {best_wall:.2f} s wall "
+          f"(load average {os.getloadavg()[0]:.1f})")
+    assert best_cpu <= budget
 
 
 # -- on a GPU node ---------------------------------------------------------------------------
