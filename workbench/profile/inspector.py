@@ -25,7 +25,8 @@ def counters_for(entry, report, attr=None) -> tuple[KernelProfile, pd.DataFrame]
     """(the profile, its per-line counters) of the kernel `entry` compiled, from `report`."""
     from ..asm.lines import entry_lines
 
-    pending = start(report, f"^{re.escape(entry.name)}$" if entry.name else None)
+    # the entry gives the instructions: the report is read without its SASS text (no disassembly there)
+    pending = start(report, f"^{re.escape(entry.name)}$" if entry.name else None, sass=False)
     try:
         if attr is None:  # disassembled while the child reads the report
             attr = entry_lines(entry, "sass")
