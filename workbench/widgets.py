@@ -8,6 +8,7 @@ shows what the run produced. ``w.static()`` returns that snapshot as an
 
     from workbench.widgets import IsaDiffWidget, SweepExplorer
     IsaDiffWidget({"no hint": e0, "hint": e1}, stage="ptx")
+    IsaDiffWidget({"no hint": e0, "hint": e1}, counters={"no hint": "hint0.ncu-rep", "hint": "hint1.ncu-rep"})
     SweepExplorer(df, x="block", y="gbps", color="variant", filters=["dtype"])
 
 All assembly text is escaped (``html.escape``) before it goes into HTML.
