@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	  echo "make: $(PYTHON) has torch: $(VENV) sees its site-packages after its own ($$pth)"; fi
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev,profile]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 

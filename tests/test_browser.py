@@ -222,6 +222,33 @@ def test_report_source_pane_highlights_offline(report, tmp_path):
         driver.quit()
 
 
+_STALL_JS = """
+const pane = [...document.querySelectorAll('table.wb-src')].find(t => t.textContent.includes('A stalls'));
+if (!pane) return null;
+const row = [...pane.querySelectorAll('tr')].find(r => r.textContent.includes('tl.store(dst, x, mask=mask)'));
+return [...row.querySelectorAll('td.wb-stall')].map(td => ({
+  text: td.textContent, title: td.title, share: parseFloat(td.dataset.share),
+  background: getComputedStyle(td).backgroundColor}));
+"""
+
+
+def test_report_stall_columns_render_offline(report, tmp_path):
+    """Static HTML, network off: the profiled hint pair's source pane colours the store line by its share of
+    each kernel's stall samples, the reasons in its hover text."""
+    driver = _selenium_driver(tmp_path, *OFFLINE_FLAGS, "--window-size=1300,1000")
+    try:
+        driver.get(report.as_uri())
+        cells = driver.execute_script(_STALL_JS)
+    finally:
+        driver.quit()
+    assert cells and len(cells) == 2, cells  # A (no hint) and B (hint)
+    a, b = cells
+    assert b["share"] > 0.5 > a["share"] > 0.1  # the store line: about a quarter of A's samples, most of B's
+    assert b["text"].endswith("long scoreboard") and "long scoreboard" in b["title"] and "L2 sectors" in b["title"]
+    white = "rgb(255, 255, 255)"
+    assert a["background"] not in (white, "rgba(0, 0, 0, 0)") and b["background"] != a["background"]
+
+
 # ---------------------------------------------------------------------------
 # JupyterLab
 

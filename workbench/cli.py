@@ -13,6 +13,7 @@ import sys
 # name -> (module, one-line help)
 COMMANDS = {
     "asm": ("workbench.asm.cli", "inspect, compile and diff kernels in the Triton cache"),
+    "profile": ("workbench.profile.cli", "hardware counters per source line: run ncu (GPU), show a report (CPU)"),
     "report": ("workbench.report", "re-run notebooks headless into self-contained HTML"),
     "sweep": ("workbench.sweep", "run a declared parameter sweep into results/"),
     "tune": ("workbench.tune", "build a kernel family's tuning table for this GPU (or --show one)"),

@@ -8,6 +8,7 @@ shows what the run produced. ``w.static()`` returns that snapshot as an
 
     from workbench.widgets import IsaDiffWidget, SweepExplorer
     IsaDiffWidget({"no hint": e0, "hint": e1}, stage="ptx")
+    IsaDiffWidget({"no hint": e0, "hint": e1}, counters={"no hint": "hint0.ncu-rep", "hint": "hint1.ncu-rep"})
     SweepExplorer(df, x="block", y="gbps", color="variant", filters=["dtype"])
 
 All assembly text is escaped (``html.escape``) before it goes into HTML.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import html
 import math
+import os
 from typing import Any, Iterable, Mapping, Sequence
 
 import ipywidgets as W
@@ -197,7 +199,7 @@ def diff_table_html(rows, stage: str, context: int | str | None = 3, max_rows: i
 
     `context`: rows of context around changes (int), None for all rows, or
     'memory' for only the rows with a memory instruction on either side.
-    `src_a`/`src_b`: {text line: source-line tokens} (see `source_pane_html`);
+    `src_a`/`src_b`: {text line: source-line tokens} (see `workbench.source_pane`);
     cells get them as `data-src`, which the source pane highlights.
     """
     src_a, src_b = src_a or {}, src_b or {}
@@ -268,8 +270,13 @@ def _metadata_html(meta: Mapping[str, tuple]) -> str:
 
 
 def isa_diff_html(a, b, stage: str | None = None, *, label_a: str | None = None, label_b: str | None = None,
-                  context: int | str | None = 3) -> str:
-    """Static HTML of the diff of two cache entries at one stage: legend, side-by-side text, mix delta."""
+                  context: int | str | None = 3, counters_a=None, counters_b=None) -> str:
+    """Static HTML of the diff of two cache entries at one stage: legend, side-by-side text, mix delta.
+
+    `counters_a` / `counters_b`: Nsight Compute profiles of the two kernels
+    (`workbench.profile.load`): the source pane colours each line by its share
+    of the kernel's stall samples, the reasons on hover.
+    """
     from .asm.diff import diff_entries
 
     stages = available_stages(a, b)
@@ -285,7 +292,9 @@ def isa_diff_html(a, b, stage: str | None = None, *, label_a: str | None = None,
         return f'{_CSS}<div class="wb-isa">{head}<p><b>cannot diff:</b> <code>{html.escape(msg)}</code></p></div>'
     changed = sum(r.tag != "equal" for r in d.rows)
     ctx = {None: "all lines", "memory": "memory instructions only"}.get(context, f"{context} line(s) of context")
-    pane, src_a, src_b = source_pane(a, b, d.stage)
+    from .source_pane import source_pane
+
+    pane, src_a, src_b = source_pane(a, b, d.stage, counters=(counters_a, counters_b))
     return (f'{_CSS}<div class="wb-isa" data-stage="{html.escape(d.stage, quote=True)}">{head}'
             f"{legend_html()}{pane}<div>{changed} changed row(s) of {len(d.rows)}; {ctx}</div>"
             f"{diff_table_html(d.rows, d.stage, context, src_a=src_a, src_b=src_b)}"
@@ -299,119 +308,6 @@ def _opcodes_html(ops: pd.DataFrame) -> str:
     if changed.empty:
         return ""
     return f"<h4>opcodes whose count changed: A, B and B &minus; A</h4>{mix_table_html(changed)}"
-
-
-# ---------------------------------------------------------------------------
-# source pane: which Python line made which instruction
-
-# Hover a source row to outline its instructions in A and B; click to pin (click
-# again to unpin). Plain DOM code in attributes, so a static HTML export (no
-# kernel, no server, no <script> run by a widget) keeps it working.
-_PANE_JS = (
-    "var H=function(t,c,k){var r=t.closest('.wb-isa');"
-    "r.querySelectorAll('.'+c).forEach(function(e){e.classList.remove(c)});"
-    "if(!k)return null;var f=null;"
-    "r.querySelectorAll('[data-src~=\"'+k+'\"]').forEach(function(e){e.classList.add(c);"
-    "if(!f&&e.tagName==='TD')f=e});return f};"
-)
-_PANE_OVER = _PANE_JS + "var tr=event.target.closest('tr[data-key]');H(this,'wb-hl',tr&&tr.dataset.key);"
-_PANE_LEAVE = _PANE_JS + "H(this,'wb-hl',null);"
-_PANE_CLICK = (_PANE_JS + "var tr=event.target.closest('tr[data-key]');if(!tr)return;"
-               "var f=H(this,'wb-pin',tr.classList.contains('wb-pin')?null:tr.dataset.key);"
-               "if(f)f.scrollIntoView({block:'nearest'});")
-MAX_SOURCE_ROWS = 600
-
-
-def _src_token(files: dict[str, int], file: str | None, line: int) -> str:
-    """'F:L', F numbering files by base name (two checkouts of one kernel match)."""
-    import os
-
-    base = os.path.basename(file or "")
-    return f"{files.setdefault(base, len(files))}:{line}"
-
-
-def _text_line_tokens(attr, files: dict[str, int]) -> dict[int, str]:
-    """{stage text line: tokens of the source line that made it and of its call sites}."""
-    out: dict[int, list[str]] = {}
-    for i in attr.instrs:
-        if i.line is None:
-            continue
-        toks = out.setdefault(i.text_line, [])
-        for f, ln in ((i.file, i.line), *i.via):
-            t = _src_token(files, f, ln)
-            if t not in toks:
-                toks.append(t)
-    return {k: " ".join(v) for k, v in out.items()}
-
-
-def source_pane(a, b, stage: str) -> tuple[str, dict, dict]:
-    """(HTML of the source pane, tokens of A's text lines, tokens of B's) for one stage.
-
-    The pane lists the kernel's source lines with the instruction classes each
-    made in A and in B; lines whose mix differs are marked. An entry without
-    line info (or a stage without instructions) gives a note instead.
-    """
-    from .asm import lines as L
-
-    if stage not in L.LINE_STAGES:
-        return "", {}, {}
-    try:
-        la, lb = L.entry_lines(a, stage), L.entry_lines(b, stage)
-    except Exception as exc:  # the diff itself still shows
-        return (f'<div class="wb-srcnote"><i>no source lines: {html.escape(f"{type(exc).__name__}: {exc}")}</i>'
-                "</div>", {}, {})
-    notes = [f"{side}: {x.note}" for side, x in (("A", la), ("B", lb)) if x.note]
-    files: dict[str, int] = {}
-    src_a, src_b = _text_line_tokens(la, files), _text_line_tokens(lb, files)
-    rows = _pane_rows(L.source_view(la), L.source_view(lb), files)
-    note = "".join(f"<div><i>{html.escape(n)}</i></div>" for n in notes)
-    if not rows:
-        return f'<div class="wb-srcnote">{note}</div>', src_a, src_b
-    body = []
-    last_file = None
-    for r in rows[:MAX_SOURCE_ROWS]:
-        if r["file"] != last_file:
-            body.append(f'<tr><td colspan="4"><b>{html.escape(r["file"] or "(no line)")}</b></td></tr>')
-            last_file = r["file"]
-        key = r["key"]
-        attrs = f' data-key="{key}" data-src="{key}"' if key else ""
-        cls = ' class="wb-srcchg"' if r["a"] != r["b"] else ""
-        body.append(f"<tr{cls}{attrs}><td class=\"wb-no\">{r['line']}</td>"
-                    f'<td class="wb-pysrc">{html.escape(r["source"])}</td>'
-                    f"<td>{html.escape(r['a'])}</td><td>{html.escape(r['b'])}</td></tr>")
-    if len(rows) > MAX_SOURCE_ROWS:
-        body.append(f'<tr><td colspan="4"><i>&#8943; {len(rows) - MAX_SOURCE_ROWS} more line(s)</i></td></tr>')
-    handlers = " ".join(f'{ev}="{html.escape(js, quote=True)}"' for ev, js in
-                        (("onmouseover", _PANE_OVER), ("onmouseleave", _PANE_LEAVE), ("onclick", _PANE_CLICK)))
-    changed = sum(r["a"] != r["b"] for r in rows)
-    return (f'<div class="wb-srcpane"><b>source</b> ({changed} line(s) whose instructions differ, marked): '
-            "hover a line to outline its instructions in A and B, click to pin it"
-            f'{note}<div class="wb-srcbox"><table class="wb-src" {handlers}><colgroup><col style="width:3.5em">'
-            '<col style="width:50%"><col><col></colgroup><thead><tr><th>line</th><th>source</th>'
-            f"<th>A</th><th>B</th></tr></thead><tbody>{''.join(body)}</tbody></table></div></div>",
-            src_a, src_b)
-
-
-def _pane_rows(va: pd.DataFrame, vb: pd.DataFrame, files: dict[str, int]) -> list[dict]:
-    """Both sides' source views joined by (file base name, line)."""
-    import os
-
-    rows: dict[tuple, dict] = {}
-    for side, view in (("a", va), ("b", vb)):
-        for r in view.itertuples(index=False):
-            line = None if pd.isna(r.line) else int(r.line)
-            base = os.path.basename(r.file) if isinstance(r.file, str) else None
-            row = rows.setdefault((base is None, base or "", line or 0), {
-                "file": r.file if isinstance(r.file, str) else None, "line": "" if line is None else line,
-                "source": r.source.rstrip(), "a": "", "b": "",
-                "key": _src_token(files, r.file, line) if line is not None else ""})
-            what = r.instructions
-            if r.calls:
-                what = (what + "; " if what else "") + f"{r.calls} from inlined calls"
-            row[side] = what
-            if not row["source"] and r.source:
-                row["source"] = r.source.rstrip()
-    return [rows[k] for k in sorted(rows)]
 
 
 # ---------------------------------------------------------------------------
@@ -445,11 +341,14 @@ class IsaDiffWidget(_StaticMixin, W.VBox):
     `entries`: a list of Entry, a {label: Entry} dict, or None for every entry of
     `cache_dir` (default $TRITON_CACHE_DIR or ~/.triton/cache). `a`/`b` pick the
     initial pair (Entry, label or index; default the first two); `stage` the
-    initial stage (default the final assembly).
+    initial stage (default the final assembly). `counters`: {label or entry
+    hash: Nsight Compute profile (`workbench.profile.load`) or report path} of
+    the kernels that have one: the source pane colours their lines by share of
+    stall samples.
     """
 
     def __init__(self, entries=None, *, cache_dir=None, a=None, b=None, stage: str | None = None,
-                 context: int | str | None = 3, **kwargs):
+                 context: int | str | None = 3, counters: Mapping[str, Any] | None = None, **kwargs):
         if entries is None:
             from .asm.cache import list_entries
 
@@ -462,6 +361,7 @@ class IsaDiffWidget(_StaticMixin, W.VBox):
             raise ValueError("IsaDiffWidget needs at least one cache entry (compile something first)")
         labels = _unique([k for k, _ in items])
         self._entries = dict(zip(labels, (e for _, e in items)))
+        self._counters = _load_counters(counters)
         ia = self._pick(a, 0)
         ib = self._pick(b, 1 if len(labels) > 1 else 0)
         style = {"description_width": "initial"}
@@ -535,7 +435,24 @@ class IsaDiffWidget(_StaticMixin, W.VBox):
         if self.stage is None:
             return '<div class="wb-isa"><i>the two entries share no stage</i></div>'
         return isa_diff_html(self.a, self.b, self.stage, label_a=self.pick_a.value, label_b=self.pick_b.value,
-                             context=self.pick_context.value)
+                             context=self.pick_context.value,
+                             counters_a=self._counters_of(self.pick_a.value, self.a),
+                             counters_b=self._counters_of(self.pick_b.value, self.b))
+
+    def _counters_of(self, label: str, entry):
+        return self._counters.get(label, self._counters.get(getattr(entry, "hash", None)))
+
+
+def _load_counters(counters) -> dict:
+    """{key: profile}: report paths read (`workbench.profile.load`), profiles kept."""
+    out = {}
+    for key, value in (counters or {}).items():
+        if isinstance(value, (str, os.PathLike)):
+            from .profile import load
+
+            value = load(value)
+        out[str(key)] = value
+    return out
 
 
 def _unique(labels: list[str]) -> list[str]:

@@ -52,6 +52,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "default: ptx or amdgcn)")
     p.add_argument("--line", type=int, metavar="N", help="print the instructions of source line N")
     p.add_argument("--file", help="with --line: the source file (name or path) when several are involved")
+    p.add_argument("--counters", metavar="REPORT", help="add the measured counters of an Nsight Compute report of "
+                                                        "this kernel per line (workbench profile run makes one)")
 
     p = add("res", "resource use: registers, spills, scratch, shared memory, occupancy", cmd_res)
     p.add_argument("entry")
@@ -63,6 +65,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=2, help="unchanged lines shown around each change")
     p.add_argument("--by-line", action="store_true",
                    help="show which source lines' instruction mix changed instead of the text diff")
+    p.add_argument("--counters", nargs=2, metavar=("REPORT_A", "REPORT_B"),
+                   help="with --by-line: also which lines' stall samples and memory traffic changed, from an "
+                        "Nsight Compute report of each kernel")
 
     p = add("compile", "cross-compile MODULE:FUNCTION for named targets (no GPU needed)", cmd_compile)
     p.add_argument("function", metavar="MODULE:FUNCTION")
@@ -75,9 +80,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from ..profile.report import ProfileError
+
     try:
         return args.asm_func(args) or 0
-    except CacheError as exc:
+    except (CacheError, ProfileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:
@@ -221,6 +228,8 @@ def cmd_res(args) -> int:
 def cmd_diff(args) -> int:
     from .diff import diff_entries
 
+    if args.counters and not args.by_line:
+        raise CacheError("--counters compares the reports line by line: give --by-line too")
     a, b = _open(args.a, args.cache), _open(args.b, args.cache)
     if args.by_line:
         return _diff_by_line(args, a, b)
@@ -337,6 +346,11 @@ def cmd_lines(args) -> int:
     entry = _open(args.entry, args.cache)
     if args.file and args.line is None:
         raise CacheError("--file picks the file of --line N: give --line too")
+    counters = None
+    if args.counters:  # the report's counters per line, through this entry's SASS attribution
+        from ..profile.inspector import counters_for
+
+        counters = counters_for(entry, args.counters)[1]
     out_rows, meta, text_out, instrs = [], {}, [], []
     for stage in _stages_arg(args.stage, entry):
         attr = entry_lines(entry, stage)
@@ -354,9 +368,16 @@ def cmd_lines(args) -> int:
             text_out += _render_line(attr, args.line, picked)
         else:
             out_rows += json.loads(table.to_json(orient="records"))
-            text_out += _render_source(source_view(attr))
+            view = source_view(attr)
+            if counters is not None:
+                from ..profile.inspector import annotate_view
+
+                view = annotate_view(view, counters)
+            text_out += _render_source(view)
         text_out.append("")
     obj = {"hash": entry.hash, "name": entry.name, "arch": entry.arch, "stages": meta, "rows": out_rows}
+    if counters is not None:
+        obj["counters"] = _counter_rows(counters)
     if args.line is not None:
         obj = dict(obj, line=args.line, rows=_count_rows(out_rows), instructions=instrs)
     _emit(args, obj, "\n".join(text_out).rstrip())
@@ -396,8 +417,19 @@ def _render_source(view) -> list[str]:
         if r.calls:
             what = (what + "; " if what else "") + f"{r.calls} from inlined calls"
         num = "" if pd.isna(r.line) else r.line
-        lines.append(f"  {num:>5}  {src:<{width}}  {what}")
+        measured = ""
+        if "samples" in view.columns:  # --counters: samples, share, the top stall reason
+            top = r.top_reasons.split(",")[0]
+            measured = (f"{int(r.samples):>8,} {r.share:>6.1%}  {top:<24} "
+                        if r.samples or r.inst_executed else f"{'':>8} {'':>6}  {'':<24} ")
+        lines.append(f"  {num:>5}  {src:<{width}}  {measured}{what}".rstrip())
     return lines
+
+
+def _counter_rows(table) -> list[dict]:
+    cols = ["file", "line", "via", "instructions", "inst_executed", "samples", "samples_not_issued", "share",
+            "top_reasons", "l2_sectors_global", "l1_wavefronts_shared", "calls_samples"]
+    return json.loads(table[[c for c in cols if c in table.columns]].to_json(orient="records"))
 
 
 def _render_line(attr, line: int, picked) -> list[str]:
@@ -424,9 +456,19 @@ def _diff_by_line(args, a: Entry, b: Entry) -> int:
     _note(a, la)
     _note(b, lb)
     d = diff_by_line(la, lb)
+    moved = None
+    if args.counters:  # which lines' measured cost changed
+        from ..profile.inspector import changed_lines, counters_for
+
+        sa = la if la.stage == "sass" else None
+        sb = lb if lb.stage == "sass" else None
+        moved = changed_lines(counters_for(a, args.counters[0], sa)[1], counters_for(b, args.counters[1], sb)[1])
     if args.json:
-        _emit(args, {"stage": la.stage, "a": a.hash, "b": b.hash, "line_info": [la.line_info, lb.line_info],
-                     "rows": json.loads(d.to_json(orient="records"))}, "")
+        obj = {"stage": la.stage, "a": a.hash, "b": b.hash, "line_info": [la.line_info, lb.line_info],
+               "rows": json.loads(d.to_json(orient="records"))}
+        if moved is not None:
+            obj["counters"] = json.loads(moved.to_json(orient="records"))
+        _emit(args, obj, "")
         return 0
     out = [f"a: {a.name} {a.arch} [{a.hash[:12]}]", f"b: {b.name} {b.arch} [{b.hash[:12]}]", f"stage: {la.stage}", ""]
     if d.empty:
@@ -434,5 +476,10 @@ def _diff_by_line(args, a: Entry, b: Entry) -> int:
     else:
         out.append(f"{d[['file', 'line']].drop_duplicates().shape[0]} source line(s) whose instruction mix changed (a -> b):")
         out += ["  " + s for s in describe_changes(d)]
+    if moved is not None:
+        from ..profile.inspector import describe_line_changes
+
+        out += ["", f"{len(moved)} source line(s) whose measured cost changed (a -> b; share of each kernel's "
+                    "warp-state samples):"] + ["  " + s for s in describe_line_changes(moved)]
     print("\n".join(out))
     return 0
