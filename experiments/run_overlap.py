@@ -5,8 +5,8 @@
 
 1. the multi-GPU tests of the three families (``pytest -m multigpu``: the all-gather against
    NCCL, all-gather + GEMM and GEMM + all-scatter against the reference on the seed shapes,
-   repeated calls and a CUDA-graph replay bit-identical, a rank held back 2 s within the
-   waits' bound and past a shorter one): ``pytest_multigpu.txt``;
+   repeated calls and a CUDA-graph replay bit-identical): ``pytest_multigpu.txt`` (its last line
+   goes into summary.md);
 2. ``run_ag_gemm.py --shape-set llm-reduced`` at world size 2 (``--world-size N``: N): every variant of ours, NCCL +
    cuBLAS, PyTorch's ``fused_all_gather_matmul`` (both gather dims; timed even where it
    misses the tolerance, which its check row says), the GEMM alone and the all-gather alone,
