@@ -45,14 +45,16 @@ another file, to which a run adds its world sizes' entries, keeping the others).
 checks alone (the multigpu test). NVLink multicast stays off in every process.
 
 ``--quick``: the first two shapes (the sweeps and the trace included: their shape
-is the second). Each rank marks what it is doing as its stage (the heap, each check,
-each timing pass of each method, each sweep point), so a world that hangs past
-``--timeout`` is named by the step it hung in. What the two overlap studies do alike
-(timing passes, the fit / held-out split, the choice tables) is ``experiments/overlap.py``'s. ``--budget-s``: start no case or sweep point after that many
+is the second). ``--budget-s``: start no case or sweep point after that many
 seconds in a world (what is left is listed in skipped.csv); ``--timeout`` kills a
 world that runs longer (a hang). Started without torchrun, the exit status is 1
 when a world failed or hung, or a check missed its tolerance (the tables written
 stay), so a caller (``notebooks/05_all_gather_gemm.ipynb`` measuring afresh) sees it.
+
+Each rank marks what it is doing as its stage (the heap, each check, each timing pass
+of each method, each sweep point), so a world that hangs past ``--timeout`` is named
+by the step it hung in. What the two overlap studies do alike (timing passes, the fit /
+held-out split, the choice tables) is ``experiments/overlap.py``'s.
 """
 import argparse
 import json

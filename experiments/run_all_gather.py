@@ -13,9 +13,10 @@ the slower of the median call and the whole timed loop), then prints the summary
 The grid comes from experiments/all_gather.yaml (``--quick``: its quick set, 2, 8
 and 32 MiB per rank). ``--timeout`` bounds each world: a rank that hangs ends its
 world, not the run, and the launch error names the step it hung in (each rank marks
-the heap, each check, the clocks' warm-up and each point's variant as its stage). The exit status is 1 when a world failed or ran past its
-timeout, or a check differs from NCCL (the tables written so far stay), so a
-caller (``notebooks/03_all_gather.ipynb`` measuring afresh) sees the failure.
+the heap, each check, the clocks' warm-up and each point's variant as its stage). The
+exit status is 1 when a world failed or ran past its timeout, or a check differs from
+NCCL (the tables written so far stay), so a caller (``notebooks/03_all_gather.ipynb``
+measuring afresh) sees the failure.
 """
 import argparse
 import itertools

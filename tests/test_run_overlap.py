@@ -101,8 +101,8 @@ def test_refit_of_the_committed_runs_remakes_their_tables(tmp_path, world, capsy
     committed = REPO / "results" / "overlap" / f"h200_w{world}"
     out = tmp_path / committed.name
     shutil.copytree(committed, out)
-    made_by_refit = {p.relative_to(out) for p in out.rglob("*") if p.suffix in (".csv", ".json")
-                     and (p.name.startswith(("auto_table", "held_out", "variant_choice")) or p.parent.name == "nvidia-h200")}
+    made_by_refit = {p.relative_to(out) for p in out.rglob("*") if p.suffix in (".csv", ".json") and (
+        p.name.startswith(("auto_table", "held_out", "variant_choice")) or p.parent.name == "nvidia-h200")}
     assert len(made_by_refit) == 8
     for p in made_by_refit:
         (out / p).write_bytes(b"")   # what the refit writes must come from the refit, not from the copy
