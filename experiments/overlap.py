@@ -1,7 +1,16 @@
-"""What the two overlap benchmarks share (``run_ag_gemm.py`` and ``run_gemm_scatter.py`` with
-``--shape-set llm`` or ``llm-reduced``): the LLM tensor-parallel shape set and its fit /
-held-out split, timing a case's methods in rotating passes, comm hidden, and the held-out
-score of a variant choice fitted on the other half.
+"""The one driver of the two overlap studies (``run_ag_gemm.py`` and ``run_gemm_scatter.py``),
+for what they do alike; each script keeps only what is its own (its methods, checks, sweeps
+and tables' columns):
+
+- every rank together: a failure anywhere learnt by every rank (`any_rank`, `guarded`), the
+  time budget (`budget_passed`), so the ranks stay in step;
+- timing a case's methods in rotating passes (`rotating_passes`, `pass_rows`), each pass of
+  each method marked as the rank's stage so a launch that hangs names it;
+- a summary row per case (`per_case`, `comm_hidden`, `best_of`);
+- with ``--shape-set llm`` or ``llm-reduced``: the LLM tensor-parallel shape set and its fit /
+  held-out split (`shapes`), the variant choice fitted on the fit half and scored on the other
+  (`fit_and_hold_out`: auto_table.json, the tuning tables, held_out*.csv, variant_choice*.csv
+  and the summary lines), each family described by a `Study`.
 
 **Shapes.** The column-parallel GEMMs of tensor-parallel LLM layers, (N of the whole layer,
 K = the hidden size or the MLP width): QKV and gate+up projections of Llama-3 70B and 405B,
@@ -21,10 +30,14 @@ and M listed in REDUCED, problems up to REDUCED_FLOP per rank); ``llm`` is the w
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
+import time
+import traceback
 from pathlib import Path
+from typing import Callable
 
 LAYERS = {  # name: (N of the whole layer, K)
     "llama3-70b.qkv": (10240, 8192), "llama3-70b.gate_up": (57344, 8192),
@@ -71,27 +84,88 @@ def shapes(family: str, world_size: int, which: str = "llm-reduced") -> list[dic
 
 
 # --------------------------------------------------------------------------
+# Every rank together
+# --------------------------------------------------------------------------
+def any_rank(flag, device) -> bool:
+    """Whether ``flag`` holds on any rank (every rank learns the same answer, so they stay in step)."""
+    import torch
+    import torch.distributed as tdist
+
+    t = torch.tensor([int(bool(flag))], device=device)
+    tdist.all_reduce(t)
+    return bool(t.item())
+
+
+def budget_passed(t0: float, budget_s: float | None, device) -> bool:
+    """Whether ``budget_s`` seconds since ``t0`` have passed on any rank (None: no budget)."""
+    if budget_s is None:
+        return False
+    import torch
+    import torch.distributed as tdist
+
+    t = torch.tensor([float(time.time() - t0 > budget_s)], device=device)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def guarded(call: Callable[[], object], failed_anywhere: Callable[[bool], bool]) -> tuple:
+    """``(call(), None)``, or ``(None, (status, error))`` where it raised on this rank ("error",
+    the traceback printed) or on another ("peer_error"). ``failed_anywhere(failed_here)`` tells
+    every rank whether any failed (and brings the shared state back when one did)."""
+    value, err = None, ""
+    try:
+        value = call()
+    except Exception as exc:  # noqa: BLE001 - recorded; the world recovers and goes on
+        traceback.print_exc()
+        err = f"{type(exc).__name__}: {exc}"[:800]
+    if failed_anywhere(bool(err)):
+        return None, ("error", err) if err else ("peer_error", "another rank failed this point")
+    return value, None
+
+
+# --------------------------------------------------------------------------
 # Timing in rotating passes
 # --------------------------------------------------------------------------
-def rotating_passes(names: list, time_one, passes: int) -> tuple[dict, dict]:
+def rotating_passes(names: list, time_one, passes: int,
+                    stage: Callable[[str], None] | None = None) -> tuple[dict, dict]:
     """Time every method of a case in ``passes`` passes over all of them, the first method
     rotating, so that no method is always timed first or last (timed one block after
     another, the same configuration measured up to 12% slower as the fifth method of a case
     than as the first: the GPU's clocks after the methods before it). ``time_one(name,
     first_pass)`` returns (timing dict, None) or (None, (status, error)); a method that fails
-    is dropped from the later passes. Returns ({name: [timings]}, {name: failure})."""
+    is dropped from the later passes. ``stage(text)`` is told each pass and method before it
+    is timed (a rank's heartbeat). Returns ({name: [timings]}, {name: failure})."""
     got = {n: [] for n in names}
     failed = {}
     for p in range(passes):
         for name in names[p % len(names):] + names[:p % len(names)] if names else []:
             if name in failed:
                 continue
+            if stage is not None:
+                stage(f"pass {p + 1}/{passes} {name}")
             t, failure = time_one(name, p == 0)
             if t is None:
                 failed[name] = failure
             else:
                 got[name].append(t)
     return got, failed
+
+
+def pass_rows(names: list, got: dict, failed: dict, row_of: Callable[[str], dict],
+              ok_extra: Callable[[dict], dict] | None = None) -> list[dict]:
+    """One row per method of a case from `rotating_passes`: ``row_of(name)`` (the row's fixed
+    fields) with the failure's status and error, or the median of its passes, status ok and
+    ``ok_extra(timing)``."""
+    rows = []
+    for name in names:
+        row = row_of(name)
+        if name in failed:
+            row.update(status=failed[name][0], error=failed[name][1])
+        else:
+            t = median_of_passes(got[name])
+            row.update(t, status="ok", error="", **(ok_extra(t) if ok_extra else {}))
+        rows.append(row)
+    return rows
 
 
 def median_of_passes(ts: list[dict]) -> dict:
@@ -107,6 +181,19 @@ def comm_hidden(t_gemm: float, t_comm: float, t: float) -> float:
     if not (t_comm and t_comm > 0) or any(x is None or x != x for x in (t_gemm, t_comm, t)):
         return math.nan
     return (t_gemm + t_comm - t) / t_comm
+
+
+def per_case(ok, keys: list[str]):
+    """(case, {method: ms}, rows) per (keys..., timing) group of a benchmark's ok rows; ``case``
+    maps the keys and ``timing`` to the group's values."""
+    for key, g in ok.groupby(keys + ["timing"]):
+        yield dict(zip(keys + ["timing"], key)), dict(zip(g["variant"], g["ms"])), g
+
+
+def best_of(ms: dict, names) -> str | None:
+    """The fastest of ``names`` that has a time in ``ms`` (None when none has)."""
+    have = {n: ms[n] for n in names if n in ms}
+    return min(have, key=have.get) if have else None
 
 
 def graph_replay_result(fn):
@@ -269,3 +356,51 @@ def write_choice_tables(entries: list[dict], rows, out, family: str, keys: list[
     path = choices.write(Path(out) / "tables", device, family, table, first.get("triton_version"))
     return [str(path.relative_to(out))]
 
+
+# --------------------------------------------------------------------------
+# One family's variant choice, from fit to held-out score
+# --------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """What tells one family's overlap study from the other's, for `fit_and_hold_out`."""
+
+    family: str           # the tuning tables' family (kernels.comm.choices): "ag_gemm", "gemm_scatter"
+    name: str             # the summary lines' name: "all_gather_matmul", "gemm_all_scatter"
+    script: str           # the script that measures it, for the tables' provenance
+    keys: tuple           # a case's fields (world_size, ..., M, N, K)
+    match_keys: tuple     # the fields a held-out case's nearest fitted case must share
+    choices: tuple        # the methods the choice picks from (ours and the libraries through our launcher)
+    libraries: tuple      # the library methods a choice is scored against
+    gemm: str             # the GEMM alone (T_gemm of comm hidden)
+    comm: str             # the collective alone (T_comm)
+    fused: tuple          # our fused kernels, scored alone beside the choice
+
+
+def fit_and_hold_out(study: Study, bench, out: Path, configs: dict, *, suffix: str = "", source: str, how: str,
+                     tidy: Callable[[dict], None] | None = None) -> list[str]:
+    """The variant choice fitted on the fit half's calls (``fit_choices``; each entry passed to
+    ``tidy`` to clean its config) and written as ``auto_table.json`` (``source`` says where from)
+    and as the selection layer's tuning table (``how`` it was measured), then scored on the
+    held-out half: ``held_out{suffix}.csv`` (each held-out shape's choice by the nearest fitted
+    shape, against the best of ours and of the libraries, eager and graph-replayed, with comm
+    hidden), ``variant_choice{suffix}.csv`` (both halves) and the summary lines, printed.
+    Returns the files written, relative to ``out``."""
+    import pandas as pd
+
+    keys, out = list(study.keys), Path(out)
+    entries = fit_choices(bench, keys, study.choices, configs)
+    for e in entries if tidy else ():
+        tidy(e)
+    write_table(out / "auto_table.json", entries, source)
+    tables = write_choice_tables(entries, bench, out, study.family, keys, how, study.script)
+    held = score_held_out(bench, entries, keys, list(study.match_keys), study.choices, study.libraries, study.gemm,
+                          study.comm, fused=study.fused)
+    held.to_csv(out / f"held_out{suffix}.csv", index=False)
+    choice = [dict({k: e[k] for k in keys}, split="fit", timing="eager", chosen=e["method"], chosen_ms=e["ms"])
+              for e in entries]
+    choice += held[keys + ["timing", "chosen", "chosen_ms", "regret", "speedup_vs_best_library"]].assign(
+        split="held_out").to_dict("records") if len(held) else []
+    pd.DataFrame(choice).to_csv(out / f"variant_choice{suffix}.csv", index=False)
+    for line in summary_lines(held, study.name, list(study.match_keys)):
+        print(line, flush=True)
+    return ["auto_table.json", f"held_out{suffix}.csv", f"variant_choice{suffix}.csv"] + tables

@@ -37,9 +37,7 @@ gathered A: the floor) and ``nccl_all_gather`` (the gather alone).
 
 Every point is checked against an fp32 product of the NCCL-gathered A before it
 is timed (and called twice, then replayed once from a CUDA graph: ours must give
-identical bits). ``--check-only`` on GPUs also holds rank 1 back LATE_S seconds: within
-the waits' default bound every result is right; with a bound of a quarter of that, the
-waiting ranks' calls fail naming rank 1 and how long they waited. Output in --out:
+identical bits). Output in --out:
 bench.csv, sweeps.csv, checks.csv, trace.csv, summary.csv (every row with
 provenance) and auto_table.json (the measured auto-config that
 kernels/ag_gemm/config.py reads from results/ag_gemm/; ``--auto-table`` names
@@ -52,11 +50,15 @@ seconds in a world (what is left is listed in skipped.csv); ``--timeout`` kills 
 world that runs longer (a hang). Started without torchrun, the exit status is 1
 when a world failed or hung, or a check missed its tolerance (the tables written
 stay), so a caller (``notebooks/05_all_gather_gemm.ipynb`` measuring afresh) sees it.
+
+Each rank marks what it is doing as its stage (the heap, each check, each timing pass
+of each method, each sweep point), so a world that hangs past ``--timeout`` is named
+by the step it hung in. What the two overlap studies do alike (timing passes, the fit /
+held-out split, the choice tables) is ``experiments/overlap.py``'s.
 """
 import argparse
 import json
 import os
-import re
 import sys
 import time
 import traceback
@@ -68,7 +70,7 @@ for _p in (REPO, REPO / "experiments"):
         sys.path.insert(0, str(_p))
 
 from workbench import dist  # noqa: E402  (sets NVLink multicast off before anything else)
-import overlap  # noqa: E402  (experiments/overlap.py: the LLM shape set, rotating passes, comm hidden)
+import overlap  # noqa: E402  (experiments/overlap.py: the overlap studies' driver)
 
 SHAPES = [(1024, 3584, 8192), (4096, 3584, 8192), (16384, 3584, 8192), (4096, 4096, 4096), (4096, 11008, 4096),
           (4096, 14336, 4096)]
@@ -93,7 +95,6 @@ LIBRARY_VARIANT = {"nccl_cublas": {"variant": "nccl"}, "torch_fused": {"variant"
 RESIDENT = ("fused_resident", "copy_engine_resident")
 OURS = FUSED + ("sequential", "auto") + RESIDENT
 LIBRARY = ("nccl_cublas", "torch_fused", "gemm_alone")  # the baselines: timed even where inaccurate
-LATE_S = 2.0   # --check-only on GPUs: one rank calls this much later than the other (the waits' bound holds)
 PASSES = 4  # the bench times each case's methods in this many passes, the order rotating (time_all)
 
 
@@ -200,12 +201,7 @@ class Rank:
 
     def over_budget(self) -> bool:
         """Whether --budget-s has passed on any rank (every rank gets the same answer, so they stay in step)."""
-        budget = getattr(self.args, "budget_s", None)
-        if not budget:
-            return False
-        t = self.torch.tensor([float(time.time() - self.t0 > budget)], device=self.heap.device)
-        self.tdist.all_reduce(t, op=self.tdist.ReduceOp.MAX)
-        return bool(t.item())
+        return overlap.budget_passed(self.t0, getattr(self.args, "budget_s", None) or None, self.heap.device)
 
     def skip(self, what, base):
         self.skipped += 1
@@ -258,9 +254,7 @@ class Rank:
 
     def agree(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any rank (every rank learns the same answer)."""
-        t = self.torch.tensor([int(flag)], device=self.heap.device)
-        self.tdist.all_reduce(t)
-        return bool(t.item())
+        return overlap.any_rank(flag, self.heap.device)
 
     def time(self, fn, mode, base, name, extra=None):
         """One method on its own (the sweeps): every call of it back to back."""
@@ -269,103 +263,60 @@ class Rank:
     def _time_pass(self, fn, mode, name, calls, warmup):
         """(timing, None) for `calls` calls of one method, or (None, (status, error text)) where it
         failed on this rank ("error") or another ("peer_error"): every rank learns whether any did."""
-        t, err = None, ""
-        try:
+        def measure():
             if mode == "graph":
                 t = dist.time_collective(fn, warmup=warmup, iters=max(1, calls // 4), graph=4)
             else:
                 t = dist.time_collective(fn, warmup=warmup, iters=calls)
             if name in OURS:
                 self.ag.check(self.heap)
-        except Exception as exc:  # noqa: BLE001
-            traceback.print_exc()
-            err = f"{type(exc).__name__}: {exc}"[:800]
-        if self.agree_failed(bool(err)):
-            return None, ("error", err) if err else ("peer_error", "another rank failed this point")
-        return t, None
+            return t
+
+        return overlap.guarded(measure, self.agree_failed)
 
     def time_all(self, fns, mode, base, extras, passes=PASSES):
         """Time the methods of one case in `passes` passes over all of them, each pass a share of
-        the calls and the first method rotating: timed one block after another, the same
-        configuration measured up to 12% slower as the fifth method of a case than as the first
-        (the GPU's clocks after the methods before it), which favoured whatever came first.
-        A method's time is the median of its passes (each the slowest rank's median)."""
+        the calls and the first method rotating (``overlap.rotating_passes``: timed one block after
+        another, the same configuration measured up to 12% slower as the fifth method of a case
+        than as the first). A method's time is the median of its passes (each the slowest rank's
+        median); each pass of each method is this rank's stage while it runs."""
         names = list(fns)
         calls = self.args.iters if mode == "eager" else 2 * self.args.iters  # graph: 4 calls per replay
         passes = max(1, min(passes, self.args.iters))
+        where = f"{mode} {base.get('M')}x{base.get('N')}x{base.get('K')} gather_dim={base.get('gather_dim')}"
         got, errors = overlap.rotating_passes(
             names, lambda name, first: self._time_pass(fns[name], mode, name, max(1, calls // passes),
-                                                       5 if first else 2), passes)
-        for name in names:
-            row = {"kind": "bench", "variant": name, "timing": mode, **base, **extras.get(name, {})}
-            if name in errors:
-                status, error = errors[name]
-                row.update(status=status, error=error)
-            else:
-                row.update(**overlap.median_of_passes(got[name]), status="ok", error="")
+                                                       5 if first else 2), passes,
+            stage=lambda text: self.w.stage(f"{where}: {text}"))
+        for row in overlap.pass_rows(names, got, errors, lambda name: {"kind": "bench", "variant": name, "timing": mode,
+                                                                       **base, **extras.get(name, {})}):
             self.emit(row)
-
-    def late_rank_checks(self):
-        """GPU, --check-only: rank 1 calls LATE_S later than the others, whose fetchers wait for its
-        shard in the kernel. With the default bound the result is right; with a bound a quarter of
-        the delay, the others' calls fail naming rank 1 and saying they waited that long (then every
-        rank recovers). Rows: variant late_rank_within_bound / late_rank_past_bound."""
-        from kernels.ag_gemm import AgGemmConfig, AgGemmTimeout
-        from kernels.ag_gemm.reference import tolerance
-
-        M, N, K = SHAPES[0]
-        a, b, _ = self.inputs(M, N, K, 0, seed=99)
-        ref = self.gathered(a, 0).float() @ b.float()
-        cfg = AgGemmConfig(variant="fused", fetchers=16, num_sms=self.sms)
-        self.ag.prepare(a, b, self.heap, gather_dim=0, config=cfg)
-        for label, bound in (("late_rank_within_bound", None), ("late_rank_past_bound", LATE_S / 4)):
-            self.tdist.barrier()
-            row = {"kind": "check", "variant": label, "M": M, "N": N, "K": K, "gather_dim": 0, "late_s": LATE_S,
-                   "timeout_s": bound, "repeat_identical": True, "error": ""}
-            err = ""
-            try:
-                if self.rank == 1:
-                    time.sleep(LATE_S)
-                c = self.ag.all_gather_matmul(a, b, self.heap, gather_dim=0, config=cfg, timeout_s=bound)
-                self.ag.check(self.heap)
-                atol, rtol = tolerance(self.dtype, K)
-                close = bool(((c.float() - ref).abs() <= atol + rtol * ref.abs()).all())
-            except AgGemmTimeout as exc:
-                err, close = str(exc), False
-            if bound is None:
-                row.update(ok=close and not err, error=err[:800])
-            else:   # the waiting ranks give up and say so; rank 1 (late) finds everything published
-                waited = re.search(r"after waiting ([0-9.]+) s", err)
-                said = bool(waited) and float(waited.group(1)) >= bound and "rank 1 never published" in err
-                row.update(ok=said if self.rank != 1 else close, waited_s=float(waited.group(1)) if waited else None,
-                           error=err[:800])
-            self.agree_failed(bool(err))
-            self.emit(row)
-        self.heap.reset()
 
     # studies ----------------------------------------------------------------
     def run(self):
         torch = self.torch
         modes = [m for m in self.args.modes.split(",") if m]
         llm = getattr(self.args, "shape_set", "seed") in overlap.SET_NAMES
-        if self.args.check_only and self.heap.device.type == "cuda" and self.W > 1:
-            self.late_rank_checks()
         for si, (M, N, K, extra) in enumerate(self.shapes()):
             for gd in (0, 1):
                 base = {"M": M, "N": N, "K": K, "gather_dim": gd, "dtype": "bfloat16", **extra}
+                case = f"{M}x{N}x{K} gather_dim={gd}"
+                self.w.stage(f"budget {case}")
                 if self.over_budget():
                     self.skip("case", base)
                     continue
+                self.w.stage(f"inputs {case} (NCCL gathers the reference's A)")
                 a, b, bias = self.inputs(M, N, K, gd, seed=si * 2 + gd)
                 A_full = self.gathered(a, gd)
                 ref = A_full.float() @ b.float()
+                self.w.stage(f"methods {case} (compiled and prepared on every rank)")
                 methods = self.methods(a, b, gd, A_full)
                 ok = {}
                 for name, (fn, cfg) in methods.items():
                     if name == "nccl_all_gather":
                         ok[name] = True
                         continue
-                    self.w.stage(f"check {name} {M}x{N}x{K} gather_dim={gd}")
+                    self.w.stage(f"check {name} {case}")
                     ok[name] = self.check(name, fn, ref, K, base)
                 if si == 1 and not llm:  # bias and the m-contiguous layout, once per convention
                     from kernels.ag_gemm import AgGemmConfig
@@ -374,6 +325,7 @@ class Rank:
                             ("fused+bias", AgGemmConfig(fetchers=16, num_sms=self.sms), bias),
                             ("fused_layout_m", AgGemmConfig(fetchers=16, layout="m", num_sms=self.sms), None),
                             ("copy_engine+bias", AgGemmConfig(variant="copy_engine", num_sms=self.sms), bias)):
+                        self.w.stage(f"check {label} {case}")
                         self.ag.prepare(a, b, self.heap, gather_dim=gd, bias=bs, config=cfg)
                         self.tdist.barrier()
                         r = ref + bs.float() if bs is not None else ref
@@ -383,6 +335,7 @@ class Rank:
                 if self.args.check_only:
                     self.heap.reset()
                     continue
+                self.w.stage(f"auto config {case}")
                 auto_plan = self.ag.launch.get_plan(a, b, self.heap, gather_dim=gd)
                 auto_info = {"auto_variant": auto_plan.cfg.variant, "auto_source": self.ag.auto_source(self.W),
                              "auto_fallback": auto_plan.cfg.variant in self.ag.config.FALLBACKS,
@@ -393,7 +346,7 @@ class Rank:
                                      **({"config": _config_json(cfg)} if cfg is not None else {}),
                                      "within_tolerance": self.accurate.get(name)}
                               for name, (fn, cfg) in methods.items()}
-                    self.w.stage(f"{mode} {M}x{N}x{K} gather_dim={gd}")
+                    self.w.stage(f"{mode} {case}")
                     self.time_all(live, mode, base, extras)
                 if (M, N, K) in TRACE_SHAPES and not self.args.no_sweeps and not llm:
                     self.sweeps(a, b, gd, base, full=(M, N, K) == SWEEP_SHAPE)
@@ -479,6 +432,7 @@ def worker(args):
         finally:
             w.stage("done")
         if w.run_dir is None:  # plain torchrun: rank 0 writes the tables
+            w.stage("tables (rank 0 gathers every rank's rows)")
             everyone = [None] * tdist.get_world_size()
             tdist.all_gather_object(everyone, r.rows)
             if tdist.get_rank() == 0:
@@ -489,6 +443,9 @@ def worker(args):
 # --------------------------------------------------------------------------
 # Tables
 # --------------------------------------------------------------------------
+CASE_KEYS = ["world_size", "gather_dim", "M", "N", "K"]
+
+
 def summarize(bench):
     """Per (world, gather_dim, shape, timing): each method's ms, ours vs NCCL+cuBLAS and vs GEMM alone."""
     import pandas as pd
@@ -497,17 +454,14 @@ def summarize(bench):
 
     ok = bench[(bench["status"] == "ok") & (bench["rank"] == 0)]
     rows = []
-    for key, g in ok.groupby(["world_size", "gather_dim", "M", "N", "K", "timing"]):
-        W, gd, M, N, K, timing = key
-        ms = g.set_index("variant")["ms"].to_dict()
-        row = {"world_size": W, "gather_dim": gd, "M": M, "N": N, "K": K, "timing": timing,
-               **{f"{v}_ms": t for v, t in ms.items()}}
+    for case, ms, g in overlap.per_case(ok, CASE_KEYS):
+        M, N, K = case["M"], case["N"], case["K"]
+        row = {**case, **{f"{v}_ms": t for v, t in ms.items()}}
         seq = ms.get("nccl_cublas")
-        fused_family = {v: ms[v] for v in FUSED if v in ms}
-        if fused_family:
-            best = min(fused_family, key=fused_family.get)
+        best = overlap.best_of(ms, FUSED)
+        if best:
             row["best_fused"] = best
-            row["best_fused_ms"] = fused_family[best]
+            row["best_fused_ms"] = ms[best]
         for v in FUSED + ("auto", "torch_fused", "sequential", "nccl_cublas") + RESIDENT:
             if v in ms and seq:
                 row[f"{v}_speedup_vs_nccl_cublas"] = seq / ms[v]
@@ -517,10 +471,9 @@ def summarize(bench):
                 row[f"{v}_tflops"] = tflops(M, N, K, ms[v])
                 # comm hidden = (T_gemm + T_comm - T) / T_comm: the GEMM alone, the NCCL all-gather alone
                 row[f"{v}_comm_hidden"] = overlap.comm_hidden(ms.get("gemm_alone"), ms.get("nccl_all_gather"), ms[v])
-        contenders = {v: ms[v] for v in FUSED + ("torch_fused", "sequential", "nccl_cublas") if v in ms}
-        row["winner"] = min(contenders, key=contenders.get) if contenders else None
+        row["winner"] = overlap.best_of(ms, FUSED + ("torch_fused", "sequential", "nccl_cublas"))
         libs = {v: ms[v] for v in ("nccl_cublas", "torch_fused") if v in ms}
-        if fused_family and libs:   # the issue's bar: the best of ours against the best library
+        if best and libs:   # the issue's bar: the best of ours against the best library
             row["best_fused_vs_best_library"] = min(libs.values()) / row["best_fused_ms"]
             row["best_fused_comm_hidden"] = overlap.comm_hidden(ms.get("gemm_alone"), ms.get("nccl_all_gather"),
                                                                 row["best_fused_ms"])
@@ -577,42 +530,35 @@ def fit_auto_table(bench) -> dict:
     return {"source": "experiments/run_ag_gemm.py (eager calls, rank 0, median)", "entries": entries}
 
 
-CASE_KEYS = ["world_size", "gather_dim", "M", "N", "K"]
+AG_GEMM = overlap.Study(family="ag_gemm", name="all_gather_matmul", script="experiments/run_ag_gemm.py",
+                        keys=tuple(CASE_KEYS), match_keys=("world_size", "gather_dim"), choices=CHOICES,
+                        libraries=("nccl_cublas", "torch_fused"), gemm="gemm_alone", comm="nccl_all_gather",
+                        fused=FUSED)
 
 
 def fit_and_hold_out(bench, out: Path) -> list[str]:
-    """The LLM shape set's variant choice: fitted on the fit half's eager calls (the fastest of
-    ours, our sequential path and NCCL + cuBLAS per shape: auto_table.json, which
-    kernels/ag_gemm/config.py reads), then scored on the held-out half (held_out.csv: each
+    """The LLM shape set's variant choice (``overlap.fit_and_hold_out``): fitted on the fit half's
+    calls (the fastest of ours, our sequential path and NCCL + cuBLAS per shape: auto_table.json,
+    which kernels/ag_gemm/config.py reads), then scored on the held-out half (held_out.csv: each
     held-out shape's choice by the nearest fitted shape, against the best of ours and of the
     libraries, eager and graph-replayed, with comm hidden); variant_choice.csv lists both."""
     import pandas as pd
+
+    from kernels.ag_gemm.config import FALLBACKS
 
     configs = {}
     for v, cfg in zip(bench["variant"], bench.get("config", pd.Series([None] * len(bench)))):
         if isinstance(cfg, str) and v not in configs:
             configs[v] = json.loads(cfg)
     configs.update(LIBRARY_VARIANT)
-    entries = overlap.fit_choices(bench, CASE_KEYS, CHOICES, configs)
-    from kernels.ag_gemm.config import FALLBACKS
 
-    for e in entries:
+    def tidy(e):
         e["config"] = {k: v for k, v in e["config"].items() if k not in ("skip_rank", "max_spins")}
         e["fallback"] = e["config"].get("variant") in FALLBACKS
-    overlap.write_table(out / "auto_table.json", entries, "experiments/run_ag_gemm.py --shape-set: fit half, eager")
-    tables = overlap.write_choice_tables(entries, bench, out, "ag_gemm", CASE_KEYS, "eager calls, the slowest "
-                                         "rank's median over rotating passes, fit half", "experiments/run_ag_gemm.py")
-    held = overlap.score_held_out(bench, entries, CASE_KEYS, ["world_size", "gather_dim"], CHOICES,
-                                  ("nccl_cublas", "torch_fused"), "gemm_alone", "nccl_all_gather", fused=FUSED)
-    held.to_csv(out / "held_out.csv", index=False)
-    choice = [dict({k: e[k] for k in CASE_KEYS}, split="fit", timing="eager", chosen=e["method"], chosen_ms=e["ms"])
-              for e in entries]
-    choice += held[CASE_KEYS + ["timing", "chosen", "chosen_ms", "regret", "speedup_vs_best_library"]].assign(
-        split="held_out").to_dict("records") if len(held) else []
-    pd.DataFrame(choice).to_csv(out / "variant_choice.csv", index=False)
-    for line in overlap.summary_lines(held, "all_gather_matmul", ["world_size", "gather_dim"]):
-        print(line, flush=True)
-    return ["auto_table.json", "held_out.csv", "variant_choice.csv"] + tables
+
+    return overlap.fit_and_hold_out(AG_GEMM, bench, out, configs, tidy=tidy,
+                                    source="experiments/run_ag_gemm.py --shape-set: fit half, eager",
+                                    how="eager calls, the slowest rank's median over rotating passes, fit half")
 
 
 def merge_auto_table(path: Path, fitted: dict) -> dict:

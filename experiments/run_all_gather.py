@@ -12,9 +12,11 @@ and ``summary.csv`` (best of ours against NCCL per message; bandwidths there are
 the slower of the median call and the whole timed loop), then prints the summary. ``--check-only`` runs only the checks (what the multigpu test uses).
 The grid comes from experiments/all_gather.yaml (``--quick``: its quick set, 2, 8
 and 32 MiB per rank). ``--timeout`` bounds each world: a rank that hangs ends its
-world, not the run. The exit status is 1 when a world failed or ran past its
-timeout, or a check differs from NCCL (the tables written so far stay), so a
-caller (``notebooks/03_all_gather.ipynb`` measuring afresh) sees the failure.
+world, not the run, and the launch error names the step it hung in (each rank marks
+the heap, each check, the clocks' warm-up and each point's variant as its stage). The
+exit status is 1 when a world failed or ran past its timeout, or a check differs from
+NCCL (the tables written so far stay), so a caller (``notebooks/03_all_gather.ipynb``
+measuring afresh) sees the failure.
 """
 import argparse
 import itertools
@@ -100,6 +102,7 @@ def run_checks(w, heap, torch, tdist):
                 heap.resync_flags()
             rows.append(row)
             w.emit(row)
+        w.stage(f"checks {M}x{N} {dname}: done, heap reset")
         heap.reset()
     return rows
 
@@ -168,6 +171,7 @@ def run_grid(w, heap, torch, tdist, plan, modes):
     # for about 0.5 s; every rank must make the same number of collectives (a rank that
     # stopped one round early hung the next collective at world size 4), so they agree on
     # whether to go on: the round ends only when every rank's clock says so
+    w.stage("clocks up (all-gathers for 0.5 s)")
     t0 = time.time()
     go_on = torch.ones(1, dtype=torch.int32, device=heap.device)
     while True:
@@ -181,6 +185,7 @@ def run_grid(w, heap, torch, tdist, plan, modes):
     for mode in modes:  # every eager point first: a failed graph capture cannot cost eager rows
         for M, N in shapes:
             nbytes = M * N * esize
+            w.stage(f"{mode} {nbytes >> 20} MiB: inputs")
             x = agsweep.shard(M, N, dtype, seed=plan["seed"], rank=rank, device=heap.device)
             iters = _iters(W * nbytes)
             per, replays = _graph_calls(W * nbytes)
@@ -264,6 +269,7 @@ def worker(args):
                                 for d in range(torch.cuda.device_count()) if d != heap.device.index]})
         run_checks(w, heap, torch, tdist)
         if args.check_only:
+            w.stage("done")
             return
         w.stage("peer bandwidth")
         measure_peer(w, heap, torch, tdist, args.peer_mib)

@@ -37,6 +37,11 @@ fitted on the set's fit half (``auto_table.json``, which ``kernels/gemm_scatter/
 reads from ``results/gemm_scatter/``) and scored on its held-out half
 (``held_out_wW.csv``, ``variant_choice_wW.csv``). ``experiments/run_overlap.py`` runs the
 reduced set at 2 ranks with the tests.
+
+Each rank marks what it is doing as its stage (the heap, each check, each point's variant
+and timing mode, each timing pass of the overlap study), so a world that hangs past
+``--timeout`` is named by the step it hung in. What the two overlap studies do alike (timing
+passes, the fit / held-out split, the choice tables) is ``experiments/overlap.py``'s.
 """
 from __future__ import annotations
 
@@ -58,7 +63,7 @@ for _p in (REPO, REPO / "experiments"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-import overlap  # noqa: E402  (experiments/overlap.py: the LLM shape set, rotating passes, comm hidden)
+import overlap  # noqa: E402  (experiments/overlap.py: the overlap studies' driver)
 
 SPEC = REPO / "experiments" / "gemm_scatter.yaml"
 BASELINES = ("cublas+nccl", "triton+all_gather", "cublas_alone", "triton_alone")
@@ -164,14 +169,15 @@ class Runner:
                          [s for s in args.studies.split(",") if s] if args.studies else None)
         self.plan = spec
         self.dtype = getattr(torch, self.plan["dtype"])
+        self.stage = stage or (lambda name: None)  # what this rank is doing (a launched world's heartbeat)
         if heap is None:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", self.rank)))
+            self.stage("symmetric heap")
             heap = commsweep.process_heap(args.heap_mib << 20)
         self.heap, self.device = heap, heap.device
         self.cuda = self.device.type == "cuda"
         self.t0 = time.time()
         self.rows, self.skipped = [], 0
-        self.stage = stage or (lambda name: None)  # what this rank is doing (a launched world's heartbeat)
 
     # ---- variants -------------------------------------------------------
     def fn(self, variant, a, b, config=None, hints=True):
@@ -190,14 +196,19 @@ class Runner:
 
     def agree(self, failed: int) -> bool:
         """Whether any rank failed (every rank learns the same answer)."""
-        t = self.torch.tensor([failed], device=self.device)
-        self.tdist.all_reduce(t)
-        return bool(t.item())
+        return overlap.any_rank(failed, self.device)
 
     def over_budget(self) -> bool:
-        t = self.torch.tensor([float(time.time() - self.t0 > self.args.budget_s)], device=self.device)
-        self.tdist.all_reduce(t, op=self.tdist.ReduceOp.MAX)
-        return bool(t.item())
+        return overlap.budget_passed(self.t0, self.args.budget_s, self.device)
+
+    def agree_failed(self, failed: bool) -> bool:
+        """Whether any rank failed; then every rank recovers (flags resynchronized)."""
+        if self.agree(int(failed)):
+            from kernels.gemm_scatter import recover
+
+            recover(self.heap)
+            return True
+        return False
 
     # ---- correctness ----------------------------------------------------
     def checks(self):
@@ -220,6 +231,7 @@ class Runner:
             a, bs = operands(M, N, K, self.W, self.rank, self.dtype, 99, self.device)
             ref = reference(a, bs)
             for name, variant, cfg, hints in variants:
+                self.stage(f"check {name} {cfg or ''} hints={hints} {M}x{N}x{K}")
                 row = {"kind": "check", "variant": name, "config": json.dumps(cfg), "hints": hints, "M": M,
                        "N": N, "K": K, "rank": self.rank}
                 try:
@@ -250,10 +262,7 @@ class Runner:
                 except Exception as exc:  # noqa: BLE001 - recorded; the world resyncs
                     row.update(ok=False, bad_elements=-1, error=f"{type(exc).__name__}: {exc}"[:500])
                     traceback.print_exc()
-                if self.agree(int(not row["ok"] and row["bad_elements"] == -1)):
-                    from kernels.gemm_scatter import recover
-
-                    recover(self.heap)
+                self.agree_failed(not row["ok"] and row["bad_elements"] == -1)  # a crash anywhere: every rank recovers
                 rows.append(row)
             self.heap.reset()
         allrows = [None] * self.W
@@ -294,6 +303,7 @@ class Runner:
                              config=cfg.label() if cfg else "") for m in self.plan["modes"]]
         flop = 2 * M * N * K
         for mode in self.plan["modes"]:
+            self.stage(f"{study} {variant} {config or ''} {mode} {M}x{N}x{K}")
             row = dict(base, timing=mode)
             failed = 0
             try:
@@ -310,12 +320,8 @@ class Runner:
                 failed = 1
                 row.update(status="error", error=f"{type(exc).__name__}: {exc}"[:800])
                 traceback.print_exc()
-            if self.agree(failed):
-                from kernels.gemm_scatter import recover
-
-                recover(self.heap)
-                if row["status"] == "ok":
-                    row.update(status="peer_error", error="another rank failed this point")
+            if self.agree_failed(failed) and row["status"] == "ok":
+                row.update(status="peer_error", error="another rank failed this point")
             rows.append(row)
         return rows
 
@@ -368,10 +374,11 @@ class Runner:
 
     def overlap_check(self, name, fn, ref, base):
         """One call against the fp32 reference (C poisoned first); every rank learns any failure."""
-        from kernels.gemm_scatter import out_buffer, recover
+        from kernels.gemm_scatter import out_buffer
         from kernels.gemm_scatter.launch import check_gemm_all_scatter
 
         row = {"kind": "check", "variant": name, "rank": self.rank, **base}
+        self.stage(f"check {name} {base['M']}x{base['N']}x{base['K']}")
         try:
             if name in OVERLAP_OURS:
                 out_buffer(self.heap, base["M"], base["N"], self.dtype).view(self.torch.uint8).fill_(0xFF)
@@ -385,14 +392,13 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - recorded; the world recovers
             traceback.print_exc()
             row.update(ok=False, bad_elements=-1, error=f"{type(exc).__name__}: {exc}"[:500])
-        if self.agree(int(not row["ok"])):
-            recover(self.heap)
+        if self.agree_failed(not row["ok"]):
             row["ok"] = False
         return row
 
     def overlap_case(self, M, N, K, extra, modes):
         """Check, then time every method of one shape in rotating passes per mode (rows: kind time)."""
-        from kernels.gemm_scatter import recover, reference
+        from kernels.gemm_scatter import reference
         from kernels.gemm_scatter.launch import check_gemm_all_scatter
 
         base = {"study": "overlap", "M": M, "N": N, "K": K, "n_local": N // self.W, "world_size": self.W,
@@ -415,29 +421,21 @@ class Runner:
         rows = []
         for mode in modes:
             def time_one(name, first, mode=mode):
-                t, err = None, ""
-                try:
+                def measure():
                     t = self.time_point(fns[name][0], mode, flop, passes=PASSES)
                     check_gemm_all_scatter(self.heap)
-                except Exception as exc:  # noqa: BLE001
-                    traceback.print_exc()
-                    err = f"{type(exc).__name__}: {exc}"[:800]
-                if self.agree(int(bool(err))):
-                    recover(self.heap)
-                    return None, ("error", err) if err else ("peer_error", "another rank failed this point")
-                return t, None
+                    return t
 
-            got, failed = overlap.rotating_passes(live, time_one, PASSES)
-            for name in live:
-                cfg = fns[name][1]
-                row = dict(base, kind="time", variant=name, timing=mode, config=json.dumps(cfg) if cfg else "",
-                           within_tolerance=accurate.get(name))
-                if name in failed:
-                    row.update(status=failed[name][0], error=failed[name][1])
-                else:
-                    t = overlap.median_of_passes(got[name])
-                    row.update(t, status="ok", error="", tflops=2 * M * N * K / (t["ms"] * 1e9))
-                rows.append(row)
+                return overlap.guarded(measure, self.agree_failed)
+
+            got, failed = overlap.rotating_passes(
+                live, time_one, PASSES, stage=lambda text, mode=mode: self.stage(f"{mode} {M}x{N}x{K}: {text}"))
+            rows += overlap.pass_rows(
+                live, got, failed,
+                lambda name: dict(base, kind="time", variant=name, timing=mode,
+                                  config=json.dumps(fns[name][1]) if fns[name][1] else "",
+                                  within_tolerance=accurate.get(name)),
+                ok_extra=lambda t: {"tflops": 2 * M * N * K / (t["ms"] * 1e9)})
         return checks, rows
 
     def run_overlap(self):
@@ -448,7 +446,7 @@ class Runner:
                 self.skipped = len(overlap.shapes("gemm_scatter", self.W, self.args.shape_set)) - i
                 break
             shape = (r["M"], r["N"], r["K"])
-            self.stage(f"overlap {i} {shape}")
+            self.stage(f"overlap {i} {shape}: inputs and methods")
             self.heap.reset()
             c, rows = self.overlap_case(*shape, {"layer": r["layer"], "split": r["split"]}, modes)
             checks += c
@@ -465,6 +463,7 @@ class Runner:
         if self.args.check_only:
             return checks
         if self.cuda:  # clocks up before the first timed point
+            self.stage("clocks up (1 s of GEMMs)")
             a = torch.randn(4096, 4096, device=self.device, dtype=self.dtype)
             t = time.time()
             while time.time() - t < 1.0:
@@ -537,48 +536,37 @@ def summarize_overlap(times):
 
     ok = times[(times["status"] == "ok") & (times["study"] == "overlap")]
     rows = []
-    for key, g in ok.groupby(CASE_KEYS + ["timing"]):
-        ms = dict(zip(g["variant"], g["ms"]))
-        row = dict(zip(CASE_KEYS + ["timing"], key), layer=g["layer"].iloc[0], split=g["split"].iloc[0],
-                   **{f"{v}_ms": t for v, t in ms.items()})
+    for case, ms, g in overlap.per_case(ok, CASE_KEYS):
+        row = dict(case, layer=g["layer"].iloc[0], split=g["split"].iloc[0], **{f"{v}_ms": t for v, t in ms.items()})
         floor = max(ms.get("cublas_alone", math.nan), ms.get("nccl_all_gather", math.nan))
         for v in OVERLAP_OURS + ("cublas+nccl",):
             if v in ms:
                 row[f"{v}_speedup_vs_cublas+nccl"] = ms.get("cublas+nccl", math.nan) / ms[v]
                 row[f"{v}_vs_max_alone"] = ms[v] / floor
                 row[f"{v}_comm_hidden"] = overlap.comm_hidden(ms.get("cublas_alone"), ms.get("nccl_all_gather"), ms[v])
-        mine = {v: ms[v] for v in ("fused", "senders", "sequential") if v in ms}
-        if mine:
-            row["best_ours"] = min(mine, key=mine.get)
-            row["best_ours_ms"] = mine[row["best_ours"]]
+        best = overlap.best_of(ms, ("fused", "senders", "sequential"))
+        if best:
+            row["best_ours"] = best
+            row["best_ours_ms"] = ms[best]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+GEMM_SCATTER = overlap.Study(family="gemm_scatter", name="gemm_all_scatter",
+                             script="experiments/run_gemm_scatter.py", keys=tuple(CASE_KEYS),
+                             match_keys=("world_size",), choices=CHOICES, libraries=("cublas+nccl",),
+                             gemm="cublas_alone", comm="nccl_all_gather", fused=("fused", "senders"))
 
 
 def fit_and_hold_out(times, out: Path, W: int) -> list[str]:
     """The variant choice fitted on the fit half's eager calls (auto_table.json, which
     kernels/gemm_scatter/config.py reads from results/gemm_scatter/), scored on the held-out
-    half (held_out_wW.csv), both halves in variant_choice_wW.csv."""
-    import pandas as pd
-
+    half (held_out_wW.csv), both halves in variant_choice_wW.csv (``overlap.fit_and_hold_out``)."""
     ov = times[times["study"] == "overlap"].assign(rank=0)
     configs = {v: json.loads(c) for v, c in zip(ov["variant"], ov["config"]) if isinstance(c, str) and c}
-    entries = overlap.fit_choices(ov, CASE_KEYS, CHOICES, configs)
-    overlap.write_table(out / "auto_table.json", entries, "experiments/run_gemm_scatter.py --shape-set: fit, eager")
-    tables = overlap.write_choice_tables(entries, ov, out, "gemm_scatter", ["world_size", "M", "N", "K"],
-                                         "eager calls, the slowest rank's median, fit half",
-                                         "experiments/run_gemm_scatter.py")
-    held = overlap.score_held_out(ov, entries, CASE_KEYS, ["world_size"], CHOICES, ("cublas+nccl",),
-                                  "cublas_alone", "nccl_all_gather", fused=("fused", "senders"))
-    held.to_csv(out / f"held_out_w{W}.csv", index=False)
-    choice = [dict({k: e[k] for k in CASE_KEYS}, split="fit", timing="eager", chosen=e["method"], chosen_ms=e["ms"])
-              for e in entries]
-    choice += held[CASE_KEYS + ["timing", "chosen", "chosen_ms", "regret", "speedup_vs_best_library"]].assign(
-        split="held_out").to_dict("records") if len(held) else []
-    pd.DataFrame(choice).to_csv(out / f"variant_choice_w{W}.csv", index=False)
-    for line in overlap.summary_lines(held, "gemm_all_scatter", ["world_size"]):
-        print(line, flush=True)
-    return ["auto_table.json", f"held_out_w{W}.csv", f"variant_choice_w{W}.csv"] + tables
+    return overlap.fit_and_hold_out(GEMM_SCATTER, ov, out, configs, suffix=f"_w{W}",
+                                    source="experiments/run_gemm_scatter.py --shape-set: fit, eager",
+                                    how="eager calls, the slowest rank's median, fit half")
 
 
 def write_tables(rows, checks, out: Path, W: int, prov: dict, skipped: int, command: str = ""):

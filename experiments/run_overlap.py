@@ -5,8 +5,8 @@
 
 1. the multi-GPU tests of the three families (``pytest -m multigpu``: the all-gather against
    NCCL, all-gather + GEMM and GEMM + all-scatter against the reference on the seed shapes,
-   repeated calls and a CUDA-graph replay bit-identical, a rank held back 2 s within the
-   waits' bound and past a shorter one): ``pytest_multigpu.txt``;
+   repeated calls and a CUDA-graph replay bit-identical): ``pytest_multigpu.txt`` (its last line
+   goes into summary.md);
 2. ``run_ag_gemm.py --shape-set llm-reduced`` at world size 2 (``--world-size N``: N): every variant of ours, NCCL +
    cuBLAS, PyTorch's ``fused_all_gather_matmul`` (both gather dims; timed even where it
    misses the tolerance, which its check row says), the GEMM alone and the all-gather alone,
@@ -132,10 +132,12 @@ def refit(out: Path, world_size: int) -> int:
     times = _table(out / "gemm_scatter" / f"times_w{world_size}")
     written += run_gemm_scatter.fit_and_hold_out(times, out / "gemm_scatter", world_size)
     old = (out / "summary.md").read_text().splitlines() if (out / "summary.md").exists() else []
-    # the run's own step lines (status and time) are kept; everything else is derived again
+    # the run's own step lines (status and time) are kept; everything else is derived again, the
+    # tests' line too where their log is there (results/ keeps the line, not the log)
     steps = [x for x in old if re.match(r"- (pytest|ag_gemm|gemm_scatter): ", x)]
+    tests = [] if (out / "pytest_multigpu.txt").exists() else [x for x in old if x.startswith("- tests: ")]
     lines = summarize(out, {}, world_size)
-    lines[2:2] = steps + ["- the variant choice re-fitted from these tables (run_overlap.py --refit)"]
+    lines[2:2] = steps + ["- the variant choice re-fitted from these tables (run_overlap.py --refit)"] + tests
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines + ["", "wrote: " + ", ".join(written)]), flush=True)
     return 0

@@ -17,7 +17,7 @@ partition (``select/cons_tres``, ``proctrack/linuxproc``, ``task/none``: no
 cgroups needed) and state/spool folders. Accounting is off
 (``accounting_storage/none``), so ``sacct`` has nothing to say: the workbench
 reads job states from ``scontrol show job`` when ``sacct`` fails
-(``workbench.cluster``).
+(``workbench.executors.slurm``).
 """
 from __future__ import annotations
 

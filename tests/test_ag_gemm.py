@@ -493,7 +493,7 @@ def test_seed_shapes_on_two_gpus():
     bad = [r for r in checks if not r["ok"]]
     assert not bad, bad
     assert {r["variant"] for r in checks} >= {"fused", "copy_engine", "chunked", "pipelined", "sequential",
-                                              "fused_resident", "late_rank_within_bound", "late_rank_past_bound"}
+                                              "fused_resident"}
     base_names = {r["variant"]: r["variant"].split("+")[0].split("_layout")[0] for r in checks}
     ours = [r for r in checks if base_names[r["variant"]] in ("fused", "copy_engine", "chunked", "pipelined",
                                                               "sequential", "auto", "fused_resident")]
@@ -728,16 +728,22 @@ def test_script_times_a_case_in_rotating_passes(monkeypatch):
         return {"ms": v, "q25_ms": v, "q75_ms": v, "loop_ms": v, "slowest_rank": 0}
 
     monkeypatch.setattr(s.dist, "time_collective", fake_time)
+    stages = []
     fake = types.SimpleNamespace(args=types.SimpleNamespace(iters=8), heap=None,
                                  ag=types.SimpleNamespace(check=lambda heap: None),
-                                 agree_failed=lambda failed: failed, emit=rows.append)
+                                 agree_failed=lambda failed: failed, emit=rows.append,
+                                 w=types.SimpleNamespace(stage=stages.append))
     fake._time_pass = functools.partial(s.Rank._time_pass, fake)
     names = ["fused", "broken", "nccl_cublas"]
-    s.Rank.time_all(fake, {n: (lambda n=n: n) for n in names}, "eager", {"M": 1}, {"fused": {"config": "{}"}})
+    s.Rank.time_all(fake, {n: (lambda n=n: n) for n in names}, "eager", {"M": 1, "N": 2, "K": 3, "gather_dim": 0},
+                    {"fused": {"config": "{}"}})
     assert order == ["fused", "broken", "nccl_cublas",          # pass 1
                      "broken", "nccl_cublas", "fused",          # pass 2: broken fails, is dropped
                      "nccl_cublas", "fused",                    # pass 3
                      "fused", "nccl_cublas"]                    # pass 4
+    # each pass of each method was the rank's stage while it ran (a launch timeout names it)
+    assert len(stages) == len(order) and stages[0] == "eager 1x2x3 gather_dim=0: pass 1/4 fused"
+    assert stages[3] == "eager 1x2x3 gather_dim=0: pass 2/4 broken"
     by = {r["variant"]: r for r in rows}
     assert by["fused"]["ms"] == 2.5 and by["fused"]["passes"] == 4 and by["fused"]["config"] == "{}"
     assert by["nccl_cublas"]["ms"] == 5.5 and by["broken"]["status"] == "error" and "lost" in by["broken"]["error"]

@@ -1,4 +1,4 @@
-"""Sweeps and reports as Slurm jobs (workbench.cluster, sweep_cluster, report_cluster).
+"""Sweeps, reports and tuning as Slurm jobs (workbench.executors.slurm, sweep_jobs, report_jobs).
 
 The first part needs no Slurm: flags, sbatch parameters, shares, the idempotent
 merge, job states. The second runs against a REAL one-node Slurm (the session
@@ -21,8 +21,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from workbench import cluster, sweep_cluster
-from workbench.report_cluster import study_gpus
+from workbench import executors, jobs, sweep_jobs
+from workbench.executors import slurm
+from workbench.report_jobs import study_gpus
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "tests" / "cluster" / "toy.yaml"
@@ -34,7 +35,7 @@ VOLATILE = re.compile(r"^(median_ms|q25_ms|q75_ms|min_ms|mean_ms|n_runs|host_us|
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
-    cluster.add_executor_args(p)
+    executors.add_args(p)
     return p
 
 
@@ -52,22 +53,22 @@ def parser() -> argparse.ArgumentParser:
     (["--executor", "slurm", "--partition", "a;rm"], "not a partition name"),
 ])
 def test_bad_flags_are_refused_by_name(argv, msg):
-    with pytest.raises(cluster.ClusterError, match=re.escape(msg)):
-        cluster.check_args(parser().parse_args(argv))
+    with pytest.raises(executors.ExecutorError, match=re.escape(msg)):
+        executors.from_args(parser().parse_args(argv))
 
 
 def test_sbatch_parameters_from_flags():
     args = parser().parse_args(["--executor", "slurm", "--partition", "h100", "--time", "1:30:00", "--account", "kern",
                                 "--qos", "high", "--slurm-arg", "constraint=sm90", "--slurm-arg=--mem=64G",
                                 "--slurm-arg", "exclusive"])
-    cluster.check_args(args)
-    p = cluster.slurm_parameters(args, gpus=2, name="wb-x", parallelism=3)
+    executors.from_args(args)
+    p = slurm.slurm_parameters(args, gpus=2, name="wb-x", parallelism=3)
     assert p["partition"] == "h100" and p["time"] == 90 and p["gpus_per_node"] == 2
     assert p["account"] == "kern" and p["qos"] == "high" and p["array_parallelism"] == 3
     assert p["additional_parameters"] == {"constraint": "sm90", "mem": "64G", "exclusive": True}
-    none = cluster.slurm_parameters(parser().parse_args(["--executor", "slurm", "--gpus-per-job", "0"]), gpus=2)
+    none = slurm.slurm_parameters(parser().parse_args(["--executor", "slurm", "--gpus-per-job", "0"]), gpus=2)
     assert "gpus_per_node" not in none and "partition" not in none and none["time"] == 60
-    assert [cluster.parse_time_min(t) for t in ("5", "10:30", "2:00:00", "1-0", "1-02:03")] == [5, 11, 120, 1440, 1563]
+    assert [slurm.parse_time_min(t) for t in ("5", "10:30", "2:00:00", "1-0", "1-02:03")] == [5, 11, 120, 1440, 1563]
     # submitit accepts them all (it checks parameter names and formats the sbatch file)
     from submitit.slurm.slurm import _make_sbatch_string
 
@@ -77,9 +78,9 @@ def test_sbatch_parameters_from_flags():
 
 def test_shares_are_contiguous_and_cover_every_point():
     keys = list(range(10))
-    shares = sweep_cluster._split(keys, 4)
+    shares = sweep_jobs.split(keys, 4)
     assert [len(s) for s in shares] == [3, 3, 2, 2] and sum(shares, []) == keys
-    assert sweep_cluster._split(keys[:2], 8) == [[0], [1]]
+    assert sweep_jobs.split(keys[:2], 8) == [[0], [1]]
 
 
 def test_study_gpus_reads_the_notebooks_plan_call():
@@ -99,24 +100,24 @@ def test_merge_is_idempotent_and_never_duplicates(tmp_path):
 
     run_dir = tmp_path / "slurm" / "c1"
     shares = [[["a", "triton", 0], ["b", "triton", 0]], [["c", "triton", 0]]]
-    cluster.write_json(run_dir / "plan.json", {"run_id": "c1", "shares": shares})
+    jobs.write_json(run_dir / "plan.json", {"run_id": "c1", "shares": shares})
     (run_dir / "task_0").mkdir(parents=True)
     (run_dir / "task_1").mkdir()
     # job 0 wrote a, then (requeued) a again and b; job 1 wrote a row that is not its own
     pd.DataFrame([_row("a"), _row("a"), _row("b")]).to_parquet(run_dir / "task_0" / "rows.parquet")
     pd.DataFrame([_row("c", status="not_run"), _row("zz")]).to_parquet(run_dir / "task_1" / "rows.parquet")
-    store = sweep._RowStore(tmp_path)
-    run = sweep_cluster._Run(run_dir)
+    store = sweep.RowStore(tmp_path)
+    run = sweep_jobs._Run(run_dir)
     assert run.merge(store, force=True) == 3
     for _ in range(2):  # again, in this process and in a fresh one: nothing new
-        assert sweep_cluster._Run(run_dir).merge(sweep._RowStore(tmp_path), force=True) == 0
+        assert sweep_jobs._Run(run_dir).merge(sweep.RowStore(tmp_path), force=True) == 0
     df = pd.read_parquet(tmp_path / "rows.parquet")
     assert sorted(df["point_id"]) == ["a", "b", "c"]
     # c is run again by a later submission: its not_run row is replaced, and stays replaced
-    store = sweep._RowStore(tmp_path)
+    store = sweep.RowStore(tmp_path)
     store.add(_row("c", run="c2"))
     store.flush()
-    assert sweep_cluster._Run(run_dir).merge(sweep._RowStore(tmp_path), force=True) == 0
+    assert sweep_jobs._Run(run_dir).merge(sweep.RowStore(tmp_path), force=True) == 0
     df = pd.read_parquet(tmp_path / "rows.parquet")
     assert sorted(zip(df["point_id"], df["status"])) == [("a", "ok"), ("b", "ok"), ("c", "ok")]
 
@@ -124,14 +125,14 @@ def test_merge_is_idempotent_and_never_duplicates(tmp_path):
 def _ref(tmp_path, jid="7_1", own=None):
     status = tmp_path / f"{jid}.json"
     if own is not None:
-        cluster.write_json(status, own)
-    return cluster.JobRef(job_id=jid, name="share 2/4", folder=str(tmp_path), status=str(status))
+        jobs.write_json(status, own)
+    return jobs.JobRef(job_id=jid, name="share 2/4", folder=str(tmp_path), status=str(status))
 
 
 def _status(ref, state, node="gpu07"):
-    view = cluster._SchedulerView()
+    view = slurm._SchedulerView()
     view.info = {ref.job_id: {"state": state, "node": node}}
-    return cluster._status(ref, view)
+    return slurm._status(ref, view)
 
 
 def test_job_status_combines_slurm_and_the_jobs_own_word(tmp_path):
@@ -148,8 +149,8 @@ def test_job_status_combines_slurm_and_the_jobs_own_word(tmp_path):
     gone = _status(_ref(tmp_path, own={"state": "running"}), "FORGOTTEN", node="")
     assert gone.phase == "failed" and "no longer knows" in gone.error
     assert _status(_ref(tmp_path, own={"state": "running"}), "UNKNOWN").phase == "running"
-    assert cluster._expand("0-2,5%2") == ["0", "1", "2", "5"]
-    assert cluster._compact(["12_0", "12_1", "12_2", "12_5", "14"]) == "12_[0-2,5], 14"
+    assert slurm._expand("0-2,5%2") == ["0", "1", "2", "5"]
+    assert slurm._compact(["12_0", "12_1", "12_2", "12_5", "14"]) == "12_[0-2,5], 14"
 
 
 def test_cluster_flags_without_slurm_fail_before_anything_runs(tmp_path, capsys):
@@ -188,7 +189,7 @@ def one_run(folder: Path) -> Path:
 
 def own(run: Path, i: int) -> dict:
     """What job i of a submission says of itself (its status file)."""
-    return cluster.read_json(next((run / "status").glob(f"*_{i}.json")), {}) or {}
+    return jobs.read_json(next((run / "status").glob(f"*_{i}.json")), {}) or {}
 
 
 def wait_for(cond, timeout_s: float, what: str):
@@ -221,8 +222,8 @@ def test_sweep_as_job_array_matches_the_local_sweep(slurm_cluster, tmp_path):
     assert set(b["slurm_node"]) == {"wbnode"} and set(b["slurm_partition"]) == {"debug"}
     assert {"git_sha", "torch_version", "triton_version", "device_name", "slurm_gpus"} <= set(b.columns)
     assert b["run_id"].nunique() == 1
-    refs = cluster.load_jobs(one_run(tmp_path / "slurm"))
-    assert cluster.result(refs[0]) == {"rows": 11, "status": {"ok": 11}}  # what the job's function returned
+    refs = jobs.load(one_run(tmp_path / "slurm"))
+    assert slurm.SlurmExecutor().result(refs[0]) == {"rows": 11, "status": {"ok": 11}}  # what the job's function returned
     logs = sorted((one_run(tmp_path / "slurm") / "logs").glob("*_log.out"))
     assert len(logs) == 4 and all("sacct" not in p.read_text() for p in logs)
     assert "sacct" not in res.stderr and "Bypassing" not in res.stderr
@@ -235,7 +236,7 @@ def test_cancel_and_requeue_mid_run_then_resume_records_every_point_once(slurm_c
     assert res.returncode == 0, res.stderr
     assert "detached; merge the rows later with: workbench sweep" in res.stderr
     run = one_run(out)
-    array = cluster.load_jobs(run)[0].array_id
+    array = jobs.load(run)[0].array_id
 
     def has_rows(i):
         return lambda: (run / f"task_{i}" / "rows.parquet").exists() and \
@@ -263,7 +264,7 @@ def test_cancel_and_requeue_mid_run_then_resume_records_every_point_once(slurm_c
     assert df["run_id"].nunique() == 2  # the cancelled job's rest came from the resumed submission
     t1 = pd.read_parquet(run / "task_1" / "rows.parquet")
     assert not t1.duplicated(KEY).any() and len(t1) == 11  # the requeued job went on from its own rows
-    assert own(run, 1)["restarts"] == 1 and "Requeued job" in cluster.load_jobs(run)[1].log.read_text()
+    assert own(run, 1)["restarts"] == 1 and "Requeued job" in jobs.load(run)[1].log.read_text()
     assert (run / "merged.json").exists()
     again = workbench("sweep", TOY, "--results", out, "--collect")
     assert again.returncode == 0 and rows(out).equals(df)
@@ -357,16 +358,16 @@ def test_a_failed_notebook_names_its_job_and_log(slurm_cluster, tmp_path):
 
 
 def test_a_report_job_that_died_is_a_failed_entry_with_its_job_and_log(tmp_path, capsys):
-    from workbench import report_cluster
+    from workbench import report_jobs
 
     run = tmp_path / "slurm" / "r1"
-    cluster.write_json(run / "notebooks.json", {"31_2": "notebooks/03_all_gather.ipynb"})
-    ref = cluster.JobRef(job_id="31_2", name="03_all_gather", folder=str(run / "logs"),
+    jobs.write_json(run / "notebooks.json", {"31_2": "notebooks/03_all_gather.ipynb"})
+    ref = jobs.JobRef(job_id="31_2", name="03_all_gather", folder=str(run / "logs"),
                          status=str(run / "status" / "x.json"))
-    st = cluster.JobStatus("31_2", "03_all_gather", "failed", "NODE_FAIL", "gpu07",
+    st = jobs.JobStatus("31_2", "03_all_gather", "failed", "NODE_FAIL", "gpu07",
                            "node gpu07 failed (NODE_FAIL) while the job ran", str(ref.log), {"state": "running"})
     args = argparse.Namespace(cancel_on_interrupt=False)
-    reports = report_cluster._Reports(args, tmp_path)
+    reports = report_jobs.Reports(args, tmp_path, None)
     assert reports._record(ref, st) == 1
     assert "03_all_gather FAILED: job 31_2" in capsys.readouterr().err
     rec = json.loads((tmp_path / "03_all_gather.report.json").read_text())
@@ -388,14 +389,14 @@ def test_ctrl_c_says_how_to_collect_and_cancels_only_when_asked(slurm_cluster, t
         time.sleep(2)  # into the wait
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
-        return p.returncode, err, cluster.load_jobs(one_run(out))
+        return p.returncode, err, jobs.load(one_run(out))
 
     rc, err, refs = interrupted(tmp_path / "a")
     assert rc == 130 and "nothing was cancelled" in err, err
     assert f"workbench sweep {TOY} --collect --quick --results {tmp_path / 'a'}" in err
     live = subprocess.run(["squeue", "-h", "-j", refs[0].array_id], capture_output=True, text=True).stdout
     assert live.strip(), "the jobs went on"
-    cluster.cancel(refs)
+    slurm.SlurmExecutor().cancel(refs)
     rc, err, refs = interrupted(tmp_path / "b", "--cancel-on-interrupt")
     assert rc == 130 and "interrupted: cancelled 2 job(s)" in err, err
     wait_for(lambda: not subprocess.run(["squeue", "-h", "-j", refs[0].array_id], capture_output=True,

@@ -303,7 +303,7 @@ def test_workbench_tune_moe_mxfp4_end_to_end(tmp_path, monkeypatch, capsys):
     """The command in the interpreter on a tiny spec: progress, every shape's winner written with how it
     was measured, a second run resumes (nothing left to tune), --show lists the entries, --times has
     every candidate's time, and the launcher then serves the entries."""
-    from workbench import tune as wb_tune
+    from workbench import tune_command as wb_tune
 
     mselect._weights.cache_clear()
     spec = tmp_path / "tiny.yaml"

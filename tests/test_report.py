@@ -288,7 +288,7 @@ def test_bad_paths_exit_2_with_a_message(tmp_path):
 
 
 def test_usage_errors_exit_2(tmp_path, capsys):
-    from workbench import report
+    from workbench import report_command as report
 
     nb = _write_nb(tmp_path / "ok.ipynb", "print(n)")
     assert report.main([]) == 2

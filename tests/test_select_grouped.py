@@ -15,7 +15,7 @@ import torch
 from kernels import moe
 from kernels.common import interpreter, select, tables, tune
 from kernels.moe import config as mconfig, launch, select as mselect
-from workbench import tune as wtune
+from workbench import tune as wtune, tune_command
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "experiments" / "grouped_gemm_layers.yaml"
@@ -290,7 +290,7 @@ def test_workbench_tune_grouped_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tune, "gpu_timer", timer)
     monkeypatch.setattr(mselect, "_maker", _named_by_routing(mselect._maker))
     out = tmp_path / "tables"
-    assert wtune.main(["grouped", "--shapes", str(spec), "--out", str(out), "--budget-s", "5",
+    assert tune_command.main(["grouped", "--shapes", str(spec), "--out", str(out), "--budget-s", "5",
                        "--times", str(tmp_path / "times.csv")]) == 0
     err = capsys.readouterr()
     assert "tune grouped" in err.err and "2 to tune" in err.out
@@ -306,7 +306,7 @@ def test_workbench_tune_grouped_end_to_end(tmp_path, monkeypatch, capsys):
     assert len((tmp_path / "times.csv").read_text().splitlines()) == 1 + 6
     # resume: both keys are in the table, nothing is timed again
     seen.clear()
-    assert wtune.main(["grouped", "--shapes", str(spec), "--out", str(out)]) == 0
+    assert tune_command.main(["grouped", "--shapes", str(spec), "--out", str(out)]) == 0
     assert "2 already in" in capsys.readouterr().out and not seen
     # the entries serve grouped_gemm's calls of that key
     monkeypatch.setattr(tables, "SHIPPED_ROOT", out)
@@ -316,7 +316,7 @@ def test_workbench_tune_grouped_end_to_end(tmp_path, monkeypatch, capsys):
     p = launch.plan_for(a, w, s)
     assert p.choice.source == "table" and p.choice.candidate.name == "i16x16_tma" and "shipped" in p.choice.where
     _run("fwd", a, w, s)
-    assert wtune.main(["--show", "--out", str(out), "--device", dev["name"]]) == 0
+    assert tune_command.main(["--show", "--out", str(out), "--device", dev["name"]]) == 0
     shown = capsys.readouterr().out
     assert "op=fwd,dtype=fp16,G=3,N=24,K=16,M=64,tma=1: i16x16_tma (triton)" in shown and "workbench tune" in shown
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workbench import dist, sweep
+from workbench import dist, sweep, sweep_point
 from workbench.sweep import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def test_a_rank_that_hangs_or_dies_fails_only_its_world(fake_dist, tmp_path, lau
     assert status == "not_run" and "rank 1 exited with code 7" in error
 
     # not_run rows do not count as done; crashed / timeout ones do (like a point that kills the process).
-    done = sweep._RowStore(tmp_path / "r").done_keys()
+    done = sweep.RowStore(tmp_path / "r").done_keys()
     assert len(done) == 8 - 3
     assert len(list((tmp_path / "worlds").iterdir())) == 2  # both failed worlds kept their folders
 
@@ -162,12 +162,12 @@ def test_all_gather_spec_declares_worlds_of_2_and_4(capsys):
 def test_point_json_round_trip_keeps_the_point_id(fake_dist, tmp_path):
     spec = sweep.load_spec(write_spec(tmp_path, base_spec(fake_dist)))
     for p in sweep.expand(spec):
-        q = sweep._point_from_json(json.loads(json.dumps(sweep._point_to_json(p))))
+        q = sweep_point.point_from_json(json.loads(json.dumps(sweep_point.point_to_json(p))))
         assert q == p and q.point_id(spec.kernel) == p.point_id(spec.kernel)
 
 
 def test_retry_rows_are_replaced_not_duplicated(tmp_path):
-    store = sweep._RowStore(tmp_path)
+    store = sweep.RowStore(tmp_path)
     row = {"point_id": "a", "variant": "triton", "repeat": 0, "device_name": "cpu", "status": "skipped"}
     store.add(dict(row))
     store.add(dict(row, point_id="b", status="ok"))

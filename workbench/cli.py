@@ -2,7 +2,9 @@
 
 Each sub-command lives in its own module, imported only when used so that
 `workbench asm ls` stays fast (no torch import). A module provides
-`configure(parser)` to add its arguments and `run(args) -> int`.
+`configure(parser)` to add its arguments and `run(args) -> int`. Where a command's
+work may run elsewhere (sweep, report, tune), its command line chooses the executor
+(`--executor local|slurm`, ``workbench.executors``) and the command hands its work to it.
 """
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ import sys
 COMMANDS = {
     "asm": ("workbench.asm.cli", "inspect, compile and diff kernels in the Triton cache"),
     "profile": ("workbench.profile.cli", "hardware counters per source line: run ncu (GPU), show a report (CPU)"),
-    "report": ("workbench.report", "re-run notebooks headless into self-contained HTML"),
-    "sweep": ("workbench.sweep", "run a declared parameter sweep into results/"),
-    "tune": ("workbench.tune", "build a kernel family's tuning table for this GPU (or --show one)"),
+    "report": ("workbench.report_command", "re-run notebooks headless into self-contained HTML"),
+    "sweep": ("workbench.sweep_command", "run a declared parameter sweep into results/"),
+    "tune": ("workbench.tune_command", "build a kernel family's tuning table for this GPU (or --show one)"),
 }
 
 

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from workbench import dist  # first: NVLink multicast off before anything initializes
-from workbench.sweep import SweepAborted, _import_kernel, _Job, _point_from_json, _PointRunner, _WorldComm
+from workbench.spec import _import_kernel
+from workbench.sweep_point import Job, PointRunner, SweepAborted, WorldComm, point_from_json
 
 
 def main(argv: list[str]) -> int:
@@ -20,14 +21,14 @@ def main(argv: list[str]) -> int:
         if entry not in sys.path:
             sys.path.insert(0, entry)
     module = _import_kernel(plan["kernel"], None)  # before the heartbeat: imports are not a point's stage
-    job = _Job.from_plan(plan, module)
-    tasks = [(_point_from_json(d), int(rep)) for d, rep in plan["tasks"]]
+    job = Job.from_plan(plan, module)
+    tasks = [(point_from_json(d), int(rep)) for d, rep in plan["tasks"]]
     deadline_at = plan.get("deadline_at")
 
     import torch.distributed as tdist
 
     with dist.worker(plan.get("backend")) as w:
-        runner = _PointRunner(job, _WorldComm(w, tdist.new_group(backend="gloo")))
+        runner = PointRunner(job, WorldComm(w, tdist.new_group(backend="gloo")))
         for i, (p, rep) in enumerate(tasks):
             row = runner.run(p, rep, where=f"point {i + 1}/{len(tasks)}")
             if w.rank == 0:

@@ -8,6 +8,8 @@
     workbench tune gemm --shapes SPEC --executor slurm --partition h100,h200 --out DIR   # a job per partition
     workbench tune --collect --out DIR                                       # after --detach: how the jobs ended
 
+(the command: ``workbench.tune_command``, which hands the tuning to an executor; this module tunes).
+
 Each shape is timed on this process's GPU (every candidate of the family, the cold rule's
 first; ``kernels.common.tune``) and its winner written to the table as soon as it is known,
 so an interrupted run keeps what it measured and a second run of the same command resumes
@@ -16,7 +18,7 @@ appends every candidate's time per shape (what ``experiments/fit_gemm_cold_rule.
 cold rule on). Without a GPU the shapes run in Triton's interpreter (small shapes only: the
 table is then the interpreter's, for trying the command).
 
-On a cluster (``--executor slurm``, ``workbench.cluster``): one Slurm job per partition (and
+On a cluster (``--executor slurm``, ``workbench.executors``): one job per partition (and
 family), each on one GPU of its partition, tunes the spec into the tables under ``--out`` (a
 shared filesystem: each GPU model has its own file there) and appends to ``--times`` with the
 partition in its name; the command follows the jobs and prints how each ended (``--detach``
@@ -29,13 +31,10 @@ joined by ``;``. ``--where split=held_out`` keeps the shapes whose field has tha
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import importlib
 import json
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -248,150 +247,3 @@ def _header_of(path: Path) -> dict:
         return {k: doc.get(k) for k in ("device", "capability", "triton", "family")} if isinstance(doc, dict) else {}
     except (OSError, ValueError, RecursionError):
         return {}
-
-
-# --------------------------------------------------------------------------
-# The command
-# --------------------------------------------------------------------------
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = __doc__.splitlines()[0]
-    parser.add_argument("family", nargs="?", help=f"one of: {', '.join(FAMILIES)}")
-    parser.add_argument("--shapes", help="a YAML/JSON shape list, or shapes inline: M=..,N=..,K=..;M=..,...")
-    parser.add_argument("--where", action="append", default=[], metavar="FIELD=VALUE",
-                        help="keep the shapes whose FIELD is VALUE (e.g. split=held_out); repeatable")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="seconds of timing per shape (default: $WORKBENCH_TUNE_BUDGET_S, else 2)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="tables root to write (default: $WORKBENCH_TUNING_DIR, else ~/.cache/kernel-workbench/"
-                             "tuning; kernels/common/tables: the tables the package ships)")
-    parser.add_argument("--times", type=Path, default=None, help="append every candidate's time per shape (CSV)")
-    parser.add_argument("--redo", action="store_true", help="tune shapes already in the table again")
-    parser.add_argument("--show", action="store_true", help="list what the tables of a device hold")
-    parser.add_argument("--device", default=None, help="with --show: a device name (default: this GPU)")
-    parser.add_argument("--collect", action="store_true", help="how the Slurm jobs of an earlier --detach ended")
-    from workbench import cluster
-
-    cluster.add_executor_args(parser, multi_partition=True)
-
-
-def _tune_job(family_name: str, shapes: list[dict], root: str | None, budget: float | None, redo: bool,
-              times: str | None) -> dict:
-    """What one Slurm job runs (``--executor slurm``): ``tune`` on its node's GPU; a summary back.
-    A node without a GPU runs the kernels in Triton's interpreter (set before any kernel module
-    is imported: ``@triton.jit`` reads it then)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-    done = tune(family_name, shapes, root=Path(root) if root else None, budget=budget, redo=redo,
-                times_csv=Path(times) if times else None)
-    return {"device": this_device()["name"], "entries": len(done)}
-
-
-def _jobs_folder(args) -> Path:
-    from kernels.common import tables
-
-    return Path(args.out if args.out is not None else tables.user_root()) / "slurm" / "tune"
-
-
-def _on_cluster(args, family: str, shapes: list[dict]) -> int:
-    """One job per partition for ``family``: submit, then follow them (or return with --detach)."""
-    from workbench import cluster
-
-    folder = _jobs_folder(args)
-    refs = []
-    for part in cluster.partitions(args):
-        times = None
-        if args.times is not None:   # one file per partition: jobs never append to the same file
-            times = str(args.times.with_name(f"{args.times.stem}_{part or 'default'}{args.times.suffix}"))
-        ex = cluster.make_executor(args, folder / (part or "default") / "logs",
-                                   gpus=1 if args.gpus_per_job is None else args.gpus_per_job, partition=part,
-                                   name=f"wb-tune-{family}")
-        refs += cluster.submit(ex, folder, _tune_job,
-                               [(family, shapes, str(args.out) if args.out is not None else None, args.budget_s,
-                                 args.redo, times)], names=[f"{part or 'default'}/{family}"])
-    print(f"workbench tune: submitted {len(refs)} job(s) ({', '.join(r.name for r in refs)}); logs under {folder}",
-          file=sys.stderr)
-    hint = f"workbench tune --collect{f' --out {args.out}' if args.out is not None else ''}"
-    if args.detach:
-        print(f"workbench tune: see how they ended later with: {hint}", file=sys.stderr)
-        return 0
-    ends = cluster.wait(refs, on_end=lambda ref, st: print(st.line(), file=sys.stderr), hint=hint,
-                        cancel_on_interrupt=args.cancel_on_interrupt)
-    return _report_jobs(refs, ends)
-
-
-def _report_jobs(refs, ends) -> int:
-    from workbench import cluster
-
-    bad = 0
-    for ref in refs:
-        st = ends[ref.job_id]
-        if st.phase == "done":
-            got = cluster.result(ref)
-            print(f"{ref.name}: {got['entries']} entries tuned on {got['device']}", file=sys.stderr)
-        else:
-            bad += 1
-    return 1 if bad else 0
-
-
-def _collect(args) -> int:
-    from workbench import cluster
-
-    refs = cluster.load_jobs(_jobs_folder(args))
-    if not refs:
-        raise TuneError(f"no tuning jobs recorded under {_jobs_folder(args)}")
-    ends = cluster.statuses(refs)
-    for ref in refs:
-        print(ends[ref.job_id].line(), file=sys.stderr)
-    if not all(st.ended for st in ends.values()):
-        return 0
-    return _report_jobs(refs, ends)
-
-
-def run(args) -> int:
-    from kernels.common import tables
-    from workbench import cluster
-
-    try:
-        cluster.check_args(args, multi_partition=True, collecting=args.collect)
-        if args.collect:
-            return _collect(args)
-        if args.show:
-            if args.family and args.family not in MULTI_GPU:
-                family_module(args.family)
-            roots = [("user", tables.user_root()), ("shipped", tables.SHIPPED_ROOT)]
-            if args.out is not None:
-                roots.insert(0, ("given", args.out))
-            return show(args.family, args.device, roots)
-        if not args.family or not args.shapes:
-            raise TuneError("give a family and --shapes SPEC (or --show); e.g. workbench tune gemm --shapes "
-                            "experiments/gemm_shapes.yaml")
-        where = {}
-        for w in args.where:
-            if "=" not in w:
-                raise TuneError(f"--where {w!r}: expected FIELD=VALUE")
-            k, v = w.split("=", 1)
-            where[k] = v
-        family = family_module(args.family)
-        shapes = load_shapes(args.shapes, family, where)
-        if args.executor == "slurm":
-            return _on_cluster(args, args.family, shapes)
-        t0 = time.time()
-        tune(args.family, shapes, root=args.out, budget=args.budget_s, redo=args.redo, times_csv=args.times)
-        print(f"tune {args.family}: {time.time() - t0:.0f} s", file=sys.stderr)
-        return 0
-    except (TuneError, cluster.ClusterError) as exc:
-        print(f"workbench tune: {exc}", file=sys.stderr)
-        return 2
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="workbench tune")
-    configure(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())

@@ -250,7 +250,8 @@ class LibraryConfig:
 
 
 # Candidates worth timing, by name (the names tables record). Gluon (fwd/dgrad on sm_90):
-# the probe of results/grouped_gemm run 12 (probe_ws_run12.csv, 96 fwd/dgrad cases on an H200):
+# the probe of results/grouped_gemm run 12 (`git show 72a8714:results/grouped_gemm/probe_ws_run12.csv`, 96 fwd/dgrad
+# cases on an H200):
 # ping-pong with 5 stages was fastest in 63 cases, 4 stages in 16, cooperative 128x256 with
 # 3 stages in 9 (cooperative 256x128 in none, so it is not offered).
 WS_CANDIDATES: dict[str, GroupedWsConfig] = {

@@ -1,37 +1,35 @@
-"""``workbench sweep SPEC --executor slurm``: a sweep's points as one Slurm job array.
+"""A sweep's points as jobs: what ``workbench sweep SPEC --executor slurm`` (or any executor whose
+units run elsewhere, ``workbench.executors``) does.
 
     workbench sweep experiments/gemm_tiling.yaml --executor slurm --partition h100 --jobs 8
     workbench sweep experiments/gemm_tiling.yaml --executor slurm --jobs 8 --detach   # submit, return
     workbench sweep experiments/gemm_tiling.yaml --collect [--wait]                 # merge what finished
 
-The parent expands the spec, leaves out what is already recorded (rows of the
-same partition in ``rows.parquet``) and what jobs still queued or running
-will write, splits the rest into ``--jobs`` shares (contiguous, so each
-shape's inputs are made once per job) and submits them as one array through
-``workbench.cluster``. Each job runs its share with ``sweep.run_spec`` into a
-folder of its own, its rows carrying full provenance plus the Slurm job id,
-array index, partition, node and GPUs. The parent follows the jobs (a
-progress bar of points done across the cluster) and merges their rows into
-``rows.parquet`` as they come: a row is merged once, however often a merge
-runs (``merged.json`` per submission, and the row's identity run/point/
-variant/repeat in the table).
+The parent expands the spec, leaves out what is already recorded (rows measured where these
+jobs run, e.g. on the same partition, in ``rows.parquet``) and what jobs still queued or
+running will write, splits the rest into ``--jobs`` shares (contiguous, so each shape's inputs
+are made once per job) and hands them to the executor as one submission of units. Each job
+runs its share with ``sweep.run_spec`` into a folder of its own, its rows carrying full
+provenance (with a Slurm job: its job id, array index, partition, node and GPUs). The parent
+follows the jobs (a progress bar of points done across the cluster) and merges their rows into
+``rows.parquet`` as they come: a row is merged once, however often a merge runs
+(``merged.json`` per submission, and the row's identity run/point/variant/repeat in the table).
 
-Faults. A job's rows reach its folder within seconds of each point, and
-SIGTERM (scancel, preemption, the time limit) makes it save them all before it
-ends, so a job stopped mid-sweep loses at most the point it was on. A job at
-its time limit is requeued by submitit and goes on from its own rows (no point
-twice); so is a job Slurm requeues. A job that died by itself (FAILED, no
-status of its own: a crash that killed the process, or stuck in a point past
-its time limit) leaves the point it was on in ``inflight.json``: the next
-submission records that point as ``crashed`` and skips it, as a local run
-does. A resumed sweep (the default, or ``--resume``) merges everything first
-and submits only the points still missing. Ctrl-C while waiting cancels
-nothing (``--cancel-on-interrupt`` does) and says how to collect later.
+Faults. A job's rows reach its folder within seconds of each point, and SIGTERM (scancel,
+preemption, the time limit) makes it save them all before it ends, so a job stopped mid-sweep
+loses at most the point it was on. A job at its time limit is requeued (submitted with
+``requeue=True``) and goes on from its own rows (no point twice); so is a job the scheduler
+requeues. A job that died by itself (FAILED, no status of its own: a crash that killed the
+process, or stuck in a point past its time limit) leaves the point it was on in
+``inflight.json``: the next submission records that point as ``crashed`` and skips it, as a
+local run does. A resumed sweep (the default, or ``--resume``) merges everything first and
+submits only the points still missing. Ctrl-C while waiting cancels nothing
+(``--cancel-on-interrupt`` does) and says how to collect later.
 
-Files, under the results folder: ``slurm/<run>/plan.json`` (what was
-submitted), ``jobs.json`` (the job ids), ``task_<i>/`` (job i's rows),
-``status/`` (each job's status), ``logs/`` (each job's log:
-``<jobid>_0_log.out``) and ``merged.json``.
+Files, under the results folder, in a folder named for the executor (``slurm/``):
+``<run>/plan.json`` (what was submitted), ``<run>/jobs.json`` (the job ids), ``<run>/task_<i>/``
+(job i's rows), ``<run>/status/`` (each job's status), ``<run>/logs/`` (each job's log:
+``<jobid>_0_log.out``) and ``<run>/merged.json``.
 """
 from __future__ import annotations
 
@@ -43,7 +41,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import cluster
+from . import executors, jobs, sweep
+from .executors import Executor, ExecutorError
 from .spec import Spec, SpecError, expand, load_spec
 
 PLAN = "plan.json"
@@ -54,38 +53,7 @@ MERGE_EVERY_S = 30.0
 # a responsive job saves its rows and says "stopped"). Not NODE_FAIL, CANCELLED, PREEMPTED.
 CRASH_STATES = ("FAILED", "OUT_OF_MEMORY", "TIMEOUT")
 
-__all__ = ["add_args", "dispatch", "run_share"]
-
-
-def add_args(parser) -> None:
-    """The cluster flags of ``workbench sweep``."""
-    cluster.add_executor_args(parser)
-    g = parser.add_argument_group("cluster sweeps")
-    g.add_argument("--resume", action="store_true",
-                   help="run only the points not recorded yet (the default; the opposite of --fresh)")
-    g.add_argument("--collect", action="store_true",
-                   help="merge the rows of submitted jobs that finished, show each job's status, submit nothing")
-    g.add_argument("--wait", action="store_true", help="with --collect: wait for the jobs still running")
-
-
-def dispatch(args, spec: Spec) -> int | None:
-    """Run the cluster side of ``workbench sweep`` when asked; None for a plain local sweep."""
-    try:
-        cluster.check_args(args, collecting=args.collect)
-        if args.resume and args.fresh:
-            raise cluster.ClusterError("--resume and --fresh: choose one")
-        if args.wait and not args.collect:
-            raise cluster.ClusterError("--wait: only with --collect (a submitting sweep waits unless --detach)")
-    except cluster.ClusterError as exc:
-        print(f"workbench sweep: error: {exc}", file=sys.stderr)
-        return 2
-    if not args.collect and args.executor != "slurm":
-        return None
-    try:
-        return _Sweep(args, spec).run()
-    except (cluster.ClusterError, SpecError) as exc:
-        print(f"workbench sweep: error: {exc}", file=sys.stderr)
-        return 2
+__all__ = ["SweepJobs", "run_share", "split"]
 
 
 # --------------------------------------------------------------------------
@@ -93,14 +61,12 @@ def dispatch(args, spec: Spec) -> int | None:
 # --------------------------------------------------------------------------
 def run_share(plan_path: str, index: int) -> dict:
     """One job of the array: share ``index`` of the plan, into ``task_<index>/`` (resumes there)."""
-    from . import sweep
-
-    plan = cluster.read_json(plan_path, {})
+    plan = jobs.read_json(plan_path, {})
     for entry in reversed(plan.get("sys_path") or []):
         if entry not in sys.path:
             sys.path.insert(0, entry)
     task_dir = Path(plan_path).parent / f"task_{index}"
-    if cluster.job_info()["restarts"]:
+    if jobs.current().get("restarts"):
         # Requeued by Slurm (node failure, preemption): the point in flight was not the point's fault.
         (task_dir / "inflight.json").unlink(missing_ok=True)
     spec = load_spec(plan["spec"], quick=bool(plan.get("quick")))
@@ -125,7 +91,7 @@ def _keys(spec: Spec) -> list[tuple]:
     return [(p.point_id(spec.kernel), p.baseline or spec.variant, r) for p in points for r in range(spec.repeats)]
 
 
-def _split(keys: list, n: int) -> list[list]:
+def split(keys: list, n: int) -> list[list]:
     """``n`` contiguous shares as equal as can be (none empty)."""
     n = max(1, min(n, len(keys)))
     q, r = divmod(len(keys), n)
@@ -143,14 +109,14 @@ def _split(keys: list, n: int) -> list[list]:
 class _Run:
     """One submission: its plan, jobs and merge ledger."""
 
-    def __init__(self, folder: Path):
-        self.folder = folder
-        self.plan = cluster.read_json(folder / PLAN, {}) or {}
-        self.refs = cluster.load_jobs(folder)
-        self.ledger = cluster.read_json(folder / LEDGER, {}) or {}
+    def __init__(self, folder: Path, ex: Executor | None = None):
+        self.folder, self.ex = folder, ex  # ex: the executor that follows its jobs
+        self.plan = jobs.read_json(folder / PLAN, {}) or {}
+        self.refs = jobs.load(folder)
+        self.ledger = jobs.read_json(folder / LEDGER, {}) or {}
         self.shares = [[tuple(k) for k in s] for s in self.plan.get("shares") or []]
-        # how each job ended, kept when the submission is closed (no need to ask Slurm again)
-        self.status = {jid: cluster.JobStatus(**d) for jid, d in (self.ledger.get("jobs") or {}).items()
+        # how each job ended, kept when the submission is closed (no need to ask the scheduler again)
+        self.status = {jid: jobs.JobStatus(**d) for jid, d in (self.ledger.get("jobs") or {}).items()
                        if isinstance(d, dict)} if self.closed else {}
         self._mtimes: dict[int, float] = {}  # task -> its rows' mtime at the last merge
         self._counts: dict[int, tuple] = {}  # task -> (mtime, rows) for the progress bar
@@ -159,7 +125,7 @@ class _Run:
     def closed(self) -> bool:
         return bool(self.ledger.get("closed"))
 
-    def index(self, ref: cluster.JobRef) -> int:
+    def index(self, ref: jobs.JobRef) -> int:
         return self.refs.index(ref)
 
     def merge(self, store, indices=None, force: bool = False) -> int:
@@ -189,7 +155,7 @@ class _Run:
         if added:
             store.flush()
             self.ledger["keys"] = {str(k): sorted(map(list, v)) for k, v in merged.items() if v}
-            cluster.write_json(self.folder / LEDGER, self.ledger)
+            jobs.write_json(self.folder / LEDGER, self.ledger)
         return added
 
     def close(self) -> None:
@@ -198,7 +164,7 @@ class _Run:
 
         self.ledger["closed"] = True
         self.ledger["jobs"] = {jid: {**dataclasses.asdict(st), "info": {}} for jid, st in self.status.items()}
-        cluster.write_json(self.folder / LEDGER, self.ledger)
+        jobs.write_json(self.folder / LEDGER, self.ledger)
 
     def task_rows(self, i: int) -> int:
         """Rows job i has written so far (read from the parquet footer, when the file changed)."""
@@ -221,15 +187,20 @@ def _row_ids(store) -> set:
     return set(zip(df["run_id"].astype(str), df["point_id"], df["variant"], df["repeat"].astype(int)))
 
 
-class _Sweep:
-    def __init__(self, args, spec: Spec):
-        from . import sweep
+class SweepJobs:
+    """The sweep's submissions under its results folder. `run` submits the points still missing
+    through ``ex`` and follows them (or returns with --detach); `collect` (``ex`` None: each
+    submission is followed by the executor that made it) merges what finished."""
 
-        self.args, self.spec = args, spec
+    def __init__(self, args, spec: Spec, ex: Executor | None):
+        self.args, self.spec, self.ex = args, spec, ex
         self.folder = Path(args.results) if args.results else sweep.default_results_dir(spec)
-        self.state = self.folder / "slurm"
-        self.store = sweep._RowStore(self.folder)
-        self.runs = [_Run(d) for d in sorted(self.state.glob("*")) if (d / PLAN).exists()]
+        self.store = sweep.RowStore(self.folder)
+        names = [ex.NAME] if ex is not None else [n for n in executors.names() if not executors.backend(n).RUNS_HERE]
+        self.runs = []
+        for name in names:  # each executor's submissions in a folder named for it (slurm/)
+            follower = ex if ex is not None else executors.backend(name)(args)
+            self.runs += [_Run(d, follower) for d in sorted((self.folder / name).glob("*")) if (d / PLAN).exists()]
         self.log = lambda s: print(f"workbench sweep: {s}", file=sys.stderr, flush=True)
         self.told: set[str] = set()  # jobs whose failure was said already
 
@@ -239,21 +210,24 @@ class _Sweep:
             self._fresh()
         open_runs = [r for r in self.runs if not r.closed]
         self._refresh(open_runs)
-        if self.args.collect:
-            live = self._live(open_runs)
-            if live and self.args.wait:
-                return self._wait(open_runs, report=self.runs)
-            return self._report(self.runs, still=len(live))
         new = self._submit()
         if new is not None:
             open_runs.append(new)
         if not self._live(open_runs):
             self.log(f"{self.spec.name}: nothing to run: every point is recorded in {self.store.path}")
             return 0
-        if self.args.detach:
+        if self.ex.detach:
             self.log(f"detached; merge the rows later with: {self._collect_cmd()} (add --wait to wait for them)")
             return 0
         return self._wait(open_runs)
+
+    def collect(self, wait: bool = False) -> int:
+        open_runs = [r for r in self.runs if not r.closed]
+        self._refresh(open_runs)
+        live = self._live(open_runs)
+        if live and wait:
+            return self._wait(open_runs, report=self.runs)
+        return self._report(self.runs, still=len(live))
 
     def _collect_cmd(self) -> str:
         parts = ["workbench", "sweep", self.args.spec, "--collect"]
@@ -266,53 +240,50 @@ class _Sweep:
     def _fresh(self) -> None:
         live = self._live([r for r in self.runs if not r.closed], refresh=True)
         if live:
-            raise cluster.ClusterError(f"--fresh: {len(live)} job(s) of earlier submissions still queued or running "
-                                       f"(scancel {' '.join(sorted({r.array_id for r in live}))}, then again)")
+            raise ExecutorError(f"--fresh: {len(live)} job(s) of earlier submissions still queued or running "
+                                f"({self.ex.cancel_command(live)}, then again)")
         stamp = time.strftime("%Y%m%d-%H%M%S")
         if self.store.path.exists():
             os.replace(self.store.path, self.folder / f"rows.{stamp}.parquet.bak")
             self.store.existing = None
             self.log(f"previous rows moved to rows.{stamp}.parquet.bak")
-        if self.state.exists():
-            os.replace(self.state, self.folder / f"slurm.{stamp}.bak")
+        state = self.folder / self.ex.NAME
+        if state.exists():
+            os.replace(state, self.folder / f"{self.ex.NAME}.{stamp}.bak")
         self.runs = []
 
     def _refresh(self, runs: list[_Run]) -> None:
         """Merge every finished row of these submissions; note each job's status."""
         for run in runs:
-            run.status = cluster.statuses(run.refs) if run.refs else {}
+            run.status = run.ex.statuses(run.refs) if run.refs else {}
             run.merge(self.store, force=True)
             if run.refs and all(st.ended for st in run.status.values()):
                 run.close()
 
-    def _live(self, runs: list[_Run], refresh: bool = False) -> list[cluster.JobRef]:
+    def _live(self, runs: list[_Run], refresh: bool = False) -> list[jobs.JobRef]:
         if refresh:
             for run in runs:
-                run.status = cluster.statuses(run.refs) if run.refs else {}
+                run.status = run.ex.statuses(run.refs) if run.refs else {}
         return [ref for run in runs for ref in run.refs
                 if ref.job_id in run.status and not run.status[ref.job_id].ended]
 
     # -- submitting ----------------------------------------------------------------------------
-    def _done_keys(self, partition: str | None) -> set:
-        from .sweep import RETRY_STATUSES
-
+    def _done_keys(self, place: str | None, column: str | None) -> set:
+        """(point_id, variant, repeat) recorded where jobs at ``place`` run (the rows' ``column``
+        names it: a partition), not counting rows to try again."""
         df = self.store.existing
-        if df is None or df.empty:
+        if df is None or df.empty or not column or column not in df:
             return set()
-        if "slurm_partition" not in df:
-            return set()
-        part = df["slurm_partition"]
-        df = df[part.astype(str) == str(partition)] if partition else df[part.notna()]
-        df = df[~df["status"].isin(RETRY_STATUSES)]
+        where = df[column]
+        df = df[where.astype(str) == str(place)] if place else df[where.notna()]
+        df = df[~df["status"].isin(sweep.RETRY_STATUSES)]
         return set(zip(df["point_id"], df["variant"], df["repeat"].astype(int)))
 
     def _submit(self) -> _Run | None:
-        from .sweep import _module_root
-
-        spec = self.spec
-        partition = cluster.partitions(self.args)[0] or cluster.default_partition()
+        spec, ex = self.spec, self.ex
+        partition = ex.place()
         keys = _keys(spec)
-        done = self._done_keys(partition)
+        done = self._done_keys(partition, ex.PLACE_COLUMN)
         in_flight = {k for run in self.runs if not run.closed for ref in run.refs
                      if ref.job_id in run.status and not run.status[ref.job_id].ended
                      for k in run.shares[run.index(ref)]}
@@ -326,35 +297,32 @@ class _Sweep:
                  f"{len(missing)} to submit")
         if not missing:
             return None
-        shares = _split(missing, self.args.jobs or 1)
+        shares = split(missing, ex.jobs or 1)
         run_id = "c" + _dt.datetime.now().strftime("%Y%m%d%H%M%S") + f"{os.getpid() % 10000:04d}"
-        folder = self.state / run_id
+        folder = self.folder / ex.NAME / run_id
         folder.mkdir(parents=True)
-        root = _module_root(spec.module, spec.kernel)
+        root = sweep.module_root(spec.module, spec.kernel)
         plan = {"run_id": run_id, "spec": str(Path(spec.path).resolve()), "quick": spec.quick,
                 "partition": partition, "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
                 "command": shlex.join(sys.argv), "sys_path": [root] if root else [],
                 "shares": [[list(k) for k in s] for s in shares]}
-        cluster.write_json(folder / PLAN, plan)
+        jobs.write_json(folder / PLAN, plan)
         self._carry_crashes(folder, shares)
         gpus = max(p.world_size for p in expand(spec))
         names = [f"share {i + 1}/{len(shares)}: {len(s)} rows" for i, s in enumerate(shares)]
         try:
-            ex = cluster.make_executor(self.args, folder / "logs", gpus=gpus, partition=partition,
-                                       name=f"wb-sweep-{spec.name}"[:64], parallelism=len(shares))
-            refs = cluster.submit(ex, folder, run_share, [(str(folder / PLAN), i) for i in range(len(shares))],
-                                  names=names, requeue=True)
-        except cluster.ClusterError:
+            refs = ex.submit(run_share, [(str(folder / PLAN), i) for i in range(len(shares))], folder=folder,
+                             names=names, gpus=gpus, label=f"wb-sweep-{spec.name}"[:64], place=partition,
+                             parallelism=len(shares), requeue=True)
+        except ExecutorError:
             shutil.rmtree(folder, ignore_errors=True)  # nothing was submitted: no submission to follow
             raise
-        run = _Run(folder)
-        run.status = {r.job_id: cluster.JobStatus(r.job_id, r.name, "pending", "PENDING", log=str(r.log))
+        run = _Run(folder, ex)
+        run.status = {r.job_id: jobs.JobStatus(r.job_id, r.name, "pending", "PENDING", log=str(r.log))
                       for r in refs}
         self.runs.append(run)
-        ids = cluster._compact([r.job_id for r in refs])
-        self.log(f"submitted {len(refs)} job(s) ({ids}) to partition {partition or '(default)'}, "
-                 f"{gpus if self.args.gpus_per_job is None else self.args.gpus_per_job} GPU(s) each; "
-                 f"logs: {folder / 'logs'}")
+        self.log(f"submitted {len(refs)} job(s) ({ex.describe(refs)}) to partition {partition or '(default)'}, "
+                 f"{ex.gpus_for(gpus)} GPU(s) each; logs: {folder / 'logs'}")
         return run
 
     def _carry_crashes(self, folder: Path, shares: list[list]) -> None:
@@ -367,13 +335,13 @@ class _Sweep:
                 if st is None or st.phase != "failed" or st.info.get("state") not in (None, "running") \
                         or st.state not in CRASH_STATES:
                     continue
-                info = cluster.read_json(run.folder / f"task_{run.index(ref)}" / "inflight.json", None)
+                info = jobs.read_json(run.folder / f"task_{run.index(ref)}" / "inflight.json", None)
                 try:
                     key = (info["point_id"], info["variant"], int(info["repeat"]))
                 except (TypeError, KeyError, ValueError):
                     continue
                 if key in where:
-                    cluster.write_json(folder / f"task_{where[key]}" / "inflight.json", info)
+                    jobs.write_json(folder / f"task_{where[key]}" / "inflight.json", info)
                     self.log(f"point {key[0]} ({key[1]}) killed job {ref.job_id}: it is recorded as crashed")
 
     # -- waiting -------------------------------------------------------------------------------
@@ -383,7 +351,8 @@ class _Sweep:
         runs = [r for r in runs if any(not st.ended for st in r.status.values())]
         by_id = {ref.job_id: (run, ref) for run in runs for ref in run.refs if not run.status[ref.job_id].ended}
         total = sum(len(run.shares[run.index(ref)]) for run, ref in by_id.values())
-        bar = tqdm(total=total, desc=f"sweep {self.spec.name} (slurm)", unit="pt", file=sys.stderr,
+        followers = {run.ex.NAME: run.ex for run in runs}
+        bar = tqdm(total=total, desc=f"sweep {self.spec.name} ({', '.join(followers)})", unit="pt", file=sys.stderr,
                    disable=self.args.no_progress, dynamic_ncols=True, mininterval=0.5)
         last_merge = time.monotonic()
 
@@ -408,10 +377,10 @@ class _Sweep:
                 last_merge = time.monotonic()
 
         try:
-            cluster.wait([ref for _, ref in by_id.values()], on_end=on_end, poll=poll,
-                         hint=f"Merge their rows later with: {self._collect_cmd()}",
-                         cancel_on_interrupt=self.args.cancel_on_interrupt,
-                         log=lambda s: tqdm.write(f"workbench sweep: {s}", file=sys.stderr))
+            for name, ex in followers.items():  # (one executor, unless --collect finds several's submissions)
+                ex.wait([ref for run, ref in by_id.values() if run.ex.NAME == name], on_end=on_end, poll=poll,
+                        hint=f"Merge their rows later with: {self._collect_cmd()}",
+                        log=lambda s: tqdm.write(f"workbench sweep: {s}", file=sys.stderr))
         except KeyboardInterrupt:
             bar.close()
             for run in runs:
@@ -428,10 +397,10 @@ class _Sweep:
         recorded: dict = {}
 
         def missing(run, ref) -> bool:
-            part = run.plan.get("partition")
-            if part not in recorded:
-                recorded[part] = self._done_keys(part)
-            return not set(run.shares[run.index(ref)]) <= recorded[part]
+            where = (run.plan.get("partition"), run.ex.PLACE_COLUMN)
+            if where not in recorded:
+                recorded[where] = self._done_keys(*where)
+            return not set(run.shares[run.index(ref)]) <= recorded[where]
 
         sts = [(run, ref, run.status.get(ref.job_id)) for run in runs for ref in run.refs]
         failed = [st for run, ref, st in sts if st is not None and st.phase == "failed" and missing(run, ref)]
