@@ -43,8 +43,19 @@ def _on_time(W):
     return [r for r in range(W) if r != LATE]
 
 
-def _later(delay, effect):
-    t = threading.Thread(target=lambda: (time.sleep(delay), effect()), daemon=True)
+def _later(delay, effect, heaps, *names):
+    """`effect` (what the late rank writes into its peers' heaps) after `delay` seconds, and not
+    before every waiting heap has made the flags it writes: in one process, an early write
+    would make them at another offset than the peers' (ranks make them in the same order)."""
+    def run():
+        time.sleep(delay)
+        deadline = time.monotonic() + 120
+        while not all(h.has_flags(n) for h in heaps for n in names):
+            assert time.monotonic() < deadline, f"the waiting ranks never made {names}"
+            time.sleep(0.01)
+        effect()
+
+    t = threading.Thread(target=run, daemon=True)
     t.start()
     return t
 
@@ -72,7 +83,7 @@ def _all_gather_world(W, timeout_s, arrive_after):
             outs[r][LATE * 5:(LATE + 1) * 5] = xs[LATE]
             world.heaps[r].flags("all_gather", W)[LATE] += grid
 
-    late = _later(arrive_after, arrive)
+    late = _later(arrive_after, arrive, [world.heaps[r] for r in _on_time(W)], "all_gather")
     try:
         got = world.run(lambda h: comm.all_gather(xs[h.rank], h, out=outs[h.rank], num_sms=2, timeout_s=timeout_s,
                                                   check=True).clone(), ranks=_on_time(W))
@@ -120,7 +131,7 @@ def _scatter_world(W, timeout_s, arrive_after):
             outs[r][:, LATE * n:(LATE + 1) * n] = block
             world.heaps[r].flags("gemm_scatter", W)[LATE] += grid
 
-    late = _later(arrive_after, arrive)
+    late = _later(arrive_after, arrive, [world.heaps[r] for r in _on_time(W)], "gemm_scatter")
     try:
         got = world.run(lambda h: gs.gemm_all_scatter(a, bs[h.rank], h, config=cfg, out=outs[h.rank],
                                                       timeout_s=timeout_s, check=True).clone(), ranks=_on_time(W))
@@ -172,7 +183,7 @@ def _ag_world(W, gather_dim, timeout_s, arrive_after):
         return all_gather_matmul(shards[h.rank], b, h, gather_dim=gather_dim, config=AG, out=out,
                                  timeout_s=timeout_s).clone()
 
-    late = _later(arrive_after, arrive)
+    late = _later(arrive_after, arrive, [world.heaps[r] for r in _on_time(W)], "ag_gemm.sig")
     try:
         got = world.run(body, ranks=_on_time(W))
     finally:

@@ -27,6 +27,7 @@ import pytest
 from workbench.asm.cache import get_entry
 from workbench.profile import ProfileError, load
 from workbench.profile import lines as PL
+import workbench.profile.report as report_module
 from workbench.profile.report import CSV_COLUMNS, ncu_csv_column, reader_missing
 
 # collected everywhere (tests/test_gpu_collection.py), skipped with the reason where the reader is missing
@@ -308,10 +309,16 @@ def test_a_missing_reader_says_how_to_install_it(monkeypatch):
         load(FIX / "put.ncu-rep")
 
 
-def test_a_reader_past_its_deadline_is_stopped(monkeypatch):
+def test_a_reader_past_its_deadline_is_stopped(monkeypatch, tmp_path):
+    # a reader that hangs (as on a damaged report): stopped at the deadline, whatever this machine's speed
+    hung = tmp_path / "hung_reader.py"
+    hung.write_text("import time\ntime.sleep(600)\n")
+    monkeypatch.setattr(report_module, "READER", hung)
     monkeypatch.setenv("WORKBENCH_PROFILE_TIMEOUT_S", "0.001")
+    t0 = time.monotonic()
     with pytest.raises(ProfileError, match="did not finish in 0 s and was stopped"):
         load(GLUON)
+    assert time.monotonic() - t0 < 30
 
 
 # -- joined with the inspector -----------------------------------------------------------

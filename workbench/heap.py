@@ -145,6 +145,10 @@ class _BumpHeap:
             raise ValueError(f"flags {name!r} already exist with {t.numel()} slots, asked for {n}")
         return t
 
+    def has_flags(self, name: str) -> bool:
+        """Whether this rank has made flags ``name`` yet (its first call of a family does)."""
+        return name in self._flag_names
+
     def reset(self) -> None:
         """Forget every allocation but the flag area (collectively: all ranks at the same point)."""
         area, names, used, totals = self._flag_area, self._flag_names, self._flag_used, self._totals

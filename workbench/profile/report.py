@@ -45,6 +45,7 @@ DEFAULT_TIMEOUT_S = 120.0
 MAX_ANSWER_BYTES = 512 << 20
 SUMMARY_LIMIT = 1 << 20          # the JSON summary `workbench profile run` writes beside a report
 NCU_REPORT_VERSION = "2026.3.1"
+READER = Path(__file__).with_name("reader.py")   # the child's script
 INSTALL_HINT = (f"the Nsight Compute report reader is not installed: pip install 'ncu-report=={NCU_REPORT_VERSION}' "
                 "(or pip install -e '.[profile]' in the repository)")
 
@@ -207,7 +208,7 @@ class Pending:
         self.path, self.kernel, self.timeout_s = path, kernel, timeout_s
         self.t0 = time.monotonic()
         # the reader runs as a script: only the standard library and ncu_report are imported there
-        cmd = [sys.executable, str(Path(__file__).with_name("reader.py")), str(path)]
+        cmd = [sys.executable, str(READER), str(path)]
         if kernel is not None:
             cmd += ["--kernel", str(kernel)]
         if not sass:
