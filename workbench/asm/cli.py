@@ -81,19 +81,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from ..profile.report import ProfileError
+    from ..cli_errors import run_command
 
-    try:
-        return args.asm_func(args) or 0
-    except (CacheError, ProfileError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        return 0
-    except Exception as exc:  # keep tracebacks away from users unless asked
-        if os.environ.get("WORKBENCH_DEBUG", "0").lower() in ("1", "true", "yes", "on"):
-            raise
-        print(f"error: {type(exc).__name__}: {exc} (set WORKBENCH_DEBUG=1 for the traceback)", file=sys.stderr)
-        return 2
+    return run_command(args.asm_func, args, (CacheError, ProfileError))
 
 
 # -- helpers -------------------------------------------------------------------

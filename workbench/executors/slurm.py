@@ -490,16 +490,4 @@ def default_partition() -> str | None:
     return None
 
 
-def default_partition() -> str | None:
-    """The cluster's default partition (``sinfo`` marks it with ``*``), or None when unknown."""
-    try:
-        r = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in r.stdout.split():
-        if line.endswith("*"):
-            return line[:-1]
-    return None
-
-
 BACKEND = SlurmExecutor
