@@ -40,7 +40,7 @@ import time
 from typing import Any, Callable, Sequence
 
 __all__ = ["Timing", "measure", "interleave", "host_time_us", "sets_for_l2", "l2_bytes", "gpu_timing_available",
-           "MODES"]
+           "MODES", "rep_counts"]
 
 MODES = ("eager", "graph")
 
@@ -179,7 +179,7 @@ def _flush_buffer(device_index: int):
     return buf
 
 
-def _counts(estimate_ms: float, warmup_ms: float, rep_ms: float, min_reps: int, max_reps: int) -> tuple[int, int]:
+def rep_counts(estimate_ms: float, warmup_ms: float, rep_ms: float, min_reps: int, max_reps: int) -> tuple[int, int]:
     est = max(estimate_ms, 1e-4)
     n_warm = max(0, min(max_reps, int(warmup_ms / est)))
     n_rep = max(min_reps, min(max_reps, int(rep_ms / est)))
@@ -240,7 +240,7 @@ def _measure_host(call, warmup_ms, rep_ms, min_reps, max_reps, n_sets) -> Timing
     t0 = time.perf_counter()
     call(1)
     est = (time.perf_counter() - t0) * 1e3 or first
-    n_warm, n_rep = _counts(est, warmup_ms, rep_ms, min_reps, max_reps)
+    n_warm, n_rep = rep_counts(est, warmup_ms, rep_ms, min_reps, max_reps)
     for i in range(n_warm):
         call(i)
     times = []
@@ -275,7 +275,7 @@ def _measure_events(call, warmup_ms, rep_ms, flush_l2, min_reps, max_reps, n_set
         e.record()
     torch.cuda.synchronize()
     est = statistics.median(s.elapsed_time(e) for s, e in est_events)
-    n_warm, n_rep = _counts(est, warmup_ms, rep_ms, min_reps, max_reps)
+    n_warm, n_rep = rep_counts(est, warmup_ms, rep_ms, min_reps, max_reps)
     for i in range(n_warm):
         call(i)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n_rep)]
@@ -330,7 +330,7 @@ def _measure_graph(call, warmup_ms, rep_ms, flush_l2, min_reps, max_reps, n_sets
 
         est = statistics.median(sample([(torch.cuda.Event(enable_timing=True),
                                          torch.cuda.Event(enable_timing=True)) for _ in range(5)]))
-        n_warm, n_rep = _counts(est, warmup_ms, rep_ms, min_reps, max_reps)
+        n_warm, n_rep = rep_counts(est, warmup_ms, rep_ms, min_reps, max_reps)
         for i in range(n_warm):
             graphs[i % n_sets].replay()
         times = sample([(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -353,7 +353,7 @@ def _measure_graph(call, warmup_ms, rep_ms, flush_l2, min_reps, max_reps, n_sets
         for i in range(unroll):
             call(i)
     torch.cuda.synchronize()
-    n_warm, n_rep = _counts(est * unroll, warmup_ms, rep_ms, min_reps, max_reps)
+    n_warm, n_rep = rep_counts(est * unroll, warmup_ms, rep_ms, min_reps, max_reps)
     for _ in range(n_warm):
         g.replay()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n_rep)]

@@ -62,7 +62,8 @@ from typing import Any, Mapping
 
 from . import safe_expr
 
-__all__ = ["SpecError", "Spec", "Study", "Point", "load_spec", "parse_spec", "expand", "DTYPE_NAMES"]
+__all__ = ["SpecError", "Spec", "Study", "Point", "load_spec", "parse_spec", "expand", "DTYPE_NAMES", "clip_text",
+           "torch_dtype", "load_kernel_module"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,7 +83,7 @@ RESERVED_COLUMNS = {"sweep", "kernel", "study", "point_id", "variant", "is_basel
 MAX_POINTS = 100_000  # points one spec may expand to (shapes x dtypes x configs x params x repeats); a typo guard
 
 
-def _clip(text: str, limit: int = 2000) -> str:
+def clip_text(text: str, limit: int = 2000) -> str:
     return text if len(text) <= limit else text[: limit // 2] + "\n...\n" + text[-limit // 2:]
 
 
@@ -268,9 +269,9 @@ def parse_spec(raw: Any, *, path: Path | None = None, quick: bool = False, impor
         try:  # refused here, when the spec is loaded, if it is anything but a plain expression
             safe_expr.check(c)
         except safe_expr.ExprError as exc:
-            raise _err(path, f"{field('constraints')}[{i}]", f"{exc} in {_clip(repr(c), 200)}") from None
+            raise _err(path, f"{field('constraints')}[{i}]", f"{exc} in {clip_text(repr(c), 200)}") from None
 
-    module = _import_kernel(kernel, path) if import_kernel else None
+    module = load_kernel_module(kernel, path) if import_kernel else None
     known_params = dict(getattr(module, "PARAMS", {}) or {}) if module is not None else None
     if module is not None:
         supported = getattr(module, "WORLD_SIZES", None)
@@ -489,7 +490,7 @@ def _kernel_module_allowed(kernel: str, root: Path | None = None) -> bool:
     return any(Path(w).resolve().is_relative_to(r) for w in where if os.path.isabs(w) for r in roots)
 
 
-def _import_kernel(kernel: str, path):
+def load_kernel_module(kernel: str, path):
     root = _module_root(kernel, path)
     if root is not None and str(root) not in sys.path:
         sys.path.insert(0, str(root))   # a console script's path lacks the working directory python -m adds
@@ -528,7 +529,7 @@ def _maybe_interpreter() -> None:
 # --------------------------------------------------------------------------
 # Expansion
 # --------------------------------------------------------------------------
-def _torch_dtype(name: str):
+def torch_dtype(name: str):
     import torch
 
     return getattr(torch, name)
@@ -540,7 +541,7 @@ def _constraint_namespace(spec: Spec, shape: dict, dtype: str, params: dict) -> 
     ns["dtype"] = dtype
     derived = getattr(spec.module, "derived", None) if spec.module is not None else None
     if callable(derived):
-        ns.update(derived(shape, _torch_dtype(dtype), params))
+        ns.update(derived(shape, torch_dtype(dtype), params))
     return ns
 
 

@@ -103,7 +103,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from .spec import (  # noqa: F401  (load_spec, parse_spec, expand, Spec, SpecError: this module's public names too)
-    DTYPE_NAMES, REPO_ROOT, Point, Spec, SpecError, _import_kernel, expand, load_spec, parse_spec,
+    DTYPE_NAMES, REPO_ROOT, Point, Spec, SpecError, load_kernel_module, expand, load_spec, parse_spec,
 )
 from .sweep_point import Job, PointRunner, SweepAborted, base_row, point_to_json, untimed
 from .sweep_rows import RETRY_STATUSES, RowStore, best_per_shape, load_rows  # noqa: F401  (public here too)
@@ -338,7 +338,7 @@ def run_spec(spec: Spec | str | os.PathLike, *, quick: bool = False, results_dir
             tqdm.write(s, file=sys.stderr)
     if not isinstance(spec, Spec):
         spec = load_spec(spec, quick=quick)
-    module = spec.module or _import_kernel(spec.kernel, spec.path)
+    module = spec.module or load_kernel_module(spec.kernel, spec.path)
     spec.module = module
     points = expand(spec)
 

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
-from .spec import Point, _clip, _torch_dtype
+from .spec import Point, clip_text, torch_dtype
 
 __all__ = ["Job", "PointRunner", "Solo", "WorldComm", "SweepAborted", "base_row", "untimed", "point_to_json",
            "point_from_json"]
@@ -55,7 +55,7 @@ def _classify(exc: BaseException) -> str:
 
 
 def _error_text(exc: BaseException, limit: int = 2000) -> str:
-    return _clip(f"{type(exc).__name__}: {exc}".strip(), limit)
+    return clip_text(f"{type(exc).__name__}: {exc}".strip(), limit)
 
 
 def _default_check(out, ref, tol):
@@ -139,7 +139,7 @@ def base_row(job: Job, p: Point, rep: int) -> dict:
            "params": json.dumps(params, sort_keys=True),
            "config": p.baseline if p.baseline else (label_fn(params) if callable(label_fn) else
                                                     json.dumps(params, sort_keys=True)),
-           "flops": int(module.flops(shape)), "bytes": int(module.bytes_moved(shape, _torch_dtype(p.dtype)))}
+           "flops": int(module.flops(shape)), "bytes": int(module.bytes_moved(shape, torch_dtype(p.dtype)))}
     for k in job.param_names:
         row[f"p_{k}"] = params.get(k)
     return row
@@ -207,7 +207,7 @@ def _time_world(fn, bench_kw: Mapping, device: str, group):
     cuda = device == "cuda"
     est = dist.time_collective(fn, warmup=1, iters=3, group=group)["ms"]  # the same number on every rank
     min_reps = bench_kw.get("min_reps") or (5 if cuda else 1)
-    n_warm, n_rep = bench._counts(est, bench_kw["warmup_ms"], bench_kw["rep_ms"], min_reps,
+    n_warm, n_rep = bench.rep_counts(est, bench_kw["warmup_ms"], bench_kw["rep_ms"], min_reps,
                                   bench_kw.get("max_reps", 10000))
     graph = max(1, min(100, math.ceil(1.0 / max(est, 1e-4)))) if (cuda and bench_kw.get("cuda_graph")) else 0
     t = dist.time_collective(fn, warmup=n_warm, iters=n_rep, group=group, graph=graph)
@@ -277,7 +277,7 @@ class PointRunner:
         if not fails:
             return "ok", "", value
         status = "cuda_error" if any(st == "cuda_error" for _, st, _ in fails) else fails[0][1]
-        return status, _clip(_by_rank([(r, e) for r, _, e in fails])), value
+        return status, clip_text(_by_rank([(r, e) for r, _, e in fails])), value
 
     def _prepare(self, p: Point, key, dtype, poison):
         if key != self.key:
@@ -331,7 +331,7 @@ class PointRunner:
         """The row of one (point, repeat); never raises for a failure of the kernel."""
         job, module = self.job, self.job.module
         row = base_row(job, p, rep)
-        dtype = _torch_dtype(p.dtype)
+        dtype = torch_dtype(p.dtype)
         tol = float(module.tolerance(dtype))
         row["tolerance"] = tol
         where = f"{where} ({row['config']}, {p.dtype} {row['shape']})".strip()

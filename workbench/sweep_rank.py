@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from workbench import dist  # first: NVLink multicast off before anything initializes
-from workbench.spec import _import_kernel
+from workbench.spec import load_kernel_module
 from workbench.sweep_point import Job, PointRunner, SweepAborted, WorldComm, point_from_json
 
 
@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
     for entry in reversed(plan.get("sys_path") or []):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    module = _import_kernel(plan["kernel"], None)  # before the heartbeat: imports are not a point's stage
+    module = load_kernel_module(plan["kernel"], None)  # before the heartbeat: imports are not a point's stage
     job = Job.from_plan(plan, module)
     tasks = [(point_from_json(d), int(rep)) for d, rep in plan["tasks"]]
     deadline_at = plan.get("deadline_at")

@@ -232,7 +232,7 @@ class Entry:
             raise CacheError(f"{self.path}: the IR names {file!r} as the kernel's source, which is not a .py "
                              "file: not read; the `source` stage has Triton's IR of it")
         try:
-            path = _find_source_file(file)
+            path = find_source_file(file)
             lines = reading.read_text(path, min(reading.MAX_SOURCE_BYTES, self.cap)).splitlines()
         except reading.Refused as exc:
             raise CacheError(f"{self.path}: the kernel's source file {file}: {exc}") from None
@@ -299,7 +299,7 @@ def truncation_problem(stage: str, text: str) -> str | None:
             "counts cover only what is there: delete the entry and re-compile")
 
 
-def _find_source_file(file: str) -> Path:
+def find_source_file(file: str) -> Path:
     """`file` itself, else the same relative path under the working or repo directory.
 
     Entries compiled in another checkout (or machine) name that checkout's path.

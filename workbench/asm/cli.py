@@ -375,10 +375,10 @@ def cmd_lines(args) -> int:
 
 
 def _instr_row(attr, i) -> dict:
-    from .lines import _via_str, instr_text
+    from .lines import via_text, instr_text
 
     return {"stage": i.stage, "text_line": i.text_line, "text": instr_text(attr, i),
-            "file": i.file, "line": i.line, "via": _via_str(i.via), "category": i.category, "space": i.space,
+            "file": i.file, "line": i.line, "via": via_text(i.via), "category": i.category, "space": i.space,
             "kind": i.kind, "width_bits": i.width_bits, "mnemonic": i.mnemonic}
 
 

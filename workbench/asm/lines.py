@@ -42,6 +42,7 @@ from .locations import (LineInstr, directive_instrs, llvm_instrs, mlir_instrs, p
 
 __all__ = [
     "LINE_STAGES",
+    "via_text",
     "LineInstr",
     "Attribution",
     "attribute",
@@ -88,10 +89,10 @@ def read_source(path: str, limit: int = SOURCE_LIMIT) -> tuple[list[str] | None,
     as a message, never raised. A path from another checkout is looked up by its
     tail under the working and repository directories.
     """
-    from .cache import _find_source_file
+    from .cache import find_source_file
 
     try:
-        p = _find_source_file(path)
+        p = find_source_file(path)
         st = os.lstat(p)
     except (OSError, ValueError) as exc:
         return None, f"{path}: not readable here ({exc.__class__.__name__}); compiled on another machine?"
@@ -188,7 +189,7 @@ def instr_text(attr: Attribution, i: LineInstr) -> str:
     return raw.strip()
 
 
-def _via_str(via: tuple) -> str:
+def via_text(via: tuple) -> str:
     return " < ".join(f"{os.path.basename(f)}:{ln}" for f, ln in via)
 
 
@@ -202,7 +203,7 @@ def line_table(attr: Attribution, include_other: bool = False) -> pd.DataFrame:
     for i in attr.instrs:
         if i.category == "other" and not include_other:
             continue
-        key = (i.file if i.line is not None else None, i.line, _via_str(i.via), i.category, i.space, i.kind, i.width_bits)
+        key = (i.file if i.line is not None else None, i.line, via_text(i.via), i.category, i.space, i.kind, i.width_bits)
         g = groups.get(key)
         if g is None:
             g = groups[key] = {}
