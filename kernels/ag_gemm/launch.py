@@ -405,6 +405,8 @@ def get_plan(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=Fa
             s["plans"].clear()
         plan = s["plans"][key] = _reuse(s, key, mode) or _make_plan(a_shard, b, heap, gather_dim, bias, config,
                                                                     trace, mode or "eager")
+        if mode == "eager" and not heap.simulated:   # the graph's plan too, now: a capture then allocates nothing
+            get_plan(a_shard, b, heap, gather_dim=gather_dim, bias=bias, config=None, trace=trace, mode="graph")
     return plan
 
 

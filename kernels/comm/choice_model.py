@@ -181,6 +181,7 @@ def save(path: Path, model: Mapping[str, Any]) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "w") as fh:
         json.dump(model, fh, indent=1, sort_keys=True)
+    os.chmod(tmp, 0o644)   # mkstemp's 0600 would hide a shipped or shared model from other users
     os.replace(tmp, path)
     return path
 
@@ -261,3 +262,21 @@ def lookup(family: str, device: Mapping[str, str] | None) -> tuple[dict | None, 
         if _LOADED[key] is not None:
             return _LOADED[key], str(path)
     return None, ""
+
+
+def merge(models: list[Mapping[str, Any]], source: str = "") -> dict:
+    """One model of several runs' (each fitted on its own world size): their groups, a later
+    run's group replacing an earlier one of the same match, their candidates' configs."""
+    if not models:
+        raise ValueError("merge: no model given")
+    family = models[0]["family"]
+    if any(m["family"] != family for m in models):
+        raise ValueError(f"merge: models of several families {sorted({m['family'] for m in models})}")
+    groups: dict = {}
+    configs: dict = {}
+    for m in models:
+        configs.update(m["configs"])
+        for g in m["groups"]:
+            groups[tuple(sorted(g["match"].items()))] = g
+    return {"format": FORMAT, "version": VERSION, "family": family, "configs": configs,
+            "groups": list(groups.values()), "source": source or "; ".join(m.get("source", "") for m in models)}

@@ -187,6 +187,8 @@ def plan_for(a, b_local, heap, config=None, *, hints=True, out=None, scope="sys"
         _watch(heap)   # its status words before the plan's flags: the heap's flag area in the same order on every rank
         plan = plans.put(key, _other_mode(plans, key, heap, a, b_local)
                          or _plan(a, b_local, heap, config, hints, out, scope, mode or "eager"))
+        if mode == "eager" and a.device.type == "cuda":   # the graph's plan too, now: a capture allocates nothing
+            plan_for(a, b_local, heap, None, hints=hints, out=out, scope=scope, mode="graph")
     return plan
 
 
