@@ -180,7 +180,7 @@ def test_ag_gemm_broken_model_is_said_and_passed_over(on_h200, recwarn):
     path = cm.path_for(on_h200, H200, "ag_gemm")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('{"format": "workbench-choice-model", "version": 1, "family": "ag_gemm", "groups": 3}')
-    cfg = agc.auto_config(3000, 6144, 6144, 2, 0, 132)   # the nearest entry serves
+    cfg = agc.auto_config(3000, 6144, 6144, 2, 0, 132)   # the shipped model (else the nearest entry) serves
     assert cfg.variant in agc.VARIANTS
     assert any(str(path) in str(w.message) and "--refit" in str(w.message) for w in recwarn.list)
 
