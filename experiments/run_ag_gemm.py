@@ -134,8 +134,9 @@ class Rank:
             return [(*s, {}) for s in parse_shapes(self.args.shapes)]
         if getattr(self.args, "shape_set", "seed") in overlap.SET_NAMES:
             return [(r["M"], r["N"], r["K"], {"layer": r["layer"], "split": r["split"]})
-                    for r in overlap.shapes("ag_gemm", self.W, self.args.shape_set, self.args.random_shapes,
-                                            self.args.random_seed)]
+                    for r in overlap.shapes("ag_gemm", self.W, self.args.shape_set,
+                                            getattr(self.args, "random_shapes", 0),
+                                            getattr(self.args, "random_seed", None))]
         return [(*s, {}) for s in (SHAPES[:2] if self.args.quick else SHAPES)]
 
     def emit(self, row):

@@ -441,8 +441,8 @@ class Runner:
     def run_overlap(self):
         modes = self.plan["modes"]
         checks = []
-        todo = overlap.shapes("gemm_scatter", self.W, self.args.shape_set, self.args.random_shapes,
-                              self.args.random_seed)
+        todo = overlap.shapes("gemm_scatter", self.W, self.args.shape_set, getattr(self.args, "random_shapes", 0),
+                              getattr(self.args, "random_seed", None))
         for i, r in enumerate(todo):
             if self.over_budget():
                 self.skipped = len(todo) - i

@@ -198,9 +198,11 @@ def _other_mode(plans, key, heap, a, b_local) -> _ScatterPlan | None:
     if key[-1] is None:
         return None
     other = plans.get(key[:-1] + ("graph" if key[-1] == "eager" else "eager",))
+    if other is None:   # (also a call the checks will refuse: no plan was made for it)
+        return None
     M, K, n_local = a.shape[0], a.shape[1], b_local.shape[1]
     both = heap.cache("gemm_scatter.decisions").get((M, n_local, K, heap.world_size, str(a.dtype)))
-    return other if other is not None and both and both["eager"] == both["graph"] else None
+    return other if both and both["eager"] == both["graph"] else None
 
 
 def _flag_name(i: int) -> str:
