@@ -31,6 +31,7 @@ and M listed in REDUCED, problems up to REDUCED_FLOP per rank); ``llm`` is the w
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import statistics
@@ -57,11 +58,39 @@ REDUCED_FLOP = 1.5e12   # per rank: about 2-3 ms of an H100's GEMM, so a case's 
 SET_NAMES = ("llm", "llm-reduced")
 
 
-def shapes(family: str, world_size: int, which: str = "llm-reduced") -> list[dict]:
+RANDOM_M, RANDOM_NK = (128, 16384), (1024, 16384)   # shapes drawn at run time: M uniform, N and K by 128
+
+
+def random_shapes(family: str, world_size: int, n: int, seed: int) -> list[dict]:
+    """``n`` shapes no table or fit has seen, drawn from ``seed``: M uniform in [128, 16384] (then
+    up to a multiple of the world size, which all-gather + GEMM's shards need), N and K multiples of
+    128 in [1024, 16384]; rows {layer: 'random(seed=S)', M, N, K, split: 'random'}. For all-gather
+    + GEMM, N is each rank's B columns; for GEMM + all-scatter, C's (a multiple of 128, so of W)."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        M = rng.randint(*RANDOM_M)
+        M = -(-M // world_size) * world_size if family == "ag_gemm" else M
+        N, K = (128 * rng.randint(lo // 128, hi // 128) for lo, hi in (RANDOM_NK, RANDOM_NK))
+        rows.append({"layer": f"random(seed={seed})", "M": M, "N": N, "K": K, "split": "random"})
+    return rows
+
+
+def shapes(family: str, world_size: int, which: str = "llm-reduced", random: int = 0,
+           seed: int | None = None) -> list[dict]:
     """The shape set's problems for ``family`` ("ag_gemm" or "gemm_scatter") at ``world_size``:
     rows {layer, M, N, K, split} in the order they are measured: fit and held-out interleaved,
     and M from both ends of its range in turn (smallest, largest, next smallest, ...), so that a
-    run its time budget cuts short has still measured small and large problems of both halves."""
+    run its time budget cuts short has still measured small and large problems of both halves.
+    ``random``: that many shapes of ``random_shapes(seed)`` besides, taken in turn with the set's."""
+    if random:
+        if seed is None:
+            raise ValueError("random shapes need their seed (--random-seed), so that every rank draws the same")
+        set_rows, extra = shapes(family, world_size, which), random_shapes(family, world_size, random, seed)
+        both = [r for pair in itertools.zip_longest(set_rows, extra) for r in pair if r is not None]
+        return both
     if which not in SET_NAMES:
         raise ValueError(f"shape set must be one of {SET_NAMES}, got {which!r}")
     layers, tokens = (REDUCED[family] if which == "llm-reduced" else (tuple(LAYERS), TOKENS[family]))
@@ -81,6 +110,23 @@ def shapes(family: str, world_size: int, which: str = "llm-reduced") -> list[dic
             seen.add((M, N, K))
             rows.append({"layer": layer, "M": M, "N": N, "K": K, "split": "fit" if (i + j) % 2 == 0 else "held_out"})
     return rows
+
+
+def random_seed(ap, args, worker: bool) -> int | None:
+    """The seed of ``--random-shapes``: ``--random-seed``, else drawn here and printed (the parent
+    passes it to every rank; a rank under plain torchrun cannot draw its own)."""
+    if not getattr(args, "random_shapes", 0):
+        return args.random_seed
+    if args.random_shapes < 0 or getattr(args, "shape_set", "seed") not in SET_NAMES:
+        ap.error("--random-shapes: a count >= 0, with --shape-set llm or llm-reduced")
+    if args.random_seed is None:
+        if worker:
+            ap.error("--random-shapes under torchrun: pass --random-seed (every rank must draw the same shapes)")
+        import secrets
+
+        args.random_seed = secrets.randbelow(1 << 31)
+    print(f"random shapes: {args.random_shapes}, seed {args.random_seed}", flush=True)
+    return args.random_seed
 
 
 # --------------------------------------------------------------------------
@@ -267,40 +313,57 @@ def nearest(entries: list[dict], M: int, N: int, K: int, **match) -> dict | None
 
 
 def score_held_out(bench, entries: list[dict], keys: list[str], match_keys: list[str], ours: tuple,
-                   libraries: tuple, gemm: str, comm: str, fused: tuple = ()):
-    """One row per held-out case and timing: the fitted choice (the nearest fit entry's method),
-    its time, the fastest of ``ours`` (every method the choice picks from) and of the libraries
-    there, the choice's regret and speedups, and the comm hidden of the choice and of each
-    library. ``fused``: our fused kernels alone (their best beside the best library says where
-    the kernels stand when the choice falls back to a library)."""
+                   libraries: tuple, gemm: str, comm: str, fused: tuple = (), *,
+                   pick: Callable[[dict, str], str | None] | None = None, split: str = "held_out"):
+    """One row per case of ``split`` ("held_out", or "random": shapes drawn at run time) and
+    timing: the choice (``pick(case, timing)``; default: the nearest fit entry's method), its
+    time, the fastest of ``ours`` (every method the choice picks from, where within the dtype's
+    tolerance on that shape) and of the libraries there, the choice's regret and speedups, and the
+    comm hidden of the choice and of each library. ``fused``: our fused kernels alone (their best
+    beside the best library says where the kernels stand when the choice falls back to a library)."""
     import pandas as pd
 
-    held = bench[bench["split"] == "held_out"] if "split" in bench else bench.iloc[:0]
+    def by_nearest(case, timing):
+        e = nearest(entries, int(case["M"]), int(case["N"]), int(case["K"]), **{k: case[k] for k in match_keys})
+        return None if e is None else e["method"]
+
+    pick = pick or by_nearest
+    held = bench[bench["split"] == split] if "split" in bench else bench.iloc[:0]
+    missed = _missed_tolerance(held, keys)
     rows = []
     for key, ms in case_times(held, keys).items():
         case = dict(zip(keys, key[:-1]))
-        e = nearest(entries, int(case["M"]), int(case["N"]), int(case["K"]), **{k: case[k] for k in match_keys})
-        if e is None or e["method"] not in ms:
+        method = pick(case, key[-1])
+        if method is None or method not in ms:
             continue
-        pick = ms[e["method"]]
-        best_ours = min((t for m, t in ms.items() if m in ours), default=math.nan)
+        pick_ms = ms[method]
+        best_ours = min((t for m, t in ms.items() if m in ours and (key[:-1], m) not in missed), default=math.nan)
         libs = {m: t for m, t in ms.items() if m in libraries}
         best_lib = min(libs.values(), default=math.nan)
-        row = {**case, "timing": key[-1], "chosen": e["method"], "chosen_ms": pick, "best_ours_ms": best_ours,
-               "regret": pick / best_ours, "best_library": min(libs, key=libs.get) if libs else None,
-               "best_library_ms": best_lib, "speedup_vs_best_library": best_lib / pick,
+        row = {**case, "timing": key[-1], "chosen": method, "chosen_ms": pick_ms, "best_ours_ms": best_ours,
+               "regret": pick_ms / best_ours, "best_library": min(libs, key=libs.get) if libs else None,
+               "best_library_ms": best_lib, "speedup_vs_best_library": best_lib / pick_ms,
                "gemm_alone_ms": ms.get(gemm), "collective_alone_ms": ms.get(comm),
-               "comm_hidden_chosen": comm_hidden(ms.get(gemm), ms.get(comm), pick)}
+               "comm_hidden_chosen": comm_hidden(ms.get(gemm), ms.get(comm), pick_ms)}
         if fused:
             best_fused = min((t for m, t in ms.items() if m in fused), default=math.nan)
             row.update(best_fused_ms=best_fused, fused_vs_best_library=best_lib / best_fused,
                        comm_hidden_best_fused=comm_hidden(ms.get(gemm), ms.get(comm), best_fused))
         for m, t in libs.items():
             row[f"{m}_ms"] = t
-            row[f"speedup_vs_{m}"] = t / pick
+            row[f"speedup_vs_{m}"] = t / pick_ms
             row[f"comm_hidden_{m}"] = comm_hidden(ms.get(gemm), ms.get(comm), t)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _missed_tolerance(rows, keys: list[str]) -> set:
+    """{(case key, method)} of the rows that missed the dtype's tolerance (rank 0's check)."""
+    if "within_tolerance" not in rows:
+        return set()
+    r = rows[(rows["rank"] == 0) if "rank" in rows else slice(None)]
+    bad = r[r["within_tolerance"].astype("string").fillna("True").str.lower() == "false"]
+    return {(tuple(k), m) for k, m in zip(bad[keys].itertuples(index=False, name=None), bad["variant"])}
 
 
 def summary_lines(held, family: str, group: list[str]) -> list[str]:
@@ -317,7 +380,9 @@ def summary_lines(held, family: str, group: list[str]) -> list[str]:
         label = " ".join(f"{k}={v}" for k, v in zip(group + ["timing"], key if isinstance(key, tuple) else (key,)))
         lines.append(f"{family} {label}: {len(g)} held-out shapes, vs the best library geomean "
                      f"{_geomean(sp):.2f}x (least {sp.min():.2f}x, {int((sp >= 1.0).sum())} at >= 1.0x), regret "
-                     f"geomean {_geomean(g['regret']):.3f}, comm hidden geomean {_geomean(hid):.0%} on "
+                     f"geomean {_geomean(g['regret']):.3f} (worst {g['regret'].max():.2f}, "
+                     f"{int((g['regret'] <= 1.05).sum())} within 5% of the best candidate), comm hidden geomean "
+                     f"{_geomean(hid):.0%} on "
                      f"{len(long_gemm)} shapes whose GEMM is at least the collective")
         if "fused_vs_best_library" in g:   # our fused kernels alone, whatever the choice picked
             fv = g["fused_vs_best_library"]
@@ -374,6 +439,8 @@ class Study:
     gemm: str             # the GEMM alone (T_gemm of comm hidden)
     comm: str             # the collective alone (T_comm)
     fused: tuple          # our fused kernels, scored alone beside the choice
+    # a case's features for the choice model (kernels.comm.choice_model): {flop, gemm_bytes, comm_bytes}
+    features: Callable[[dict], dict] | None = None
 
 
 def fit_and_hold_out(study: Study, bench, out: Path, configs: dict, *, suffix: str = "", source: str, how: str,
@@ -403,4 +470,76 @@ def fit_and_hold_out(study: Study, bench, out: Path, configs: dict, *, suffix: s
     pd.DataFrame(choice).to_csv(out / f"variant_choice{suffix}.csv", index=False)
     for line in summary_lines(held, study.name, list(study.match_keys)):
         print(line, flush=True)
-    return ["auto_table.json", f"held_out{suffix}.csv", f"variant_choice{suffix}.csv"] + tables
+    written = ["auto_table.json", f"held_out{suffix}.csv", f"variant_choice{suffix}.csv"] + tables
+    if study.features is not None:
+        written += model_and_scores(study, bench, out, configs, entries, suffix=suffix, source=source)
+    return written
+
+
+# --------------------------------------------------------------------------
+# The choice model: fitted on the fit half, scored on the held-out half and on random shapes
+# --------------------------------------------------------------------------
+def with_features(rows, study: Study):
+    """``rows`` (rank 0's, status ok) with the choice model's features of each row's case."""
+    rows = rows[rows["status"] == "ok"]
+    rows = rows[rows["rank"] == 0] if "rank" in rows else rows
+    feats = [study.features(dict(zip(study.keys, k))) for k in rows[list(study.keys)].itertuples(index=False)]
+    return rows.assign(**{f: [x[f] for x in feats] for f in ("flop", "gemm_bytes", "comm_bytes")})
+
+
+def fit_model(study: Study, bench, configs: dict, source: str) -> dict:
+    """The choice model (``kernels.comm.choice_model``) fitted on the fit half's rows only."""
+    from kernels.comm import choice_model
+
+    rows = with_features(bench[bench["split"] == "fit"], study)
+    have = set(rows["variant"])
+    candidates = {m: _launch_config(configs.get(m, {"variant": m})) for m in study.choices if m in have}
+    return choice_model.fit(rows, group_keys=list(study.match_keys), gemm=study.gemm, comm=study.comm,
+                            candidates=candidates, family=study.family, source=source + " (fit half)")
+
+
+def _launch_config(cfg: dict) -> dict:
+    """A benchmark row's config as the launcher takes it (test-only and deprecated knobs dropped)."""
+    return {k: v for k, v in dict(cfg).items() if k not in ("skip_rank", "max_spins") and v is not None}
+
+
+def model_pick(study: Study, model: dict) -> Callable[[dict, str], str | None]:
+    """The model's choice for a case in a timing mode (what ``auto_config`` does for the mode served)."""
+    from kernels.comm import choice_model
+
+    return lambda case, timing: choice_model.choose(model, timing, study.features(case),
+                                                    **{k: int(case[k]) for k in study.match_keys})
+
+
+def model_and_scores(study: Study, bench, out: Path, configs: dict, entries: list[dict], *, suffix: str = "",
+                     source: str = "") -> list[str]:
+    """Fit the choice model (``choice_model.json``, and ``tables/<GPU>/<family>.model.json`` beside
+    the tuning table), then score it and the nearest-entry rule on the held-out half and on the
+    shapes drawn at run time (``choice_scores{suffix}.csv``, column ``rule``); prints the lines."""
+    import pandas as pd
+
+    from kernels.comm import choice_model, choices
+
+    model = fit_model(study, bench, configs, source)
+    choice_model.save(out / "choice_model.json", model)
+    written = ["choice_model.json"]
+    device = choices.device_of_rows(bench)
+    if device is not None:
+        path = choice_model.save(choice_model.path_for(out / "tables", device, study.family), model)
+        written.append(str(path.relative_to(out)))
+    frames = []
+    for split in ("held_out", "random"):
+        for rule, pick in (("model", model_pick(study, model)), ("nearest", None)):
+            scored = score_held_out(bench, entries, list(study.keys), list(study.match_keys), study.choices,
+                                    study.libraries, study.gemm, study.comm, fused=study.fused, pick=pick, split=split)
+            if len(scored):
+                frames.append(scored.assign(split=split, rule=rule))
+    scores = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    scores.to_csv(out / f"choice_scores{suffix}.csv", index=False)
+    for (split, rule), g in scores.groupby(["split", "rule"]) if len(scores) else ():
+        if (split, rule) == ("held_out", "nearest"):   # the lines above, already printed
+            continue
+        name = f"{study.name} [{split}, {'choice model' if rule == 'model' else 'nearest entry'}]"
+        for line in summary_lines(g, name, list(study.match_keys)):
+            print(line, flush=True)
+    return written + [f"choice_scores{suffix}.csv"]

@@ -134,7 +134,9 @@ class Rank:
             return [(*s, {}) for s in parse_shapes(self.args.shapes)]
         if getattr(self.args, "shape_set", "seed") in overlap.SET_NAMES:
             return [(r["M"], r["N"], r["K"], {"layer": r["layer"], "split": r["split"]})
-                    for r in overlap.shapes("ag_gemm", self.W, self.args.shape_set)]
+                    for r in overlap.shapes("ag_gemm", self.W, self.args.shape_set,
+                                            getattr(self.args, "random_shapes", 0),
+                                            getattr(self.args, "random_seed", None))]
         return [(*s, {}) for s in (SHAPES[:2] if self.args.quick else SHAPES)]
 
     def emit(self, row):
@@ -341,11 +343,12 @@ class Rank:
                     self.heap.reset()
                     continue
                 self.w.stage(f"auto config {case}")
-                auto_plan = self.ag.launch.get_plan(a, b, self.heap, gather_dim=gd)
-                auto_info = {"auto_variant": auto_plan.cfg.variant, "auto_source": self.ag.auto_source(self.W),
-                             "auto_fallback": auto_plan.cfg.variant in self.ag.config.FALLBACKS,
-                             "auto_config": json.dumps(auto_plan.cfg.__dict__)}
                 for mode in modes:
+                    # the choice for the mode timed (eager calls and graph replays may differ)
+                    auto_plan = self.ag.launch.get_plan(a, b, self.heap, gather_dim=gd, mode=mode)
+                    auto_info = {"auto_variant": auto_plan.cfg.variant, "auto_source": self.ag.auto_source(self.W),
+                                 "auto_fallback": auto_plan.cfg.variant in self.ag.config.FALLBACKS,
+                                 "auto_config": json.dumps(auto_plan.cfg.__dict__)}
                     live = {name: fn for name, (fn, cfg) in methods.items() if ok.get(name)}
                     extras = {name: {**(auto_info if name == "auto" else {}),
                                      **({"config": _config_json(cfg)} if cfg is not None else {}),
@@ -535,10 +538,17 @@ def fit_auto_table(bench) -> dict:
     return {"source": "experiments/run_ag_gemm.py (eager calls, rank 0, median)", "entries": entries}
 
 
+def model_features(case: dict) -> dict:
+    """A case's features for the choice model (``kernels.ag_gemm.config.model_features``)."""
+    from kernels.ag_gemm.config import model_features as features
+
+    return features(int(case["M"]), int(case["N"]), int(case["K"]), int(case["world_size"]))
+
+
 AG_GEMM = overlap.Study(family="ag_gemm", name="all_gather_matmul", script="experiments/run_ag_gemm.py",
                         keys=tuple(CASE_KEYS), match_keys=("world_size", "gather_dim"), choices=CHOICES,
                         libraries=("nccl_cublas", "torch_fused"), gemm="gemm_alone", comm="nccl_all_gather",
-                        fused=FUSED)
+                        fused=FUSED, features=model_features)
 
 
 def fit_and_hold_out(bench, out: Path) -> list[str]:
@@ -653,6 +663,8 @@ def parent(args) -> int:
         cmd += ["--budget-s", str(args.budget_s)] if args.budget_s else []
         cmd += ["--shapes", args.shapes] if args.shapes else []
         cmd += ["--shape-set", args.shape_set] if args.shape_set != "seed" else []
+        cmd += ["--random-shapes", str(args.random_shapes), "--random-seed", str(args.random_seed)] * bool(
+            args.random_shapes)
         t0 = time.time()
         print(f"world size {W}: launching ...", flush=True)
         part, err = dist.launch_rows(Path(__file__), W, cmd, timeout_s=args.timeout)
@@ -688,6 +700,11 @@ def main(argv=None):
     ap.add_argument("--shapes", default=None,
                     help="other gathered shapes, 'MxNxK,MxNxK,...' (M and K multiples of the world size): scores "
                          "the auto-config on problems it was not fitted on; writes no auto-config table")
+    ap.add_argument("--random-shapes", type=int, default=0,
+                    help="with --shape-set: this many shapes besides, drawn at run time (M uniform in [128, 16384], "
+                         "N and K multiples of 128 in [1024, 16384]; split 'random', scored, never fitted)")
+    ap.add_argument("--random-seed", type=int, default=None,
+                    help="their seed (default: drawn at run time and printed; under plain torchrun: required)")
     ap.add_argument("--check-only", action="store_true", help="only the correctness checks")
     ap.add_argument("--no-sweeps", action="store_true", help="skip the fetcher/layout/flag-group sweeps")
     ap.add_argument("--budget-s", type=float, default=None,
@@ -710,6 +727,7 @@ def main(argv=None):
         odd = [f"{M}x{N}x{K}" for M, N, K in shapes for W in sizes if M % W or K % W]
         if odd:
             ap.error(f"--shapes: M and K must be multiples of every world size ({args.world_sizes}): {odd}")
+    args.random_seed = overlap.random_seed(ap, args, worker=args.worker or "LOCAL_RANK" in os.environ)
     if args.worker or "LOCAL_RANK" in os.environ:  # under workbench.dist.launch or plain torchrun
         worker(args)
         return 0

@@ -441,9 +441,11 @@ class Runner:
     def run_overlap(self):
         modes = self.plan["modes"]
         checks = []
-        for i, r in enumerate(overlap.shapes("gemm_scatter", self.W, self.args.shape_set)):
+        todo = overlap.shapes("gemm_scatter", self.W, self.args.shape_set, getattr(self.args, "random_shapes", 0),
+                              getattr(self.args, "random_seed", None))
+        for i, r in enumerate(todo):
             if self.over_budget():
-                self.skipped = len(overlap.shapes("gemm_scatter", self.W, self.args.shape_set)) - i
+                self.skipped = len(todo) - i
                 break
             shape = (r["M"], r["N"], r["K"])
             self.stage(f"overlap {i} {shape}: inputs and methods")
@@ -552,10 +554,20 @@ def summarize_overlap(times):
     return pd.DataFrame(rows)
 
 
+def model_features(case: dict) -> dict:
+    """A case's features for the choice model (``kernels.gemm_scatter.config.model_features``;
+    a case's N is the whole C's, each rank computing N / W columns)."""
+    from kernels.gemm_scatter.config import model_features as features
+
+    W = int(case["world_size"])
+    return features(int(case["M"]), int(case["N"]) // W, int(case["K"]), W)
+
+
 GEMM_SCATTER = overlap.Study(family="gemm_scatter", name="gemm_all_scatter",
                              script="experiments/run_gemm_scatter.py", keys=tuple(CASE_KEYS),
                              match_keys=("world_size",), choices=CHOICES, libraries=("cublas+nccl",),
-                             gemm="cublas_alone", comm="nccl_all_gather", fused=("fused", "senders"))
+                             gemm="cublas_alone", comm="nccl_all_gather", fused=("fused", "senders"),
+                             features=model_features)
 
 
 def fit_and_hold_out(times, out: Path, W: int) -> list[str]:
@@ -678,6 +690,8 @@ def parent(args, argv) -> int:
     fwd += ["--quick"] * args.quick + ["--check-only"] * args.check_only + ["--skip-checks"] * args.skip_checks
     fwd += ["--studies", args.studies] if args.studies else []
     fwd += ["--shape-set", args.shape_set] if args.shape_set != "seed" else []
+    fwd += ["--random-shapes", str(args.random_shapes), "--random-seed", str(args.random_seed)] * bool(
+        args.random_shapes)
     failed, ran = [], 0
     for W in sizes:
         if have < W:
@@ -711,6 +725,11 @@ def main(argv=None):
                          "tensor-parallel set of experiments/overlap.py (every variant and baseline in rotating "
                          "passes, comm hidden, a variant choice fitted on the fit half and scored on the held-out "
                          "half: auto_table.json, held_out_wW.csv, variant_choice_wW.csv)")
+    ap.add_argument("--random-shapes", type=int, default=0,
+                    help="with --shape-set: this many shapes besides, drawn at run time (M uniform in [128, 16384], "
+                         "N and K multiples of 128 in [1024, 16384]; split 'random', scored, never fitted)")
+    ap.add_argument("--random-seed", type=int, default=None,
+                    help="their seed (default: drawn at run time and printed; under plain torchrun: required)")
     ap.add_argument("--studies", default="", help="comma-separated studies to run (default: all)")
     ap.add_argument("--check-only", action="store_true", help="only the correctness checks")
     ap.add_argument("--skip-checks", action="store_true", help="no correctness checks (timing only)")
@@ -725,6 +744,7 @@ def main(argv=None):
     ap.add_argument("--command", default="", help=argparse.SUPPRESS)  # the parent's command line (provenance)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
+    args.random_seed = overlap.random_seed(ap, args, worker=args.worker or "RANK" in os.environ)
     if args.worker or "RANK" in os.environ:  # under workbench.dist.launch or plain torchrun
         return worker(args)
     return parent(args, argv)

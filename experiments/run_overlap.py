@@ -41,22 +41,25 @@ TEST_FILES = ("tests/test_all_gather.py", "tests/test_ag_gemm.py", "tests/test_g
 LIMITS = {"pytest": (None, 240), "ag_gemm": (180, 250), "gemm_scatter": (75, 140)}
 
 
-def steps(out: Path, world_size: int = 2, scale: float = 1.0) -> list[tuple[str, list[str], float, Path]]:
+def steps(out: Path, world_size: int = 2, scale: float = 1.0, random: tuple = (0, None)
+          ) -> list[tuple[str, list[str], float, Path]]:
     """(name, command, time limit in s, log file) of each step; ``scale`` shortens (or lengthens)
-    every step's budget and limit."""
+    every step's budget and limit; ``random``: (count, seed) of the shapes drawn at run time that
+    both benchmarks measure besides the set (scored, never fitted)."""
     py = sys.executable
     ag, gs = ([x * scale for x in LIMITS[k]] for k in ("ag_gemm", "gemm_scatter"))
+    extra = ["--random-shapes", str(random[0]), "--random-seed", str(random[1])] if random[0] else []
     return [
         ("pytest", [py, "-m", "pytest", "-m", "multigpu", "-q", "-p", "no:cacheprovider", *TEST_FILES],
          LIMITS["pytest"][1] * scale, out / "pytest_multigpu.txt"),
         ("ag_gemm", [py, "experiments/run_ag_gemm.py", "--world-sizes", str(world_size), "--shape-set", "llm-reduced",
                      "--iters", "16", "--budget-s", f"{ag[0]:.0f}", "--timeout", f"{ag[1] - 10:.0f}",
-                     "--out", str(out / "ag_gemm")], ag[1], out / "ag_gemm.log"),
+                     "--out", str(out / "ag_gemm"), *extra], ag[1], out / "ag_gemm.log"),
         # 4 GiB of symmetric heap per GPU: each variant of a shape keeps its own C there (M 16384 x N 10240
         # in bf16 is 320 MiB; the default 512 MiB ran out on an H200 at the second variant)
         ("gemm_scatter", [py, "experiments/run_gemm_scatter.py", "--world-sizes", str(world_size), "--shape-set",
                           "llm-reduced", "--heap-mib", "4096", "--budget-s", f"{gs[0]:.0f}", "--timeout", f"{gs[1] - 10:.0f}",
-                          "--out", str(out / "gemm_scatter")], gs[1], out / "gemm_scatter.log"),
+                          "--out", str(out / "gemm_scatter"), *extra], gs[1], out / "gemm_scatter.log"),
     ]
 
 
@@ -97,6 +100,8 @@ def summarize(out: Path, results: dict, world_size: int = 2) -> list[str]:
                                  ["world_size"])):
         held = pd.read_csv(path) if path.exists() else None
         lines += [f"- {x}" for x in overlap.summary_lines(held, family, group)]
+        scores = path.with_name(path.name.replace("held_out", "choice_scores"))
+        lines += [f"- {x}" for x in _choice_lines(scores, family, group)]
     gs = out / "gemm_scatter" / f"summary_w{world_size}.csv"
     if gs.exists():   # the GEMM + all-scatter bar: at most 1.2x max(GEMM alone, all-gather alone) from M = 256 on
         s = pd.read_csv(gs)
@@ -107,6 +112,28 @@ def summarize(out: Path, results: dict, world_size: int = 2) -> list[str]:
                          f"{best.max():.2f}x max(GEMM alone, all-gather alone) ({int((best <= 1.2).sum())} of "
                          f"{len(best)} shapes within 1.2x)")
     lines += ["", "Tables: ag_gemm/ and gemm_scatter/ (the variant choice: auto_table.json, variant_choice*.csv)."]
+    return lines
+
+
+def _choice_lines(path: Path, family: str, group: list[str]) -> list[str]:
+    """The choice model's score beside the nearest entry's, on the held-out half and on the shapes
+    drawn at run time (``choice_scores*.csv``, written by ``overlap.model_and_scores``)."""
+    import pandas as pd
+
+    import overlap
+
+    try:
+        scores = pd.read_csv(path)
+    except (FileNotFoundError, pd.errors.EmptyDataError):
+        return []
+    if not {"split", "rule"} <= set(scores):
+        return []
+    lines = []
+    for (split, rule), g in scores.groupby(["split", "rule"]):
+        if (split, rule) == ("held_out", "nearest"):   # the family's held-out lines, already there
+            continue
+        name = f"{family} [{split}, {'choice model' if rule == 'model' else 'nearest entry'}]"
+        lines += overlap.summary_lines(g, name, group)
     return lines
 
 
@@ -152,6 +179,11 @@ def main(argv=None) -> int:
                     help="no GPU: fit the variant choice again from the tables a finished run left in --out "
                          "(held_out*.csv, variant_choice*.csv, auto_table.json, the tuning tables under tables/) "
                          "and rewrite summary.md")
+    ap.add_argument("--random-shapes", type=int, default=0,
+                    help="both benchmarks also measure this many shapes drawn at run time (experiments/overlap.py "
+                         "random_shapes; the seed is printed): scored against the best candidate, never fitted")
+    ap.add_argument("--random-seed", type=int, default=None, help="their seed (default: drawn and printed)")
+    ap.add_argument("--shape-set", default="llm-reduced", help=argparse.SUPPRESS)  # what random_seed checks
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply every step's time budget and limit (0.8: a shorter run, fewer shapes)")
     args = ap.parse_args(argv)
@@ -166,7 +198,10 @@ def main(argv=None) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     results = {}
-    for name, cmd, limit, log in steps(out, args.world_size, scale=args.scale):
+    import overlap
+
+    seed = overlap.random_seed(ap, args, worker=False) if args.random_shapes else None
+    for name, cmd, limit, log in steps(out, args.world_size, scale=args.scale, random=(args.random_shapes, seed)):
         if name == "pytest" and args.skip_tests:
             continue
         print(f"run_overlap: {name} (at most {limit:g} s) ...", flush=True)

@@ -93,7 +93,8 @@ def test_the_choice_minimizes_its_worse_regret_over_both_modes():
 def test_refit_of_the_committed_runs_remakes_their_tables(tmp_path, world, capsys):
     """--refit on a copy of a committed run (results/overlap/h200_wW): the shared driver
     (experiments/overlap.py) fits and scores the choice again into the same bytes (auto_table.json,
-    held_out*.csv, variant_choice*.csv, the tuning tables) and the same summary.md, whose tests'
+    held_out*.csv, variant_choice*.csv, the tuning tables, the choice model and its scores) and the
+    same summary.md, whose tests'
     line stays although their log is not kept (and is derived again, once, when it is there)."""
     import shutil
 
@@ -102,8 +103,9 @@ def test_refit_of_the_committed_runs_remakes_their_tables(tmp_path, world, capsy
     out = tmp_path / committed.name
     shutil.copytree(committed, out)
     made_by_refit = {p.relative_to(out) for p in out.rglob("*") if p.suffix in (".csv", ".json") and (
-        p.name.startswith(("auto_table", "held_out", "variant_choice")) or p.parent.name == "nvidia-h200")}
-    assert len(made_by_refit) == 8
+        p.name.startswith(("auto_table", "held_out", "variant_choice", "choice_model", "choice_scores"))
+        or p.parent.name == "nvidia-h200")}
+    assert len(made_by_refit) == 14   # per family: 5 files and the tuning table and choice model for the GPU
     for p in made_by_refit:
         (out / p).write_bytes(b"")   # what the refit writes must come from the refit, not from the copy
     assert r.main(["--refit", "--world-size", str(world), "--out", str(out)]) == 0

@@ -8,8 +8,13 @@
    gather dim, M, N, K, dtype) the fastest way in eager calls, one of our variants or
    ``"sequential"``, ``"nccl"`` (NCCL + cuBLAS) or ``"torch"`` (PyTorch's fused op) where
    those win;
-2. ``results/ag_gemm/auto_table.json``, the seed-shape study's table (its README names the node);
-3. where neither covers the world size, a PLACEHOLDER rule, not fitted to any GPU data.
+   read for the problem's own entry only;
+2. this GPU's choice model (``kernels.comm.choice_model``, ``<GPU>/ag_gemm.model.json`` beside the
+   tables): every candidate's time predicted on the shape asked, in the mode being served (eager
+   calls, or a CUDA graph being captured), the fastest taken;
+3. without a model for the world size and gather dim: the nearest measured entry of 1., else of
+   ``results/ag_gemm/auto_table.json``, the seed-shape study's table (its README names the node);
+4. where none covers the world size, a PLACEHOLDER rule, not fitted to any GPU data.
 
 ``auto_source()`` says which, and the benchmark rows carry it (``auto_source`` column), so a
 result can never pass a placeholder off as a measurement.
@@ -206,24 +211,76 @@ def _measured(world_size: int | None, gather_dim: int | None = None, dtype=None)
 
 
 def auto_source(world_size: int | None = None) -> str:
-    """Where ``auto_config``'s choices come from for ``world_size`` (any, when None): 'tuning table
-    (<GPU>)', 'measured (auto_table.json)', or 'placeholder rule (not fitted)'."""
+    """Where ``auto_config``'s choices come from for ``world_size`` (any, when None): 'choice model
+    (<file>)', 'tuning table (<GPU>)', 'measured (auto_table.json)', or 'placeholder rule (not fitted)'."""
+    model, where = _model()
+    if model is not None and any(world_size in (None, g["match"].get("world_size")) for g in model["groups"]):
+        return f"choice model ({Path(where).name})"
     return _measured(world_size)[1] or "placeholder rule (not fitted)"
 
 
+def model_features(M: int, N: int, K: int, world_size: int, esize: int = 2) -> dict:
+    """What the choice model reads of a problem (``kernels.comm.choice_model``): the GEMM's FLOP
+    and bytes on one rank, and the bytes of A a rank receives."""
+    from kernels.ag_gemm import metrics
+
+    return {"flop": float(metrics.flops(M, N, K)), "gemm_bytes": float(metrics.gemm_bytes(M, N, K, esize)),
+            "comm_bytes": float(metrics.gathered_bytes(M, K, world_size, esize))}
+
+
+def _model():
+    from kernels.comm import choice_model, choices
+
+    return choice_model.lookup(FAMILY, choices.current_device())
+
+
+def modelled(M: int, N: int, K: int, world_size: int, gather_dim: int, mode: str, esize: int = 2,
+             model: dict | None = None) -> AgGemmConfig | None:
+    """The choice model's pick for a problem in ``mode`` ('eager' or 'graph'), None where the model
+    (this GPU's, or ``model``) has no group for the world size and gather dim."""
+    from kernels.comm import choice_model
+
+    model = model if model is not None else _model()[0]
+    if model is None:
+        return None
+    name = choice_model.choose(model, mode, model_features(M, N, K, world_size, esize),
+                               world_size=world_size, gather_dim=gather_dim)
+    if name is None:
+        return None
+    cfg = _config_of(model["configs"][name])
+    validate(cfg, world_size, esize)
+    return cfg
+
+
 def auto_config(M: int, N: int, K: int, world_size: int, gather_dim: int, num_sms: int,
-                simulated: bool = False, dtype=None) -> AgGemmConfig:
+                simulated: bool = False, dtype=None, mode: str = "eager") -> AgGemmConfig:
     """The configuration for a gathered problem C (M x N) = A (M x K) @ B (K x N): the family's
     one decision function. With ``config=None`` rank 0 calls it once per new problem and every
     rank runs what it returned (``kernels.comm.decide``), so it may read per-device tables that
     differ between ranks. It may return any variant, ``"nccl"`` (NCCL + cuBLAS), ``"torch"``
     (PyTorch's fused op) and ``"sequential"`` included, where nothing fused wins: the entry of
-    the nearest measured problem (``_measured``), else the placeholder rule."""
+    the problem's own measured entry, else the choice model's pick for ``mode`` ('eager', or
+    'graph' while a CUDA graph is captured), else the nearest measured problem's (``_measured``),
+    else the placeholder rule."""
     if simulated:
         return _SIM_CONFIG
     from kernels.comm.choices import nearest
 
     table, _ = _measured(world_size, gather_dim, dtype)
+    own = [e for e in table if (e["M"], e["N"], e["K"]) == (M, N, K)]
+    if own:
+        return own[0]["config"]
+    esize = 4 if "float32" in str(dtype) else 2
+    try:
+        picked = modelled(M, N, K, world_size, gather_dim, mode, esize)
+    except (KeyError, TypeError, ValueError) as exc:   # a model naming a config that cannot run: said, passed over
+        from kernels.common.tables import warn_once
+
+        warn_once(FAMILY, "model config", f"all_gather_matmul: the choice model names a config that cannot run "
+                                          f"({exc}); fit it again (python3 experiments/run_overlap.py --refit)")
+        picked = None
+    if picked is not None:
+        return picked
     if table:
         best = nearest(table, M, N, K)
         # A fallback was measured where fusing lost, which happens on short GEMMs (too little to

@@ -91,6 +91,7 @@ class Plan:
     acc: Any = None           # chunked, gathered along K: the fp32 sum of the per-shard products
     nccl: Any = None          # variant nccl: baselines.NcclCublas (its buffer for NCCL's output)
     auto: bool = False
+    choices: dict | None = None  # config=None: rank 0's choice per mode ({'eager': cfg, 'graph': cfg})
     resident: bool = False    # the shard lies in the heap: peers read it in place (no publish copy)
     pub_off16: int = 0        # and its heap offset / 16 (the plan's key holds the offset)
     launches: dict = dataclasses.field(default_factory=dict)  # PlannedLaunch per (phase, C's alignment, C's row stride)
@@ -238,7 +239,27 @@ def _clock(heap) -> str:
     return "memtime" if torch.version.hip else "globaltimer"
 
 
-def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
+def serving(heap) -> str:
+    """'graph' while the current stream captures a CUDA graph, else 'eager': the choice differs
+    (PyTorch's fused op costs 0.3-0.8 ms of host time per eager call, nothing in a replay).
+    A host-side query of the capture state: no synchronization."""
+    if heap.simulated or heap.device.type != "cuda":
+        return "eager"
+    return "graph" if torch.cuda.is_current_stream_capturing() else "eager"
+
+
+MODES = ("eager", "graph")
+
+
+def _auto(heap, M, N, K, W, gather_dim, sms, dtype) -> dict:
+    """Rank 0's choice for the problem in each mode: both decided and shared at once, on the
+    first call (which comes before any capture: a broadcast cannot run inside one)."""
+    return shared_choice(heap, "ag_gemm", (M, N, K, W, gather_dim, str(dtype)),
+                         lambda: {m: auto_config(M, N, K, W, gather_dim, sms, heap.simulated, dtype, mode=m)
+                                  for m in MODES})
+
+
+def _make_plan(a, b, heap, gather_dim, bias, config, trace, mode="eager") -> Plan:
     _validate(a, b, heap, gather_dim, bias)
     W = heap.world_size
     S_M, S_K = a.shape
@@ -249,13 +270,13 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace) -> Plan:
     auto = cfg is None
     sms = _device_sms(heap)
     if auto:   # rank 0's choice, shared once per problem: every rank runs the same variant
-        cfg = shared_choice(heap, "ag_gemm", (M, N, K, W, gather_dim, str(a.dtype)),
-                            lambda: auto_config(M, N, K, W, gather_dim, sms, heap.simulated, a.dtype))
+        both = _auto(heap, M, N, K, W, gather_dim, sms, a.dtype)
+        cfg = both[mode]
     validate(cfg, W, a.element_size())
     if trace and cfg.variant == "chunked":
         raise ValueError("all_gather_matmul: trace=True records the programs of our kernels; variant 'chunked' "
                          "runs cuBLAS (use torch.profiler for it), or pass trace=False")
-    plan = Plan(cfg, gather_dim, S_M, S_K, N, (M, N), world=W, auto=auto)
+    plan = Plan(cfg, gather_dim, S_M, S_K, N, (M, N), world=W, auto=auto, choices=both if auto else None)
     if cfg.variant == "nccl" and not heap.simulated:  # the libraries, as the baseline calls them
         from kernels.ag_gemm.baselines import NcclCublas
 
@@ -371,16 +392,33 @@ def resident_offset(a, heap) -> int | None:
     return off
 
 
-def get_plan(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=False) -> Plan:
-    """The cached launch plan of a call (made on first use)."""
+def get_plan(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=False, mode=None) -> Plan:
+    """The cached launch plan of a call (made on first use). With ``config=None`` the plan is the
+    one for ``mode`` (default: what the call serves, ``serving``), since eager calls and graph
+    replays may run different variants."""
     s = _shared(heap)
-    key = _key(a_shard, b, bias, heap, gather_dim, config, trace)
+    mode = (mode or serving(heap)) if config is None else None
+    key = _key(a_shard, b, bias, heap, gather_dim, config, trace) + (mode,)
     plan = s["plans"].get(key)
     if plan is None:
         if len(s["plans"]) >= MAX_PLANS:
             s["plans"].clear()
-        plan = s["plans"][key] = _make_plan(a_shard, b, heap, gather_dim, bias, config, trace)
+        plan = s["plans"][key] = _reuse(s, key, mode) or _make_plan(a_shard, b, heap, gather_dim, bias, config,
+                                                                    trace, mode or "eager")
+        if mode == "eager" and not heap.simulated:   # the graph's plan too, now: a capture then allocates nothing
+            get_plan(a_shard, b, heap, gather_dim=gather_dim, bias=bias, config=None, trace=trace, mode="graph")
     return plan
+
+
+def _reuse(s, key, mode) -> Plan | None:
+    """The other mode's plan of the same call where the shared choice for this mode is the same
+    config (one plan, one set of buffers; nothing is asked of any rank)."""
+    if mode is None:
+        return None
+    other = s["plans"].get(key[:-1] + ("graph" if mode == "eager" else "eager",))
+    if other is None or not other.auto or other.choices is None:
+        return None
+    return other if other.choices.get(mode) == other.cfg else None
 
 
 def prepare(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=False) -> Plan:
@@ -388,9 +426,17 @@ def prepare(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=Fal
 
     A first call compiles on every rank; a rank still compiling keeps its peers'
     bounded waits spinning. Benchmarks call this on every rank, meet at a barrier,
-    then time: no wait ever has to cover a compile.
+    then time: no wait ever has to cover a compile. With ``config=None`` the plans of eager
+    calls and of graph replays both (each may run another variant), so that a capture after it
+    finds its plan made; the one for what the call serves now is returned.
     """
-    plan = get_plan(a_shard, b, heap, gather_dim=gather_dim, bias=bias, config=config, trace=trace)
+    for mode in (MODES if config is None else (None,)):
+        _prepare_one(a_shard, b, heap, gather_dim, bias, config, trace, mode)
+    return get_plan(a_shard, b, heap, gather_dim=gather_dim, bias=bias, config=config, trace=trace)
+
+
+def _prepare_one(a_shard, b, heap, gather_dim, bias, config, trace, mode) -> Plan:
+    plan = get_plan(a_shard, b, heap, gather_dim=gather_dim, bias=bias, config=config, trace=trace, mode=mode)
     if heap.simulated or plan.cfg.variant in FALLBACKS:
         return plan
     c = torch.empty(plan.out_shape, dtype=a_shard.dtype, device=a_shard.device)

@@ -9,10 +9,12 @@ one entry per measured problem, keyed ``world_size=2,gather_dim=0,M=...,N=...,K=
 with how it was measured. ``experiments/run_ag_gemm.py`` and ``experiments/run_gemm_scatter.py``
 write them (``OUT/tables/``) from the fit half of their shape set.
 
-A problem rarely has its own entry, so the family's decision function takes the entry of the
-nearest measured problem (log M, N, K) of the same world size (and gather dim, dtype). It runs on
-rank 0 only and its result is shared (``kernels.comm.decide``), so ranks that read different
-tables (a user's table on one node) still run the same variant.
+A problem rarely has its own entry. Then the family's decision function asks this GPU's choice
+model (``kernels.comm.choice_model``: every candidate's time predicted on the shape, fitted on
+the runs' measurements), and only without one for the world size takes the entry of the nearest
+measured problem (log M, N, K) of the same world size (and gather dim, dtype). It runs on rank 0
+only and its result is shared (``kernels.comm.decide``), so ranks that read different tables (a
+user's table on one node) still run the same variant.
 """
 from __future__ import annotations
 

@@ -296,8 +296,40 @@ def auto_source(world_size: int | None = None) -> str:
     return _measured(world_size)[1] or "tile rule (fused; no measured table)"
 
 
+def model_features(M: int, n_local: int, K: int, world_size: int, esize: int = 2) -> dict:
+    """What the choice model reads of a problem (``kernels.comm.choice_model``): one rank's GEMM
+    FLOP and bytes (its N / W columns), and the bytes of C every rank receives."""
+    return {"flop": 2.0 * M * n_local * K, "gemm_bytes": float((M * K + K * n_local + M * n_local) * esize),
+            "comm_bytes": float(M * n_local * world_size * esize)}
+
+
+def _model():
+    from kernels.comm import choice_model, choices
+
+    return choice_model.lookup(FAMILY, choices.current_device())
+
+
+def modelled(M: int, n_local: int, K: int, world_size: int, mode: str, esize: int = 2,
+             model: dict | None = None) -> ScatterConfig | None:
+    """The choice model's variant for a problem in ``mode`` ('eager' or 'graph') as a config (the
+    fused kernels with ``heuristic``'s tiles, set by ``auto_config``); None where the model (this
+    GPU's, or ``model``) has no group for the world size."""
+    from kernels.comm import choice_model
+
+    model = model if model is not None else _model()[0]
+    if model is None:
+        return None
+    name = choice_model.choose(model, mode, model_features(M, n_local, K, world_size, esize), world_size=world_size)
+    if name is None:
+        return None
+    known = {f.name for f in dataclasses.fields(ScatterConfig)}
+    cfg = ScatterConfig(**{k: v for k, v in dict(model["configs"][name]).items() if k in known})
+    validate(cfg)
+    return cfg
+
+
 def auto_config(M: int, n_local: int, K: int, world_size: int, dtype: torch.dtype = torch.bfloat16,
-                num_sms: int = DEVICE_SMS, tma: bool = True) -> ScatterConfig:
+                num_sms: int = DEVICE_SMS, tma: bool = True, mode: str = "eager") -> ScatterConfig:
     """What ``gemm_all_scatter`` runs when no config is given: the family's one decision
     function (rank 0 runs it; ``kernels.comm.decide`` shares the result with every rank).
 
@@ -306,8 +338,23 @@ def auto_config(M: int, n_local: int, K: int, world_size: int, dtype: torch.dtyp
     those of this world size, which may be any variant: "fused", "senders", or "nccl" /
     "sequential" where neither fused kernel beat the libraries. Without one, the tile rule
     (``heuristic``) with the fused kernel: the "senders" variant is chosen only where it was
-    measured to win."""
+    measured to win.
+
+    Before the nearest entry: the problem's own entry, else this GPU's choice model
+    (``kernels.comm.choice_model``) for ``mode`` ('eager', or 'graph' while a CUDA graph is captured)."""
     table, _ = _measured(world_size, dtype)
+    own = [e for e in table if (e["M"], e["N"], e["K"]) == (M, n_local * world_size, K)]
+    try:
+        picked = own[0]["config"] if own else modelled(M, n_local, K, world_size, mode, 4 if dtype == torch.float32
+                                                       else 2)
+    except (KeyError, TypeError, ValueError) as exc:   # a model naming a config that cannot run: said, passed over
+        from kernels.common.tables import warn_once
+
+        warn_once(FAMILY, "model config", f"gemm_all_scatter: the choice model names a config that cannot run "
+                                          f"({exc}); fit it again (python3 experiments/run_overlap.py --refit)")
+        picked = None
+    if picked is not None:
+        table = [{"M": M, "N": n_local * world_size, "K": K, "config": picked}]
     if table:
         from kernels.comm.choices import nearest
 

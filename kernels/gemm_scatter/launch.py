@@ -93,7 +93,16 @@ def out_buffer(heap, M: int, N: int, dtype: torch.dtype) -> torch.Tensor:
     return heap.named(f"gemm_scatter.out.{(M, N)}.{dtype}", (M, N), dtype)
 
 
-def _plan(a, b_local, heap, config, hints, out, scope) -> _ScatterPlan:
+MODES = ("eager", "graph")
+
+
+def serving(a) -> str:
+    """'graph' while the current stream captures a CUDA graph, else 'eager' (the choice may
+    differ: a library's host cost counts in eager calls only). A host-side query: no sync."""
+    return "graph" if a.device.type == "cuda" and torch.cuda.is_current_stream_capturing() else "eager"
+
+
+def _plan(a, b_local, heap, config, hints, out, scope, mode="eager") -> _ScatterPlan:
     _check(a, b_local, heap)
     if scope not in ("sys", "gpu"):
         raise ValueError(f"gemm_all_scatter: scope must be 'sys' (peers on other GPUs) or 'gpu', got {scope!r}")
@@ -114,9 +123,12 @@ def _plan(a, b_local, heap, config, hints, out, scope) -> _ScatterPlan:
     sms = _sm_count(index) if on_gpu else SIM_SMS
     hopper = on_gpu and _capability(index)[0] >= 9
     aligned = TensorDescriptor is not None and _tma_ok(a) and _tma_ok(b_local)
+    # rank 0's choice for both modes at once, on the first call (before any capture: a
+    # broadcast cannot run inside one)
     cfg = as_config(config) or shared_choice(
         heap, "gemm_scatter", (M, n_local, K, W, str(a.dtype)),
-        lambda: auto_config(M, n_local, K, W, a.dtype, sms, tma=hopper and aligned))
+        lambda: {m: auto_config(M, n_local, K, W, a.dtype, sms, tma=hopper and aligned, mode=m)
+                 for m in MODES})[mode]
     validate(cfg, esize)
     if cfg.variant in FALLBACKS:
         return _ScatterPlan(cfg, 0, out, None, None, (), {}, False, libs=(
@@ -159,11 +171,13 @@ def _plans(heap) -> PlanCache:
     return plans
 
 
-def plan_for(a, b_local, heap, config=None, *, hints=True, out=None, scope="sys") -> _ScatterPlan:
-    """The plan ``gemm_all_scatter`` runs for this call (made once per call signature)."""
+def plan_for(a, b_local, heap, config=None, *, hints=True, out=None, scope="sys", mode=None) -> _ScatterPlan:
+    """The plan ``gemm_all_scatter`` runs for this call (made once per call signature; with
+    ``config=None`` once per mode too, ``serving``: eager calls and graph replays may differ)."""
     try:
+        mode = (mode or serving(a)) if config is None else None
         key = (tensor_signature(a), tensor_signature(b_local), config_key(config), bool(hints), scope,
-               None if out is None else (out.data_ptr(), tensor_signature(out)))
+               None if out is None else (out.data_ptr(), tensor_signature(out)), mode)
     except AttributeError:  # not tensors: let the checks say what is wrong
         _check(a, b_local, heap)
         raise
@@ -171,8 +185,24 @@ def plan_for(a, b_local, heap, config=None, *, hints=True, out=None, scope="sys"
     plan = plans.get(key)
     if plan is None:
         _watch(heap)   # its status words before the plan's flags: the heap's flag area in the same order on every rank
-        plan = plans.put(key, _plan(a, b_local, heap, config, hints, out, scope))
+        plan = plans.put(key, _other_mode(plans, key, heap, a, b_local)
+                         or _plan(a, b_local, heap, config, hints, out, scope, mode or "eager"))
+        if mode == "eager" and a.device.type == "cuda":   # the graph's plan too, now: a capture allocates nothing
+            plan_for(a, b_local, heap, None, hints=hints, out=out, scope=scope, mode="graph")
     return plan
+
+
+def _other_mode(plans, key, heap, a, b_local) -> _ScatterPlan | None:
+    """The other mode's plan of this call where rank 0 chose the same config for both (one plan,
+    one set of flags; the choice is already shared, so no rank is asked anything)."""
+    if key[-1] is None:
+        return None
+    other = plans.get(key[:-1] + ("graph" if key[-1] == "eager" else "eager",))
+    if other is None:   # (also a call the checks will refuse: no plan was made for it)
+        return None
+    M, K, n_local = a.shape[0], a.shape[1], b_local.shape[1]
+    both = heap.cache("gemm_scatter.decisions").get((M, n_local, K, heap.world_size, str(a.dtype)))
+    return other if both and both["eager"] == both["graph"] else None
 
 
 def _flag_name(i: int) -> str:
