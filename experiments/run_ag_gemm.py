@@ -94,13 +94,13 @@ LIBRARY_VARIANT = {"nccl_cublas": {"variant": "nccl"}, "torch_fused": {"variant"
 # reported beside the others and never enter the auto-config's fit.
 RESIDENT = ("fused_resident", "copy_engine_resident")
 OURS = FUSED + ("sequential", "auto") + RESIDENT
+LIBRARY = ("nccl_cublas", "torch_fused", "gemm_alone")  # the baselines: timed even where inaccurate
+PASSES = 4  # the bench times each case's methods in this many passes, the order rotating (time_all)
 
 
 def _base_variant(name: str) -> str:
     """The variant a check row's name extends: 'copy_engine+bias' -> 'copy_engine'."""
     return name.split("+")[0].split("_layout")[0]
-LIBRARY = ("nccl_cublas", "torch_fused", "gemm_alone")  # the baselines: timed even where inaccurate
-PASSES = 4  # the bench times each case's methods in this many passes, the order rotating (time_all)
 
 
 # --------------------------------------------------------------------------
