@@ -227,15 +227,15 @@ or.b32 $1, h, g;
 # 0, 1; $1: bytes 2, 3): (s + 126) << 7 in each 16-bit half, no special bytes (s + 126 <= 254 is
 # a normal exponent, and 2**-1 for byte 0), so one multiply of the 2**-126-scaled E2M1 pattern by
 # it gives the value the two multiplies give, bit for bit (every product is exact in bf16).
+# Written as s * 128 + (126 << 7), one IMAD per two bytes instead of an add and a shift (no carry
+# crosses the halves: each is at most 254 << 7 = 0x7F00).
 _SCALE_ONE_MUL_PTX = tl.constexpr("""
 {
 .reg .b32 h;
 prmt.b32 h, $2, 0, 0x4140;
-add.u32 h, h, 0x007E007E;
-shl.b32 $0, h, 7;
+mad.lo.u32 $0, h, 128, 0x3F003F00;
 prmt.b32 h, $2, 0, 0x4342;
-add.u32 h, h, 0x007E007E;
-shl.b32 $1, h, 7;
+mad.lo.u32 $1, h, 128, 0x3F003F00;
 }
 """)
 
