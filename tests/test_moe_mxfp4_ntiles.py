@@ -168,3 +168,24 @@ def test_sm90_n_tiles_amortizes_and_overlaps(sm90):
     assert count(one, "LDG.E.EF.128") == 8 and count(one, "REDG") == 1 and count(two, "REDG") == 2
     first_red = next(i for i, op in enumerate(two) if op.startswith("REDG"))
     assert count(two[:first_red], "LDG.E.EF.128") >= 10
+
+
+def test_profile_cases_run_the_prepared_layer():
+    """experiments/profile_cases.py's MXFP4 cases at M = 4, 12, 64, 256 (and N_TILES=2 at 4 and 64)
+    exist, name the down kernel, and their function runs the prepared layer through the launcher
+    (here a small layer in the interpreter: the N_TILES=2 config fits the routing it prepares)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "profile_cases.py"
+    spec = importlib.util.spec_from_file_location("profile_cases", path)
+    cases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cases)
+    names = [f"mxfp4_m{m}" for m in (4, 12, 64, 256)] + ["mxfp4_tiles2_m4", "mxfp4_tiles2_m64"]
+    for name in names:
+        assert cases.CASES[name][0] == "_moe_mxfp4_down_kernel" and callable(getattr(cases, name))
+        assert cases.command(name, "OUT")[-2:] == ["--name", name]
+    layer = dict(E=5, H=128, I=128, top_k=3)
+    out = {nt: cases._mxfp4_prepared(3, nt, layer=layer, device=DEV) for nt in (1, 2)}
+    assert out[1].shape == (3, 128) and out[1].isfinite().all() and out[1].abs().max() > 0
+    torch.testing.assert_close(out[2].float(), out[1].float(), rtol=2 ** -7, atol=1e-6)
