@@ -220,3 +220,19 @@ def test_gpu_n_tiles_kimi(M):
         assert torch.equal(got.view(torch.int16), ref.view(torch.int16)), nt
         out = torch.full((M, 7168), float("nan"), dtype=torch.bfloat16, device="cuda")
         _check(moe_mxfp4_down(a, weights, r, config=cfg.replace(DETERMINISTIC=False), out=out), p)
+
+
+def test_n_tiles_with_split_k():
+    """N_TILES=2 with SPLIT_K=2 (atomic: each program adds its half of I for two column tiles): within
+    the bound of the split's partial rows (each rounded and added on its own) on poisoned outputs."""
+    p = _problem(5, 128, 128, seed=77)
+    cfg = _PLAIN.replace(N_TILES=2, SPLIT_K=2, LOAD_AHEAD=1)
+    got = _run(p, cfg)
+    half = 64
+    parts = [reference_rows(p["a"][:, j * half:(j + 1) * half], p["w"][..., j * half // 2:(j + 1) * half // 2],
+                            p["w_scale"][..., j * half // 32:(j + 1) * half // 32], p["ids"], p["wts"]) for j in (0, 1)]
+    ref, mag = sum(x.sum(1) for x in parts), sum(x.abs().sum(1) for x in parts)
+    bound = 2 * (TOP_K + 1) * 2.0 ** -8 * mag + 1e-6
+    assert got.isfinite().all() and ((got.float() - ref).abs() <= bound).all()
+    plan = next(v for v in mx_launch._PLANS.values() if v.config == cfg)
+    assert plan.grid[1:] == (2, 2)
