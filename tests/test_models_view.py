@@ -47,6 +47,8 @@ def test_load_merges_files_and_names_the_missing(tmp_path):
                    "C": tmp_path / "empty" / "rows.csv"}, VARIANTS)
     assert got.models == ["A"] and set(got.missing) == {"B", "C"}
     assert "no rows.csv under" in got.missing["B"] and "no rows of prepacked default" in got.missing["C"]
+    rel = mv.load({"B": tmp_path / "nope" / "rows.csv"}, VARIANTS, root=tmp_path).missing["B"]
+    assert rel == "no rows.csv under nope"                                          # what a report shows
     a = got.rows.set_index(["variant", "method", "M"]).frac_hbm_bound
     want = lambda df, n, meth, M: df[(df.name == n) & (df.method == meth) & (df.M == M)].frac_hbm_bound.item()
     assert a[("default", "graph", 4)] == want(main, "default", "graph", 4)          # the first file wins

@@ -77,19 +77,28 @@ def _provenance(path: Path, first: pd.Series) -> dict:
     return out
 
 
-def load(files: Mapping[str, Path | Sequence[Path]], variants: Sequence[str]) -> Loaded:
+def _shown(path: Path, root: Path | None) -> str:
+    """path relative to root where it lies under it (what a report shows), else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(Path(root).resolve())) if root is not None else str(path)
+    except ValueError:
+        return str(path)
+
+
+def load(files: Mapping[str, Path | Sequence[Path]], variants: Sequence[str], root: Path | None = None) -> Loaded:
     """Each model's rows of `variants` (kernel names in the rows' ``name``), in the order given.
 
     A model may name several files, the main one first: a (variant, method, M) it has wins over the
     later files' (which fill in what it lacks, e.g. an earlier study's rows). A model none of whose
     files exists, or whose files hold none of `variants`, is listed in ``missing`` with the reason;
-    a file that is too large, unreadable or lacks a column raises ValueError."""
+    a file that is too large, unreadable or lacks a column raises ValueError. root: the reasons name
+    paths relative to it."""
     frames, missing, used, prov = [], {}, {}, {}
     for model, paths in files.items():
         paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
         found = [p for p in paths if p.is_file()]
         if not found:
-            missing[model] = f"no {paths[0].name} under {paths[0].parent}"
+            missing[model] = f"no {paths[0].name} under {_shown(paths[0].parent, root)}"
             continue
         parts = []
         for path in found:
@@ -106,7 +115,7 @@ def load(files: Mapping[str, Path | Sequence[Path]], variants: Sequence[str]) ->
             used.setdefault(model, []).append(path)
             prov[(model, str(path))] = _provenance(path, first)
         if not parts:
-            missing[model] = f"{', '.join(map(str, found))}: no rows of {', '.join(variants)}"
+            missing[model] = f"{', '.join(_shown(p, root) for p in found)}: no rows of {', '.join(variants)}"
             continue
         frames.append(pd.concat(parts).drop_duplicates(["variant", "method", "M"], keep="first"))
     cols = ["model", "variant", "method", "M", "frac_hbm_bound", "file"]
@@ -150,13 +159,7 @@ def table(loaded: Loaded) -> pd.DataFrame:
 def sources(loaded: Loaded, root: Path | None = None) -> pd.DataFrame:
     """Where each shown model's rows come from: per file (relative to root, where it lies under it),
     the rows shown from it and the provenance of its first such row."""
-    def shown(path: Path) -> str:
-        try:
-            return str(path.resolve().relative_to(Path(root).resolve())) if root is not None else str(path)
-        except ValueError:
-            return str(path)
-
-    out = [{"model": m, "file": shown(p), "rows": int(((loaded.rows.model == m) & (loaded.rows.file == str(p))).sum()),
+    out = [{"model": m, "file": _shown(p, root), "rows": int(((loaded.rows.model == m) & (loaded.rows.file == str(p))).sum()),
             **loaded.provenance.get((m, str(p)), {})} for m in loaded.models for p in loaded.files[m]]
     return pd.DataFrame(out)
 
