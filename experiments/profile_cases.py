@@ -3,6 +3,8 @@
     python experiments/profile_cases.py --out results/profiles/isa_hints hint0 hint1
     python experiments/profile_cases.py --out results/profiles/gemm_tiling gemm gluon
     python experiments/profile_cases.py --out results/profiles/moe_mxfp4 mxfp4
+    python experiments/profile_cases.py --out results/profiles/moe_mxfp4 mxfp4_m4 mxfp4_m12 mxfp4_m64 mxfp4_m256
+    python experiments/profile_cases.py --out results/profiles/moe_mxfp4 mxfp4_tiles2_m4 mxfp4_tiles2_m64
     python experiments/profile_cases.py --out DIR --csv            # every case, with ncu's own CSV of each
 
 Each case is one command (printed before it runs), e.g. for ``hint1``:
@@ -18,7 +20,10 @@ Cases (each function launches its kernel twice on random data; the first launch 
 through nested inlined helpers: put -> remote_store -> translate), ``put_noline`` (the same compiled
 with TRITON_DISABLE_LINE_INFO=1), ``hint0`` / ``hint1`` (the ISA-hints pair: ``remote_store_kernel``
 without / with the alignment hint), ``mxfp4`` (the MXFP4 MoE down-projection at KIMI-K2.5's shapes,
-M = 12), ``torch_mm`` (``torch.mm``: a cuBLAS kernel with no Triton source).
+M = 12, the plain layout: the committed report), ``mxfp4_m4`` / ``_m12`` / ``_m64`` / ``_m256`` (the same
+layer as users run it: prepared weights, level 2, the launcher's default config, the routing prepared
+in the call), ``mxfp4_tiles2_m4`` / ``_m64`` (the same with two column tiles per program,
+``N_TILES=2``), ``torch_mm`` (``torch.mm``: a cuBLAS kernel with no Triton source).
 """
 import argparse
 import os
@@ -104,6 +109,54 @@ def mxfp4():
         moe_mxfp4_down(a, w, w_scale, prepare_routing(ids, wts, E, 16))
 
 
+KIMI_K25 = dict(E=385, H=7168, I=512, top_k=9)      # the down-projection's layer
+
+
+def _mxfp4_prepared(M: int, n_tiles: int = 1, *, layer: dict = KIMI_K25, device: str = "cuda"):
+    """KIMI-K2.5's down-projection at M tokens as users run it: weights prepared once (level 2), the
+    router's (ids, weights) handed to the call (the routing kernel runs in it; only the down kernel
+    is profiled), the launcher's config, with n_tiles column tiles per program where asked. Returns
+    the last output (the CPU test runs a small layer in the interpreter)."""
+    from kernels.moe_mxfp4 import default_config, moe_mxfp4_down, prepare_weights, quantize_mxfp4
+
+    E, H, I, top = layer["E"], layer["H"], layer["I"], layer["top_k"]
+    g = torch.Generator(device=device).manual_seed(M)
+    weights = prepare_weights(*quantize_mxfp4(torch.randn(E, H, I, device=device, generator=g) * 0.02))
+    a = torch.randn(M * top, I, device=device, generator=g).bfloat16()
+    ids = torch.rand(M, E, device=device, generator=g).topk(top, dim=1).indices.to(torch.int32)
+    wts = torch.softmax(torch.randn(M, top, device=device, generator=g), -1)
+    cfg = None
+    if n_tiles > 1:      # the default config for this M (its BLOCK_M is the routing's), n_tiles wide
+        cfg = default_config(M, top, E, I, prepacked=weights.level).replace(N_TILES=n_tiles)
+    for _ in range(2):
+        out = moe_mxfp4_down(a, weights, (ids, wts), config=cfg)
+    return out
+
+
+def mxfp4_m4():
+    _mxfp4_prepared(4)
+
+
+def mxfp4_m12():
+    _mxfp4_prepared(12)
+
+
+def mxfp4_m64():
+    _mxfp4_prepared(64)
+
+
+def mxfp4_m256():
+    _mxfp4_prepared(256)
+
+
+def mxfp4_tiles2_m4():
+    _mxfp4_prepared(4, n_tiles=2)
+
+
+def mxfp4_tiles2_m64():
+    _mxfp4_prepared(64, n_tiles=2)
+
+
 def torch_mm():
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     for _ in range(2):
@@ -119,6 +172,8 @@ CASES = {
     "hint0": ("remote_store_kernel", {}),
     "hint1": ("remote_store_kernel", {}),
     "mxfp4": ("_moe_mxfp4_down_kernel", {}),
+    **{f"mxfp4_m{m}": ("_moe_mxfp4_down_kernel", {}) for m in (4, 12, 64, 256)},
+    **{f"mxfp4_tiles2_m{m}": ("_moe_mxfp4_down_kernel", {}) for m in (4, 64)},
     "torch_mm": ("nvjet|gemm|cutlass|sm90", {}),
 }
 

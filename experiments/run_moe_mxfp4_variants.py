@@ -192,6 +192,16 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             "BM16 BN64 prepack3": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=3),
             "BM16 BN64 prepack3 r64": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=3, maxnreg=64),
             "BM16 BN64 prepack3 la1 r72": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=3, LOAD_AHEAD=1, maxnreg=72),
+            # issue 42: N_TILES column tiles per program, one after the other (the routing's ids,
+            # expert and weights loaded once; the next tile's first weights in flight under the
+            # finished tile's atomics; N_TILES times fewer programs). Cross-compiled for sm_90 (with
+            # the scale patterns' one mad per two bytes): 3.25 SASS instructions per weight at one
+            # tile, 3.06 at two (94 registers, 5 programs per SM), 3.02 at two with LOAD_AHEAD 0
+            # (76, 6 per SM); the column tiles (H / 64) must divide by N_TILES
+            "BM16 BN64 prepack2 la1 tiles2": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1, N_TILES=2),
+            "BM16 BN64 prepack2 tiles2": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, N_TILES=2),
+            "BM16 BN64 prepack2 tiles4": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, N_TILES=4),
+            "BM16 BN64 prepack3 tiles2": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=3, N_TILES=2),
         })
     return v
 

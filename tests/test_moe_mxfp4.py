@@ -535,7 +535,7 @@ def test_prepared_weights_plan_key_has_the_layout():
 
 def _run_ptx(text: str, regs: dict) -> dict:
     """A model of the few b32 PTX instructions the expansion uses (and, or, shl, shr, prmt in
-    the default mode, shf.l.wrap), run over numpy uint32 arrays: $N operands come from regs."""
+    the default mode, shf.l.wrap, mad.lo), run over numpy uint32 arrays: $N operands come from regs."""
     import numpy as np
 
     env = dict(regs)
@@ -551,6 +551,9 @@ def _run_ptx(text: str, regs: dict) -> dict:
             r = v[0] & v[1]
         elif op == "add.u32":
             r = v[0] + v[1]
+        elif op == "mad.lo.u32":              # the low 32 bits of v0 * v1 + v2
+            r = np.asarray((v[0].astype(np.uint64) * np.uint64(v[1]) + np.uint64(v[2])) & np.uint64(0xFFFFFFFF),
+                           dtype=np.uint32)
         elif op == "not.b32":
             r = ~v[0]
         elif op == "shr.b32":

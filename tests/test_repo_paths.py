@@ -19,7 +19,9 @@ TOP = ("results/", "experiments/", "kernels/", "notebooks/", "tests/", "workbenc
 GENERATED = ("results/reports/", "results/fresh/", "wheelhouse/", ".node-site/")   # written by runs, never committed
 # Outputs a run writes where it applies, named as such (not committed: no 8-GPU run yet; the trace as parquet).
 NOT_COMMITTED = {"results/ag_gemm/README.md": {"w8/", "trace.csv"},
-                 "notebooks/05_all_gather_gemm.ipynb": {"results/ag_gemm/w8/", "trace.csv"}}
+                 "notebooks/05_all_gather_gemm.ipynb": {"results/ag_gemm/w8/", "trace.csv"},
+                 # written by experiments/run_moe_mxfp4.py on a GPU, not yet run: the notebook says so
+                 "notebooks/07_moe_mxfp4.ipynb": {"gpt-oss-120b/rows.csv", "gpt-oss-20b/rows.csv"}}
 EXTENSIONS = {".csv", ".parquet", ".json", ".md", ".txt", ".log", ".yaml", ".py", ".ipynb"}
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)

@@ -46,6 +46,11 @@ class MoeMxfp4Config:
     where a few tiles per expert would leave the last wave of programs nearly empty.
     maxnreg: a register cap per thread (None: the compiler's choice), so that more programs fit
     on an SM (65,536 registers / (32 * num_warps * maxnreg)), at the price of spills.
+    N_TILES: column tiles per program, computed one after the other with the routing's ids, expert
+    and weights loaded once (the unrolled form only: N_TILES x the K steps are straight-line code).
+    The loads ahead run on into the next tile, so its first weights are in flight while the finished
+    tile's epilogue (its atomics) runs; N_TILES times fewer programs. The column tiles (H / BLOCK_N,
+    rounded up) must divide by it. Each output element gets the same sums as with N_TILES=1.
     UNROLL: the K steps as straight-line code (up to the launcher's MAX_UNROLLED_STEPS), or, False,
     as a loop the compiler may software-pipeline over ``num_stages`` (loads staged through shared
     memory instead of registers; LOAD_AHEAD applies to the unrolled form only).
@@ -68,6 +73,7 @@ class MoeMxfp4Config:
     SPLIT_K: int = 1
     maxnreg: int | None = None
     UNROLL: bool = True
+    N_TILES: int = 1
 
     @property
     def swap_ab(self) -> bool:
@@ -84,7 +90,8 @@ class MoeMxfp4Config:
                 f"{flags}{'_swap' if self.swap_ab else ''}_{mode}{'' if self.EXPAND == 'ptx' else '_' + self.EXPAND}"
                 f"{f'_la{self.LOAD_AHEAD}' if self.LOAD_AHEAD else ''}{f'_prepack{self.PREPACK}' if self.PREPACK else ''}"
                 f"{'_2mul' if self.PREPACK and not self.ONE_MUL else ''}{f'_sk{self.SPLIT_K}' if self.SPLIT_K > 1 else ''}"
-                f"{f'_r{self.maxnreg}' if self.maxnreg else ''}{'' if self.UNROLL else '_loop'}")
+                f"{f'_r{self.maxnreg}' if self.maxnreg else ''}{'' if self.UNROLL else '_loop'}"
+                f"{f'_tiles{self.N_TILES}' if self.N_TILES > 1 else ''}")
 
     def replace(self, **kw) -> "MoeMxfp4Config":
         return replace(self, **kw)
@@ -119,6 +126,10 @@ class MoeMxfp4Config:
         if not isinstance(self.UNROLL, bool) or (self.LOAD_AHEAD and not self.UNROLL):
             raise ValueError(f"moe_mxfp4: UNROLL must be True or False, and LOAD_AHEAD (a rotation of unrolled "
                              f"steps) needs UNROLL=True; got UNROLL={self.UNROLL!r}, LOAD_AHEAD={self.LOAD_AHEAD}")
+        if not isinstance(self.N_TILES, int) or isinstance(self.N_TILES, bool) or not 1 <= self.N_TILES <= 8 \
+                or (self.N_TILES > 1 and not self.UNROLL):
+            raise ValueError(f"moe_mxfp4: N_TILES must be an int in [1, 8], and N_TILES > 1 (unrolled tiles) needs "
+                             f"UNROLL=True; got N_TILES={self.N_TILES!r}, UNROLL={self.UNROLL}")
         if self.PREPACK not in (0, 1, 2, 3):
             raise ValueError(f"moe_mxfp4: PREPACK must be 0, 1, 2 or 3, got {self.PREPACK!r}")
         if self.PREPACK >= 2 and self.EXPAND != "ptx":

@@ -221,7 +221,8 @@ def build(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, conf
     workspace = None
     if det:
         workspace = torch.empty((routing.num_pairs, H), dtype=torch.bfloat16, device=a.device)
-    grid = (routing.max_blocks, triton.cdiv(H, config.BLOCK_N), config.SPLIT_K)
+    check_n_tiles(config, H, K)
+    grid = (routing.max_blocks, triton.cdiv(H, config.BLOCK_N) // config.N_TILES, config.SPLIT_K)
     constexprs = dict(kernel_constexprs(config, top_k=routing.top_k, a_fp4=a_scale is not None, H=H, K=K,
                                         one_mul=one_mul, expand="fp32" if interpreter.active() else config.EXPAND),
                       **launch_options(config))
@@ -234,6 +235,20 @@ def build(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, conf
     return Plan(config, grid, constexprs, M, H, workspace, reduce_grid, reduce_constexprs, choice=choice)
 
 
+def check_n_tiles(config: MoeMxfp4Config, H: int, K: int) -> None:
+    """N_TILES > 1: whole column tiles per program, all of them unrolled (ValueError otherwise)."""
+    if config.N_TILES == 1:
+        return
+    tiles = triton.cdiv(H, config.BLOCK_N)
+    if tiles % config.N_TILES:
+        fail(f"N_TILES={config.N_TILES} must divide the {tiles} column tiles (H={H} / BLOCK_N={config.BLOCK_N}, "
+             f"rounded up); use a divisor of {tiles}")
+    steps = triton.cdiv(K, config.BLOCK_K) // config.SPLIT_K
+    if steps * config.N_TILES > MAX_UNROLLED_STEPS:
+        fail(f"N_TILES={config.N_TILES} unrolls {steps} K steps per tile, {steps * config.N_TILES} in all, over "
+             f"the {MAX_UNROLLED_STEPS} the kernel unrolls; use N_TILES=1 (the looped reduction)")
+
+
 def kernel_constexprs(cfg: MoeMxfp4Config, *, top_k: int, a_fp4: bool, H: int, K: int, one_mul: bool,
                       expand: str) -> dict:
     """The down-projection kernel's constexprs for a config (the launcher and compile_for_target)."""
@@ -241,7 +256,7 @@ def kernel_constexprs(cfg: MoeMxfp4Config, *, top_k: int, a_fp4: bool, H: int, K
                 PREFETCH_EPILOGUE=cfg.PREFETCH_EPILOGUE, SWAP_AB=cfg.swap_ab, EVEN_N=H % cfg.BLOCK_N == 0,
                 EXPAND=expand, K=K, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N, BK=cfg.BLOCK_K, LOAD_AHEAD=cfg.LOAD_AHEAD,
                 PREPACK=cfg.PREPACK, ONE_MUL=bool(cfg.PREPACK and cfg.ONE_MUL and one_mul), SPLIT_K=cfg.SPLIT_K,
-                MAX_UNROLL=MAX_UNROLLED_STEPS if cfg.UNROLL else 0)
+                MAX_UNROLL=MAX_UNROLLED_STEPS if cfg.UNROLL else 0, N_TILES=cfg.N_TILES)
 
 
 def launch_options(cfg: MoeMxfp4Config) -> dict:

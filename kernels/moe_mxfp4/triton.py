@@ -122,6 +122,17 @@ last K step of each program loads the activations, and plain weights and scales,
 so their loads stay unmasked. Every other step keeps its unmasked loads, and a kernel without a
 tail compiles to the same SASS as before the tail existed.
 
+Column tiles per program (``N_TILES``, issue 42; config, default 1). At small M a program is short
+(4 K steps at KIMI-K2.5) and starts with two dependent round trips (the block's ids and expert id,
+then its weights) and ends with an expansion, a wgmma and the atomics that none of its own loads
+overlap. With N_TILES > 1 a program runs N_TILES column tiles of its row block as one sequence of
+steps (``_load_flat``): the routing's loads are made once, the loads ahead run on into the next
+tile while the finished tile's epilogue (``_tile_out``) runs, and the launch has N_TILES times
+fewer programs. Each output element gets the same products in the same order (the deterministic
+mode gives N_TILES=1's bits). Cross-compiled (BM16 BN64 PREPACK=2): 3.25 SASS instructions per
+weight at one tile, 3.03 at two (LOAD_AHEAD 0, 76 registers), 2.88 at four; N_TILES=1 compiles to
+the same SASS as before the change.
+
 The K steps are unrolled (I is a constexpr; 4 steps at I = 512), loads stay
 plain 128-bit LDGs into registers (Triton's cp.async pipeliner, num_stages > 1,
 narrowed the packed-weight copies to 4 bytes and read the scales back byte by
@@ -227,15 +238,15 @@ or.b32 $1, h, g;
 # 0, 1; $1: bytes 2, 3): (s + 126) << 7 in each 16-bit half, no special bytes (s + 126 <= 254 is
 # a normal exponent, and 2**-1 for byte 0), so one multiply of the 2**-126-scaled E2M1 pattern by
 # it gives the value the two multiplies give, bit for bit (every product is exact in bf16).
+# Written as s * 128 + (126 << 7), one IMAD per two bytes instead of an add and a shift (no carry
+# crosses the halves: each is at most 254 << 7 = 0x7F00).
 _SCALE_ONE_MUL_PTX = tl.constexpr("""
 {
 .reg .b32 h;
 prmt.b32 h, $2, 0, 0x4140;
-add.u32 h, h, 0x007E007E;
-shl.b32 $0, h, 7;
+mad.lo.u32 $0, h, 128, 0x3F003F00;
 prmt.b32 h, $2, 0, 0x4342;
-add.u32 h, h, 0x007E007E;
-shl.b32 $1, h, 7;
+mad.lo.u32 $1, h, 128, 0x3F003F00;
 }
 """)
 
@@ -553,15 +564,15 @@ def _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm,
 
 
 @triton.jit
-def _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
+def _load_w(w_ptr, w_scale_ptr, e, tile, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
             NT: tl.constexpr, EVEN_N: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr = 0,
             EXPAND: tl.constexpr = "ptx", BN: tl.constexpr = 64, ONE_MUL: tl.constexpr = False,
             KLIM: tl.constexpr = 0):
-    """Step k0 of expert e's packed weights [BN, BK/2] and scales [BN, BK/32] (PREPACK: the
-    scales' bit patterns, broadcast to [BN, BK/2]). KLIM (the step holding I's tail, plain layout):
+    """Step k0 of expert e's packed weights [BN, BK/2] and scales [BN, BK/32] of column tile
+    ``tile`` (rn: its columns; PREPACK: the scales' bit patterns, broadcast to [BN, BK/2]). KLIM (the step holding I's tail, plain layout):
     codes past I read as 0 under scale byte 127; prepacked weights hold that padding in memory."""
     if PREPACK:
-        w, w_s = _load_w_prepacked(w_ptr, w_scale_ptr, e, tl.program_id(1), k0, stride_we, stride_wn,
+        w, w_s = _load_w_prepacked(w_ptr, w_scale_ptr, e, tile, k0, stride_we, stride_wn,
                                    stride_wse, stride_wsn, NT, EXPAND, BN, BK, PREPACK, ONE_MUL)
     else:
         rkp = k0 // 2 + tl.arange(0, BK // 2)
@@ -630,14 +641,14 @@ def _mma(acc, a, a_s, w, w_s, A_FP4: tl.constexpr, SWAP_AB: tl.constexpr, EXPAND
 
 
 @triton.jit
-def _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok, k0,
+def _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile, rn, n_ok, k0,
                stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
                A_FP4: tl.constexpr, NT: tl.constexpr, EVEN_N: tl.constexpr, EXPAND: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr,
                ONE_MUL: tl.constexpr, KLIM: tl.constexpr):
     """The loads of one K step (activations, weights, scales); KLIM: I, on the step holding its tail."""
     a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3, KLIM)
-    w, w_s = _load_w(w_ptr, w_scale_ptr, e, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
+    w, w_s = _load_w(w_ptr, w_scale_ptr, e, tile, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
                      NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL, KLIM)
     return a, a_s, w, w_s
 
@@ -653,10 +664,10 @@ def _moe_mxfp4_down_kernel(
     EVEN_N: tl.constexpr, EXPAND: tl.constexpr, K: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LOAD_AHEAD: tl.constexpr = 0,
     PREPACK: tl.constexpr = 0, ONE_MUL: tl.constexpr = False, SPLIT_K: tl.constexpr = 1,
-    MAX_UNROLL: tl.constexpr = 16,
+    MAX_UNROLL: tl.constexpr = 16, N_TILES: tl.constexpr = 1,
 ):
-    """One BM x BN tile of the down-projection (with SPLIT_K > 1, its share program_id(2) of the
-    cdiv(K, BK) steps); out is [M, H] (ATOMIC) or the per-pair workspace [pairs, H]. cdiv(K, BK) %
+    """One BM x BN tile of the down-projection, or N_TILES of them side by side, one after the other
+    (with SPLIT_K > 1, its share program_id(2) of the cdiv(K, BK) steps); out is [M, H] (ATOMIC) or the per-pair workspace [pairs, H]. cdiv(K, BK) %
     SPLIT_K == 0 (checked by the launcher). Where BK does not divide K = I, each program's last
     step reads the columns past I as zeros (KT = I: the masks of _load_a / _load_w; prepacked
     weights hold zero codes there, prepack_mxfp4's padding), so the tail adds exact zeros and the
@@ -670,14 +681,15 @@ def _moe_mxfp4_down_kernel(
     if SPLIT_K > 1:
         k_lo = tl.program_id(2) * (NSTEPS * BK)
     rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
+    tile0 = pid_n * N_TILES          # N_TILES column tiles per program, one after the other
+    rn = tile0 * BN + tl.arange(0, BN)
     n_ok = rn < H
     if EARLY_LOADS:
         ids = tl.load(sorted_ids_ptr + rm)
         ok = ids < num_pairs
         rows = ids.to(tl.int64)
         e = tl.maximum(tl.load(expert_ids_ptr + pid_m), 0).to(tl.int64)
-        a0, as0, w0, ws0 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok, k_lo,
+        a0, as0, w0, ws0 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile0, rn, n_ok, k_lo,
                                       stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
                                       A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, K_FIRST)
     if PREFETCH_EPILOGUE:
@@ -689,7 +701,7 @@ def _moe_mxfp4_down_kernel(
         ok = ids < num_pairs
         rows = ids.to(tl.int64)
         e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-        a0, as0, w0, ws0 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok, k_lo,
+        a0, as0, w0, ws0 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile0, rn, n_ok, k_lo,
                                       stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
                                       A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, K_FIRST)
 
@@ -709,67 +721,89 @@ def _moe_mxfp4_down_kernel(
     if NSTEPS > MAX_UNROLL:
         acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
         for s in range(1, NSTEPS - (KT > 0)):
-            a, a_s, w, w_s = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok,
+            a, a_s, w, w_s = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile0, rn, n_ok,
                                         k_lo + s * BK, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
                                         stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, 0)
             acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
         if KT:
-            a, a_s, w, w_s = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok,
+            a, a_s, w, w_s = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile0, rn, n_ok,
                                         k_lo + (NSTEPS - 1) * BK, stride_am, stride_asm, stride_we, stride_wn,
                                         stride_wse, stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK,
                                         ONE_MUL, KT)
             acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
     elif LOAD_AHEAD == 0:
         acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
-        for s in tl.static_range(1, NSTEPS):
-            a, a_s, w, w_s = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok,
-                                        k_lo + s * BK, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
-                                        stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL,
-                                        KT if s == NSTEPS - 1 else 0)
+        for j in tl.static_range(1, NSTEPS * N_TILES):
+            a, a_s, w, w_s = _load_flat(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, pid_n, k_lo, H,
+                                        stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
+                                        A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, j, NSTEPS, N_TILES, KT)
+            if j % NSTEPS == 0:        # the previous tile is done: its epilogue runs under this tile's loads
+                if not PREFETCH_EPILOGUE:
+                    wts = tl.load(sorted_weights_ptr + rm)
+                rn_t = (tile0 + j // NSTEPS - 1) * BN + tl.arange(0, BN)
+                _tile_out(acc, wts, ids, rows, ok, rn_t, rn_t < H, out_ptr, stride_om, TOP_K, ATOMIC, SWAP_AB)
+                acc = tl.zeros_like(acc)
             acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
     else:
-        # LOAD_AHEAD = L: the loads of steps s + 1 .. s + L are in flight while step s expands
-        # and multiplies (slots 0..3 hold steps s..s+3; the unrolled code rotates them), so a
-        # program keeps up to (L + 1) steps of weight bytes in flight instead of one.
+        # LOAD_AHEAD = L: the loads of steps j + 1 .. j + L are in flight while step j expands
+        # and multiplies (slots 0..3 hold steps j..j+3; the unrolled code rotates them), so a
+        # program keeps up to (L + 1) steps of weight bytes in flight instead of one. With
+        # N_TILES > 1 the steps run on into the next column tile (_load_flat), so its first
+        # loads are in flight while the finished tile's epilogue runs.
+        TOTAL: tl.constexpr = NSTEPS * N_TILES
         a1, as1, w1, ws1 = a0, as0, w0, ws0
         a2, as2, w2, ws2 = a0, as0, w0, ws0
         a3, as3, w3, ws3 = a0, as0, w0, ws0
-        if LOAD_AHEAD >= 1 and NSTEPS > 1:
-            a1, as1, w1, ws1 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok,
-                                          k_lo + BK, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
-                                          stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL,
-                                          KT if NSTEPS == 2 else 0)
-        if LOAD_AHEAD >= 2 and NSTEPS > 2:
-            a2, as2, w2, ws2 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok,
-                                          k_lo + 2 * BK, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
-                                          stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL,
-                                          KT if NSTEPS == 3 else 0)
-        if LOAD_AHEAD >= 3 and NSTEPS > 3:
-            a3, as3, w3, ws3 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok,
-                                          k_lo + 3 * BK, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
-                                          stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL,
-                                          KT if NSTEPS == 4 else 0)
-        for s in tl.static_range(NSTEPS):
+        if LOAD_AHEAD >= 1 and TOTAL > 1:
+            a1, as1, w1, ws1 = _load_flat(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, pid_n, k_lo, H,
+                                          stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
+                                          A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, 1, NSTEPS, N_TILES, KT)
+        if LOAD_AHEAD >= 2 and TOTAL > 2:
+            a2, as2, w2, ws2 = _load_flat(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, pid_n, k_lo, H,
+                                          stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
+                                          A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, 2, NSTEPS, N_TILES, KT)
+        if LOAD_AHEAD >= 3 and TOTAL > 3:
+            a3, as3, w3, ws3 = _load_flat(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, pid_n, k_lo, H,
+                                          stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
+                                          A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, 3, NSTEPS, N_TILES, KT)
+        for j in tl.static_range(TOTAL):
             acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
             a0, as0, w0, ws0 = a1, as1, w1, ws1
             a1, as1, w1, ws1 = a2, as2, w2, ws2
             a2, as2, w2, ws2 = a3, as3, w3, ws3
-            if s + LOAD_AHEAD + 1 < NSTEPS:        # the step that now enters the last slot
-                an, asn, wn, wsn = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, rn, n_ok,
-                                              k_lo + (s + LOAD_AHEAD + 1) * BK, stride_am, stride_asm, stride_we,
-                                              stride_wn, stride_wse, stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN,
-                                              BK, PREPACK, ONE_MUL, KT if s + LOAD_AHEAD + 2 == NSTEPS else 0)
+            if j + LOAD_AHEAD + 1 < TOTAL:        # the step that now enters the last slot
+                an, asn, wn, wsn = _load_flat(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, pid_n, k_lo, H,
+                                              stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
+                                              A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL,
+                                              j + LOAD_AHEAD + 1, NSTEPS, N_TILES, KT)
                 if LOAD_AHEAD == 1:
                     a1, as1, w1, ws1 = an, asn, wn, wsn
                 elif LOAD_AHEAD == 2:
                     a2, as2, w2, ws2 = an, asn, wn, wsn
                 else:
                     a3, as3, w3, ws3 = an, asn, wn, wsn
-    if SWAP_AB:
-        acc = tl.trans(acc)
-
+            if j % NSTEPS == NSTEPS - 1 and j + 1 < TOTAL:     # a tile done, not the program's last
+                if not PREFETCH_EPILOGUE:
+                    wts = tl.load(sorted_weights_ptr + rm)
+                rn_t = (tile0 + j // NSTEPS) * BN + tl.arange(0, BN)
+                _tile_out(acc, wts, ids, rows, ok, rn_t, rn_t < H, out_ptr, stride_om, TOP_K, ATOMIC, SWAP_AB)
+                acc = tl.zeros_like(acc)
     if not PREFETCH_EPILOGUE:
         wts = tl.load(sorted_weights_ptr + rm)
+    if N_TILES > 1:
+        rn = (tile0 + N_TILES - 1) * BN + tl.arange(0, BN)
+        n_ok = rn < H
+    _tile_out(acc, wts, ids, rows, ok, rn, n_ok, out_ptr, stride_om, TOP_K, ATOMIC, SWAP_AB)
+
+
+@triton.jit
+def _tile_out(acc, wts, ids, rows, ok, rn, n_ok, out_ptr, stride_om, TOP_K: tl.constexpr, ATOMIC: tl.constexpr,
+              SWAP_AB: tl.constexpr):
+    """The epilogue of the column tile of columns rn (n_ok: rn < H): each row times its routing
+    weight (fp32), rounded to bf16, added to out[token] with atomics (ATOMIC) or stored to the
+    pair's workspace row."""
+    if SWAP_AB:
+        acc = tl.trans(acc)
     val = (acc * wts[:, None]).to(out_ptr.dtype.element_ty)
     mask = ok[:, None] & n_ok[None, :]
     if ATOMIC:
@@ -777,6 +811,23 @@ def _moe_mxfp4_down_kernel(
         tl.atomic_add(out_ptr + tok[:, None] * stride_om + rn[None, :], val, mask=mask, sem="relaxed")
     else:
         tl.store(out_ptr + rows[:, None] * stride_om + rn[None, :], val, mask=mask)
+
+
+@triton.jit
+def _load_flat(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, pid_n, k_lo, H,
+               stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
+               A_FP4: tl.constexpr, NT: tl.constexpr, EVEN_N: tl.constexpr, EXPAND: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr,
+               ONE_MUL: tl.constexpr, J: tl.constexpr, NSTEPS: tl.constexpr, N_TILES: tl.constexpr,
+               KT: tl.constexpr):
+    """The loads of a program's step J, counted over its N_TILES column tiles in turn: K step
+    J % NSTEPS of tile pid_n * N_TILES + J // NSTEPS (KT on each tile's last step)."""
+    tile = pid_n * N_TILES + J // NSTEPS
+    rn = tile * BN + tl.arange(0, BN)
+    return _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile, rn, rn < H,
+                      k_lo + (J % NSTEPS) * BK, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
+                      stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL,
+                      KT if J % NSTEPS == NSTEPS - 1 else 0)
 
 
 @triton.jit
