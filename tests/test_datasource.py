@@ -289,6 +289,14 @@ def test_committed_mode_shows_the_planned_command(gpus, shown, tmp_path, asked, 
     assert f"`python {meta['command']}`" in text
 
 
+def test_planned_command_names_repository_paths_relative(gpus, shown, tmp_path):
+    gpus(0)
+    data = plan("study", "quick", committed_dir=tmp_path, fresh_dir=tmp_path / "fresh")
+    data.measure([datasource.REPO_ROOT / "experiments" / "run_x.py", "--out",
+                  datasource.REPO_ROOT / "results" / "fresh" / "x", "--from", "/elsewhere/data"])
+    assert shown[0][2]["command"] == "experiments/run_x.py --out results/fresh/x --from /elsewhere/data"
+
+
 # ---------------------------------------------------------------------------
 # labels
 

@@ -432,8 +432,18 @@ def test_profile_run_writes_the_report_and_names_the_cache_entry(tmp_path):
     assert summary["hash"].startswith("QQZPKJTQM53B") and summary["cache"] == "put.triton-cache"
     assert summary["kernel"] == "put_kernel" and summary["ncu_version"] == "Version 2099.1 (stand-in)"
     assert summary["totals"]["samples"] == load(FIX / "put.ncu-rep").totals["samples"]
+    # the summary names no machine's paths for its programs: ncu and Python by name
+    assert summary["ncu"] == "ncu" and summary["command"].startswith("ncu --clock-control none")
+    assert "python3 -m workbench.profile.target experiments/profile_cases.py:put" in summary["command"]
     show = _cli("profile", "show", tmp_path / "out" / "put.ncu-rep")
     assert show.returncode == 0 and "lines and call sites from Triton cache entry QQZPKJTQM53B" in show.stdout
+
+
+def test_the_summarys_command_is_portable(tmp_path):
+    from workbench.profile.run import portable_command
+
+    cmd = ["/opt/cuda/bin/ncu", "-o", str(tmp_path / "out" / "r"), sys.executable, "-m", "x", "/elsewhere/f"]
+    assert portable_command(cmd, cwd=tmp_path) == "ncu -o out/r python3 -m x /elsewhere/f"
 
 
 @pytest.mark.parametrize("body,message", [

@@ -127,7 +127,9 @@ class StudyData:
         non-zero exit or after ``timeout_s`` (``$WORKBENCH_MEASURE_TIMEOUT_S`` caps it).
         """
         cmd = [sys.executable, *map(str, args)]
-        shown = " ".join(shlex.quote(_rel(Path(a)) if a.endswith(".py") else a) for a in map(str, args))
+        # scripts and paths as the repository names them, so a record reads the same on every machine
+        shown = " ".join(shlex.quote(_rel(Path(a)) if a.endswith(".py") or os.path.isabs(a) else a)
+                         for a in map(str, args))
         if not self.fresh or self.run_dir is None:
             _display_note(f"**Not measured here:** {self.note} A {self.grid} run would be: "
                           f"`python {shown}`", {"kind": "measure-skipped", "study": self.study,

@@ -85,6 +85,21 @@ def ncu_command(ncu: str, target: str, report_base: Path, *, kernel: str | None 
     return cmd
 
 
+def portable_command(cmd: list[str], cwd: str | os.PathLike | None = None) -> str:
+    """`cmd` as a shell line another machine can read: ncu and Python by name, paths under `cwd` relative."""
+    here = Path(cwd or os.getcwd()).resolve()
+    words = []
+    for i, word in enumerate(cmd):
+        if i == 0:
+            word = Path(word).name
+        elif word == sys.executable:
+            word = "python3"
+        elif os.path.isabs(word) and Path(word).is_relative_to(here):
+            word = str(Path(word).relative_to(here))
+        words.append(word)
+    return shlex.join(words)
+
+
 def _why_failed(log: str, rc: int, report: Path, kernel: str | None, launch: int) -> str | None:
     """What went wrong, in a sentence, from ncu's output (None: nothing recognised)."""
     if "ERR_NVGPUCTRPERM" in log:
@@ -212,7 +227,8 @@ def profile(target: str, *, out: str | os.PathLike = "profiles", name: str | Non
         raise ProfileError((why or f"the profiled program exited with {rc}") + f"; {log_path} ends with:\n"
                            + _tail(log))
     facts = {"target": target, "kernel_regex": kernel, "launch": launch, "sections": list(sections),
-             "clock_control": clock_control, "command": shlex.join(cmd), "ncu": exe, "ncu_version": _ncu_version(exe),
+             "clock_control": clock_control, "command": portable_command(cmd), "ncu": Path(exe).name,
+             "ncu_version": _ncu_version(exe),
              "seconds": round(time.monotonic() - t0, 1)}
     summary = write_summary(report, cache_dir, facts)
     if csv:
