@@ -4,6 +4,7 @@
     python experiments/launch_cost.py --out results/launch_cost --paths 12 # every GEMM config path, held-out shapes
     torchrun --nproc-per-node 2 experiments/launch_cost.py --out results/launch_cost/comm_w2 --comm [--breakdown]
         # every variant of the multi-rank launchers beside the library calls (experiments/launch_cost_comm.py)
+    python experiments/launch_cost.py --out results/launch_cost --breakdown-mxfp4  # an MXFP4 MoE call, part by part
     python experiments/launch_cost.py --out DIR --descriptors              # host vs device TMA descriptors
     python experiments/launch_cost.py --out DIR --descriptors --only gluon # the Gluon kernels' rows alone
     python experiments/launch_cost.py --out DIR --descriptors --dry-run    # its CPU part (interpreter)
@@ -263,6 +264,64 @@ def _moe_mxfp4(rows, bench) -> None:
                                  bench.host_time_us(fn, calls=CALLS)))
             _pair(f"moe_mxfp4 {name} M{M}: user loop", lambda: moe_mxfp4_down(a, weights, (ids, wts)),
                   lambda: moe_mxfp4_down(a, weights, torch_routing(ids, wts, E, bm)), "torch routing", bench, rows)
+        del w, ws, weights
+        torch.cuda.empty_cache()
+
+
+def breakdown_mxfp4(rows, bench, device: str = "cuda") -> None:
+    """Where a user's MXFP4 down-projection call's host time goes, ``moe_mxfp4_down(a, weights, (ids, wts))``:
+    the routing's plan lookup, its one allocation and views, its launch, the down-projection's plan lookup,
+    the output's zeroing and its launch, each alone, beside the whole call and a bare Triton launch."""
+    import torch
+
+    from kernels.moe_mxfp4 import block_m_for, moe_mxfp4_down, prepare_routing, prepare_weights, quantize_mxfp4
+    from kernels.moe_mxfp4 import routing as mrouting
+    from kernels.moe_mxfp4.launch import plan_for
+    from kernels.moe_mxfp4.plan import execute, unwrap_weights
+
+    x = torch.randn(1 << 12, device=device)
+    _noop_kernel[(4,)](x, x.numel(), BLOCK=1024)
+    floor = bench.host_time_us(lambda: _noop_kernel[(4,)](x, x.numel(), BLOCK=1024), calls=CALLS)
+    rows.append(_row("breakdown mxfp4: bare triton launch", "triton", floor))
+    print(f"bare triton launch {floor['median_us']:6.1f} us", flush=True)
+    for name, E, H, I, top_k, ms in MOE_MXFP4:
+        g = torch.Generator(device=device).manual_seed(E)
+        # the weights' values do not change the host's work: small random codes, one expert's scales repeated
+        w, ws = quantize_mxfp4(torch.randn(1, H, I, device=device, generator=g) * 0.02)
+        weights = prepare_weights(w.expand(E, -1, -1).contiguous(), ws.expand(E, -1, -1).contiguous(), 2)
+        for M in ms[:2]:
+            ids = torch.rand(M, E, device=device, generator=g).topk(top_k, dim=1).indices.int()
+            wts = torch.softmax(torch.randn(M, top_k, device=device, generator=g), -1)
+            a = torch.randn(M * top_k, I, device=device, generator=g).bfloat16()
+            bm = block_m_for(M, top_k, E)
+            routing = prepare_routing(ids, wts, E, bm)
+            rplan = mrouting._PLANS.get((mrouting.tensor_signature(ids), mrouting.tensor_signature(wts), E, bm))
+            bufs = torch.empty(rplan.total, dtype=torch.int32, device=rplan.device).split_with_sizes(rplan.sizes)
+            w_, ws_, _, _, _, _ = unwrap_weights(weights, routing, None)
+            plan = plan_for(a, weights, routing)
+            out = moe_mxfp4_down(a, weights, routing)
+            parts = {
+                "whole call, router's ids and weights": lambda: moe_mxfp4_down(a, weights, (ids, wts)),
+                "whole call, prepared routing": lambda: moe_mxfp4_down(a, weights, routing),
+                "prepare_routing": lambda: prepare_routing(ids, wts, E, bm),
+                "routing: plan lookup": lambda: mrouting._PLANS.get(
+                    (mrouting.tensor_signature(ids), mrouting.tensor_signature(wts), E, bm)),
+                "routing: one allocation and its views": lambda: torch.empty(
+                    rplan.total, dtype=torch.int32, device=rplan.device).split_with_sizes(rplan.sizes),
+                "routing: launch": lambda: rplan.launch(ids, wts, bufs[0], bufs[1].view(torch.float32), bufs[2],
+                                                        bufs[6], bufs[4], rplan.n, rplan.E, rplan.rows,
+                                                        rplan.blocks, ids.stride(0), ids.stride(1),
+                                                        wts.stride(0), wts.stride(1)),
+                "down: plan lookup": lambda: plan_for(a, weights, routing),
+                "down: output zeroed": lambda: torch.zeros((M, H), dtype=torch.bfloat16, device=device),
+                "down: launch (output given, accumulated)": lambda: execute(plan, a, None, w_, ws_, routing, out,
+                                                                           True),
+            }
+            print(f"{name} M={M}:", flush=True)
+            for part, fn in parts.items():
+                h = bench.host_time_us(fn, calls=CALLS)
+                rows.append(_row(f"breakdown mxfp4 {name} M{M}: {part}", "ours", h))
+                print(f"  {part:<40} {h['median_us']:6.1f} us", flush=True)
         del w, ws, weights
         torch.cuda.empty_cache()
 
@@ -838,6 +897,8 @@ def main(argv=None) -> int:
     ap.add_argument("--breakdown", action="store_true",
                     help="only: where a planned matmul call's host time goes (with --comm: also the parts of a "
                          "chunked and a pipelined all_gather_matmul call)")
+    ap.add_argument("--breakdown-mxfp4", action="store_true",
+                    help="where a user's MXFP4 down-projection call's host time goes, part by part")
     ap.add_argument("--paths", type=int, default=0, metavar="N",
                     help="only: every GEMM config path's host time on N held-out zoo shapes (paths.csv, "
                          "paths_summary.md); a large N takes them all")
@@ -883,6 +944,8 @@ def main(argv=None) -> int:
         with dist.worker():
             world = tdist.get_world_size()
             measure(rows, bench, CALLS, breakdown=args.breakdown)
+    elif args.breakdown_mxfp4:
+        breakdown_mxfp4(rows, bench)
     elif args.breakdown:
         breakdown(rows, bench)
     elif args.paths:
@@ -894,7 +957,8 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         prov = provenance.flat(provenance.collect(world_size=world))
         df = pd.DataFrame([{**r, **prov} for r in rows])
-        name = ("launch_cost_comm.csv" if args.comm else "breakdown.csv" if args.breakdown else
+        name = ("launch_cost_comm.csv" if args.comm else "breakdown_mxfp4.csv" if args.breakdown_mxfp4 else
+                "breakdown.csv" if args.breakdown else
                 "paths.csv" if args.paths else "launch_cost.csv")
         df.to_csv(out / name, index=False)
         print(f"wrote {out / name} ({len(df)} rows)")
