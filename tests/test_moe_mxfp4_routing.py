@@ -179,6 +179,59 @@ def test_the_launcher_prepares_the_routers_output_itself():
         moe_mxfp4_down(a, weights, (ids,))
 
 
+@pytest.mark.parametrize("M,H", [(5, 64), (1, 72), (0, 64), (33, 8)])
+def test_routing_and_output_zeroes_poisoned_memory_in_the_same_launch(monkeypatch, M, H):
+    """prepare_routing_and_output: the routing prepare_routing gives, and the output [M, H] bf16 zeroed by
+    the routing's own launch, from a buffer handed out full of NaN bit patterns (one launch, no torch op)."""
+    monkeypatch.setattr(mr, "_PLANS", mr.PlanCache())
+    real_empty = torch.empty
+
+    def poisoned(*args, **kw):
+        return real_empty(*args, **kw).fill_(0x7FC07FC0)      # two bf16 NaNs per int32 word
+
+    ids, wts = _random(max(M, 1), 6, 3, seed=M)
+    ids, wts = ids[:M], wts[:M]
+    want = prepare_routing(ids, wts, 6, 16)
+    calls = []
+    real_call = launcher.PlannedLaunch.__call__
+    monkeypatch.setattr(launcher.PlannedLaunch, "__call__", lambda self, *a: (calls.append(1), real_call(self, *a)))
+    monkeypatch.setattr(mr.torch, "empty", poisoned)
+    monkeypatch.setattr(mr.torch, "zeros", lambda *a, **k: pytest.fail("a zeroing op ran"))
+    got, out = mr.prepare_routing_and_output(ids, wts, 6, 16, H)
+    monkeypatch.undo()
+    assert len(calls) == 1 and out.shape == (M, H) and out.dtype == torch.bfloat16 and out.is_contiguous()
+    assert out.data_ptr() % 16 == 0 and (out == 0).all() and not out.isnan().any()
+    for f in FIELDS:
+        assert torch.equal(getattr(got, f), getattr(want, f)), f
+    with pytest.raises(ValueError, match="out_cols must be a positive int"):
+        mr.prepare_routing_and_output(ids, wts, 6, 16, 0)
+
+
+def test_the_launchers_output_is_zeroed_by_the_routing_launch(monkeypatch):
+    """moe_mxfp4_down(a, weights, (ids, wts)) with no out: no zeroing op of its own (the routing's launch
+    zeroes the output), the same bits as with a prepared routing; with out given, or accumulating, or the
+    deterministic epilogue, the call keeps its own handling."""
+    g = torch.Generator().manual_seed(7)
+    E, H, I, M, top_k = 6, 64, 128, 5, 3
+    w, ws = quantize_mxfp4(torch.randn(E, H, I, generator=g) * 0.05)
+    weights = prepare_weights(w.to(DEV), ws.to(DEV), 2)
+    ids, wts = _random(M, E, top_k, seed=8)
+    a = torch.randn(M * top_k, I, generator=g).bfloat16().to(DEV)
+    want = moe_mxfp4_down(a, weights, prepare_routing(ids, wts, E, 16))
+    det = moe_mxfp4_down(a, weights, prepare_routing(ids, wts, E, 16), deterministic=True)
+    from kernels.moe_mxfp4 import plan as mplan
+    monkeypatch.setattr(mplan.torch, "zeros", lambda *a, **k: pytest.fail("the call zeroed its output itself"))
+    assert torch.equal(moe_mxfp4_down(a, weights, (ids, wts)), want)
+    monkeypatch.undo()
+    out = torch.full((M, H), float("nan"), dtype=torch.bfloat16, device=DEV)
+    assert torch.equal(moe_mxfp4_down(a, weights, (ids, wts), out=out), want) and torch.equal(out, want)
+    acc = want.clone()
+    moe_mxfp4_down(a, weights, (ids, wts), out=acc, accumulate=True)
+    # added slot by slot in bf16: within a rounding step of the running sum per slot
+    assert ((acc.float() - 2 * want.float()).abs() <= (2 * top_k + 1) * 2.0 ** -8 * 2 * want.float().abs().max()).all()
+    assert torch.equal(moe_mxfp4_down(a, weights, (ids, wts), deterministic=True), det)
+
+
 # ------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,E,top_k,BM", [(1, 128, 4, 16), (200, 128, 4, 16), (8192, 128, 4, 128), (4, 385, 9, 16),
@@ -226,3 +279,22 @@ def test_gpu_routing_and_down_projection_in_one_graph():
     assert out.isfinite().all()
     # atomics add a token's rows in any order: within the bound of a rounding step per slot
     assert ((out.float() - want.float()).abs() <= (top_k + 1) * 2.0 ** -8 * want.float().abs().max()).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,E,H,top_k", [(4, 385, 7168, 9), (16384, 385, 7168, 9), (1, 128, 2880, 4)])
+def test_gpu_routing_zeroes_the_output_without_a_sync(M, E, H, top_k):
+    """The output zeroed by the routing's launch at the study's sizes, from memory left full of NaNs, with no
+    host synchronization once planned."""
+    ids, wts = _random(M, E, top_k, seed=M, device="cuda")
+    mr.prepare_routing_and_output(ids, wts, E, 16, H)            # plan and compile
+    junk = torch.full((mr.max_rows(M * top_k, E, 16) * 3 + M * H,), float("nan"), device="cuda")
+    del junk                                                   # its memory back to the allocator, NaN-filled
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got, out = mr.prepare_routing_and_output(ids, wts, E, 16, H)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out.shape == (M, H) and bool((out == 0).all())
+    _same(got, ids, wts, E, 16, host_reference=M * top_k <= 2048)

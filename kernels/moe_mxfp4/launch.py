@@ -48,7 +48,7 @@ from . import plan as mplan
 from . import select as mselect
 from .config import MoeMxfp4Config, block_m_for
 from .quant import Mxfp4Weights
-from .routing import Routing, prepare_routing
+from .routing import Routing, prepare_routing, prepare_routing_and_output
 from .triton import _dequant_kernel, _moe_mxfp4_down_kernel
 
 __all__ = ["clear_plans", "dequantize_weights_bf16", "moe_mxfp4_down", "plan_cache_info", "plan_for"]
@@ -108,11 +108,12 @@ def _plan_for(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, 
     return plan
 
 
-def _routing_of(routing, w, config):
-    """A Routing as it is, or the router's (topk_ids, topk_weights) prepared here (``prepare_routing``,
-    one launch) for the config's row tile, or without a config ``block_m_for``'s."""
+def _routing_of(routing, w, config, out_cols: int = 0):
+    """(routing, out): a Routing as it is, or the router's (topk_ids, topk_weights) prepared here
+    (``prepare_routing``, one launch) for the config's row tile, or without a config ``block_m_for``'s;
+    with out_cols, that launch also zeroes the call's output [M, out_cols] (else out is None)."""
     if isinstance(routing, Routing) or not isinstance(routing, (tuple, list)):
-        return routing
+        return routing, None
     if len(routing) != 2 or not isinstance(routing[0], torch.Tensor) or routing[0].dim() != 2 \
             or not isinstance(w, torch.Tensor):
         mplan.fail(f"routing must come from prepare_routing(), or be the router's (topk_ids, topk_weights) with "
@@ -121,7 +122,9 @@ def _routing_of(routing, w, config):
     ids, wts = routing
     E = w.shape[0]
     bm = config.BLOCK_M if isinstance(config, MoeMxfp4Config) else block_m_for(ids.shape[0], ids.shape[1], E)
-    return prepare_routing(ids, wts, E, bm)
+    if out_cols:
+        return prepare_routing_and_output(ids, wts, E, bm, out_cols)
+    return prepare_routing(ids, wts, E, bm), None
 
 
 def plan_for(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: torch.Tensor | None = None,
@@ -132,7 +135,7 @@ def plan_for(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: torch.Ten
     a config its ``choice`` says which candidate runs and why: after editing a tuning table at run
     time, call ``clear_plans()``)."""
     w, w_scale, routing, level, one_mul, shape = mplan.unwrap_weights(w, w_scale, routing)
-    routing = _routing_of(routing, w, config)
+    routing, _ = _routing_of(routing, w, config)
     return _plan_for(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config, deterministic, tune,
                      shape)
 
@@ -155,7 +158,8 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: tor
     the weights with their layout level, prepacked by default) and no w_scale, called as
     ``moe_mxfp4_down(a, weights, routing)``. routing: ``prepare_routing(topk_ids,
     topk_weights, E, BM)`` with BM = config.BLOCK_M, or the router's ``(topk_ids, topk_weights)``
-    themselves (prepared in the call, one launch: BM from the config, else ``block_m_for``).
+    themselves (prepared in the call, one launch: BM from the config, else ``block_m_for``; with no
+    out, that launch also zeroes the output the call returns, so the call makes no zeroing launch).
     Returns out bf16 [M, H] (written, or
     added to with ``accumulate=True``). A config must read the weights' layout
     (config.PREPACK == level, else ValueError). Without a config, the selection layer's
@@ -170,7 +174,13 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: tor
     (``MoeMxfp4Config.ONE_MUL``). No host synchronization (a first call that tunes does, once).
     """
     w, w_scale, routing, level, one_mul, shape = mplan.unwrap_weights(w, w_scale, routing)
-    routing = _routing_of(routing, w, config)
+    # The router's ids with no out given: the routing's launch also zeroes the output for the atomic
+    # epilogue (one allocation and one launch fewer per call), which the call then adds to.
+    fold = out is None and not accumulate and not deterministic and isinstance(w, torch.Tensor) and w.dim() == 3 \
+        and not getattr(config, "DETERMINISTIC", False)
+    routing, zeroed = _routing_of(routing, w, config, (shape[0] if shape else w.shape[1]) if fold else 0)
+    if zeroed is not None:
+        out, accumulate = zeroed, True
     plan = _plan_for(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, config, deterministic, tune,
                      shape)
     return mplan.execute(plan, a, a_scale, w, w_scale, routing, out, accumulate)

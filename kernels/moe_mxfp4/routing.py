@@ -30,6 +30,10 @@ a Routing stays valid while later calls make theirs) and one launch. CPU tensors
 outside the interpreter take the same layout from torch ops (``torch_routing``,
 also the tests' second reference beside the host loops of ``reference_routing``).
 
+``prepare_routing_and_output`` also allocates the down-projection's output [M, H] bf16 with those buffers
+and has the same launch zero it (the atomic epilogue adds into it), which is how ``moe_mxfp4_down`` takes
+the router's ids: a call makes two launches and one allocation, not three and two.
+
 Expert ids must lie in [0, E); like any torch indexing, this is not checked on
 the device (that would need a sync): the kernel leaves a pair with another id
 out of every expert, and ``prepare_routing(..., check=True)`` reads the ids back
@@ -47,7 +51,8 @@ from kernels.common.plans import PlanCache, sm_count, tensor_signature
 
 from . import triton_routing
 
-__all__ = ["Routing", "max_rows", "prepare_routing", "reference_routing", "routing_plan_info", "torch_routing"]
+__all__ = ["Routing", "max_rows", "prepare_routing", "prepare_routing_and_output", "reference_routing",
+           "routing_plan_info", "torch_routing"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,8 @@ class _RoutingPlan:
     total: int
     device: torch.device
     launch: PlannedLaunch | None
+    out_shape: tuple[int, int] | None = None   # the down-projection's output zeroed by the launch, [M, H] bf16
+    zero_chunk: int = 0                         # int32 words of it each program zeroes
 
 
 _PLANS = PlanCache()
@@ -116,12 +123,14 @@ def _quad(x: int) -> int:
     return -(-x // 4) * 4
 
 
-def _make_plan(topk_ids, num_experts: int, block_m: int) -> _RoutingPlan:
+def _make_plan(topk_ids, num_experts: int, block_m: int, out_cols: int = 0) -> _RoutingPlan:
     M, top_k = topk_ids.shape
     n, E, BM = M * top_k, num_experts, block_m
     rows = max_rows(n, E, BM)
     blocks = rows // BM
     sizes = [rows, rows, blocks, _quad(blocks) - blocks, E, _quad(E) - E, 1, 3]
+    if out_cols:   # the output, bf16 pairs as int32 words, last: 16-byte aligned like the others
+        sizes.append(_quad(-(-M * out_cols // 2)))
     launch = None
     dev = topk_ids.device
     if dev.type == "cuda" or interpreter.active():
@@ -130,8 +139,10 @@ def _make_plan(topk_ids, num_experts: int, block_m: int) -> _RoutingPlan:
         sms = sm_count(dev.index if dev.index is not None else torch.cuda.current_device()) if dev.type == "cuda" \
             else 132
         grid, cx = triton_routing.routing_constexprs(n, E, top_k, BM, sms=sms)
-        launch = PlannedLaunch.of(triton_routing._prepare_routing_kernel, grid, cx)
-    return _RoutingPlan(n, top_k, E, BM, rows, blocks, sizes, sum(sizes), dev, launch)
+        launch = PlannedLaunch.of(triton_routing._prepare_routing_kernel, grid, dict(cx, ZERO=bool(out_cols)))
+    out_shape = (M, out_cols) if out_cols else None
+    chunk = _quad(-(-sizes[-1] // launch.grid[0])) if out_cols and launch is not None else 0
+    return _RoutingPlan(n, top_k, E, BM, rows, blocks, sizes, sum(sizes), dev, launch, out_shape, chunk)
 
 
 def prepare_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, block_m: int, *,
@@ -140,27 +151,47 @@ def prepare_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_expe
     launch on a GPU (planned once per call signature: shapes, strides, dtypes, device, E, BM), no
     host synchronization (``check=True`` reads the ids back, once per call, to check their range).
     CPU tensors outside Triton's interpreter: ``torch_routing``."""
+    return _prepare(topk_ids, topk_weights, num_experts, block_m, check, 0)[0]
+
+
+def prepare_routing_and_output(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, block_m: int,
+                               out_cols: int) -> tuple[Routing, torch.Tensor]:
+    """``prepare_routing``, and the down-projection's output [M, out_cols] bf16, zeroed for its atomics
+    by the same launch (allocated with the routing's buffers): a call saves an allocation and a launch."""
+    if not isinstance(out_cols, int) or out_cols < 1:
+        raise ValueError(f"prepare_routing_and_output: out_cols must be a positive int, got {out_cols!r}")
+    return _prepare(topk_ids, topk_weights, num_experts, block_m, False, out_cols)
+
+
+def _prepare(topk_ids, topk_weights, num_experts, block_m, check, out_cols) -> tuple[Routing, torch.Tensor | None]:
     try:
-        key = (tensor_signature(topk_ids), tensor_signature(topk_weights), num_experts, block_m)
+        key = (tensor_signature(topk_ids), tensor_signature(topk_weights), num_experts, block_m, out_cols)
     except AttributeError:                  # not tensors: let validation say what is wrong
         _validate(topk_ids, topk_weights, num_experts, block_m)
         raise
     plan = _PLANS.get(key)
     if plan is None:
         _validate(topk_ids, topk_weights, num_experts, block_m)
-        plan = _PLANS.put(key, _make_plan(topk_ids, num_experts, block_m))
+        plan = _PLANS.put(key, _make_plan(topk_ids, num_experts, block_m, out_cols))
     if check:
         _check_ids(topk_ids, num_experts)
     if plan.launch is None:
-        return torch_routing(topk_ids, topk_weights, num_experts, block_m)
+        out = torch.zeros((topk_ids.shape[0], out_cols), dtype=torch.bfloat16, device=plan.device) if out_cols \
+            else None
+        return torch_routing(topk_ids, topk_weights, num_experts, block_m), out
     # one allocation, its views in one call (each slice of a tensor costs about as much host time)
-    sorted_ids, weights_i32, expert_ids, _, counts, _, num_rows, _ = torch.empty(
+    sorted_ids, weights_i32, expert_ids, _, counts, _, num_rows, _, *words = torch.empty(
         plan.total, dtype=torch.int32, device=plan.device).split_with_sizes(plan.sizes)
     sorted_weights = weights_i32.view(torch.float32)
+    zero = words[0] if words else sorted_ids          # not written without an output to zero
     plan.launch(topk_ids, topk_weights, sorted_ids, sorted_weights, expert_ids, num_rows, counts,
                 plan.n, plan.E, plan.rows, plan.blocks, topk_ids.stride(0), topk_ids.stride(1),
-                topk_weights.stride(0), topk_weights.stride(1))
-    return Routing(sorted_ids, sorted_weights, expert_ids, num_rows, counts, plan.n, plan.top_k, plan.E, plan.BM)
+                topk_weights.stride(0), topk_weights.stride(1), zero, zero.numel() if words else 0, plan.zero_chunk)
+    routing = Routing(sorted_ids, sorted_weights, expert_ids, num_rows, counts, plan.n, plan.top_k, plan.E, plan.BM)
+    if not words:
+        return routing, None
+    M, H = plan.out_shape
+    return routing, zero.view(torch.bfloat16)[:M * H].view(M, H)
 
 
 def routing_plan_info() -> dict:

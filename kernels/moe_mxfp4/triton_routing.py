@@ -15,6 +15,10 @@ Program g < cdiv(E, G) owns the experts g * G .. g * G + G - 1. It
    kept, so the result is the same every run), with its routing weight in fp32;
 3. pads its experts' last blocks (row id M * top_k, weight 0) and names its experts' blocks.
 
+With ZERO, every program first zeroes its share (``zero_chunk`` int32 words) of the down-projection's
+output, which the caller allocated with these buffers: the call then needs no zeroing launch of its own
+(``routing.prepare_routing_and_output``).
+
 The last program (g = cdiv(E, G)) writes the rows used (``num_rows``), and pads every row past
 them and names every block past them -1. Each program reads the ids twice: M * top_k * E / G
 reads in all, from L2; fine for decode and prefill sizes (KIMI-K2.5 at M = 16384: 147,456 pairs,
@@ -43,9 +47,16 @@ def _experts_of(ids_ptr, p, n, E, stride_im, stride_ik, TOP_K: tl.constexpr):
 @triton.jit
 def _prepare_routing_kernel(ids_ptr, wts_ptr, sorted_ids_ptr, sorted_w_ptr, expert_ids_ptr, num_rows_ptr, counts_ptr,
                             n, E, max_rows, max_blocks, stride_im, stride_ik, stride_wm, stride_wk,
+                            zero_ptr, zero_words, zero_chunk,
                             TOP_K: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr, CH: tl.constexpr,
-                            G: tl.constexpr, FILL: tl.constexpr):
+                            G: tl.constexpr, FILL: tl.constexpr, ZERO: tl.constexpr = False):
     pid = tl.program_id(0)
+    if ZERO:   # 0. the down-projection's output (int32 words), zeroed for its atomics: no launch of its own
+        z0 = pid * zero_chunk
+        z1 = tl.minimum(z0 + zero_chunk, zero_words)
+        for w0 in range(z0, z1, FILL):
+            wi = w0 + tl.arange(0, FILL)
+            tl.store(zero_ptr + wi, tl.zeros([FILL], dtype=tl.int32), mask=wi < z1)
     bins = tl.arange(0, NB)
     hist = tl.zeros([NB], dtype=tl.int32)
     for c0 in range(0, n, CH):                                   # 1. pairs per expert
