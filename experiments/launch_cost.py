@@ -295,7 +295,7 @@ def breakdown_mxfp4(rows, bench, device: str = "cuda") -> None:
             a = torch.randn(M * top_k, I, device=device, generator=g).bfloat16()
             bm = block_m_for(M, top_k, E)
             routing = prepare_routing(ids, wts, E, bm)
-            rplan = mrouting._PLANS.get((mrouting.tensor_signature(ids), mrouting.tensor_signature(wts), E, bm))
+            rplan = mrouting._PLANS.get((mrouting.tensor_signature(ids), mrouting.tensor_signature(wts), E, bm, 0))
             bufs = torch.empty(rplan.total, dtype=torch.int32, device=rplan.device).split_with_sizes(rplan.sizes)
             w_, ws_, _, _, _, _ = unwrap_weights(weights, routing, None)
             plan = plan_for(a, weights, routing)
@@ -305,13 +305,13 @@ def breakdown_mxfp4(rows, bench, device: str = "cuda") -> None:
                 "whole call, prepared routing": lambda: moe_mxfp4_down(a, weights, routing),
                 "prepare_routing": lambda: prepare_routing(ids, wts, E, bm),
                 "routing: plan lookup": lambda: mrouting._PLANS.get(
-                    (mrouting.tensor_signature(ids), mrouting.tensor_signature(wts), E, bm)),
+                    (mrouting.tensor_signature(ids), mrouting.tensor_signature(wts), E, bm, 0)),
                 "routing: one allocation and its views": lambda: torch.empty(
                     rplan.total, dtype=torch.int32, device=rplan.device).split_with_sizes(rplan.sizes),
                 "routing: launch": lambda: rplan.launch(ids, wts, bufs[0], bufs[1].view(torch.float32), bufs[2],
                                                         bufs[6], bufs[4], rplan.n, rplan.E, rplan.rows,
                                                         rplan.blocks, ids.stride(0), ids.stride(1),
-                                                        wts.stride(0), wts.stride(1)),
+                                                        wts.stride(0), wts.stride(1), bufs[0], 0, 0),
                 "down: plan lookup": lambda: plan_for(a, weights, routing),
                 "down: output zeroed": lambda: torch.zeros((M, H), dtype=torch.bfloat16, device=device),
                 "down: launch (output given, accumulated)": lambda: execute(plan, a, None, w_, ws_, routing, out,
