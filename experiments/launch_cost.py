@@ -295,7 +295,8 @@ def breakdown_mxfp4(rows, bench, device: str = "cuda") -> None:
             a = torch.randn(M * top_k, I, device=device, generator=g).bfloat16()
             bm = block_m_for(M, top_k, E)
             routing = prepare_routing(ids, wts, E, bm)
-            rplan = mrouting._PLANS.get((mrouting.tensor_signature(ids), mrouting.tensor_signature(wts), E, bm, 0))
+            rkey = (mrouting.tensor_signature(ids), mrouting.tensor_signature(wts), E, bm, 0)   # prepare_routing's
+            rplan = mrouting._PLANS.get(rkey)
             bufs = torch.empty(rplan.total, dtype=torch.int32, device=rplan.device).split_with_sizes(rplan.sizes)
             w_, ws_, _, _, _, _ = unwrap_weights(weights, routing, None)
             plan = plan_for(a, weights, routing)

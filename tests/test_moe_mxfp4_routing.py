@@ -163,15 +163,21 @@ def test_routing_rejects_bad_input_before_planning():
         prepare_routing(ids, wts, 0, 16)
 
 
-def test_the_launcher_prepares_the_routers_output_itself():
-    """moe_mxfp4_down(a, weights, (topk_ids, topk_weights)): the routing prepared in the call for the
-    row tile block_m_for picks (or the config's), the same output as with prepare_routing."""
-    g = torch.Generator().manual_seed(4)
+def _small_layer(seed: int, routing_seed: int):
+    """(E, H, top_k, prepared weights, ids, wts, a) of a small layer: 6 experts, H 64, I 128, M 5, top-3."""
+    g = torch.Generator().manual_seed(seed)
     E, H, I, M, top_k = 6, 64, 128, 5, 3
     w, ws = quantize_mxfp4(torch.randn(E, H, I, generator=g) * 0.05)
     weights = prepare_weights(w.to(DEV), ws.to(DEV), 2)
-    ids, wts = _random(M, E, top_k, seed=5)
+    ids, wts = _random(M, E, top_k, seed=routing_seed)
     a = torch.randn(M * top_k, I, generator=g).bfloat16().to(DEV)
+    return E, H, top_k, weights, ids, wts, a
+
+
+def test_the_launcher_prepares_the_routers_output_itself():
+    """moe_mxfp4_down(a, weights, (topk_ids, topk_weights)): the routing prepared in the call for the
+    row tile block_m_for picks (or the config's), the same output as with prepare_routing."""
+    E, _, top_k, weights, ids, wts, a = _small_layer(4, 5)
     want = moe_mxfp4_down(a, weights, prepare_routing(ids, wts, E, 16))
     assert torch.equal(moe_mxfp4_down(a, weights, (ids, wts)), want)
     assert torch.equal(moe_mxfp4_down(a, weights, routing=(ids, wts)), want)
@@ -211,12 +217,8 @@ def test_the_launchers_output_is_zeroed_by_the_routing_launch(monkeypatch):
     """moe_mxfp4_down(a, weights, (ids, wts)) with no out: no zeroing op of its own (the routing's launch
     zeroes the output), the same bits as with a prepared routing; with out given, or accumulating, or the
     deterministic epilogue, the call keeps its own handling."""
-    g = torch.Generator().manual_seed(7)
-    E, H, I, M, top_k = 6, 64, 128, 5, 3
-    w, ws = quantize_mxfp4(torch.randn(E, H, I, generator=g) * 0.05)
-    weights = prepare_weights(w.to(DEV), ws.to(DEV), 2)
-    ids, wts = _random(M, E, top_k, seed=8)
-    a = torch.randn(M * top_k, I, generator=g).bfloat16().to(DEV)
+    E, H, top_k, weights, ids, wts, a = _small_layer(7, 8)
+    M = ids.shape[0]
     want = moe_mxfp4_down(a, weights, prepare_routing(ids, wts, E, 16))
     det = moe_mxfp4_down(a, weights, prepare_routing(ids, wts, E, 16), deterministic=True)
     from kernels.moe_mxfp4 import plan as mplan
