@@ -94,7 +94,7 @@ SHAPES = {"kimi-k2.5": dict(E=385, H=7168, I=512, TOP_K=9),
           "qwen2-57b-a14b": dict(E=64, H=3584, I=2560, TOP_K=8),
           "qwen3-30b-a3b": dict(E=128, H=2048, I=768, TOP_K=8),
           # issue 42: I = H = 2880 (not whole 128 x 64 tiles: the prepacked layouts pad I to 2944 and the
-          # kernel's last K step reads I's tail; 23 steps of 128: a loop, no SPLIT_K divides them)
+          # kernel's last K step reads I's tail; 23 steps of 128, unrolled, split raggedly at small M)
           "gpt-oss-120b": dict(E=128, H=2880, I=2880, TOP_K=4),
           "gpt-oss-20b": dict(E=32, H=2880, I=2880, TOP_K=4)}
 
@@ -177,6 +177,7 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             "BM16 BN64 prepack2 sk2": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, SPLIT_K=2),
             "BM16 BN64 prepack2 sk4": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, SPLIT_K=4),
             "BM16 BN64 prepack2 la1 sk4": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1, SPLIT_K=4),
+
             # a register cap for more programs per SM (79 registers, 6 per SM uncapped; 64: 8 per SM
             # with 4 spill stores; 72: 7 per SM with 5), cross-compiled for sm_90
             "BM16 BN64 prepack2 la1 r64": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1, maxnreg=64),
@@ -203,6 +204,13 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             "BM16 BN64 prepack2 tiles4": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, N_TILES=4),
             "BM16 BN64 prepack3 tiles2": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=3, N_TILES=2),
         })
+        # issue 42: ragged splits (gpt-oss' 23 K steps: 8 + 8 + 7, 6 x 3 + 5, 3 x 7 + 2), where every
+        # part keeps a step
+        steps = -(-I // 128)
+        for sk in (3, 6, 8):
+            if (sk - 1) * -(-steps // sk) < steps:
+                v[f"BM16 BN64 prepack2 la1 sk{sk}"] = C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1,
+                                                        SPLIT_K=sk)
     return v
 
 
@@ -302,16 +310,15 @@ def main(argv=None) -> int:
         out = torch.empty(M, H, dtype=torch.bfloat16, device=DEV)
         splits = {1: (ref, mag)}
 
-        def split_reference(n):
-            """(sum, magnitude bound) for SPLIT_K = n: each program's partial row is rounded and
-            added on its own, so the bound's magnitudes are the partial rows' (cancelling halves
-            can exceed the whole row's)."""
-            if n not in splits:
-                step = I // n
-                parts = [base.reference(a[:, j * step:(j + 1) * step].float(), w_bf16[:, :, j * step:(j + 1) * step],
-                                        ids, wts) for j in range(n)]
-                splits[n] = (sum(x for x, _ in parts), sum(m for _, m in parts))
-            return splits[n]
+        def split_reference(n, bk):
+            """(sum, magnitude bound) for SPLIT_K = n: each program's partial row (cdiv(steps, n)
+            K steps of bk, the last part's ragged) is rounded and added on its own, so the bound's
+            magnitudes are the partial rows' (cancelling halves can exceed the whole row's)."""
+            if n == 1:
+                return splits[1]
+            if (n, bk) not in splits:
+                splits[n, bk] = base.split_reference(a.float(), w_bf16, ids, wts, n, bk)
+            return splits[n, bk]
 
         nbytes = metrics.hbm_bytes(M, TOP_K, H, I, active)
         bound_us = nbytes / (copy_gbps * 1e9) * 1e6
@@ -334,7 +341,7 @@ def main(argv=None) -> int:
                 out.fill_(float("nan"))
                 # SPLIT_K adds partial rows, each rounded: more additions in the bound (the CPU tests
                 # bound it rigorously with the partial rows' magnitudes)
-                res = base.check(run(), *split_reference(cfg.SPLIT_K), slack=float(cfg.SPLIT_K))
+                res = base.check(run(), *split_reference(cfg.SPLIT_K, cfg.BLOCK_K), slack=float(cfg.SPLIT_K))
             except Exception as exc:  # noqa: BLE001 - a variant that cannot run is reported, the sweep goes on
                 res = dict(ok=False, error=f"{type(exc).__name__}: {str(exc)[:200]}")
             checks.append(dict(M=M, name=name, config=cfg.label(), prepack=cfg.PREPACK, **res))

@@ -706,13 +706,15 @@ def test_weights_scale_range_and_split_k_validate():
     big = p["w_scale"].clone()
     big[0, 0, 0] = 129
     assert not prepare_weights(p["w"], big, 2).one_mul and prepare_weights(p["w"], p["w_scale"], 1).one_mul
-    with pytest.raises(ValueError, match="SPLIT_K must be 1, 2 or 4"):
-        MoeMxfp4Config(SPLIT_K=3).validate(512)
+    with pytest.raises(ValueError, match=r"SPLIT_K must be one of \(1, 2, 3, 4, 6, 8\)"):
+        MoeMxfp4Config(SPLIT_K=5).validate(512)
     with pytest.raises(ValueError, match="deterministic mode needs SPLIT_K=1"):
         MoeMxfp4Config(SPLIT_K=2, DETERMINISTIC=True).validate(512)
-    with pytest.raises(ValueError, match=r"cdiv\(I=384, BLOCK_K=128\) = 3, to be a multiple of SPLIT_K"):
-        MoeMxfp4Config(SPLIT_K=2).validate(384)
+    with pytest.raises(ValueError, match=r"cdiv\(I=640, BLOCK_K=128\) = 5 K steps, 2 each, leave the last part none"):
+        MoeMxfp4Config(SPLIT_K=4).validate(640)
     MoeMxfp4Config(SPLIT_K=2).validate(480)             # 4 steps, the last I's 96-wide tail
+    MoeMxfp4Config(SPLIT_K=2).validate(384)             # 3 steps: 2 + 1, the last part's second past I
+    MoeMxfp4Config(SPLIT_K=8).validate(2880)            # gpt-oss' 23 steps: 3 each, the last part 2
     assert MoeMxfp4Config(BLOCK_N=64, PREPACK=2, ONE_MUL=False, SPLIT_K=2).label().endswith("_prepack2_2mul_sk2")
     with pytest.raises(ValueError, match="maxnreg must be None or an int in"):
         MoeMxfp4Config(maxnreg=16).validate(512)
@@ -753,6 +755,10 @@ def test_split_k_rule_and_the_launcher_uses_it(monkeypatch):
     assert split_k_for(5120, 8192, 128, 132) == 4                    # long programs split in a full launch
     assert split_k_for(600, 2048, 128, 132) == 2 and split_k_for(1056, 2048, 128, 132) == 1
     assert split_k_for(512, 1536, 128, 132) == 1                     # 12 steps: parts of 6 are too short
+    # ragged parts (issue 42): gpt-oss' 23 steps in 12 + 11 at M = 1 (4 experts x 45 column tiles), not
+    # in a full launch; Phi-3.5's 50 in 13 + 13 + 13 + 11 at M = 1 (was 2: 4 did not divide 50)
+    assert split_k_for(180, 2880, 128, 132) == 2 and split_k_for(4500, 2880, 128, 132) == 1
+    assert split_k_for(128, 6400, 128, 132) == 4
     monkeypatch.setattr(mx_config, "SPLIT_MIN_STEPS", 1)
     monkeypatch.setattr(mx_plan, "sms", lambda device: 64)
     mx_launch._PLANS.clear()
@@ -847,8 +853,8 @@ def test_launcher_validates_and_caches():
         moe_mxfp4_down(p["a"].float(), p["w"], p["w_scale"], r, config=cfg)
     with pytest.raises(ValueError, match="w_scale must be uint8"):
         moe_mxfp4_down(p["a"], p["w"], p["w_scale"][:, :, :1], r, config=cfg)
-    with pytest.raises(ValueError, match="to be a multiple of SPLIT_K"):
-        moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg.replace(SPLIT_K=2))
+    with pytest.raises(ValueError, match="leave the last part none"):
+        moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r, config=cfg.replace(SPLIT_K=8))
     with pytest.raises(ValueError, match="routing must come from prepare_routing"):
         moe_mxfp4_down(p["a"], p["w"], p["w_scale"], (1, 2), config=cfg)
     with pytest.raises(ValueError, match="accumulate=True needs an out"):

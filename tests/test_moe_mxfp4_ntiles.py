@@ -114,8 +114,8 @@ def test_n_tiles_validates_and_labels():
         MoeMxfp4Config(N_TILES=2, UNROLL=False).validate(512)
     with pytest.raises(ValueError, match="N_TILES must be an int in"):
         MoeMxfp4Config(N_TILES=True).validate(512)
-    q = _problem(3, 64, 32 * 9, seed=2)                  # 9 steps of 32 per tile: 18 > 16 unrolled
-    with pytest.raises(ValueError, match="unrolls 9 K steps per tile, 18 in all"):
+    q = _problem(3, 64, 32 * 13, seed=2)                 # 13 steps of 32 per tile: 26 > 24 unrolled
+    with pytest.raises(ValueError, match="unrolls 13 K steps per tile, 26 in all"):
         _run(q, _PLAIN.replace(N_TILES=2))
     assert _PLAIN.replace(N_TILES=4).label().endswith("_tiles4")
     assert "_tiles" not in _PLAIN.label()

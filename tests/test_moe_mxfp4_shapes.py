@@ -56,7 +56,7 @@ def reference(a, a_scale, w, w_scale, ids, wts, *, parts: int = 1):
     M, top_k = ids.shape
     flat = ids.reshape(-1).long()
     K = x.shape[1]
-    per = -(-K // 128) // parts * 128                       # each program's K steps of 128
+    per = -(-(-(-K // 128)) // parts) * 128                 # each program's K steps of 128 (cdiv)
     cut = [min(K, j * per) for j in range(parts + 1)]
     y = torch.zeros(parts, M * top_k, w.shape[1], dtype=torch.float64, device=a.device)
     for e in torch.unique(flat).tolist():
@@ -163,11 +163,21 @@ def test_gpt_oss_like_shape_every_level_equals_plain(level):
     dict(H=72, I=224, level=2, cfg=dict(), a_fp4=True, det=True),
     dict(H=72, I=224, level=3, cfg=dict(), a_fp4=True),
     dict(H=72, I=224, level=1, cfg=dict(BLOCK_N=128)),
-], ids=["l2_3steps_la1", "l3_3steps_la2", "l1_tail32", "l2_splitk2", "l2_a4w4_det", "l3_a4w4", "l1_bn128"])
+    # ragged SPLIT_K (the parts' cdiv(steps, SPLIT_K) steps overrun I in the last part)
+    dict(H=80, I=288, level=2, cfg=dict(SPLIT_K=2)),              # 3 steps: 2 + (tail, past I)
+    dict(H=80, I=288, level=3, cfg=dict(SPLIT_K=2, LOAD_AHEAD=1)),
+    dict(H=72, I=640, level=2, cfg=dict(SPLIT_K=3, LOAD_AHEAD=2)),  # 5 whole steps: 2 + 2 + (1, past I)
+    dict(H=72, I=864, level=0, cfg=dict(SPLIT_K=4, LOAD_AHEAD=1)),  # 7 steps, plain: 2+2+2+(tail, past I)
+    dict(H=72, I=352, level=2, cfg=dict(SPLIT_K=2), a_fp4=True),   # a4w4: 2 + (tail, past I)
+    dict(H=72, I=2880, level=2, cfg=dict(SPLIT_K=8, LOAD_AHEAD=1)),  # gpt-oss' I: 23 steps, 3 per part
+], ids=["l2_3steps_la1", "l3_3steps_la2", "l1_tail32", "l2_splitk2", "l2_a4w4_det", "l3_a4w4", "l1_bn128",
+        "l2_ragged_sk2", "l3_ragged_sk2_la1", "l2_ragged_sk3_la2_notail", "l0_ragged_sk4_la1", "l2_ragged_a4w4",
+        "l2_gpt_oss_i_sk8"])
 def test_k_tails_equal_plain(case):
-    """I's tail in the last step, every way the kernel reaches it: within the bound of the
-    independent decode and the plain layout's kernel with the same tile (the plain layout masks the
-    same tail, the prepacked one reads the zeros prepack_mxfp4 stored)."""
+    """I's tail in the last step, every way the kernel reaches it, and a ragged SPLIT_K's steps past
+    I: within the bound of the independent decode and the plain layout's kernel with the same tile
+    (the plain layout masks the same tail, the prepacked one reads the zeros prepack_mxfp4 stored
+    and predicates off its loads past them)."""
     level, a_fp4, det = case["level"], case.get("a_fp4", False), case.get("det", False)
     p = problem(5, 6, case["H"], case["I"], seed=case["I"] + level, a_fp4=a_fp4)
     weights = prepare_weights(p["w"], p["ws"], level)
@@ -182,7 +192,7 @@ def test_k_tails_equal_plain(case):
 
 @pytest.mark.parametrize("level", [0, 2, 3])
 def test_k_tail_in_the_looped_reduction(monkeypatch, level):
-    """More steps than the kernel unrolls (MAX_UNROLLED_STEPS lowered to 1: gpt-oss' 23 steps run
+    """More steps than the kernel unrolls (MAX_UNROLLED_STEPS lowered to 1: as Mixtral's 112 steps run
     as a loop): the tail step is peeled off the loop, the same bits as the unrolled steps."""
     p = problem(5, 6, 72, 288, seed=40 + level)
     cfg = MoeMxfp4Config(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, PREPACK=level, DETERMINISTIC=True)
@@ -197,11 +207,30 @@ def test_k_tail_in_the_looped_reduction(monkeypatch, level):
     check(looped, reference(p["a"], None, p["w"], p["ws"], p["ids"], p["wts"]), TOP_K)
 
 
+@pytest.mark.parametrize("level", [0, 2])
+def test_ragged_split_in_the_looped_reduction(monkeypatch, level):
+    """A ragged SPLIT_K in the loop form (MAX_UNROLLED_STEPS lowered to 1): 7 steps (I's tail in the
+    last) in parts of 4, so the second part's third step holds the tail and its fourth lies past
+    I, both peeled off the loop; the unrolled form's bits (two parts: their atomic sum does not
+    depend on the order) within the bound of the two parts."""
+    p = problem(5, 6, 72, 864, seed=50 + level)
+    cfg = MoeMxfp4Config(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, PREPACK=level, SPLIT_K=2)
+    weights = prepare_weights(p["w"], p["ws"], level)
+    unrolled = run(p, weights, cfg).clone()
+    mx_launch.clear_plans()
+    monkeypatch.setattr(mx_plan, "MAX_UNROLLED_STEPS", 1)
+    looped = run(p, weights, cfg)
+    assert next(iter(mx_launch._PLANS.values())).constexprs["MAX_UNROLL"] == 1
+    mx_launch.clear_plans()
+    assert torch.equal(looped, unrolled)
+    check(looped, reference(p["a"], None, p["w"], p["ws"], p["ids"], p["wts"], parts=2), TOP_K, slack=2.0)
+
+
 def test_shapes_outside_the_rule_are_refused():
     """H % 8 != 0 (I % 32 != 0 cannot even be quantized): a ValueError naming the rule, and what
     else would silently read the wrong bytes is refused too: padded tensors wrapped without their
-    logical shape, a BLOCK_K that does not divide the padded I, a SPLIT_K that does not divide the
-    steps, a BLOCK_N wider than the padded rows allow."""
+    logical shape, a BLOCK_K that does not divide the padded I, a SPLIT_K that leaves a part no
+    step, a BLOCK_N wider than the padded rows allow."""
     g = torch.Generator().manual_seed(5)
     w, ws = quantize_mxfp4(torch.randn(2, 100, 96, generator=g))
     for level in (1, 2, 3):
@@ -228,8 +257,8 @@ def test_shapes_outside_the_rule_are_refused():
     rb = prepare_routing(big["ids"], big["wts"], 4, 16)
     with pytest.raises(ValueError, match="BLOCK_K=256 does not divide them: use BLOCK_K=128"):
         moe_mxfp4_down(big["a"], wb, rb, config=MoeMxfp4Config(BLOCK_N=64, BLOCK_K=256, PREPACK=2))
-    with pytest.raises(ValueError, match=r"cdiv\(I=288, BLOCK_K=128\) = 3, to be a multiple of SPLIT_K"):
-        moe_mxfp4_down(big["a"], wb, rb, config=MoeMxfp4Config(BLOCK_N=64, PREPACK=2, SPLIT_K=2))
+    with pytest.raises(ValueError, match=r"cdiv\(I=288, BLOCK_K=128\) = 3 K steps, 1 each, leave the last part none"):
+        moe_mxfp4_down(big["a"], wb, rb, config=MoeMxfp4Config(BLOCK_N=64, PREPACK=2, SPLIT_K=4))
     w3, ws3 = quantize_mxfp4(torch.randn(4, 200, 96, generator=g) * 0.05)       # 200 rows -> 256: BN128 fits
     assert tuple(prepare_weights(w3, ws3, 2).w.shape) == (4, 256, 64)
     with pytest.raises(ValueError, match=r"prepacked rows \(H=72 rounded up to 64: 128\).*BLOCK_N=256"):
@@ -343,10 +372,13 @@ def test_gpu_three_configs_against_the_independent_decode(name, M):
     pairs' activation columns of blocks 0 and 1 are scaled as in bounds_problem). Scale byte 0
     with codes 0.5-1.5 makes bf16 subnormal weights: this checks that wgmma keeps them. The default path (prepared weights, no config; level 2, and 3 for the bounds),
     and the plain layout's default, on NaN-poisoned outputs, within the bound of the independent
-    decode (float64); level 2's deterministic mode bit-identical to the plain layout's kernel with
-    the same tile."""
+    decode (float64; where the default path splits K, with the parts' magnitudes); level 2's
+    deterministic mode bit-identical to the plain layout's kernel with the same tile; on gpt-oss'
+    23 K steps, ragged splits of 3, 4 and 8 (the last part's steps past I predicated off) within
+    the bound of their parts."""
     c = CONFIGS[name]
     E, H, I, top_k = c["E"], c["H"], c["I"], c["top_k"]
+    split = default_config(M, top_k, E, I, prepacked=2, H=H, sms=mx_plan.sms(torch.device("cuda"))).SPLIT_K
     g = torch.Generator(device="cuda").manual_seed(M)
     ids = torch.rand(M, E - 1, device="cuda", generator=g).topk(top_k, dim=1).indices
     ids[0, :3] = torch.tensor([1, 1, 0], device="cuda")
@@ -355,10 +387,11 @@ def test_gpu_three_configs_against_the_independent_decode(name, M):
     a0 = torch.randn(M * top_k, I, device="cuda", generator=g)
     for kind, (w, ws, prepared) in _gpu_layer(name).items():
         a = (_scale_bound_columns(a0, ids.reshape(-1) < 8) if kind == "bounds" else a0).bfloat16()
-        total, mag = reference(a, None, w, ws, ids, wts)
-        bound = (top_k + 1) * 2.0 ** -8 * mag + 1e-6
+        refs = {n: reference(a, None, w, ws, ids, wts, parts=n) for n in {1, split}}
 
-        def ok(out, what):
+        def ok(out, what, parts=1):
+            total, mag = refs[parts] if parts in refs else reference(a, None, w, ws, ids, wts, parts=parts)
+            bound = parts * (top_k + 1) * 2.0 ** -8 * mag + 1e-6
             err = (out.double() - total).abs()
             assert out.isfinite().all(), f"{name} M={M} {kind} {what}: unwritten or non-finite outputs"
             assert (err <= bound).all(), f"{name} M={M} {kind} {what}: worst ratio {(err / bound).max().item():.3g}"
@@ -366,7 +399,14 @@ def test_gpu_three_configs_against_the_independent_decode(name, M):
         for level, weights in prepared.items():
             assert weights.shape == (H, I) and weights.one_mul == (kind == "quantized")
             out = torch.full((M, H), float("nan"), dtype=torch.bfloat16, device="cuda")
-            ok(moe_mxfp4_down(a, weights, (ids, wts), out=out), f"level {level} default")
+            ok(moe_mxfp4_down(a, weights, (ids, wts), out=out), f"level {level} default", split)
+        if I % 128:
+            cold = default_config(M, top_k, E, I, prepacked=2, H=H)
+            r = prepare_routing(ids, wts, E, cold.BLOCK_M)
+            for parts in (3, 4, 8):
+                out = torch.full((M, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+                got = moe_mxfp4_down(a, prepared[2], r, config=cold.replace(SPLIT_K=parts), out=out)
+                ok(got, f"level 2 SPLIT_K={parts}", parts)
         cfg = default_config(M, top_k, E, I)
         r = prepare_routing(ids, wts, E, cfg.BLOCK_M)
         out = torch.full((M, H), float("nan"), dtype=torch.bfloat16, device="cuda")

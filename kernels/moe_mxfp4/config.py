@@ -9,6 +9,7 @@ __all__ = ["MoeMxfp4Config", "block_m_for", "config_for_block_m", "default_confi
            "with_split_k", "INTERPRET_CONFIG"]
 
 _BLOCK_M = (16, 32, 64, 128)
+SPLITS = (1, 2, 3, 4, 6, 8)          # the SPLIT_K values a config may take
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,11 @@ class MoeMxfp4Config:
     two (x 2**126, then x 2**(s - 127)); exact, and the same bits, only while every scale byte
     is at most 128, so the launcher uses it only where ``prepare_weights`` measured that
     (``Mxfp4Weights.max_scale``) and runs the two multiplies otherwise.
-    SPLIT_K: programs per output tile, each reducing K / SPLIT_K of the intermediate size and
+    SPLIT_K: programs per output tile, each reducing cdiv(steps, SPLIT_K) of the K steps and
     adding its partial sums with the atomic epilogue (atomic mode only): more, shorter programs
-    where a few tiles per expert would leave the last wave of programs nearly empty.
+    where a few tiles per expert would leave the last wave of programs nearly empty. It need not
+    divide the steps (gpt-oss' 23: the last part's steps past I read zeros), but every part must
+    hold at least one step.
     maxnreg: a register cap per thread (None: the compiler's choice), so that more programs fit
     on an SM (65,536 registers / (32 * num_warps * maxnreg)), at the price of spills.
     N_TILES: column tiles per program, computed one after the other with the routing's ids, expert
@@ -109,14 +112,15 @@ class MoeMxfp4Config:
         steps = -(-K // self.BLOCK_K)     # the last one reads I's tail (K % BLOCK_K) and zeros past it
         if self.maxnreg is not None and not (isinstance(self.maxnreg, int) and 24 <= self.maxnreg <= 255):
             raise ValueError(f"moe_mxfp4: maxnreg must be None or an int in [24, 255], got {self.maxnreg!r}")
-        if self.SPLIT_K not in (1, 2, 4):
-            raise ValueError(f"moe_mxfp4: SPLIT_K must be 1, 2 or 4, got {self.SPLIT_K!r}")
+        if self.SPLIT_K not in SPLITS:
+            raise ValueError(f"moe_mxfp4: SPLIT_K must be one of {SPLITS}, got {self.SPLIT_K!r}")
         if self.SPLIT_K > 1 and self.DETERMINISTIC:
             raise ValueError("moe_mxfp4: SPLIT_K > 1 adds partial sums with atomics; the deterministic mode "
                              "needs SPLIT_K=1")
-        if steps % self.SPLIT_K:
-            raise ValueError(f"moe_mxfp4: SPLIT_K={self.SPLIT_K} needs the K steps, cdiv(I={K}, BLOCK_K="
-                             f"{self.BLOCK_K}) = {steps}, to be a multiple of SPLIT_K")
+        if (self.SPLIT_K - 1) * -(-steps // self.SPLIT_K) >= steps:
+            raise ValueError(f"moe_mxfp4: SPLIT_K={self.SPLIT_K} parts of cdiv(I={K}, BLOCK_K={self.BLOCK_K}) = "
+                             f"{steps} K steps, {-(-steps // self.SPLIT_K)} each, leave the last part none; "
+                             f"use a SPLIT_K with (SPLIT_K - 1) * cdiv(steps, SPLIT_K) < steps")
         if self.num_warps not in (1, 2, 4, 8):
             raise ValueError(f"moe_mxfp4: num_warps must be 1, 2, 4 or 8, got {self.num_warps}")
         if self.EXPAND not in ("ptx", "bits"):
@@ -229,14 +233,14 @@ SPLIT_LONG_STEPS = 32
 
 def split_k_for(max_tiles: int, K: int, block_k: int, sms: int) -> int:
     """The launcher's SPLIT_K without a config (atomic mode), 1, 2 or 4: the cdiv(K, BLOCK_K) steps
-    are split in two again while they divide evenly, each part keeps at least SPLIT_MIN_STEPS steps
+    are split in two again (cdiv(steps, parts) each: gpt-oss' 23 in 12 + 11) while each part keeps at least SPLIT_MIN_STEPS steps
     and either the launch has fewer than SPLIT_PROGRAMS_PER_SM programs per SM (``max_tiles``: the routing's row blocks
     times the column tiles, an upper bound) or a program would run SPLIT_LONG_STEPS steps or
     more. KIMI-K2.5 (I = 512: 4 steps) never splits; Mixtral (I = 14336: 112 steps) splits 4."""
     s, total = 1, -(-K // block_k)
-    while s < 4 and total % (2 * s) == 0:
-        steps = total // s
-        if steps // 2 < SPLIT_MIN_STEPS:
+    while s < 4:
+        steps = -(-total // s)
+        if -(-total // (2 * s)) < SPLIT_MIN_STEPS:
             break
         if max_tiles * s >= sms * SPLIT_PROGRAMS_PER_SM and steps < SPLIT_LONG_STEPS:
             break

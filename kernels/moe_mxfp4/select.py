@@ -119,9 +119,10 @@ def _plain_tiles(bm: int, bk: int, interpret: bool) -> list[MoeMxfp4Config]:
 
 def _splits(cfg: MoeMxfp4Config, K: int) -> list[int]:
     """SPLIT_K values next to ``cfg``'s (half and double, of 1, 2, 4) that keep at least two K
-    steps per program: where the rule may be one step off."""
+    steps per program and one in every part: where the rule may be one step off."""
+    total = -(-K // cfg.BLOCK_K)
     return [s for s in (cfg.SPLIT_K // 2, cfg.SPLIT_K * 2)
-            if s in (1, 2, 4) and -(-K // cfg.BLOCK_K) % s == 0 and -(-K // cfg.BLOCK_K) // s >= 2]
+            if s in (1, 2, 4) and -(-total // s) >= 2 and (s - 1) * -(-total // s) < total]
 
 
 def candidates(call: Call) -> dict[str, common.Candidate]:

@@ -119,8 +119,17 @@ than levels 0-2, so its bits differ from theirs within a rounding step.
 K tail (issue 42). Where BLOCK_K does not divide I (gpt-oss: I = 2880, 22.5 tiles of 128), the
 last K step of each program loads the activations, and plain weights and scales, masked past I
 (code 0, scale byte 127: exact zeros); prepacked weights are stored padded to 128 (prepack_mxfp4),
-so their loads stay unmasked. Every other step keeps its unmasked loads, and a kernel without a
-tail compiles to the same SASS as before the tail existed.
+so their loads need no per-element mask (one predicate for the step, which only a ragged split's
+steps past I turn off). Every other step keeps its unmasked loads, and a kernel without a tail
+compiles to the same SASS as before the tail existed.
+
+Ragged SPLIT_K (issue 42). gpt-oss' 23 K steps divide by nothing, and at small M its launch is a
+few programs of 23 steps each (M = 1: four experts x 45 column tiles, each a chain of 23 dependent
+steps: 26 us against a 4.2 us HBM bound). With SPLIT_K = S each program takes cdiv(steps, S) of
+them; the last part's steps past I read zeros (the tail's masks, and a predicate on the prepacked
+weights' loads), so S need not divide the steps. Splits of 2 and 4 give 12- and 6-step programs;
+unsplit, the 23 steps now run unrolled too (plan.MAX_UNROLLED_STEPS), with their loads ahead
+(results/moe_mxfp4/README.md, "Ragged SPLIT_K": M = 1 26.4 -> 15.6 us, M = 48 166 -> 140 us).
 
 Column tiles per program (``N_TILES``, issue 42; config, default 1). At small M a program is short
 (4 K steps at KIMI-K2.5) and starts with two dependent round trips (the block's ids and expert id,
@@ -421,13 +430,16 @@ def _scale_bits(s, EXPAND: tl.constexpr, ONE_MUL: tl.constexpr = False):
 @triton.jit
 def _load_w_prepacked(w_ptr, w_scale_ptr, e, pid_n, k0, stride_we, stride_wn, stride_wse, stride_wsn,
                       NT: tl.constexpr, EXPAND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                      PREPACK: tl.constexpr = 1, ONE_MUL: tl.constexpr = False):
+                      PREPACK: tl.constexpr = 1, ONE_MUL: tl.constexpr = False, KLIM: tl.constexpr = 0):
     """Step k0 of expert e's weights in the PREPACK layout (quant.prepack_mxfp4): packed [BN, BK/2]
     and the scales' bit patterns broadcast to [BN, BK/2] (PREPACK=3: those of the low and of the
     high nibbles, joined). Each thread loads its bytes of a 64 x 64-byte tile as two 16-byte
     vectors and its 8 scale bytes as one 8-byte vector; the reshapes and permutes below only
     rename registers (the loaded layout is wgmma's; at levels 1 and 2 a PRMT per 4-byte register
-    group moves the bytes of row r + 8 next to those of row r, at level 3 they are stored so)."""
+    group moves the bytes of row r + 8 next to those of row r, at level 3 they are stored so).
+    KLIM: a step that may start at or past I (a ragged SPLIT_K's last part) reads code 0 under scale
+    byte 127 there, one predicate for the whole step; a step that holds I's tail reads the padding
+    prepack_mxfp4 stored."""
     NB: tl.constexpr = BN // 64
     KB: tl.constexpr = BK // 128
     # Dimension order: Triton's load layout gives lanes and warps to the dimensions after the
@@ -448,7 +460,10 @@ def _load_w_prepacked(w_ptr, w_scale_ptr, e, pid_n, k0, stride_we, stride_wn, st
     s_j = tl.arange(0, 8)[None, None, None, None, None, :]
     s_base = w_scale_ptr + e * stride_wse + (pid_n * BN) * stride_wsn + (k0 // 128) * 256
     s_ptrs = s_base + s_nb * (64 * stride_wsn) + s_kb * 256 + s_w * 64 + s_l * 8 + s_d * 0 + s_j
-    if NT:
+    if KLIM:
+        w = _ld(w_ptrs, k0 < KLIM, 0, NT)
+        w_s = _ld(s_ptrs, k0 < KLIM, 127, NT)
+    elif NT:
         w = tl.load(w_ptrs, eviction_policy="evict_first")
         w_s = tl.load(s_ptrs, eviction_policy="evict_first")
     else:
@@ -569,11 +584,12 @@ def _load_w(w_ptr, w_scale_ptr, e, tile, rn, n_ok, k0, stride_we, stride_wn, str
             EXPAND: tl.constexpr = "ptx", BN: tl.constexpr = 64, ONE_MUL: tl.constexpr = False,
             KLIM: tl.constexpr = 0):
     """Step k0 of expert e's packed weights [BN, BK/2] and scales [BN, BK/32] of column tile
-    ``tile`` (rn: its columns; PREPACK: the scales' bit patterns, broadcast to [BN, BK/2]). KLIM (the step holding I's tail, plain layout):
-    codes past I read as 0 under scale byte 127; prepacked weights hold that padding in memory."""
+    ``tile`` (rn: its columns; PREPACK: the scales' bit patterns, broadcast to [BN, BK/2]). KLIM (a
+    step that may hold I's tail or lie past I): codes past I read as 0 under scale byte 127 (prepacked
+    weights hold the tail's padding in memory and mask only steps wholly past it)."""
     if PREPACK:
         w, w_s = _load_w_prepacked(w_ptr, w_scale_ptr, e, tile, k0, stride_we, stride_wn,
-                                   stride_wse, stride_wsn, NT, EXPAND, BN, BK, PREPACK, ONE_MUL)
+                                   stride_wse, stride_wsn, NT, EXPAND, BN, BK, PREPACK, ONE_MUL, KLIM)
     else:
         rkp = k0 // 2 + tl.arange(0, BK // 2)
         rks = k0 // 32 + tl.arange(0, BK // 32)
@@ -667,14 +683,22 @@ def _moe_mxfp4_down_kernel(
     MAX_UNROLL: tl.constexpr = 16, N_TILES: tl.constexpr = 1,
 ):
     """One BM x BN tile of the down-projection, or N_TILES of them side by side, one after the other
-    (with SPLIT_K > 1, its share program_id(2) of the cdiv(K, BK) steps); out is [M, H] (ATOMIC) or the per-pair workspace [pairs, H]. cdiv(K, BK) %
-    SPLIT_K == 0 (checked by the launcher). Where BK does not divide K = I, each program's last
-    step reads the columns past I as zeros (KT = I: the masks of _load_a / _load_w; prepacked
-    weights hold zero codes there, prepack_mxfp4's padding), so the tail adds exact zeros and the
-    other steps keep their unmasked loads."""
-    NSTEPS: tl.constexpr = (K + BK - 1) // BK // SPLIT_K
-    KT: tl.constexpr = K if K % BK else 0            # the mask limit of the last step, 0: no tail
-    K_FIRST: tl.constexpr = KT if NSTEPS == 1 else 0
+    (with SPLIT_K > 1, its part program_id(2) of the cdiv(K, BK) steps, cdiv(steps, SPLIT_K) each);
+    out is [M, H] (ATOMIC) or the per-pair workspace [pairs, H]. Where BK does not divide K = I,
+    the step holding I's tail reads the columns past I as zeros (KT = I: the masks of _load_a /
+    _load_w; prepacked weights hold zero codes there, prepack_mxfp4's padding), so the tail adds
+    exact zeros and the other steps keep their unmasked loads. A ragged split (SPLIT_K does not
+    divide the steps: gpt-oss' 23) gives the last part steps past I, read the same way (zeros,
+    the prepacked weights' loads predicated off): masked are the steps from J_MASK on, those that
+    lie at or past I's last step in the last part (the launcher checks that every part has one
+    step before I's end)."""
+    TOTAL_STEPS: tl.constexpr = (K + BK - 1) // BK
+    NSTEPS: tl.constexpr = (TOTAL_STEPS + SPLIT_K - 1) // SPLIT_K
+    RAGGED: tl.constexpr = NSTEPS * SPLIT_K != TOTAL_STEPS
+    KT: tl.constexpr = K if (K % BK or RAGGED) else 0     # the mask limit of the masked steps, 0: none
+    J_MASK: tl.constexpr = TOTAL_STEPS - 1 - (SPLIT_K - 1) * NSTEPS if KT else NSTEPS
+    K_FIRST: tl.constexpr = KT if J_MASK == 0 else 0
+    J_PEEL: tl.constexpr = J_MASK if J_MASK > 0 else 1    # the loop form's first peeled (masked) step
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     k_lo = 0                    # a constant without SPLIT_K: the step offsets fold
@@ -717,17 +741,18 @@ def _moe_mxfp4_down_kernel(
     # iteration consumes what it loads: the inline PTX expansion takes its operands four
     # elements per 32-bit register as they were loaded, and a tile carried across iterations
     # may come back in another register order (on the GPU the prepacked layout's bytes did).
-    # The last step of a tail (KT) is peeled off the loop, so the loop's loads stay unmasked.
+    # The masked steps (I's tail, a ragged split's steps past I) are peeled off the loop, so the
+    # loop's loads stay unmasked.
     if NSTEPS > MAX_UNROLL:
         acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
-        for s in range(1, NSTEPS - (KT > 0)):
+        for s in range(1, J_MASK):
             a, a_s, w, w_s = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile0, rn, n_ok,
                                         k_lo + s * BK, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
                                         stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, 0)
             acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
-        if KT:
+        for s in tl.static_range(J_PEEL, NSTEPS):
             a, a_s, w, w_s = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile0, rn, n_ok,
-                                        k_lo + (NSTEPS - 1) * BK, stride_am, stride_asm, stride_we, stride_wn,
+                                        k_lo + s * BK, stride_am, stride_asm, stride_we, stride_wn,
                                         stride_wse, stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK,
                                         ONE_MUL, KT)
             acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
@@ -736,7 +761,8 @@ def _moe_mxfp4_down_kernel(
         for j in tl.static_range(1, NSTEPS * N_TILES):
             a, a_s, w, w_s = _load_flat(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, pid_n, k_lo, H,
                                         stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
-                                        A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, j, NSTEPS, N_TILES, KT)
+                                        A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, j, NSTEPS, N_TILES, KT,
+                                        J_MASK)
             if j % NSTEPS == 0:        # the previous tile is done: its epilogue runs under this tile's loads
                 if not PREFETCH_EPILOGUE:
                     wts = tl.load(sorted_weights_ptr + rm)
@@ -757,15 +783,18 @@ def _moe_mxfp4_down_kernel(
         if LOAD_AHEAD >= 1 and TOTAL > 1:
             a1, as1, w1, ws1 = _load_flat(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, pid_n, k_lo, H,
                                           stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
-                                          A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, 1, NSTEPS, N_TILES, KT)
+                                          A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, 1, NSTEPS, N_TILES, KT,
+                                          J_MASK)
         if LOAD_AHEAD >= 2 and TOTAL > 2:
             a2, as2, w2, ws2 = _load_flat(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, pid_n, k_lo, H,
                                           stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
-                                          A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, 2, NSTEPS, N_TILES, KT)
+                                          A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, 2, NSTEPS, N_TILES, KT,
+                                          J_MASK)
         if LOAD_AHEAD >= 3 and TOTAL > 3:
             a3, as3, w3, ws3 = _load_flat(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, pid_n, k_lo, H,
                                           stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
-                                          A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, 3, NSTEPS, N_TILES, KT)
+                                          A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, 3, NSTEPS, N_TILES, KT,
+                                          J_MASK)
         for j in tl.static_range(TOTAL):
             acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
             a0, as0, w0, ws0 = a1, as1, w1, ws1
@@ -775,7 +804,7 @@ def _moe_mxfp4_down_kernel(
                 an, asn, wn, wsn = _load_flat(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, pid_n, k_lo, H,
                                               stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
                                               A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL,
-                                              j + LOAD_AHEAD + 1, NSTEPS, N_TILES, KT)
+                                              j + LOAD_AHEAD + 1, NSTEPS, N_TILES, KT, J_MASK)
                 if LOAD_AHEAD == 1:
                     a1, as1, w1, ws1 = an, asn, wn, wsn
                 elif LOAD_AHEAD == 2:
@@ -819,15 +848,15 @@ def _load_flat(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, pid_n, k_lo,
                A_FP4: tl.constexpr, NT: tl.constexpr, EVEN_N: tl.constexpr, EXPAND: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr,
                ONE_MUL: tl.constexpr, J: tl.constexpr, NSTEPS: tl.constexpr, N_TILES: tl.constexpr,
-               KT: tl.constexpr):
+               KT: tl.constexpr, J_MASK: tl.constexpr):
     """The loads of a program's step J, counted over its N_TILES column tiles in turn: K step
-    J % NSTEPS of tile pid_n * N_TILES + J // NSTEPS (KT on each tile's last step)."""
+    J % NSTEPS of tile pid_n * N_TILES + J // NSTEPS (masked by KT from K step J_MASK on)."""
     tile = pid_n * N_TILES + J // NSTEPS
     rn = tile * BN + tl.arange(0, BN)
     return _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile, rn, rn < H,
                       k_lo + (J % NSTEPS) * BK, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
                       stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL,
-                      KT if J % NSTEPS == NSTEPS - 1 else 0)
+                      KT if J % NSTEPS >= J_MASK else 0)
 
 
 @triton.jit
