@@ -116,17 +116,14 @@ def _unaligned_large(n: int, seed: int):
                                    dict(M=3000, N=4097, K=2048, dtype="bfloat16", b="t"),   # C's rows only
                                    dict(M=2048, N=2048, K=3001, dtype="float16", b="t")])   # A's and B's
 def test_cold_rule_runs_ours_padded_on_large_unaligned_shapes(shape):
-    """The rule as shipped (its region table sends the small unaligned problems it was fitted on to
-    cuBLAS): a large unaligned problem is in the bigpad class, which the table has no fit points
-    of, so the padded persistent TMA kernel runs, not the library."""
+    """The rule as shipped: a large unaligned problem is in the bigpad class, whose regions the
+    rule was fitted on (the region shapes' fit half, one H200: results/gemm_selection/h200_regions/),
+    and the padded persistent TMA kernel runs, not the library."""
     from kernels.gemm import cold, select as gselect
 
     call = _script().fake_call(shape)
     assert not call.aligned and cold.shape_class(call.M, call.N, call.K, call.dtype, False, 132) == "bigpad"
-    assert not any(r.startswith("bigpad") for r in cold.REGIONS)   # shipped rule: no fit points there yet
-    general = next(cold.REGIONS[r] for r in cold.general_regions(call.M, call.N, call.K, call.dtype, False, 132)
-                   if r in cold.REGIONS)
-    assert general == "cublas"   # what the rule gave these problems before the class existed
+    assert any(r.startswith("bigpad") for r in cold.REGIONS)
     cand = gselect.cold(call)
     assert cand.name == "t128x256" and cand.variant == "persistent" and cand.config.pad
     p = gselect.variants.VARIANTS[cand.variant].plan(call, cand.config, explicit=True)
