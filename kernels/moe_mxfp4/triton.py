@@ -718,6 +718,8 @@ def _moe_mxfp4_down_kernel(
                                       A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, K_FIRST)
     if PREFETCH_EPILOGUE:
         wts = tl.load(sorted_weights_ptr + rm)
+    else:
+        wts = tl.zeros((BM,), dtype=tl.float32)     # loaded where first needed (_tile_done, the epilogue)
     if pid_m * BM >= tl.load(num_rows_ptr):
         return
     if not EARLY_LOADS:
@@ -764,11 +766,8 @@ def _moe_mxfp4_down_kernel(
                                         A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, j, NSTEPS, N_TILES, KT,
                                         J_MASK)
             if j % NSTEPS == 0:        # the previous tile is done: its epilogue runs under this tile's loads
-                if not PREFETCH_EPILOGUE:
-                    wts = tl.load(sorted_weights_ptr + rm)
-                rn_t = (tile0 + j // NSTEPS - 1) * BN + tl.arange(0, BN)
-                _tile_out(acc, wts, ids, rows, ok, rn_t, rn_t < H, out_ptr, stride_om, TOP_K, ATOMIC, SWAP_AB)
-                acc = tl.zeros_like(acc)
+                acc, wts = _tile_done(acc, wts, sorted_weights_ptr, rm, ids, rows, ok, tile0 + j // NSTEPS - 1, H,
+                                      out_ptr, stride_om, TOP_K, ATOMIC, SWAP_AB, BN, not PREFETCH_EPILOGUE)
             acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
     else:
         # LOAD_AHEAD = L: the loads of steps j + 1 .. j + L are in flight while step j expands
@@ -812,17 +811,26 @@ def _moe_mxfp4_down_kernel(
                 else:
                     a3, as3, w3, ws3 = an, asn, wn, wsn
             if j % NSTEPS == NSTEPS - 1 and j + 1 < TOTAL:     # a tile done, not the program's last
-                if not PREFETCH_EPILOGUE:
-                    wts = tl.load(sorted_weights_ptr + rm)
-                rn_t = (tile0 + j // NSTEPS) * BN + tl.arange(0, BN)
-                _tile_out(acc, wts, ids, rows, ok, rn_t, rn_t < H, out_ptr, stride_om, TOP_K, ATOMIC, SWAP_AB)
-                acc = tl.zeros_like(acc)
+                acc, wts = _tile_done(acc, wts, sorted_weights_ptr, rm, ids, rows, ok, tile0 + j // NSTEPS, H,
+                                      out_ptr, stride_om, TOP_K, ATOMIC, SWAP_AB, BN, not PREFETCH_EPILOGUE)
     if not PREFETCH_EPILOGUE:
         wts = tl.load(sorted_weights_ptr + rm)
     if N_TILES > 1:
         rn = (tile0 + N_TILES - 1) * BN + tl.arange(0, BN)
         n_ok = rn < H
     _tile_out(acc, wts, ids, rows, ok, rn, n_ok, out_ptr, stride_om, TOP_K, ATOMIC, SWAP_AB)
+
+
+@triton.jit
+def _tile_done(acc, wts, sorted_weights_ptr, rm, ids, rows, ok, tile, H, out_ptr, stride_om, TOP_K: tl.constexpr,
+               ATOMIC: tl.constexpr, SWAP_AB: tl.constexpr, BN: tl.constexpr, LOAD_WTS: tl.constexpr):
+    """N_TILES > 1: the epilogue of a finished column tile inside the program's steps; returns the
+    accumulator zeroed for the next tile and the routing weights (loaded here with LOAD_WTS)."""
+    if LOAD_WTS:
+        wts = tl.load(sorted_weights_ptr + rm)
+    rn = tile * BN + tl.arange(0, BN)
+    _tile_out(acc, wts, ids, rows, ok, rn, rn < H, out_ptr, stride_om, TOP_K, ATOMIC, SWAP_AB)
+    return tl.zeros_like(acc), wts
 
 
 @triton.jit
