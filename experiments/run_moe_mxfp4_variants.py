@@ -131,6 +131,9 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             "BM64 BN64 prepack3": C(BLOCK_M=64, BLOCK_N=64, NT=False, PREPACK=3, **sw),
             # the prepacked default's tile on the plain layout: what the layout alone changes
             "prepacked default tile, plain": pdef.replace(PREPACK=0),
+            # issue 42: gpt-oss' 2880 rows at BN128 (the last tile's block past the rows masked off), its
+            # 23 steps unrolled (cross-compiled: 255 registers, 38 spill stores) or as the loop
+            "BM128 BN128 prepack2 loop": C(BLOCK_M=128, BLOCK_N=128, NT=False, PREPACK=2, UNROLL=False, **sw),
         })
     else:
         # the prepacked default's K steps as a loop the compiler pipelines over num_stages (the

@@ -35,7 +35,8 @@ class MoeMxfp4Config:
     the low and high nibbles meet two contiguous halves of the bf16 activations (loaded as they
     are) instead of their even and odd columns (a register split; MXFP4 activations are then
     interleaved back into K order, which costs more than level 2 saves). Needs SWAP_AB, 4 warps,
-    BLOCK_N % 64 == 0, BLOCK_K % 128 == 0 and the prepacked rows (H rounded up to 64) % BLOCK_N == 0;
+    BLOCK_N % 64 == 0 and BLOCK_K % 128 == 0 (a BLOCK_N that does not divide the prepacked rows, H
+    rounded up to 64, reads the 64-row blocks past them as zeros);
     BLOCK_K must divide I rounded up to 128 (what prepack_mxfp4 stores). The launcher runs a PREPACK
     config only on ``Mxfp4Weights`` of that level (``prepare_weights``).
     ONE_MUL (PREPACK only): scale each bf16x2 pattern with one multiply by 2**(s - 1) instead of
@@ -198,7 +199,9 @@ def config_for_block_m(block_m: int, K: int, *, deterministic: bool = False, pre
     """The heuristic's config for a given row tile (what the launcher runs for a routing padded to
     block_m when no config is passed); prepacked: the weights' layout level (0 = plain). H (the
     output columns), when given: a prepacked tile wider than 64 columns that does not divide the
-    prepacked rows (H rounded up to 64, prepack_mxfp4's padding) falls back to 64 (gpt-oss' 2880)."""
+    prepacked rows (H rounded up to 64, prepack_mxfp4's padding) falls back to 64 (gpt-oss' 2880).
+    Such a tile runs (the kernel masks the 64-row blocks past the stored rows), but at gpt-oss'
+    shapes it has not been timed against 64 yet."""
     if prepacked:
         if prepacked not in (1, 2, 3):
             raise ValueError(f"moe_mxfp4: prepacked must be 0, 1, 2 or 3, got {prepacked!r}")

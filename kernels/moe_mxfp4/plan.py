@@ -213,9 +213,6 @@ def build(a, a_scale, w, w_scale, level, one_mul, routing, out, accumulate, conf
         fail(f"config must be a MoeMxfp4Config, got {type(config).__name__}")
     config.validate(K)
     check_layout(config, level)
-    if config.PREPACK and w.shape[1] % config.BLOCK_N:
-        fail(f"PREPACK needs the prepacked rows (H={H} rounded up to 64: {w.shape[1]}) to be a multiple of "
-             f"BLOCK_N={config.BLOCK_N}; use BLOCK_N=64")
     if config.BLOCK_M != routing.block_m:
         fail(f"config.BLOCK_M={config.BLOCK_M} but the routing was padded to {routing.block_m} rows; "
              f"call prepare_routing(..., block_m={config.BLOCK_M})")

@@ -29,7 +29,7 @@ from kernels.common import tune as common_tune
 
 from .config import INTERPRET_CONFIG, MoeMxfp4Config, block_m_for, config_for_block_m, with_split_k
 from .plan import Call, builder, call_of
-from .quant import PREPACK_H_MULTIPLE, prepacked_shape
+from .quant import PREPACK_H_MULTIPLE
 
 NAME = "moe_mxfp4"
 ACTS = ("bf16", "mxfp4")
@@ -164,9 +164,6 @@ def usable(call: Call, config: MoeMxfp4Config) -> None:
         raise ValueError(f"BLOCK_M={config.BLOCK_M} but the routing was padded to {call.block_m} rows")
     if config.PREPACK != call.level:
         raise ValueError(f"PREPACK={config.PREPACK} but the weights are in layout level {call.level}")
-    if config.PREPACK and prepacked_shape(call.H, call.K)[0] % config.BLOCK_N:
-        raise ValueError(f"PREPACK needs the prepacked rows (H={call.H} rounded up to 64) % BLOCK_N == 0 "
-                         f"(BLOCK_N={config.BLOCK_N})")
     if config.DETERMINISTIC != call.deterministic:
         raise ValueError(f"DETERMINISTIC={config.DETERMINISTIC} but the call asked for the "
                          f"{'deterministic' if call.deterministic else 'atomic'} epilogue")

@@ -430,7 +430,8 @@ def _scale_bits(s, EXPAND: tl.constexpr, ONE_MUL: tl.constexpr = False):
 @triton.jit
 def _load_w_prepacked(w_ptr, w_scale_ptr, e, pid_n, k0, stride_we, stride_wn, stride_wse, stride_wsn,
                       NT: tl.constexpr, EXPAND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                      PREPACK: tl.constexpr = 1, ONE_MUL: tl.constexpr = False, KLIM: tl.constexpr = 0):
+                      PREPACK: tl.constexpr = 1, ONE_MUL: tl.constexpr = False, KLIM: tl.constexpr = 0,
+                      ROW_MASK: tl.constexpr = False, H=0):
     """Step k0 of expert e's weights in the PREPACK layout (quant.prepack_mxfp4): packed [BN, BK/2]
     and the scales' bit patterns broadcast to [BN, BK/2] (PREPACK=3: those of the low and of the
     high nibbles, joined). Each thread loads its bytes of a 64 x 64-byte tile as two 16-byte
@@ -439,7 +440,9 @@ def _load_w_prepacked(w_ptr, w_scale_ptr, e, pid_n, k0, stride_we, stride_wn, st
     group moves the bytes of row r + 8 next to those of row r, at level 3 they are stored so).
     KLIM: a step that may start at or past I (a ragged SPLIT_K's last part) reads code 0 under scale
     byte 127 there, one predicate for the whole step; a step that holds I's tail reads the padding
-    prepack_mxfp4 stored."""
+    prepack_mxfp4 stored. ROW_MASK (BN does not divide H: gpt-oss' 2880 at BN128): the tile's 64-row
+    blocks that start at or past H, past the stored rows (H rounded up to 64), read as zeros, one
+    predicate per block."""
     NB: tl.constexpr = BN // 64
     KB: tl.constexpr = BK // 128
     # Dimension order: Triton's load layout gives lanes and warps to the dimensions after the
@@ -460,9 +463,14 @@ def _load_w_prepacked(w_ptr, w_scale_ptr, e, pid_n, k0, stride_we, stride_wn, st
     s_j = tl.arange(0, 8)[None, None, None, None, None, :]
     s_base = w_scale_ptr + e * stride_wse + (pid_n * BN) * stride_wsn + (k0 // 128) * 256
     s_ptrs = s_base + s_nb * (64 * stride_wsn) + s_kb * 256 + s_w * 64 + s_l * 8 + s_d * 0 + s_j
-    if KLIM:
-        w = _ld(w_ptrs, k0 < KLIM, 0, NT)
-        w_s = _ld(s_ptrs, k0 < KLIM, 127, NT)
+    if KLIM or ROW_MASK:
+        w_m = (k0 < KLIM) if KLIM else True
+        s_m = w_m
+        if ROW_MASK:
+            w_m = w_m & (pid_n * BN + i_nb * 64 < H)
+            s_m = s_m & (pid_n * BN + s_nb * 64 < H)
+        w = _ld(w_ptrs, w_m, 0, NT)
+        w_s = _ld(s_ptrs, s_m, 127, NT)
     elif NT:
         w = tl.load(w_ptrs, eviction_policy="evict_first")
         w_s = tl.load(s_ptrs, eviction_policy="evict_first")
@@ -579,17 +587,19 @@ def _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm,
 
 
 @triton.jit
-def _load_w(w_ptr, w_scale_ptr, e, tile, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
+def _load_w(w_ptr, w_scale_ptr, e, tile, rn, n_ok, H, k0, stride_we, stride_wn, stride_wse, stride_wsn,
             NT: tl.constexpr, EVEN_N: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr = 0,
             EXPAND: tl.constexpr = "ptx", BN: tl.constexpr = 64, ONE_MUL: tl.constexpr = False,
             KLIM: tl.constexpr = 0):
     """Step k0 of expert e's packed weights [BN, BK/2] and scales [BN, BK/32] of column tile
     ``tile`` (rn: its columns; PREPACK: the scales' bit patterns, broadcast to [BN, BK/2]). KLIM (a
     step that may hold I's tail or lie past I): codes past I read as 0 under scale byte 127 (prepacked
-    weights hold the tail's padding in memory and mask only steps wholly past it)."""
+    weights hold the tail's padding in memory and mask only steps wholly past it). Prepacked and not
+    EVEN_N, the tile's 64-row blocks that start at or past H (past the stored rows) read as zeros."""
     if PREPACK:
         w, w_s = _load_w_prepacked(w_ptr, w_scale_ptr, e, tile, k0, stride_we, stride_wn,
-                                   stride_wse, stride_wsn, NT, EXPAND, BN, BK, PREPACK, ONE_MUL, KLIM)
+                                   stride_wse, stride_wsn, NT, EXPAND, BN, BK, PREPACK, ONE_MUL, KLIM,
+                                   not EVEN_N, H)
     else:
         rkp = k0 // 2 + tl.arange(0, BK // 2)
         rks = k0 // 32 + tl.arange(0, BK // 32)
@@ -657,14 +667,14 @@ def _mma(acc, a, a_s, w, w_s, A_FP4: tl.constexpr, SWAP_AB: tl.constexpr, EXPAND
 
 
 @triton.jit
-def _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile, rn, n_ok, k0,
+def _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile, rn, n_ok, H, k0,
                stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
                A_FP4: tl.constexpr, NT: tl.constexpr, EVEN_N: tl.constexpr, EXPAND: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREPACK: tl.constexpr,
                ONE_MUL: tl.constexpr, KLIM: tl.constexpr):
     """The loads of one K step (activations, weights, scales); KLIM: I, on the step holding its tail."""
     a, a_s = _load_a(a_ptr, a_scale_ptr, rows, ok, k0, stride_am, stride_asm, A_FP4, BM, BK, PREPACK == 3, KLIM)
-    w, w_s = _load_w(w_ptr, w_scale_ptr, e, tile, rn, n_ok, k0, stride_we, stride_wn, stride_wse, stride_wsn,
+    w, w_s = _load_w(w_ptr, w_scale_ptr, e, tile, rn, n_ok, H, k0, stride_we, stride_wn, stride_wse, stride_wsn,
                      NT, EVEN_N, BK, PREPACK, EXPAND, BN, ONE_MUL, KLIM)
     return a, a_s, w, w_s
 
@@ -713,7 +723,7 @@ def _moe_mxfp4_down_kernel(
         ok = ids < num_pairs
         rows = ids.to(tl.int64)
         e = tl.maximum(tl.load(expert_ids_ptr + pid_m), 0).to(tl.int64)
-        a0, as0, w0, ws0 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile0, rn, n_ok, k_lo,
+        a0, as0, w0, ws0 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile0, rn, n_ok, H, k_lo,
                                       stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
                                       A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, K_FIRST)
     if PREFETCH_EPILOGUE:
@@ -727,7 +737,7 @@ def _moe_mxfp4_down_kernel(
         ok = ids < num_pairs
         rows = ids.to(tl.int64)
         e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-        a0, as0, w0, ws0 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile0, rn, n_ok, k_lo,
+        a0, as0, w0, ws0 = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile0, rn, n_ok, H, k_lo,
                                       stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn,
                                       A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, K_FIRST)
 
@@ -748,12 +758,12 @@ def _moe_mxfp4_down_kernel(
     if NSTEPS > MAX_UNROLL:
         acc = _mma(acc, a0, as0, w0, ws0, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
         for s in range(1, J_MASK):
-            a, a_s, w, w_s = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile0, rn, n_ok,
+            a, a_s, w, w_s = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile0, rn, n_ok, H,
                                         k_lo + s * BK, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
                                         stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL, 0)
             acc = _mma(acc, a, a_s, w, w_s, A_FP4, SWAP_AB, EXPAND, BM, BN, BK, PREPACK, ONE_MUL)
         for s in tl.static_range(J_PEEL, NSTEPS):
-            a, a_s, w, w_s = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile0, rn, n_ok,
+            a, a_s, w, w_s = _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile0, rn, n_ok, H,
                                         k_lo + s * BK, stride_am, stride_asm, stride_we, stride_wn,
                                         stride_wse, stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK,
                                         ONE_MUL, KT)
@@ -861,7 +871,7 @@ def _load_flat(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, pid_n, k_lo,
     J % NSTEPS of tile pid_n * N_TILES + J // NSTEPS (masked by KT from K step J_MASK on)."""
     tile = pid_n * N_TILES + J // NSTEPS
     rn = tile * BN + tl.arange(0, BN)
-    return _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile, rn, rn < H,
+    return _load_step(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, rows, ok, e, tile, rn, rn < H, H,
                       k_lo + (J % NSTEPS) * BK, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
                       stride_wsn, A_FP4, NT, EVEN_N, EXPAND, BM, BN, BK, PREPACK, ONE_MUL,
                       KT if J % NSTEPS >= J_MASK else 0)
