@@ -16,6 +16,7 @@ and the interpreter's fp32 dot differ from the reference's by far less).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -30,6 +31,7 @@ from kernels.moe_mxfp4 import (MoeMxfp4Config, Mxfp4Weights, config_for_block_m,
 from kernels.moe_mxfp4 import launch as mx_launch
 from kernels.moe_mxfp4 import metrics
 from kernels.moe_mxfp4 import plan as mx_plan
+from kernels.moe_mxfp4 import routing as mx_routing
 from kernels.moe_mxfp4.quant import E2M1_VALUES
 from kernels.moe_mxfp4.routing import max_rows, reference_routing
 
@@ -525,6 +527,13 @@ def test_prepared_weights_plan_key_has_the_layout():
     assert mx_plan.unwrap_weights(w2, r, None)[1:] == (w2.w_scale, r, 2, True, None)    # (a, weights, routing)
     moe_mxfp4_down(p["a"], p["w"], p["w_scale"], r)
     moe_mxfp4_down(p["a"], w2, r)
+    # the weights' and the routing's parts of the key, made once (host time), are the ones made per call
+    assert w2.signature == mx_launch.weights_signature(w2.w, w2.w_scale, 2, True, None)
+    r_again = prepare_routing(p["ids"], p["wts"], E, 16)
+    assert r_again.sig is not None
+    assert mx_routing.routing_signature(r_again) == mx_routing.routing_signature(dataclasses.replace(r_again, sig=None))
+    assert key(w2.w, w2.w_scale, 2, True) == mx_launch._plan_key(p["a"], None, w2.w, w2.w_scale, 2, True, r_again,
+                                                                  None, False, None, wsig=w2.signature)
     assert mx_launch._PLANS.get(key(p["w"], p["w_scale"], 0)).config.PREPACK == 0
     plan = mx_launch._PLANS.get(key(w2.w, w2.w_scale, 2, True))
     assert plan.config.PREPACK == 2 and plan.constexprs["ONE_MUL"]

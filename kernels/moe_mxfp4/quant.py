@@ -29,8 +29,11 @@ the kernels expand weights to bf16 in registers and lose nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
+
+from kernels.common.plans import tensor_signature
 
 __all__ = ["BLOCK", "E2M1_VALUES", "PREPACK_ROWS", "PREPACK_K", "Mxfp4Weights", "check_prepackable",
            "dequantize_mxfp4", "prepack_mxfp4", "prepacked_shape", "prepare_weights", "quantize_mxfp4",
@@ -418,6 +421,11 @@ class Mxfp4Weights:
         """Whether every scale byte is known to be at most 128 (one multiply per pair is exact)."""
         return self.max_scale is not None and self.max_scale <= 128
 
+    @cached_property
+    def signature(self) -> tuple:
+        """``weights_signature`` of these weights, made once (the launcher's plan key includes it)."""
+        return weights_signature(self.w, self.w_scale, self.level, self.one_mul, self.shape if self.padded else None)
+
     @property
     def num_experts(self) -> int:
         return self.w.shape[0]
@@ -428,6 +436,12 @@ class Mxfp4Weights:
         if self.level == 0:
             return self.w, self.w_scale
         return unprepack_mxfp4(self.w, self.w_scale, self.level, shape=self.shape)
+
+
+def weights_signature(w: torch.Tensor, w_scale: torch.Tensor, level: int, one_mul: bool, shape) -> tuple:
+    """What a down-projection's plan depends on of the weights: both tensors' signatures, the layout
+    level, whether one multiply per pair is exact, the logical (H, I) where the tensors are padded."""
+    return (tensor_signature(w), tensor_signature(w_scale), level, one_mul, shape)
 
 
 def prepare_weights(w: torch.Tensor, w_scale: torch.Tensor, level: int = 2, *,

@@ -41,7 +41,7 @@ and raises a ValueError, for debugging.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -52,7 +52,7 @@ from kernels.common.plans import PlanCache, sm_count, tensor_signature
 from . import triton_routing
 
 __all__ = ["Routing", "max_rows", "prepare_routing", "prepare_routing_and_output", "reference_routing",
-           "routing_plan_info", "torch_routing"]
+           "routing_plan_info", "routing_signature", "torch_routing"]
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,26 @@ class Routing:
     top_k: int
     num_experts: int
     block_m: int
+    # routing_signature(self), when the maker knows it already (prepare_routing: once per plan, since
+    # its outputs are views of one buffer at fixed offsets); None: made by whoever needs it
+    sig: tuple | None = field(default=None, compare=False, repr=False)
 
     @property
     def max_blocks(self) -> int:
         return self.expert_ids.shape[0]
+
+
+def _sig(t):
+    return None if t is None else tensor_signature(t)
+
+
+def routing_signature(r: Routing) -> tuple:
+    """What a down-projection's plan depends on of a routing: its tensors' signatures (shape,
+    strides, dtype, device, 16-byte alignment) and sizes. Part of the launcher's plan key."""
+    if r.sig is not None:
+        return r.sig
+    return (_sig(r.sorted_ids), _sig(r.sorted_weights), _sig(r.expert_ids), _sig(r.num_rows),
+            r.num_pairs, r.top_k, r.num_experts, r.block_m, r.max_blocks)
 
 
 def max_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -114,6 +130,7 @@ class _RoutingPlan:
     launch: PlannedLaunch | None
     out_shape: tuple[int, int] | None = None   # the down-projection's output zeroed by the launch, [M, H] bf16
     zero_chunk: int = 0                         # int32 words of it each program zeroes
+    sig: tuple | None = None                    # routing_signature of this plan's Routing, after its first call
 
 
 _PLANS = PlanCache()
@@ -187,7 +204,10 @@ def _prepare(topk_ids, topk_weights, num_experts, block_m, check, out_cols) -> t
     plan.launch(topk_ids, topk_weights, sorted_ids, sorted_weights, expert_ids, num_rows, counts,
                 plan.n, plan.E, plan.rows, plan.blocks, topk_ids.stride(0), topk_ids.stride(1),
                 topk_weights.stride(0), topk_weights.stride(1), zero, zero.numel() if words else 0, plan.zero_chunk)
-    routing = Routing(sorted_ids, sorted_weights, expert_ids, num_rows, counts, plan.n, plan.top_k, plan.E, plan.BM)
+    routing = Routing(sorted_ids, sorted_weights, expert_ids, num_rows, counts, plan.n, plan.top_k, plan.E, plan.BM,
+                      plan.sig)
+    if plan.sig is None:          # the same for every call of the plan: made once (host time per call)
+        plan.sig = routing_signature(routing)
     if not words:
         return routing, None
     M, H = plan.out_shape
