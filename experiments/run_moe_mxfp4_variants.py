@@ -66,6 +66,7 @@ import torch  # noqa: E402
 
 import run_moe_mxfp4 as base  # noqa: E402
 from kernels.moe_mxfp4 import MoeMxfp4Config, block_m_for, default_config, moe_mxfp4_down, prepare_routing  # noqa: E402
+from kernels.moe_mxfp4.config import every_part_has_a_step  # noqa: E402
 from kernels.moe_mxfp4 import baselines as bl  # noqa: E402
 from kernels.moe_mxfp4 import dequantize_weights_bf16, metrics, prepare_weights  # noqa: E402
 from kernels.common.plans import sm_count  # noqa: E402
@@ -211,7 +212,7 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
         # part keeps a step
         steps = -(-I // 128)
         for sk in (3, 6, 8):
-            if (sk - 1) * -(-steps // sk) < steps:
+            if every_part_has_a_step(steps, sk):
                 v[f"BM16 BN64 prepack2 la1 sk{sk}"] = C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1,
                                                         SPLIT_K=sk)
     return v

@@ -5,11 +5,17 @@ from dataclasses import asdict, dataclass, replace
 
 from .routing import max_rows
 
-__all__ = ["MoeMxfp4Config", "block_m_for", "config_for_block_m", "default_config", "split_k_for",
-           "with_split_k", "INTERPRET_CONFIG"]
+__all__ = ["MoeMxfp4Config", "block_m_for", "config_for_block_m", "default_config", "every_part_has_a_step",
+           "split_k_for", "with_split_k", "INTERPRET_CONFIG"]
 
 _BLOCK_M = (16, 32, 64, 128)
 SPLITS = (1, 2, 3, 4, 6, 8)          # the SPLIT_K values a config may take
+
+
+def every_part_has_a_step(steps: int, split: int) -> bool:
+    """Whether SPLIT_K = split parts of cdiv(steps, split) K steps each leave the last part one at
+    least (a ragged split's last part is shorter; an empty one is refused)."""
+    return (split - 1) * -(-steps // split) < steps
 
 
 @dataclass(frozen=True)
@@ -118,7 +124,7 @@ class MoeMxfp4Config:
         if self.SPLIT_K > 1 and self.DETERMINISTIC:
             raise ValueError("moe_mxfp4: SPLIT_K > 1 adds partial sums with atomics; the deterministic mode "
                              "needs SPLIT_K=1")
-        if (self.SPLIT_K - 1) * -(-steps // self.SPLIT_K) >= steps:
+        if not every_part_has_a_step(steps, self.SPLIT_K):
             raise ValueError(f"moe_mxfp4: SPLIT_K={self.SPLIT_K} parts of cdiv(I={K}, BLOCK_K={self.BLOCK_K}) = "
                              f"{steps} K steps, {-(-steps // self.SPLIT_K)} each, leave the last part none; "
                              f"use a SPLIT_K with (SPLIT_K - 1) * cdiv(steps, SPLIT_K) < steps")

@@ -27,7 +27,8 @@ from triton.errors import TritonError
 from kernels.common import select as common
 from kernels.common import tune as common_tune
 
-from .config import INTERPRET_CONFIG, MoeMxfp4Config, block_m_for, config_for_block_m, with_split_k
+from .config import (INTERPRET_CONFIG, MoeMxfp4Config, block_m_for, config_for_block_m, every_part_has_a_step,
+                     with_split_k)
 from .plan import Call, builder, call_of
 from .quant import PREPACK_H_MULTIPLE
 
@@ -122,7 +123,7 @@ def _splits(cfg: MoeMxfp4Config, K: int) -> list[int]:
     steps per program and one in every part: where the rule may be one step off."""
     total = -(-K // cfg.BLOCK_K)
     return [s for s in (cfg.SPLIT_K // 2, cfg.SPLIT_K * 2)
-            if s in (1, 2, 4) and -(-total // s) >= 2 and (s - 1) * -(-total // s) < total]
+            if s in (1, 2, 4) and -(-total // s) >= 2 and every_part_has_a_step(total, s)]
 
 
 def candidates(call: Call) -> dict[str, common.Candidate]:
