@@ -215,6 +215,19 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             if every_part_has_a_step(steps, sk):
                 v[f"BM16 BN64 prepack2 la1 sk{sk}"] = C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1,
                                                         SPLIT_K=sk)
+        if M * top_k >= E * 16:
+            # issue 42: few experts, all active (gpt-oss-20b: 32 experts, 16-32 rows each from M = 128):
+            # a 16- or 32-row tile expands each expert's weights once per row block, and with rows
+            # spread unevenly most experts take two; a 64- or 128-row tile expands them once
+            sw = dict(SWAP_AB=True, num_warps=4, BLOCK_K=128)
+            for bm in (64, 128):
+                for bn in (64, 128):
+                    v[f"BM{bm} BN{bn} prepack2"] = C(BLOCK_M=bm, BLOCK_N=bn, NT=False, PREPACK=2, **sw)
+            # (measured: 1.6-2.7x slower than BM16 / BM32 there.) The small tiles without the evict-first
+            # hint: an expert's second row block, a neighbouring program, may then find its weights in L2
+            v["BM16 BN64 prepack2 la1 noNT"] = C(BLOCK_M=16, BLOCK_N=64, NT=False, PREPACK=2, LOAD_AHEAD=1)
+            v["BM32 BN64 prepack2 noNT"] = C(BLOCK_M=32, BLOCK_N=64, NT=False, PREPACK=2)
+            v["BM32 BN64 prepack2 la1 noNT"] = C(BLOCK_M=32, BLOCK_N=64, NT=False, PREPACK=2, LOAD_AHEAD=1)
     return v
 
 

@@ -199,7 +199,7 @@ def test_refit_reports_held_out_regret_per_region_class(tmp_path):
     out = tmp_path / "out"
     assert fit.main(["--times", str(times), "--out", str(out), "--write-rule"]) == 0
     doc = json.loads(fit.RULE_PATH.read_text())
-    assert {"narrow,16,tma,r<1", "longk,16,tma,r<1"} <= set(doc["regions"])
+    assert {"narrow,16,tma,n,r<1", "longk,16,tma,n,r<1"} <= set(doc["regions"])
     assert not any(k.startswith("bigpad") for k in doc["regions"]) and doc["region_info"]["narrow"]["shapes"] == 6
     regions = pd.read_csv(out / "cold_rule_regions.csv")
     held = regions[(regions.rule == "regions") & (regions.set == "held_out")]

@@ -1352,6 +1352,15 @@ def test_variants_script_scores_the_prepacked_defaults(tmp_path):
     big = run.variants(16384, 9, 385, 512)
     assert {"BM128 BN128 prepack2", "BM64 BN64 prepack2"} <= set(big) and big["prepacked default"].BLOCK_M == 128
     assert big["prepacked default tile, plain"] == big["prepacked default"].replace(PREPACK=0)
+    # few experts with 16+ rows each below large M (gpt-oss-20b at M = 128): the 64- and 128-row tiles
+    # and the small tiles without evict-first join; not where experts hold fewer rows (KIMI-K2.5 at 256)
+    oss = run.variants(128, 4, 32, 2880)
+    assert {"BM64 BN64 prepack2", "BM128 BN128 prepack2", "BM16 BN64 prepack2 la1 noNT"} <= set(oss)
+    assert not oss["BM32 BN64 prepack2 noNT"].NT and oss["BM64 BN64 prepack2"].SWAP_AB
+    for name, cfg in oss.items():
+        if name.startswith(("BM64", "BM128")) or "noNT" in name:
+            cfg.validate(2880)
+    assert "BM64 BN64 prepack2" not in run.variants(256, 9, 385, 512)
 
     pre, plain = "_prepack2", ""
     times = {8: {"default": (90.0, plain), "prepacked default": (60.0, pre), "BM16 BN64 prepack2": (58.0, pre),

@@ -285,14 +285,16 @@ def _rounds_class(M: int, N: int, num_sms: int) -> str:
 
 
 def class_regions(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> list[str]:
-    """The problem's class regions, most specific first: class, dtype, alignment and rounds of
-    128x256 tiles; class, dtype and alignment; the class alone ([] outside the classes)."""
+    """The problem's class regions, most specific first: class, dtype, alignment, N at most 64 or
+    more, and rounds of 128x256 tiles; class, dtype and alignment; the class alone ([] outside the
+    classes). N's width splits the narrow class: on the fit half (H200) cuBLAS or the "tall" tile
+    won at N <= 32, our 64- to 256-wide tiles by 1.2-2.4x at N 148-500 with unaligned rows."""
     cls = shape_class(M, N, K, dtype, aligned, num_sms)
     if cls is None:
         return []
     feats = [cls, "fp32" if dtype == torch.float32 else "16", "tma" if aligned else "pad",
-             _rounds_class(M, N, num_sms)]
-    return [",".join(feats[:n]) for n in (4, 3, 1)]
+             "n64" if N <= 64 else "n", _rounds_class(M, N, num_sms)]
+    return [",".join(feats[:n]) for n in (5, 3, 1)]
 
 
 def general_regions(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> list[str]:
