@@ -281,6 +281,49 @@ def test_bad_operands(a, b, match):
         gemm.matmul(a(), b())
 
 
+_ATOMIC_SPLIT_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    sys.path.insert(0, {root!r})
+    from kernels import gemm
+    from kernels.gemm import config as gconfig, launch as glaunch, plan as gplan
+    out = {{}}
+    g = torch.Generator().manual_seed(77)
+    a = torch.randn(40, 1000, generator=g).bfloat16()
+    b = torch.randn(1000, 70, generator=g).bfloat16()
+    ref = a.double() @ b.double()
+    for mode, least in (("atomic", 3), ("serial", 10 ** 9)):
+        gconfig.SPLIT_ATOMIC_MIN_PIECES = least
+        glaunch.clear_plans()
+        cfg = dict(block_m=16, block_n=64, block_k=32, num_warps=4, num_stages=2, split_k=6)
+        for call in range(2):                       # the sums and counters reset themselves
+            c = torch.full((40, 70), float("nan")).bfloat16()
+            gemm.matmul(a, b, cfg, out=c)
+            out[f"{{mode}}{{call}}"] = float((c.double() - ref).norm() / ref.norm())
+        out[mode + "_flag"] = glaunch.plan_for(a, b, cfg, c).launch.kwargs["ATOMIC_SPLIT"]
+    ws, cnt = gplan._SK_ZEROED[(-1, 0)]
+    out["zeroed_left"] = float(ws.abs().max()) + float(cnt.abs().max())
+    print(json.dumps(out))
+""")
+
+
+def test_interpreter_split_k_atomic_sum_matches_and_resets():
+    """Six pieces per tile of a 40 x 70 x 1000 bf16 product (3 x 2 tiles): with the atomic sum
+    (SPLIT_ATOMIC_MIN_PIECES = 3) and with the serial one, each called twice on a poisoned output,
+    within bf16's tolerance of float64; the atomic workspace and its counters are all zero again
+    afterwards (a later call starts from a zero sum)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", _ATOMIC_SPLIT_SCRIPT.format(root=str(ROOT))],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["atomic_flag"] is True and res["serial_flag"] is False
+    for k in ("atomic0", "atomic1", "serial0", "serial1"):
+        assert res[k] <= gsweep.tolerance(torch.bfloat16), (k, res[k])
+    assert res["zeroed_left"] == 0.0
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_cpu_without_interpreter_says_what_to_do():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

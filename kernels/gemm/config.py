@@ -438,6 +438,13 @@ def stream_k_plan(tiles: int, programs: int, k_steps: int) -> StreamKPlan:
 # --------------------------------------------------------------------------
 SPLIT_MIN_STEPS = 2  # K-steps per piece at least: a piece costs a pipeline fill and a partial written
 SPLIT_PENALTY = 0.5  # K-steps a piece's partial (written, read back) costs, in the choice below
+# From this many pieces per tile the split-K kernel adds its partials into one sum with atomics
+# (``ATOMIC_SPLIT``) instead of having the last piece read every other one's slot in turn; None:
+# never. Off until checked on a GPU: its first form (one thread's count after a barrier) ran
+# 1.1-3.5x faster than the serial sum at 7-26 pieces on issue 43's long-K shapes, and gave one wrong
+# result in 102 checks, the race the per-thread count now closes (experiments/probes/probe_splitk_reduce.py
+# checks and times both; results/gemm_selection/README.md).
+SPLIT_ATOMIC_MIN_PIECES: int | None = None
 
 
 def split_for(tiles: int, k_steps: int, num_sms: int, max_split: int = 32) -> int:

@@ -165,15 +165,21 @@ def b_row_stride(b: torch.Tensor, K: int, pads: dict, b_km: bool, trans_b: bool)
 # The fp32 workspace of stream-K and split-K
 # --------------------------------------------------------------------------
 _SK_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_SK_ZEROED: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}   # sums kept at zero between calls
 _RETIRED: list = []  # outgrown workspaces: a captured CUDA graph may still use them
 
 
-def workspace(device: torch.device, elems: int, counters: int):
+def workspace(device: torch.device, elems: int, counters: int, zeroed: bool = False):
     """fp32 partial slots and arrival counters (stream-K and split-K), zeroed once
     and reused: the kernels reset every counter they complete. One pair per device
     and stream, so calls on two streams never share counters; an outgrown pair is
     kept alive (a CUDA graph captured with it still points there). Call it ahead
-    of a graph capture with the largest sizes, so the capture allocates nothing."""
+    of a graph capture with the largest sizes, so the capture allocates nothing.
+
+    ``zeroed``: a pair of its own whose fp32 slots are zero whenever no kernel is
+    running, for kernels that add their partials into one sum per tile with atomics
+    (the split-K kernel's ``ATOMIC_SPLIT``): the one that completes a tile sets its
+    sum back to zero. The other kernels overwrite their slots, so they never share it."""
     if device.type == "cuda":   # Triton's driver call: a fraction of torch.cuda.current_stream's host cost
         from triton.runtime.driver import driver
 
@@ -181,11 +187,13 @@ def workspace(device: torch.device, elems: int, counters: int):
         key = (index, driver.active.get_current_stream(index))
     else:
         key = (-1, 0)
-    ws, cnt = _SK_WORKSPACE.get(key, (None, None))
+    pairs = _SK_ZEROED if zeroed else _SK_WORKSPACE
+    ws, cnt = pairs.get(key, (None, None))
     if ws is None or ws.numel() < elems or cnt.numel() < counters:
         if ws is not None:
             _RETIRED.append((ws, cnt))
-        ws = torch.empty(max(elems, ws.numel() if ws is not None else 0), dtype=torch.float32, device=device)
+        make = torch.zeros if zeroed else torch.empty
+        ws = make(max(elems, ws.numel() if ws is not None else 0), dtype=torch.float32, device=device)
         cnt = torch.zeros(max(counters, cnt.numel() if cnt is not None else 0), dtype=torch.int32, device=device)
-        _SK_WORKSPACE[key] = (ws, cnt)
+        pairs[key] = (ws, cnt)
     return ws, cnt

@@ -293,34 +293,58 @@ def _gemm_ptr_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
 
 # --------------------------------------------------------------------------
 @triton.jit
-def _meet_split(acc, pid, pid_k, split_k, ws_ptr, cnt_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _meet_split(acc, pid, pid_k, split_k, ws_ptr, cnt_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                ATOMIC: tl.constexpr = False, THREADS: tl.constexpr = 128):
     """(tile ``pid``'s sum of its ``split_k`` pieces, True) in the piece that completes the
     tile, (``acc``, False) in the others; ``acc`` is piece ``pid_k``'s partial. Split tiles
     meet in an fp32 workspace: every piece stores its partial in its own slot and counts
     itself in the tile's counter; the piece that completes the count adds the others' slots
-    to its own and resets the counter (nobody waits, so it also runs in the interpreter)."""
+    to its own and resets the counter (nobody waits, so it also runs in the interpreter).
+
+    ATOMIC: every piece adds its partial into the tile's one sum (fp32 atomics, in whatever
+    order the pieces arrive), and the piece that completes the count reads the sum and sets
+    it back to zero (the workspace is ``plan.workspace(..., zeroed=True)``). The serial form
+    has that piece read split_k - 1 slots one after another, which at 16-32 pieces of a long
+    K is most of the kernel's time; here the adds are spread over the pieces as they end.
+    Each of the program's THREADS threads counts itself (a tensor of THREADS ones, one per
+    thread), with release semantics, so that its own adds are performed before its count:
+    a barrier and one thread's count, as the serial form does, left other threads' atomics
+    in flight (one H200 run: one result of 102 wrong). The count to reach is then split_k *
+    THREADS, and the program holding its last increment is the tile's last piece."""
     last = split_k == 1
     if split_k > 1:
         tile_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        tile_ws = ws_ptr + (pid * split_k).to(tl.int64) * (BLOCK_M * BLOCK_N)
-        tl.store(tile_ws + pid_k * (BLOCK_M * BLOCK_N) + tile_offs, acc)
-        tl.debug_barrier()  # every thread's partial is written before the count
-        arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        last = arrived == split_k - 1
+        if ATOMIC:
+            tile_ws = ws_ptr + pid.to(tl.int64) * (BLOCK_M * BLOCK_N)
+            tl.atomic_add(tile_ws + tile_offs, acc, sem="relaxed", scope="gpu")
+            counts = tl.atomic_add(cnt_ptr + pid + tl.zeros([THREADS], tl.int32), tl.full([THREADS], 1, tl.int32),
+                                   sem="acq_rel", scope="gpu")
+            last = tl.max(counts, axis=0) == split_k * THREADS - 1
+        else:
+            tile_ws = ws_ptr + (pid * split_k).to(tl.int64) * (BLOCK_M * BLOCK_N)
+            tl.store(tile_ws + pid_k * (BLOCK_M * BLOCK_N) + tile_offs, acc)
+            tl.debug_barrier()  # every thread's partial is written before the count
+            arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            last = arrived == split_k - 1
         if last:
-            for q in range(split_k):
-                if q != pid_k:
-                    acc += tl.load(tile_ws + q * (BLOCK_M * BLOCK_N) + tile_offs, cache_modifier=".cg")
+            if ATOMIC:
+                acc = tl.load(tile_ws + tile_offs, cache_modifier=".cg")
+                tl.store(tile_ws + tile_offs, tl.zeros_like(acc))
+            else:
+                for q in range(split_k):
+                    if q != pid_k:
+                        acc += tl.load(tile_ws + q * (BLOCK_M * BLOCK_N) + tile_offs, cache_modifier=".cg")
             tl.store(cnt_ptr + pid, 0)
     return acc, last
 
 
 @triton.jit
 def _store_split(acc, pid, pid_k, split_k, rows, cols, c_ptr, stride_cm, stride_cn, M, N, ws_ptr, cnt_ptr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ATOMIC: tl.constexpr = False,
+                 THREADS: tl.constexpr = 128):
     """C[rows, cols] = the sum of tile ``pid``'s ``split_k`` pieces (``_meet_split``),
     stored by the piece that completes it."""
-    acc, last = _meet_split(acc, pid, pid_k, split_k, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N)
+    acc, last = _meet_split(acc, pid, pid_k, split_k, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, ATOMIC, THREADS)
     if last:
         c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
@@ -332,7 +356,8 @@ def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M,
                         split_k, steps_per_split,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, DEVICE_DESC: tl.constexpr = False,
-                        B_KMAJOR: tl.constexpr = False, GROUP_M: tl.constexpr = 8):
+                        B_KMAJOR: tl.constexpr = False, GROUP_M: tl.constexpr = 8,
+                        ATOMIC_SPLIT: tl.constexpr = False, THREADS: tl.constexpr = 128):
     """One output tile per program column, its K range cut into ``split_k`` pieces
     (grid: tiles x split_k). For few tiles (small M, or a short wide problem): the
     split puts every SM to work on B, which small-M products only read once.
@@ -342,7 +367,8 @@ def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M,
     (BLOCK_M, as small as 16) its N, so a 16-row A costs a 16-wide MMA instead of
     a 64-row one padded with zeros.
 
-    Split tiles meet in an fp32 workspace (``_store_split``).
+    Split tiles meet in an fp32 workspace (``_store_split``; ATOMIC_SPLIT: added into one
+    sum per tile with atomics, see ``_meet_split``; THREADS: num_warps * 32).
 
     DEVICE_DESC (with USE_TMA): a_desc and b_desc come as None and every program
     encodes them itself from a_ptr, b_ptr and the row strides (unit inner
@@ -363,7 +389,7 @@ def _gemm_splitk_kernel(a_desc, b_desc, a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M,
                                    pid, pid_k, steps_per_split, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB, B_KMAJOR,
                                    GROUP_M)
     _store_split(acc, pid, pid_k, split_k, rows, cols, c_ptr, stride_cm, stride_cn, M, N, ws_ptr, cnt_ptr,
-                 BLOCK_M, BLOCK_N)
+                 BLOCK_M, BLOCK_N, ATOMIC_SPLIT, THREADS)
 
 
 @triton.jit

@@ -11,6 +11,7 @@ import torch
 import triton
 
 from kernels.common.launcher import PlannedLaunch
+from kernels.gemm import config as gconfig
 from kernels.gemm.config import FlatKnobs, split_pieces
 from kernels.gemm.plan import (Call, GemmPlan, TensorDescriptor, operand_pads, operands_device_desc_ok,
                                workspace)
@@ -61,10 +62,13 @@ def plan(call: Call, cfg: Config, explicit: bool) -> GemmPlan:
     M, N, K = call.M, call.N, call.K
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     pieces, per = split_pieces(triton.cdiv(K, cfg.block_k), cfg.split_k)
+    least = gconfig.SPLIT_ATOMIC_MIN_PIECES
+    atomic = least is not None and pieces >= least
     launch = PlannedLaunch(_gemm_splitk_kernel, (tiles, pieces),
                            dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                 USE_TMA=bool(use), SWAP_AB=cfg.swap_ab, DEVICE_DESC=bool(dev),
-                                B_KMAJOR=bool(b_kmajor), GROUP_M=cfg.group_m),
+                                B_KMAJOR=bool(b_kmajor), GROUP_M=cfg.group_m, ATOMIC_SPLIT=atomic,
+                                THREADS=32 * cfg.num_warps),
                            dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     b_block = [cfg.block_n, cfg.block_k] if b_kmajor else [cfg.block_k, cfg.block_n]
     blocks = ([cfg.block_m, cfg.block_k], b_block) if use and not dev else ()
@@ -74,7 +78,9 @@ def plan(call: Call, cfg: Config, explicit: bool) -> GemmPlan:
 
 def launch(p: GemmPlan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     cfg = p.config
-    if p.sk_tiles:   # p.programs: the K pieces per tile
+    if p.sk_tiles and p.launch.kwargs["ATOMIC_SPLIT"]:   # one sum per tile, kept at zero between calls
+        ws, cnt = workspace(out.device, p.sk_tiles * cfg.block_m * cfg.block_n, p.sk_tiles, zeroed=True)
+    elif p.sk_tiles:   # p.programs: the K pieces per tile
         ws, cnt = workspace(out.device, p.sk_tiles * p.programs * cfg.block_m * cfg.block_n, p.sk_tiles)
     else:
         ws, cnt = out, out  # never touched
