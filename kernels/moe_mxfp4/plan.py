@@ -42,6 +42,9 @@ class Plan:
     launch: PlannedLaunch | None = None       # the kernel with its grid and constexprs, compiled once
     reduce: PlannedLaunch | None = None
     choice: Any = None    # kernels.common.select.Choice: which candidate runs and why (no explicit config)
+    # the kernel's row strides (a, a_scale, w, w_scale, output): fixed by the plan's key (every tensor's
+    # signature), so taken once, on the first call (eight stride reads fewer per call)
+    strides: tuple | None = None
 
     def __post_init__(self):
         self.launch = PlannedLaunch.of(_moe_mxfp4_down_kernel, self.grid, self.constexprs)
@@ -281,11 +284,12 @@ def execute(plan: Plan, a, a_scale, w, w_scale, routing, out, accumulate) -> tor
     if plan.M == 0:
         return out
     target = out if plan.workspace is None else plan.workspace
+    if plan.strides is None:
+        plan.strides = (a.stride(0), 0 if a_scale is None else a_scale.stride(0), w.stride(0), w.stride(1),
+                        w_scale.stride(0), w_scale.stride(1), target.stride(0))
     plan.launch(a, a if a_scale is None else a_scale, w, w_scale, target,
                 routing.sorted_ids, routing.sorted_weights, routing.expert_ids, routing.num_rows,
-                routing.num_pairs, plan.H,
-                a.stride(0), 0 if a_scale is None else a_scale.stride(0), w.stride(0), w.stride(1),
-                w_scale.stride(0), w_scale.stride(1), target.stride(0))
+                routing.num_pairs, plan.H, *plan.strides)
     if plan.reduce is not None:
         plan.reduce(plan.workspace, out, plan.M, plan.H, plan.workspace.stride(0), out.stride(0))
     return out

@@ -131,6 +131,7 @@ class _RoutingPlan:
     out_shape: tuple[int, int] | None = None   # the down-projection's output zeroed by the launch, [M, H] bf16
     zero_chunk: int = 0                         # int32 words of it each program zeroes
     sig: tuple | None = None                    # routing_signature of this plan's Routing, after its first call
+    strides: tuple = ()                         # topk_ids' and topk_weights' (the key fixes them)
 
 
 _PLANS = PlanCache()
@@ -140,7 +141,7 @@ def _quad(x: int) -> int:
     return -(-x // 4) * 4
 
 
-def _make_plan(topk_ids, num_experts: int, block_m: int, out_cols: int = 0) -> _RoutingPlan:
+def _make_plan(topk_ids, topk_weights, num_experts: int, block_m: int, out_cols: int = 0) -> _RoutingPlan:
     M, top_k = topk_ids.shape
     n, E, BM = M * top_k, num_experts, block_m
     rows = max_rows(n, E, BM)
@@ -159,7 +160,8 @@ def _make_plan(topk_ids, num_experts: int, block_m: int, out_cols: int = 0) -> _
         launch = PlannedLaunch.of(triton_routing._prepare_routing_kernel, grid, dict(cx, ZERO=bool(out_cols)))
     out_shape = (M, out_cols) if out_cols else None
     chunk = _quad(-(-sizes[-1] // launch.grid[0])) if out_cols and launch is not None else 0
-    return _RoutingPlan(n, top_k, E, BM, rows, blocks, sizes, sum(sizes), dev, launch, out_shape, chunk)
+    return _RoutingPlan(n, top_k, E, BM, rows, blocks, sizes, sum(sizes), dev, launch, out_shape, chunk,
+                        strides=(*topk_ids.stride(), *topk_weights.stride()))
 
 
 def prepare_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, block_m: int, *,
@@ -189,7 +191,7 @@ def _prepare(topk_ids, topk_weights, num_experts, block_m, check, out_cols) -> t
     plan = _PLANS.get(key)
     if plan is None:
         _validate(topk_ids, topk_weights, num_experts, block_m)
-        plan = _PLANS.put(key, _make_plan(topk_ids, num_experts, block_m, out_cols))
+        plan = _PLANS.put(key, _make_plan(topk_ids, topk_weights, num_experts, block_m, out_cols))
     if check:
         _check_ids(topk_ids, num_experts)
     if plan.launch is None:
@@ -202,8 +204,8 @@ def _prepare(topk_ids, topk_weights, num_experts, block_m, check, out_cols) -> t
     sorted_weights = weights_i32.view(torch.float32)
     zero = words[0] if words else sorted_ids          # not written without an output to zero
     plan.launch(topk_ids, topk_weights, sorted_ids, sorted_weights, expert_ids, num_rows, counts,
-                plan.n, plan.E, plan.rows, plan.blocks, topk_ids.stride(0), topk_ids.stride(1),
-                topk_weights.stride(0), topk_weights.stride(1), zero, zero.numel() if words else 0, plan.zero_chunk)
+                plan.n, plan.E, plan.rows, plan.blocks, *plan.strides, zero, plan.sizes[-1] if words else 0,
+                plan.zero_chunk)
     routing = Routing(sorted_ids, sorted_weights, expert_ids, num_rows, counts, plan.n, plan.top_k, plan.E, plan.BM,
                       plan.sig)
     if plan.sig is None:          # the same for every call of the plan: made once (host time per call)
