@@ -181,7 +181,6 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             "BM16 BN64 prepack2 sk2": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, SPLIT_K=2),
             "BM16 BN64 prepack2 sk4": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, SPLIT_K=4),
             "BM16 BN64 prepack2 la1 sk4": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1, SPLIT_K=4),
-
             # a register cap for more programs per SM (79 registers, 6 per SM uncapped; 64: 8 per SM
             # with 4 spill stores; 72: 7 per SM with 5), cross-compiled for sm_90
             "BM16 BN64 prepack2 la1 r64": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, LOAD_AHEAD=1, maxnreg=64),
@@ -223,7 +222,7 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             for bm in (64, 128):
                 for bn in (64, 128):
                     v[f"BM{bm} BN{bn} prepack2"] = C(BLOCK_M=bm, BLOCK_N=bn, NT=False, PREPACK=2, **sw)
-            # (measured: 1.6-2.7x slower than BM16 / BM32 there.) The small tiles without the evict-first
+            # (measured: 1.6-3.8x slower than BM16 / BM32 there.) The small tiles without the evict-first
             # hint: an expert's second row block, a neighbouring program, may then find its weights in L2
             v["BM16 BN64 prepack2 la1 noNT"] = C(BLOCK_M=16, BLOCK_N=64, NT=False, PREPACK=2, LOAD_AHEAD=1)
             v["BM32 BN64 prepack2 noNT"] = C(BLOCK_M=32, BLOCK_N=64, NT=False, PREPACK=2)

@@ -75,17 +75,13 @@ class Routing:
         return self.expert_ids.shape[0]
 
 
-def _sig(t):
-    return None if t is None else tensor_signature(t)
-
-
 def routing_signature(r: Routing) -> tuple:
     """What a down-projection's plan depends on of a routing: its tensors' signatures (shape,
     strides, dtype, device, 16-byte alignment) and sizes. Part of the launcher's plan key."""
     if r.sig is not None:
         return r.sig
-    return (_sig(r.sorted_ids), _sig(r.sorted_weights), _sig(r.expert_ids), _sig(r.num_rows),
-            r.num_pairs, r.top_k, r.num_experts, r.block_m, r.max_blocks)
+    return (tensor_signature(r.sorted_ids), tensor_signature(r.sorted_weights), tensor_signature(r.expert_ids),
+            tensor_signature(r.num_rows), r.num_pairs, r.top_k, r.num_experts, r.block_m, r.max_blocks)
 
 
 def max_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
