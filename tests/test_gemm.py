@@ -682,6 +682,43 @@ def test_gpu_stream_k_repeated_calls_stay_right():
             assert ((c.float() - ref).norm() / ref.norm()).item() <= gsweep.tolerance(torch.bfloat16)
 
 
+# split-K shapes of many pieces: the race the atomic sum's first form had showed once in 102
+# checks (8 x 28672 x 4096 at 4 pieces), so each is called many times, every output checked
+ATOMIC_CASES = [
+    (8, 28672, 4096, dict(block_m=16, block_n=128, block_k=64, num_warps=4, num_stages=6, split_k=4,
+                          swap_ab=True, tma_store=False)),
+    (90, 256, 23216, dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=6, split_k=26,
+                          tma_store=False)),
+    (1199, 80, 26040, dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=6, split_k=13,
+                           tma_store=False)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,cfg", ATOMIC_CASES)
+def test_gpu_split_k_atomic_sum_repeated_calls_stay_right(M, N, K, cfg, monkeypatch):
+    """The atomic sum (from 3 pieces) against the serial one's reference: 200 calls into a
+    NaN-poisoned output, each checked against float64 (errors gathered on the GPU, one sync)."""
+    from kernels.gemm import config as gconfig, launch as glaunch
+    monkeypatch.setattr(gconfig, "SPLIT_ATOMIC_MIN_PIECES", 3)
+    glaunch.clear_plans()
+    g = torch.Generator(device="cuda").manual_seed(M + N + K)
+    a = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+    b = torch.randn(K, N, device="cuda", generator=g).bfloat16()
+    ref = a.double() @ b.double()
+    assert glaunch.plan_for(a, b, cfg, torch.empty(M, N, device="cuda", dtype=torch.bfloat16)).launch.kwargs[
+        "ATOMIC_SPLIT"]
+    c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    errs = []
+    for _ in range(200):
+        c.fill_(float("nan"))
+        gemm.matmul(a, b, cfg, out=c)
+        errs.append(torch.nan_to_num((c.double() - ref).norm() / ref.norm(), nan=float("inf")))
+    worst = torch.stack(errs).max().item()
+    glaunch.clear_plans()
+    assert worst <= gsweep.tolerance(torch.bfloat16), worst
+
+
 def _gpu_check(M, N, K, dtype, cfg, g):
     """One matmul on fresh inputs into a NaN-poisoned output, against float64; returns the operands."""
     a = torch.randn(M, K, device="cuda", generator=g).to(dtype)

@@ -58,24 +58,33 @@ class CompileCosts:
     then the longest measured; and which kernels are compiled already (keys the family
     chooses), which cost nothing more. A first run shorter than ``cache_hit_s`` is a kernel
     loaded from Triton's cache, not a compile: it marks the kernel compiled and leaves the
-    kind's estimate as it was."""
+    kind's estimate as it was. ``first_extra_s``: what the process's first compile costs on
+    top (the compiler's tools read from disk and started for the first time), added until a
+    compile has been measured; a first run of a kind guessed to compile nothing (a library
+    call: its first run sets up the library, 0.12 s for cuBLAS on an H200) is not one."""
 
-    def __init__(self, guesses_s: Mapping[str, float], default_s: float, cache_hit_s: float = 0.1):
+    def __init__(self, guesses_s: Mapping[str, float], default_s: float, cache_hit_s: float = 0.1,
+                 first_extra_s: float = 0.0):
         self.guesses_s = dict(guesses_s)
         self.default_s = float(default_s)
         self.cache_hit_s = float(cache_hit_s)
+        self.first_extra_s = float(first_extra_s)
         self.measured_s: dict[str, float] = {}
         self.compiled: set[Hashable] = set()
+        self.first_done = False
 
     def estimate(self, kind: str, key: Hashable) -> float:
         if key in self.compiled:
             return 0.0
-        return self.measured_s.get(kind, self.guesses_s.get(kind, self.default_s))
+        guess = self.guesses_s.get(kind, self.default_s)
+        first = self.first_extra_s if guess > 0 and not self.first_done else 0.0
+        return first + self.measured_s.get(kind, guess)
 
     def observe(self, kind: str, key: Hashable, seconds: float) -> None:
         self.compiled.add(key)
         if seconds >= self.cache_hit_s:
             self.measured_s[kind] = max(seconds, self.measured_s.get(kind, 0.0))
+            self.first_done = self.first_done or self.guesses_s.get(kind, self.default_s) > 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -440,11 +440,10 @@ SPLIT_MIN_STEPS = 2  # K-steps per piece at least: a piece costs a pipeline fill
 SPLIT_PENALTY = 0.5  # K-steps a piece's partial (written, read back) costs, in the choice below
 # From this many pieces per tile the split-K kernel adds its partials into one sum with atomics
 # (``ATOMIC_SPLIT``) instead of having the last piece read every other one's slot in turn; None:
-# never. Off until checked on a GPU: its first form (one thread's count after a barrier) ran
-# 1.1-3.5x faster than the serial sum at 7-26 pieces on issue 43's long-K shapes, and gave one wrong
-# result in 102 checks, the race the per-thread count now closes (experiments/probes/probe_splitk_reduce.py
-# checks and times both; results/gemm_selection/README.md).
-SPLIT_ATOMIC_MIN_PIECES: int | None = None
+# never. One H200, issue 43's long-K shapes at 7-26 pieces: 1.01-3.55x the serial sum (90 x 256 x
+# 23216 at 26 pieces 42.0 -> 20.2 us); at 4-5 pieces 0.955-1.075x, so they keep the serial sum
+# (experiments/probes/probe_splitk_reduce.py, results/gemm_selection/h200_splitk_reduce/).
+SPLIT_ATOMIC_MIN_PIECES: int | None = 7
 
 
 def split_for(tiles: int, k_steps: int, num_sms: int, max_split: int = 32) -> int:

@@ -115,14 +115,18 @@ def agree(ref: torch.Tensor, out: torch.Tensor) -> bool:
 
 # What compiling a candidate's kernel costs, by kind of kernel (``compile_kind``), in seconds:
 # starting guesses until this process has compiled one of the kind, then what it measured
-# (``kernels.common.tune.CompileCosts``). Their order is that of a cross-compile of each kind for
-# sm_90 on a 2-core CPU (``workbench asm compile`` of each candidate of a 4096^3 bf16 problem):
-# plain persistent tiles and the Gluon kernels 0.5-1 s, tail slices about 1.3, stream-K 1.7-2.5;
-# a GPU node's host compiles faster, so these err long (a candidate skipped, never the budget
-# overrun). cuBLAS compiles nothing.
-COMPILE_GUESS_S = {"library": 0.0, "ptr": 0.6, "tma": 0.8, "tma-tail": 1.4, "tma-sk": 2.2, "splitk": 0.9,
-                   "fma": 1.0, "gluon": 1.0}
-COMPILE_COSTS = common_tune.CompileCosts(COMPILE_GUESS_S, default_s=1.5)
+# (``kernels.common.tune.CompileCosts``). Measured on an H200 node's host with an empty Triton
+# cache (experiments/probes/probe_compile_costs.py, results/gemm_selection/compile_costs/): plain
+# persistent tiles 0.33-1.15 s, tail slices 0.77-1.5, stream-K 1.1-3.0, split-K 0.3-2.0, Gluon
+# 0.4-1.1, the pointer kernel 2.4; the guesses sit near the top of each range, so that a guess
+# errs long (a candidate skipped, never the budget overrun), and the process's first compile
+# costs about a second more (3.1 s for a tail-slice kernel that later compiled in 0.9-1.5).
+# cuBLAS compiles nothing. An earlier set of guesses, from a 2-core CPU's cross-compiles, let a
+# first call that tuned take 2.21 s of a 2 s budget on the H200.
+COMPILE_GUESS_S = {"library": 0.0, "ptr": 2.4, "tma": 1.1, "tma-tail": 1.5, "tma-sk": 2.4, "splitk": 1.0,
+                   "fma": 1.0, "gluon": 1.1}
+COMPILE_FIRST_EXTRA_S = 1.0
+COMPILE_COSTS = common_tune.CompileCosts(COMPILE_GUESS_S, default_s=2.4, first_extra_s=COMPILE_FIRST_EXTRA_S)
 
 
 def _plan_of(call: Call, cand: common.Candidate):

@@ -307,10 +307,9 @@ def _meet_split(acc, pid, pid_k, split_k, ws_ptr, cnt_ptr, BLOCK_M: tl.constexpr
     has that piece read split_k - 1 slots one after another, which at 16-32 pieces of a long
     K is most of the kernel's time; here the adds are spread over the pieces as they end.
     Each of the program's THREADS threads counts itself (a tensor of THREADS ones, one per
-    thread), with release semantics, so that its own adds are performed before its count:
-    a barrier and one thread's count, as the serial form does, left other threads' atomics
-    in flight (one H200 run: one result of 102 wrong). The count to reach is then split_k *
-    THREADS, and the program holding its last increment is the tile's last piece."""
+    thread), with release semantics, so that its own adds are performed before its count
+    whatever a barrier orders; the count to reach is then split_k * THREADS, and the program
+    holding its last increment is the tile's last piece."""
     last = split_k == 1
     if split_k > 1:
         tile_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -329,6 +328,9 @@ def _meet_split(acc, pid, pid_k, split_k, ws_ptr, cnt_ptr, BLOCK_M: tl.constexpr
         if last:
             if ATOMIC:
                 acc = tl.load(tile_ws + tile_offs, cache_modifier=".cg")
+                # The zeros go out in the atomics' layout, not the load's (Triton picks both): a
+                # thread would zero an element another thread has yet to read. Every read first.
+                tl.debug_barrier()
                 tl.store(tile_ws + tile_offs, tl.zeros_like(acc))
             else:
                 for q in range(split_k):
