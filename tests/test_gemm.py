@@ -682,8 +682,9 @@ def test_gpu_stream_k_repeated_calls_stay_right():
             assert ((c.float() - ref).norm() / ref.norm()).item() <= gsweep.tolerance(torch.bfloat16)
 
 
-# split-K shapes of many pieces: the race the atomic sum's first form had showed once in 102
-# checks (8 x 28672 x 4096 at 4 pieces), so each is called many times, every output checked
+# split-K shapes for the atomic sum: at 8 x 28672 x 4096 (16 x 128 x 64 swapped tiles) its completing
+# piece once zeroed the sum while other threads still read it (wrong on every call; one check of 102
+# when only two calls were checked), so each is called many times, every output checked
 ATOMIC_CASES = [
     (8, 28672, 4096, dict(block_m=16, block_n=128, block_k=64, num_warps=4, num_stages=6, split_k=4,
                           swap_ab=True, tma_store=False)),
