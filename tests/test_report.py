@@ -233,7 +233,10 @@ def test_failing_cell_gives_error_report_and_nonzero_exit(tmp_path):
     res = workbench_report(nb, "--out", out)
     assert res.returncode == 1, res.stderr[-2000:]
     assert "FAILED" in res.stderr and "RuntimeError" in res.stderr
-    assert "Traceback" not in res.stderr
+    # The command says what failed without a traceback of its own. The notebook's kernel may log one
+    # of its own while it shuts down (zmq's event loop: once in a full run), which is not the command's.
+    ours = [t for t in res.stderr.split("Traceback (most recent call last):")[1:] if "zmq" not in t[:400]]
+    assert not ours, res.stderr[-2000:]
     executed = nbformat.read(str(out / "fails.ipynb"), as_version=4)
     texts = "".join(o.get("text", "") for o in code_outputs(executed) if o.output_type == "stream")
     assert "BEFORE-MARKER 3" in texts and "AFTER-MARKER" not in texts
