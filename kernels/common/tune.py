@@ -71,20 +71,21 @@ class CompileCosts:
         self.first_extra_s = float(first_extra_s)
         self.measured_s: dict[str, float] = {}
         self.compiled: set[Hashable] = set()
-        self.first_done = False
+
+    def _guess(self, kind: str) -> float:
+        return self.guesses_s.get(kind, self.default_s)
 
     def estimate(self, kind: str, key: Hashable) -> float:
         if key in self.compiled:
             return 0.0
-        guess = self.guesses_s.get(kind, self.default_s)
-        first = self.first_extra_s if guess > 0 and not self.first_done else 0.0
-        return first + self.measured_s.get(kind, guess)
+        compiled_once = any(self._guess(k) > 0 for k in self.measured_s)
+        first = self.first_extra_s if self._guess(kind) > 0 and not compiled_once else 0.0
+        return first + self.measured_s.get(kind, self._guess(kind))
 
     def observe(self, kind: str, key: Hashable, seconds: float) -> None:
         self.compiled.add(key)
         if seconds >= self.cache_hit_s:
             self.measured_s[kind] = max(seconds, self.measured_s.get(kind, 0.0))
-            self.first_done = self.first_done or self.guesses_s.get(kind, self.default_s) > 0
 
 
 @dataclasses.dataclass(frozen=True)
