@@ -1406,3 +1406,30 @@ def test_quick_run_sweeps_a_subset_of_the_committed_sweep():
     assert len(quick) == n and quick <= committed, sorted(quick - committed)[:5]
     table = pd.read_csv(ROOT / "results" / "gemm_tiling" / "heuristic_vs_cublas_eager_graph_run13.csv")
     assert set(zip(table.M, table.N, table.K)) == set(run.GOAL_SHAPES)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's run of the probe kernel (CPU)")
+def test_pitch_probe_views_and_pointer_kernel_are_right():
+    """experiments/probes/probe_gemm_pitch.py times a problem as contiguous tensors and as views into
+    buffers with 128-byte rows: the views hold the same values at a padded pitch. Its pointer-load
+    kernel (probe_gemm_cpasync.py), given strides, N and K divided by 8, is right on both layouts
+    with a ragged last K step and partial tiles, into a NaN-poisoned C."""
+    from kernels.common import interpreter
+
+    from experiments.probes.probe_gemm_cpasync import run
+    from experiments.probes.probe_gemm_pitch import padded_view
+
+    interpreter.patch()
+    g = torch.Generator().manual_seed(43)
+    M, N, K = 70, 104, 88
+    a = torch.randn(M, K, generator=g).bfloat16()
+    b = torch.randn(K, N, generator=g).bfloat16()
+    pa, pb = padded_view(a), padded_view(b)
+    assert pa.stride(0) == 128 and pb.stride(0) == 128 and torch.equal(pa, a) and torch.equal(pb, b)
+    ref = a.double() @ b.double()
+    for x, y in ((a, b), (pa, pb)):
+        for cache in ("", ".ca"):
+            c = torch.full((M, N), float("nan")).bfloat16()
+            run(x, y, c, (32, 64, 32, 4, 2, cache), 3)
+            err = float((c.double() - ref).norm() / ref.norm())
+            assert err < 1e-2, (x.stride(), cache, err)

@@ -28,6 +28,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     ap.add_argument("--b-layout", default="row", choices=("row", "t"), help="t: B K-major (x @ w.t())")
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--pitch", default="", choices=("", "a", "b", "ab"),
+                    help="operands held in buffers whose rows are padded to 128 bytes (views of the same shape)")
     args = ap.parse_args(argv)
     if len(args.config) > MAX_CONFIG_CHARS:
         raise SystemExit(f"--config is longer than {MAX_CONFIG_CHARS} characters")
@@ -47,6 +49,11 @@ def main(argv=None) -> int:
     b = torch.randn(args.K, args.N, device="cuda").to(dtype)
     if args.b_layout == "t":
         b = b.t().contiguous().t()
+    if args.pitch:
+        from experiments.probes.probe_gemm_pitch import padded_view
+
+        a = padded_view(a) if "a" in args.pitch else a
+        b = padded_view(b) if "b" in args.pitch else b
     for _ in range(args.iters):
         c = gemm.matmul(a, b, config)
     torch.cuda.synchronize()

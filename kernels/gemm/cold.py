@@ -304,9 +304,12 @@ def general_regions(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, n
     (>= 8192: long); then the same without K, and dtype, alignment, evenness and M alone."""
     dt = "fp32" if dtype == torch.float32 else "16"
     m = "m16" if M <= 16 else "m64" if M <= 64 else "m512" if M <= 512 else "mbig"
-    # N and K whole tiles or not: ragged edges cost our kernels masked tiles and partial TMA boxes
-    # that cuBLAS's wider kernel choice avoids (on the fit half, 0.71-0.75x cuBLAS for the best
-    # of ours on large ragged shapes against 0.99-1.01x on even ones, both GPUs)
+    # N and K whole tiles or not (on the fit half, 0.71-0.75x cuBLAS for the best of ours on large
+    # ragged shapes against 0.99-1.01x on even ones, both GPUs). The cause is the rows' pitch, not
+    # the edges: rows that are not 128-byte multiples cost our TMA loads 2.4-3.1 L2 requests per
+    # box row and leave the kernel L2-request bound, while cuBLAS multicasts one operand over a
+    # 2-CTA cluster; the same problems with padded rows ran level with cuBLAS
+    # (results/gemm_selection/README.md, "the row pitch")
     even = "even" if N % 128 == 0 and K % 64 == 0 else "ragged"
     feats = [dt, "tma" if aligned else "pad", even, m, "n64" if N <= 64 else "n", _rounds_class(M, N, num_sms),
              "klong" if K >= 8192 else "k"]
