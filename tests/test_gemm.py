@@ -1433,3 +1433,37 @@ def test_pitch_probe_views_and_pointer_kernel_are_right():
             run(x, y, c, (32, 64, 32, 4, 2, cache), 3)
             err = float((c.double() - ref).norm() / ref.norm())
             assert err < 1e-2, (x.stride(), cache, err)
+
+
+def test_library_calls_skip_the_plan_lookup_on_their_short_key(monkeypatch):
+    """A signature whose plan is the library's goes to torch.mm on a key of shapes, strides, dtypes
+    and ``tune`` alone, from its second call: planning is not asked again. A different stride, a
+    dtype, an explicit config or an out= still plan; clear_plans() forgets the short keys too."""
+    from kernels.gemm.plan import GemmPlan
+
+    planned = []
+
+    def fake_plan_for(a, b, config=None, out=None, tune=None):
+        planned.append((tuple(a.stride()), a.dtype, config is not None, out is not None))
+        return GemmPlan("library", a.shape[0], b.shape[1], a.shape[1])
+
+    monkeypatch.setattr(glaunch, "plan_for", fake_plan_for)
+    glaunch.clear_plans()
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.randn(24, 40, generator=g), torch.randn(40, 16, generator=g)
+    ref = a.double() @ b.double()
+    for _ in range(3):
+        c = glaunch.matmul(a, b)
+        assert torch.allclose(c.double(), ref, rtol=1e-4, atol=1e-4)
+    assert len(planned) == 1
+    glaunch.matmul(a.t().contiguous().t(), b)          # another stride: planned
+    glaunch.matmul(a.double(), b.double())              # another dtype: planned
+    glaunch.matmul(a, b, tune=True)                     # tuning asked: its own key
+    out = torch.full((24, 16), float("nan"))
+    glaunch.matmul(a, b, out=out)                       # out= always plans (it is checked there)
+    assert torch.allclose(out.double(), ref, rtol=1e-4, atol=1e-4)
+    assert len(planned) == 5 and planned[-1][3]
+    glaunch.clear_plans()
+    glaunch.matmul(a, b)
+    assert len(planned) == 6
+    glaunch.clear_plans()

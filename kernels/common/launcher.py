@@ -225,5 +225,7 @@ def _name(fn) -> str:
 
 def _hooked() -> bool:
     """Whether a launch hook is set (Triton 3.6 keeps them in HookChains, empty by default)."""
-    rt = triton.knobs.runtime
-    return any(h is not None and getattr(h, "calls", True) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
+    rt = triton.knobs.runtime   # no generator here: this runs on every launch
+    enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+    return bool((enter is not None and getattr(enter, "calls", True))
+                or (leave is not None and getattr(leave, "calls", True)))
