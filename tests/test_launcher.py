@@ -215,3 +215,14 @@ def test_launch_planned_keeps_one_planned_launch_per_plan_slot(compiled_path):
     heap.simulated = True
     L.launch_planned(heap, store, ("sim", 0), jit, (4,), x, 32, None, 1.5, BLOCK=64)
     assert len(heap.own) == 1 and len(store) == 2
+
+
+def test_config_key_keeps_dataclasses_sorts_dicts_and_marks_the_unhashable():
+    from kernels.common.plans import config_key
+    from kernels.gemm.config import GemmConfig
+
+    cfg = GemmConfig(block_n=128)
+    assert config_key(None) is None and config_key(cfg) is cfg
+    assert config_key({"b": 2, "a": 1}) == (("a", 1), ("b", 2)) == config_key({"a": 1, "b": 2})
+    odd = {"a": [1]}
+    assert config_key(odd) == ("unhashable", id(odd))

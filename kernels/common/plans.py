@@ -10,6 +10,7 @@ plan may keep its compiled kernel (``kernels.common.launcher.PlannedLaunch``).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 from typing import Any, Mapping
 
@@ -83,6 +84,9 @@ def config_key(config) -> Any:
     if config is None:   # the common call: no isinstance against an abstract class
         return None
     try:
+        if dataclasses.is_dataclass(config):   # the families' own (frozen) configs: themselves, and no
+            hash(config)                       # Mapping check (an abstract class's is the slow part)
+            return config
         key = tuple(sorted(config.items())) if isinstance(config, Mapping) else config
         hash(key)
         return key
