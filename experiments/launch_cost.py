@@ -163,8 +163,10 @@ def config_paths(rows, bench, n_shapes: int, calls: int = PATH_CALLS) -> None:
         N = B.shape[1]
         call = glaunch._call(A, B, None, M, N, K, False, False)
         cfgs = {f"{name} [{cand.variant}]": cand.config for name, cand in gselect.candidates(call).items()}
-        fns = {"torch.mm": lambda: torch.mm(A, B), "matmul (selected)": lambda: glaunch.matmul(A, B)}
-        fns.update({name: (lambda cfg=cfg: glaunch.matmul(A, B, cfg)) for name, cfg in cfgs.items()})
+        # each function keeps this shape's operands (the slowest one is called again after the loop)
+        fns = {"torch.mm": lambda A=A, B=B: torch.mm(A, B),
+               "matmul (selected)": lambda A=A, B=B: glaunch.matmul(A, B)}
+        fns.update({name: (lambda cfg=cfg, A=A, B=B: glaunch.matmul(A, B, cfg)) for name, cfg in cfgs.items()})
         base = None
         for name, fn in fns.items():
             try:
