@@ -9,7 +9,8 @@ device, a tuning run on this call when asked (``tune=True`` or ``WORKBENCH_TUNE=
 else the cold rule (``kernels.gemm.cold``). The variant's own plan builder
 (``kernels.gemm.variants``) then fixes the kernel, its grid and constants and the
 workspace. Plans live in a bounded LRU (``PLAN_CACHE_SIZE``); a repeated call
-is a dictionary lookup, the output's allocation and a launch. Nothing
+is a dictionary lookup, the output's allocation and a launch (a signature planned to the
+library: a shorter key's lookup and ``torch.mm``, see ``_LIBRARY_CALLS``). Nothing
 synchronizes the host (a first call that tunes does, once).
 
 The TMA descriptors of the Triton kernels are encoded either on the host (a
@@ -212,8 +213,6 @@ _LIBRARY_CONFIG = variants.library.Config
 
 
 def _remember_library(key) -> None:
-    if key is None:
-        return
     if len(_LIBRARY_CALLS) >= PLAN_CACHE_SIZE:   # bounded like the plans: start again
         _LIBRARY_CALLS.clear()
     _LIBRARY_CALLS[key] = True
