@@ -1467,3 +1467,19 @@ def test_library_calls_skip_the_plan_lookup_on_their_short_key(monkeypatch):
     glaunch.matmul(a, b)
     assert len(planned) == 6
     glaunch.clear_plans()
+
+
+def test_pitch_split_of_the_committed_times_is_the_readmes():
+    """probe_gemm_pitch.py --from-times (no GPU) splits the best of ours over cuBLAS by which operands'
+    rows are whole 128-byte lines: on the committed H200 times, what results/gemm_selection/README.md
+    cites (large shapes: 1.001x with both, 0.818x with neither, 34 and 24 shapes)."""
+    from experiments.probes.probe_gemm_pitch import pitch_split
+
+    sel = ROOT / "results" / "gemm_selection"
+    split = pitch_split([sel / "h200" / "times_gemm.csv", sel / "h200_regions" / "times_gemm.csv",
+                         sel / "h200_narrow_pad" / "times_gemm.csv"]).set_index(["large", "pitch"])
+    assert set(split.index.get_level_values("pitch")) <= {"AB", "Ab", "aB", "ab"}
+    assert split.loc[(True, "AB"), "shapes"] == 34 and split.loc[(True, "ab"), "shapes"] == 24
+    assert split.loc[(True, "AB"), "ours_vs_cublas_geomean"] == pytest.approx(1.001, abs=5e-4)
+    assert split.loc[(True, "ab"), "ours_vs_cublas_geomean"] == pytest.approx(0.818, abs=5e-4)
+    assert (split.least <= split.ours_vs_cublas_geomean).all()

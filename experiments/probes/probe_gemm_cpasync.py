@@ -93,13 +93,14 @@ def main(argv=None) -> int:
     import torch
 
     from experiments.probes.probe_gemm_pitch import padded_view
+    from experiments.run_ag_gemm import parse_shapes
     from kernels.gemm import launch as glaunch, select as gselect
     from workbench import bench, provenance
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for M, N, K in [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES:
+    for M, N, K in parse_shapes(args.shapes) if args.shapes else SHAPES:
         g = torch.Generator(device="cuda").manual_seed(M ^ N ^ K)
         a = torch.randn(M, K, device="cuda", generator=g).bfloat16()
         b = torch.randn(K, N, device="cuda", generator=g).bfloat16()

@@ -10,6 +10,10 @@ costs. Every candidate of ours named in ``--candidates`` and cuBLAS, CUDA-graph 
 flushed, each output checked against an fp32 reference.
 
     python experiments/probes/probe_gemm_pitch.py --out results/gemm_selection/h200_pitch
+
+``--from-times`` reads tuning runs' per-candidate times instead (no GPU): the best of ours over
+cuBLAS per 16-bit, 16-byte aligned shape, split by size and by which operands' rows are 128-byte
+lines (pitch_split.csv).
 """
 from __future__ import annotations
 
@@ -25,6 +29,32 @@ SHAPES = [(9688, 13224, 12120), (7429, 13480, 13744), (11753, 3144, 16216), (622
           (15104, 3760, 3128), (8192, 8192, 8192)]
 CANDIDATES = ("t128x256", "t128x256sk", "gl_coop", "gl_pp", "t128x128")
 PITCH = 64  # elements: 128 bytes of a 16-bit row
+
+
+def pitch_split(paths):
+    """Per size class (M N K >= 2^33 or less) and pitch ('AB': A's and B's rows whole 128-byte lines,
+    lower case: not), the best of ours over cuBLAS on the 16-bit, 16-byte aligned shapes of
+    ``workbench tune --times`` files: shapes, geomean, least."""
+    import pandas as pd
+
+    from experiments.fit_gemm_cold_rule import LIBRARY, geomean, load_times
+    from kernels.gemm import tuning as gtuning
+
+    rows = []
+    for rec in load_times(paths).values():
+        us = rec["us"]
+        s = gtuning.shape_of(rec["shape"])
+        if LIBRARY not in us or len(us) < 3 or s["dtype"] == "float32":
+            continue
+        M, N, K = s["M"], s["N"], s["K"]
+        if (2 * K) % 16 or (2 * N) % 16:
+            continue
+        b_row = 2 * (N if s["b"] == "row" else K)   # B's row: N elements, or K when B is a transposed view
+        pitch = ("A" if (2 * K) % 128 == 0 else "a") + ("B" if b_row % 128 == 0 else "b")
+        ours = min(v for c, v in us.items() if c != LIBRARY)
+        rows.append({"large": M * N * K >= 2 ** 33, "pitch": pitch, "ratio": us[LIBRARY] / ours})
+    g = pd.DataFrame(rows).groupby(["large", "pitch"]).ratio
+    return pd.DataFrame({"shapes": g.size(), "ours_vs_cublas_geomean": g.agg(geomean), "least": g.min()}).reset_index()
 
 
 def padded_view(t, pitch: int = PITCH):
@@ -45,17 +75,25 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=400.0, help="stop starting shapes after this long")
     ap.add_argument("--shapes", default="", help="MxNxK,... (default: the built-in list)")
     ap.add_argument("--per-operand", action="store_true", help="also pad A alone and B alone")
+    ap.add_argument("--from-times", type=Path, nargs="+", default=None,
+                    help="no GPU: split these times_gemm.csv files' best of ours over cuBLAS by pitch")
     args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.from_times:
+        split = pitch_split(args.from_times)
+        split.to_csv(args.out / "pitch_split.csv", index=False)
+        print(split.round(3).to_string(index=False))
+        return 0
 
     import pandas as pd
     import torch
 
+    from experiments.run_ag_gemm import parse_shapes
     from kernels.gemm import launch as glaunch, select as gselect
     from workbench import bench, provenance
 
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
+    shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
     names = [n for n in args.candidates.split(",") if n]
-    args.out.mkdir(parents=True, exist_ok=True)
     rows, t0 = [], time.time()
     for M, N, K in shapes:
         if time.time() - t0 > args.budget_s:
