@@ -314,13 +314,17 @@ def nearest(entries: list[dict], M: int, N: int, K: int, **match) -> dict | None
 
 def score_held_out(bench, entries: list[dict], keys: list[str], match_keys: list[str], ours: tuple,
                    libraries: tuple, gemm: str, comm: str, fused: tuple = (), *,
-                   pick: Callable[[dict, str], str | None] | None = None, split: str = "held_out"):
+                   pick: Callable[[dict, str], str | None] | None = None, split: str = "held_out",
+                   keep_failed: bool = False):
     """One row per case of ``split`` ("held_out", or "random": shapes drawn at run time) and
     timing: the choice (``pick(case, timing)``; default: the nearest fit entry's method), its
     time, the fastest of ``ours`` (every method the choice picks from, where within the dtype's
     tolerance on that shape) and of the libraries there, the choice's regret and speedups, and the
     comm hidden of the choice and of each library. ``fused``: our fused kernels alone (their best
-    beside the best library says where the kernels stand when the choice falls back to a library)."""
+    beside the best library says where the kernels stand when the choice falls back to a library).
+    ``keep_failed``: a pick that has no time there or missed the tolerance (the launcher's own
+    choice, ``auto``, is not timed where its check failed) is a row with ``failed`` set, not
+    dropped."""
     import pandas as pd
 
     def by_nearest(case, timing):
@@ -334,6 +338,9 @@ def score_held_out(bench, entries: list[dict], keys: list[str], match_keys: list
     for key, ms in case_times(held, keys).items():
         case = dict(zip(keys, key[:-1]))
         method = pick(case, key[-1])
+        if keep_failed and method is not None and (method not in ms or (key[:-1], method) in missed):
+            rows.append({**case, "timing": key[-1], "chosen": method, "chosen_ms": math.nan, "failed": True})
+            continue
         if method is None or method not in ms:
             continue
         pick_ms = ms[method]
@@ -344,7 +351,7 @@ def score_held_out(bench, entries: list[dict], keys: list[str], match_keys: list
                "regret": pick_ms / best_ours, "best_library": min(libs, key=libs.get) if libs else None,
                "best_library_ms": best_lib, "speedup_vs_best_library": best_lib / pick_ms,
                "gemm_alone_ms": ms.get(gemm), "collective_alone_ms": ms.get(comm),
-               "comm_hidden_chosen": comm_hidden(ms.get(gemm), ms.get(comm), pick_ms)}
+               "comm_hidden_chosen": comm_hidden(ms.get(gemm), ms.get(comm), pick_ms), "failed": False}
         if fused:
             best_fused = min((t for m, t in ms.items() if m in fused), default=math.nan)
             row.update(best_fused_ms=best_fused, fused_vs_best_library=best_lib / best_fused,
@@ -374,6 +381,8 @@ def summary_lines(held, family: str, group: list[str]) -> list[str]:
         return [f"{family}: no held-out case measured"]
     lines = []
     for key, g in held.groupby(group + ["timing"]):
+        failed = int(g["failed"].astype(bool).sum()) if "failed" in g else 0
+        g = g[~g["failed"].astype(bool)] if failed else g
         sp = g["speedup_vs_best_library"]
         long_gemm = g[g["gemm_alone_ms"] >= g["collective_alone_ms"]]
         hid = long_gemm["comm_hidden_chosen"].clip(lower=1e-3)
@@ -383,7 +392,8 @@ def summary_lines(held, family: str, group: list[str]) -> list[str]:
                      f"geomean {_geomean(g['regret']):.3f} (worst {g['regret'].max():.2f}, "
                      f"{int((g['regret'] <= 1.05).sum())} within 5% of the best candidate), comm hidden geomean "
                      f"{_geomean(hid):.0%} on "
-                     f"{len(long_gemm)} shapes whose GEMM is at least the collective")
+                     f"{len(long_gemm)} shapes whose GEMM is at least the collective"
+                     + (f"; {failed} more outside the dtype's tolerance (not timed)" if failed else ""))
         if "fused_vs_best_library" in g:   # our fused kernels alone, whatever the choice picked
             fv = g["fused_vs_best_library"]
             lines.append(f"  our fused kernels alone (the best per shape): geomean {_geomean(fv):.2f}x the best "
@@ -441,6 +451,8 @@ class Study:
     fused: tuple          # our fused kernels, scored alone beside the choice
     # a case's features for the choice model (kernels.comm.choice_model): {flop, gemm_bytes, comm_bytes}
     features: Callable[[dict], dict] | None = None
+    # a group's match -> {method: why} the choice model never takes (kernels.comm.choice_model.fit)
+    never: Callable[[dict], dict] | None = None
 
 
 def fit_and_hold_out(study: Study, bench, out: Path, configs: dict, *, suffix: str = "", source: str, how: str,
@@ -495,7 +507,8 @@ def fit_model(study: Study, bench, configs: dict, source: str) -> dict:
     have = set(rows["variant"])
     candidates = {m: _launch_config(configs.get(m, {"variant": m})) for m in study.choices if m in have}
     return choice_model.fit(rows, group_keys=list(study.match_keys), gemm=study.gemm, comm=study.comm,
-                            candidates=candidates, family=study.family, source=source + " (fit half)")
+                            candidates=candidates, family=study.family, source=source + " (fit half)",
+                            never=study.never)
 
 
 def _launch_config(cfg: dict) -> dict:
@@ -509,6 +522,11 @@ def model_pick(study: Study, model: dict) -> Callable[[dict, str], str | None]:
 
     return lambda case, timing: choice_model.choose(model, timing, study.features(case),
                                                     **{k: int(case[k]) for k in study.match_keys})
+
+
+AUTO = "auto"   # the benchmarks' name of the launcher's own choice (config=None), timed beside the candidates
+# how choice_scores*.csv's rules read in the summaries
+RULES = {"model": "choice model", "nearest": "nearest entry", "measured": "as the launcher chose, measured"}
 
 
 def model_and_scores(study: Study, bench, out: Path, configs: dict, entries: list[dict], *, suffix: str = "",
@@ -528,10 +546,14 @@ def model_and_scores(study: Study, bench, out: Path, configs: dict, entries: lis
         path = choice_model.save(choice_model.path_for(out / "tables", device, study.family), model)
         written.append(str(path.relative_to(out)))
     frames = []
+    rules = [("model", model_pick(study, model)), ("nearest", None)]
+    if AUTO in set(bench["variant"]):   # the launcher's own choice as it ran (the model shipped then)
+        rules.append(("measured", lambda case, timing: AUTO))
     for split in ("held_out", "random"):
-        for rule, pick in (("model", model_pick(study, model)), ("nearest", None)):
+        for rule, pick in rules:
             scored = score_held_out(bench, entries, list(study.keys), list(study.match_keys), study.choices,
-                                    study.libraries, study.gemm, study.comm, fused=study.fused, pick=pick, split=split)
+                                    study.libraries, study.gemm, study.comm, fused=study.fused, pick=pick, split=split,
+                                    keep_failed=rule == "measured")
             if len(scored):
                 frames.append(scored.assign(split=split, rule=rule))
     scores = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -539,7 +561,7 @@ def model_and_scores(study: Study, bench, out: Path, configs: dict, entries: lis
     for (split, rule), g in scores.groupby(["split", "rule"]) if len(scores) else ():
         if (split, rule) == ("held_out", "nearest"):   # the lines above, already printed
             continue
-        name = f"{study.name} [{split}, {'choice model' if rule == 'model' else 'nearest entry'}]"
+        name = f"{study.name} [{split}, {RULES[rule]}]"
         for line in summary_lines(g, name, list(study.match_keys)):
             print(line, flush=True)
     return written + [f"choice_scores{suffix}.csv"]

@@ -545,10 +545,18 @@ def model_features(case: dict) -> dict:
     return features(int(case["M"]), int(case["N"]), int(case["K"]), int(case["world_size"]))
 
 
+def never_off_table(match: dict) -> dict:
+    """{method: why} the choice model never takes in a group (``kernels.ag_gemm.config.NEVER_OFF_TABLE``)."""
+    from kernels.ag_gemm.config import NEVER_OFF_TABLE
+
+    never = NEVER_OFF_TABLE.get(int(match.get("gather_dim", 0)), {})
+    return {m: never[cfg["variant"]] for m, cfg in LIBRARY_VARIANT.items() if cfg["variant"] in never}
+
+
 AG_GEMM = overlap.Study(family="ag_gemm", name="all_gather_matmul", script="experiments/run_ag_gemm.py",
                         keys=tuple(CASE_KEYS), match_keys=("world_size", "gather_dim"), choices=CHOICES,
                         libraries=("nccl_cublas", "torch_fused"), gemm="gemm_alone", comm="nccl_all_gather",
-                        fused=FUSED, features=model_features)
+                        fused=FUSED, features=model_features, never=never_off_table)
 
 
 def fit_and_hold_out(bench, out: Path) -> list[str]:

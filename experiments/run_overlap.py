@@ -132,7 +132,7 @@ def _choice_lines(path: Path, family: str, group: list[str]) -> list[str]:
     for (split, rule), g in scores.groupby(["split", "rule"]):
         if (split, rule) == ("held_out", "nearest"):   # the family's held-out lines, already there
             continue
-        name = f"{family} [{split}, {'choice model' if rule == 'model' else 'nearest entry'}]"
+        name = f"{family} [{split}, {overlap.RULES.get(rule, rule)}]"
         lines += overlap.summary_lines(g, name, group)
     return lines
 

@@ -113,6 +113,29 @@ def test_candidate_outside_tolerance_is_never_chosen(seed):
     assert cm.choose(clean, "eager", agc.model_features(1000, 4096, 4096, 2), world_size=2, gather_dim=0) == "bad"
 
 
+def test_pytorchs_op_gathered_along_k_is_never_taken_off_the_table(seed):
+    """PyTorch's op K-gathered passed the tolerance on every fitted shape and missed it on unseen
+    ones: the family's rule keeps it out of the model's choice (fitted with the rule, or an older
+    model without it), M-gathered it stays a candidate."""
+    from experiments.run_ag_gemm import never_off_table
+
+    assert set(never_off_table({"gather_dim": 1})) == {"torch_fused"} and never_off_table({"gather_dim": 0}) == {}
+    rng = np.random.default_rng(seed)
+    rows = pd.concat([_rows(FIT_SHAPES, 2, rng), _rows(FIT_SHAPES, 2, rng).assign(gather_dim=1)])
+    kw = dict(group_keys=["world_size", "gather_dim"], gemm="gemm_alone", comm="nccl_all_gather",
+              candidates={k: v for k, v in CONFIGS.items() if k != "bad"}, family="ag_gemm")
+    older = cm.fit(rows, **kw)
+    ruled = cm.fit(rows, never=lambda m: {"torch": "why"} if m["gather_dim"] == 1 else {}, **kw)
+    f = agc.model_features(12288, 6144, 6144, 2)
+    for gd in (0, 1):
+        assert cm.choose(older, "graph", f, world_size=2, gather_dim=gd) == "torch"   # the fastest, by the laws
+    assert cm.choose(ruled, "graph", f, world_size=2, gather_dim=0) == "torch"
+    assert cm.choose(ruled, "graph", f, world_size=2, gather_dim=1) not in (None, "torch")
+    assert cm.group_of(ruled, world_size=2, gather_dim=1)["excluded"] == {"torch": "why"}
+    assert agc.modelled(12288, 6144, 6144, 2, 0, "graph", model=older).variant == "torch"
+    assert agc.modelled(12288, 6144, 6144, 2, 1, "graph", model=older).variant not in agc.NEVER_OFF_TABLE[1]
+
+
 def test_no_group_no_choice(seed):
     model = _model(seed)
     assert cm.choose(model, "eager", agc.model_features(1024, 4096, 4096, 4), world_size=4, gather_dim=0) is None

@@ -105,3 +105,50 @@ def test_all_gather_matmul_runs_rank_zeros_variant_when_tables_differ(W, monkeyp
         plans = [aglaunch.get_plan(shards[h.rank], b, h, gather_dim=gd) for h in world.heaps]
         assert {p.cfg.variant for p in plans} == {"pipelined"}
     assert calls == ["sim-rank0"] * 4   # two problems, each decided once by rank 0 (for eager calls and graph replays)
+
+
+class _Heap:   # what shared_choice reads of a SymmetricHeap, one rank of a world of two
+    simulated, group, rank, world_size = False, None, 0, 2
+    device = torch.device("cpu")
+
+    def __init__(self):
+        self._c = {}
+
+    def cache(self, name):
+        return self._c.setdefault(name, {})
+
+
+def test_a_new_problem_inside_a_graph_capture_is_refused_clearly(monkeypatch):
+    """A broadcast cannot run inside a CUDA graph capture (it failed as 'Cannot copy between CPU
+    and CUDA tensors during CUDA graph capture'): a first call there says what to do instead; a
+    problem decided before the capture is a lookup and passes."""
+    from kernels.comm import decide
+
+    heap = _Heap()
+    monkeypatch.setattr(decide, "_broadcast_from_rank0", lambda h, d: d())
+    assert shared_choice(heap, "fam", ("known",), lambda: "rank 0's") == "rank 0's"
+    monkeypatch.setattr(decide, "_capturing", lambda: True)
+    assert shared_choice(heap, "fam", ("known",), lambda: "other") == "rank 0's"
+    with pytest.raises(RuntimeError, match="before capturing"):
+        shared_choice(heap, "fam", ("new",), lambda: "x")
+    assert ("new",) not in heap.cache("fam.decisions")
+
+
+def test_gemm_scatter_sequential_plan_decides_its_all_gather_at_plan_time(monkeypatch):
+    """The plan of the sequential variant (made for both modes at the first eager call) asks its
+    all-gather's shared variant then, so a graph capture's first call of it needs no broadcast."""
+    from kernels.comm import launch as clay
+    from kernels.gemm_scatter import launch as gsl
+
+    asked = []
+    real = clay.auto_variant
+    monkeypatch.setattr(clay, "auto_variant", lambda h, nbytes: asked.append((h.rank, nbytes)) or real(h, nbytes))
+    world = dist.SimulatedWorld(2, heap_bytes=1 << 18)
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(9, 24, generator=g).to(torch.bfloat16)
+    bs = [torch.randn(24, 8, generator=g).to(torch.bfloat16) for _ in range(2)]
+    world.run(lambda h: gsl.plan_for(a, bs[h.rank], h, {"variant": "sequential"}))
+    assert sorted(asked) == [(0, 9 * 8 * 2), (1, 9 * 8 * 2)]
+    asked.clear()
+    world.run(lambda h: gsl.plan_for(a, bs[h.rank], h, {"variant": "fused"}))
+    assert asked == []

@@ -32,7 +32,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -78,16 +78,21 @@ def _design(t_gemm, t_comm) -> np.ndarray:
 
 
 def fit(rows, *, group_keys: list[str], gemm: str, comm: str, candidates: Mapping[str, Mapping[str, Any]],
-        family: str, source: str = "") -> dict:
+        family: str, source: str = "", never: Callable[[dict], Mapping[str, str]] | None = None) -> dict:
     """The model from measured rows: a pandas frame with ``group_keys``, timing (eager / graph),
     variant, ms, flop, gemm_bytes, comm_bytes (the family's features) and optionally
     within_tolerance; one row per (shape, timing, method), the fit shapes only (the caller keeps
-    the held-out ones apart). ``candidates``: method name -> the config it runs with."""
+    the held-out ones apart). ``candidates``: method name -> the config it runs with. ``never``:
+    a group's match -> {candidate: why} that no shape may take off the table, whatever the fitted
+    shapes said (a method whose accuracy is marginal, not just once missed)."""
     groups = []
     for gkey, g in rows.groupby(group_keys):
         gkey = gkey if isinstance(gkey, tuple) else (gkey,)
-        group = {"match": {k: int(v) for k, v in zip(group_keys, gkey)}, "modes": {},
-                 "excluded": _excluded(g, candidates), "shapes": int(g[["M", "N", "K"]].drop_duplicates().shape[0]),
+        match = {k: int(v) for k, v in zip(group_keys, gkey)}
+        excluded = {**_excluded(g, candidates), **{k: v for k, v in (never(match) if never else {}).items()
+                                                   if k in candidates}}
+        group = {"match": match, "modes": {}, "excluded": excluded,
+                 "shapes": int(g[["M", "N", "K"]].drop_duplicates().shape[0]),
                  "range": {d: [int(g[d].min()), int(g[d].max())] for d in ("M", "N", "K")}}
         for mode, m in g.groupby("timing"):
             fitted = _fit_mode(m, gemm, comm, [c for c in candidates if c not in group["excluded"]])
@@ -153,14 +158,15 @@ def predict(group: Mapping[str, Any], mode: str, flop: float, gemm_bytes: float,
     return {name: float(x @ np.asarray(c)) for name, c in fit_["candidates"].items()}
 
 
-def choose(model: Mapping[str, Any], mode: str, features: Mapping[str, float], **match) -> str | None:
+def choose(model: Mapping[str, Any], mode: str, features: Mapping[str, float], *, exclude=(), **match) -> str | None:
     """The candidate predicted fastest for a problem (its ``features``: flop, gemm_bytes,
-    comm_bytes) in ``mode``, among those of the group ``match`` names; None without one."""
+    comm_bytes) in ``mode``, among those of the group ``match`` names and not in ``exclude``;
+    None without one."""
     group = group_of(model, **match)
     if group is None:
         return None
     times = predict(group, mode, features["flop"], features["gemm_bytes"], features["comm_bytes"])
-    times = {k: v for k, v in times.items() if k not in group.get("excluded", {})}
+    times = {k: v for k, v in times.items() if k not in group.get("excluded", {}) and k not in exclude}
     return min(sorted(times), key=times.get) if times else None
 
 

@@ -36,6 +36,10 @@ def shared_choice(heap, family: str, problem: Hashable, decide: Callable[[], Any
     hit = cache.get(problem)
     if hit is not None:
         return hit
+    if not heap.simulated and _capturing():
+        raise RuntimeError(f"{family}: the first call of problem {problem} is being captured into a CUDA graph, "
+                           "where rank 0's choice cannot be shared (a broadcast); make one call of it before "
+                           "capturing (a warm-up on a side stream, as CUDA graphs need anyway)")
     if heap.simulated:
         choice = heap.world.decide((family, problem), heap.rank, decide)
     else:
@@ -44,6 +48,12 @@ def shared_choice(heap, family: str, problem: Hashable, decide: Callable[[], Any
         del cache[next(iter(cache))]
     cache[problem] = choice
     return choice
+
+
+def _capturing() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _broadcast_from_rank0(heap, decide):

@@ -130,6 +130,13 @@ def _plan(a, b_local, heap, config, hints, out, scope, mode="eager") -> _Scatter
         lambda: {m: auto_config(M, n_local, K, W, a.dtype, sms, tma=hopper and aligned, mode=m)
                  for m in MODES})[mode]
     validate(cfg, esize)
+    if cfg.variant == "sequential":
+        # its all-gather's variant, now: the first call of a mode may be inside a CUDA graph
+        # capture (this plan is made for both modes at the first eager call), where the
+        # all-gather's own first call could not broadcast rank 0's choice
+        from kernels.comm.launch import auto_variant
+
+        auto_variant(heap, M * n_local * esize)
     if cfg.variant in FALLBACKS:
         return _ScatterPlan(cfg, 0, out, None, None, (), {}, False, libs=(
             torch.empty((M, n_local), dtype=a.dtype, device=a.device),
