@@ -456,13 +456,14 @@ class Study:
 
 
 def fit_and_hold_out(study: Study, bench, out: Path, configs: dict, *, suffix: str = "", source: str, how: str,
-                     tidy: Callable[[dict], None] | None = None) -> list[str]:
+                     tidy: Callable[[dict], None] | None = None, model_splits: tuple = ("fit",)) -> list[str]:
     """The variant choice fitted on the fit half's calls (``fit_choices``; each entry passed to
     ``tidy`` to clean its config) and written as ``auto_table.json`` (``source`` says where from)
     and as the selection layer's tuning table (``how`` it was measured), then scored on the
     held-out half: ``held_out{suffix}.csv`` (each held-out shape's choice by the nearest fitted
     shape, against the best of ours and of the libraries, eager and graph-replayed, with comm
     hidden), ``variant_choice{suffix}.csv`` (both halves) and the summary lines, printed.
+    ``model_splits``: the splits the choice model is fitted on (``model_and_scores``).
     Returns the files written, relative to ``out``."""
     import pandas as pd
 
@@ -484,7 +485,8 @@ def fit_and_hold_out(study: Study, bench, out: Path, configs: dict, *, suffix: s
         print(line, flush=True)
     written = ["auto_table.json", f"held_out{suffix}.csv", f"variant_choice{suffix}.csv"] + tables
     if study.features is not None:
-        written += model_and_scores(study, bench, out, configs, entries, suffix=suffix, source=source)
+        written += model_and_scores(study, bench, out, configs, entries, suffix=suffix, source=source,
+                                    splits=model_splits)
     return written
 
 
@@ -499,15 +501,17 @@ def with_features(rows, study: Study):
     return rows.assign(**{f: [x[f] for x in feats] for f in ("flop", "gemm_bytes", "comm_bytes")})
 
 
-def fit_model(study: Study, bench, configs: dict, source: str) -> dict:
-    """The choice model (``kernels.comm.choice_model``) fitted on the fit half's rows only."""
+def fit_model(study: Study, bench, configs: dict, source: str, splits: tuple = ("fit",)) -> dict:
+    """The choice model (``kernels.comm.choice_model``) fitted on the rows of ``splits`` only (the
+    fit half; with "random", also the shapes that run drew, which then score nothing)."""
     from kernels.comm import choice_model
 
-    rows = with_features(bench[bench["split"] == "fit"], study)
+    rows = with_features(bench[bench["split"].isin(splits)], study)
     have = set(rows["variant"])
     candidates = {m: _launch_config(configs.get(m, {"variant": m})) for m in study.choices if m in have}
     return choice_model.fit(rows, group_keys=list(study.match_keys), gemm=study.gemm, comm=study.comm,
-                            candidates=candidates, family=study.family, source=source + " (fit half)",
+                            candidates=candidates, family=study.family,
+                            source=source + " (" + " + ".join(FIT_SPLITS.get(s, s) for s in splits) + ")",
                             never=study.never)
 
 
@@ -524,13 +528,14 @@ def model_pick(study: Study, model: dict) -> Callable[[dict, str], str | None]:
                                                     **{k: int(case[k]) for k in study.match_keys})
 
 
+FIT_SPLITS = {"fit": "fit half", "random": "the shapes drawn at run time"}
 AUTO = "auto"   # the benchmarks' name of the launcher's own choice (config=None), timed beside the candidates
 # how choice_scores*.csv's rules read in the summaries
 RULES = {"model": "choice model", "nearest": "nearest entry", "measured": "as the launcher chose, measured"}
 
 
 def model_and_scores(study: Study, bench, out: Path, configs: dict, entries: list[dict], *, suffix: str = "",
-                     source: str = "") -> list[str]:
+                     source: str = "", splits: tuple = ("fit",)) -> list[str]:
     """Fit the choice model (``choice_model.json``, and ``tables/<GPU>/<family>.model.json`` beside
     the tuning table), then score it and the nearest-entry rule on the held-out half and on the
     shapes drawn at run time (``choice_scores{suffix}.csv``, column ``rule``); prints the lines."""
@@ -538,7 +543,7 @@ def model_and_scores(study: Study, bench, out: Path, configs: dict, entries: lis
 
     from kernels.comm import choice_model, choices
 
-    model = fit_model(study, bench, configs, source)
+    model = fit_model(study, bench, configs, source, splits)
     choice_model.save(out / "choice_model.json", model)
     written = ["choice_model.json"]
     device = choices.device_of_rows(bench)
@@ -551,6 +556,8 @@ def model_and_scores(study: Study, bench, out: Path, configs: dict, entries: lis
         rules.append(("measured", lambda case, timing: AUTO))
     for split in ("held_out", "random"):
         for rule, pick in rules:
+            if rule == "model" and split in splits:   # fitted on these shapes: no score
+                continue
             scored = score_held_out(bench, entries, list(study.keys), list(study.match_keys), study.choices,
                                     study.libraries, study.gemm, study.comm, fused=study.fused, pick=pick, split=split,
                                     keep_failed=rule == "measured")

@@ -570,7 +570,7 @@ GEMM_SCATTER = overlap.Study(family="gemm_scatter", name="gemm_all_scatter",
                              features=model_features)
 
 
-def fit_and_hold_out(times, out: Path, W: int) -> list[str]:
+def fit_and_hold_out(times, out: Path, W: int, model_splits: tuple = ("fit",)) -> list[str]:
     """The variant choice fitted on the fit half's eager calls (auto_table.json, which
     kernels/gemm_scatter/config.py reads from results/gemm_scatter/), scored on the held-out
     half (held_out_wW.csv), both halves in variant_choice_wW.csv (``overlap.fit_and_hold_out``)."""
@@ -578,7 +578,7 @@ def fit_and_hold_out(times, out: Path, W: int) -> list[str]:
     configs = {v: json.loads(c) for v, c in zip(ov["variant"], ov["config"]) if isinstance(c, str) and c}
     return overlap.fit_and_hold_out(GEMM_SCATTER, ov, out, configs, suffix=f"_w{W}",
                                     source="experiments/run_gemm_scatter.py --shape-set: fit, eager",
-                                    how="eager calls, the slowest rank's median, fit half")
+                                    how="eager calls, the slowest rank's median, fit half", model_splits=model_splits)
 
 
 def write_tables(rows, checks, out: Path, W: int, prov: dict, skipped: int, command: str = ""):

@@ -147,7 +147,7 @@ def _table(path: Path):
     raise FileNotFoundError(f"run_overlap --refit: no {path.with_suffix('.csv').name} (or .parquet) in {path.parent}")
 
 
-def refit(out: Path, world_size: int) -> int:
+def refit(out: Path, world_size: int, model_splits: tuple = ("fit",)) -> int:
     """The variant choice fitted again from a finished run's benchmark tables (after a change to
     the fit, or to write the tuning tables of a run made before they existed)."""
     import run_ag_gemm
@@ -155,16 +155,17 @@ def refit(out: Path, world_size: int) -> int:
 
     bench = _table(out / "ag_gemm" / "bench")
     bench = bench[bench["kind"] == "bench"] if "kind" in bench else bench
-    written = run_ag_gemm.fit_and_hold_out(bench, out / "ag_gemm")
+    written = run_ag_gemm.fit_and_hold_out(bench, out / "ag_gemm", model_splits)
     times = _table(out / "gemm_scatter" / f"times_w{world_size}")
-    written += run_gemm_scatter.fit_and_hold_out(times, out / "gemm_scatter", world_size)
+    written += run_gemm_scatter.fit_and_hold_out(times, out / "gemm_scatter", world_size, model_splits)
     old = (out / "summary.md").read_text().splitlines() if (out / "summary.md").exists() else []
     # the run's own step lines (status and time) are kept; everything else is derived again, the
     # tests' line too where their log is there (results/ keeps the line, not the log)
     steps = [x for x in old if re.match(r"- (pytest|ag_gemm|gemm_scatter): ", x)]
     tests = [] if (out / "pytest_multigpu.txt").exists() else [x for x in old if x.startswith("- tests: ")]
     lines = summarize(out, {}, world_size)
-    lines[2:2] = steps + ["- the variant choice re-fitted from these tables (run_overlap.py --refit)"] + tests
+    fitted = "" if model_splits == ("fit",) else " (the choice model on the fit half and the shapes drawn at run time)"
+    lines[2:2] = steps + [f"- the variant choice re-fitted from these tables (run_overlap.py --refit){fitted}"] + tests
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines + ["", "wrote: " + ", ".join(written)]), flush=True)
     return 0
@@ -179,6 +180,9 @@ def main(argv=None) -> int:
                     help="no GPU: fit the variant choice again from the tables a finished run left in --out "
                          "(held_out*.csv, variant_choice*.csv, auto_table.json, the tuning tables under tables/) "
                          "and rewrite summary.md")
+    ap.add_argument("--fit-random", action="store_true",
+                    help="with --refit: fit the choice model on the shapes drawn at run time too (more of the space "
+                         "covered; then only the held-out half and a later run's fresh shapes score it)")
     ap.add_argument("--random-shapes", type=int, default=0,
                     help="both benchmarks also measure this many shapes drawn at run time (experiments/overlap.py "
                          "random_shapes; the seed is printed): scored against the best candidate, never fitted")
@@ -188,7 +192,7 @@ def main(argv=None) -> int:
                     help="multiply every step's time budget and limit (0.8: a shorter run, fewer shapes)")
     args = ap.parse_args(argv)
     if args.refit:
-        return refit(Path(args.out).resolve(), args.world_size)
+        return refit(Path(args.out).resolve(), args.world_size, ("fit", "random") if args.fit_random else ("fit",))
     import torch
 
     if args.world_size < 2 or torch.cuda.device_count() < args.world_size:

@@ -108,14 +108,44 @@ def test_refit_of_the_committed_runs_remakes_their_tables(tmp_path, world, capsy
     assert len(made_by_refit) == 14   # per family: 5 files and the tuning table and choice model for the GPU
     for p in made_by_refit:
         (out / p).write_bytes(b"")   # what the refit writes must come from the refit, not from the copy
-    assert r.main(["--refit", "--world-size", str(world), "--out", str(out)]) == 0
+    # (a run refitted with --fit-random says so in its summary)
+    how = ["--fit-random"] if "shapes drawn at run time)" in (committed / "summary.md").read_text() else []
+    assert r.main(["--refit", "--world-size", str(world), "--out", str(out)] + how) == 0
     differ = [str(p) for p in made_by_refit if (out / p).read_bytes() != (committed / p).read_bytes()]
     assert not differ, differ
     want = (committed / "summary.md").read_text().splitlines()[1:]
     assert (out / "summary.md").read_text().splitlines()[1:] == want
     tests = [x for x in want if x.startswith("- tests: ")]
     (out / "pytest_multigpu.txt").write_text("....\n3 passed in 100.0s\n")
-    assert r.main(["--refit", "--world-size", str(world), "--out", str(out)]) == 0
+    assert r.main(["--refit", "--world-size", str(world), "--out", str(out)] + how) == 0
     again = (out / "summary.md").read_text()
     assert again.count("- tests: ") == 1 and "3 passed in 100.0s" in again and all(t not in again for t in tests)
     capsys.readouterr()
+
+
+def test_a_model_is_scored_on_a_later_runs_shapes(tmp_path):
+    """score_choice_model.py: the model fitted on the first 2-rank run (fit half and its drawn
+    shapes) replayed on the second run's held-out half and fresh shapes, none of them fitted, beside
+    the launcher's measured pick there; the committed scores are what it writes."""
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(REPO / "experiments"))
+    import score_choice_model
+
+    fresh = REPO / "results" / "overlap" / "h200_w2_fresh"
+    out = tmp_path / fresh.name
+    shutil.copytree(fresh, out)
+    model_run = REPO / "results" / "overlap" / "h200_w2"
+    fitted = set(pd.read_parquet(model_run / "ag_gemm" / "bench.parquet", columns=["M", "N", "K"])
+                 .itertuples(index=False, name=None))
+    scored = pd.read_parquet(out / "ag_gemm" / "bench.parquet")
+    unseen = scored[scored["split"].isin(["held_out", "random"])]
+    drawn = set(unseen[unseen["split"] == "random"][["M", "N", "K"]].itertuples(index=False, name=None))
+    assert drawn and not drawn & fitted   # the later run's drawn shapes: none fitted
+    lines = score_choice_model.score(out, model_run, 2)
+    assert sum("the model of" in x for x in lines) == 12 and sum("as the launcher chose" in x for x in lines) == 12
+    for sub in ("ag_gemm", "gemm_scatter"):
+        got = pd.read_csv(out / sub / "choice_scores_model.csv")
+        assert set(got["rule"]) == {"model", "measured"}
+        pd.testing.assert_frame_equal(got, pd.read_csv(fresh / sub / "choice_scores_model.csv"))
