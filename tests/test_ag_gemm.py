@@ -939,7 +939,9 @@ def test_script_llm_set_fits_on_one_half_and_scores_the_other(tmp_path, capsys):
     assert s.fit_and_hold_out(bench, tmp_path) == ["auto_table.json", "held_out.csv", "variant_choice.csv",
                                                    "choice_model.json", "choice_scores.csv"]
     scores = pd.read_csv(tmp_path / "choice_scores.csv")   # the choice model beside the nearest entry, held out
-    assert set(scores.rule) == {"model", "nearest"} and set(scores.split) == {"held_out"}
+    assert set(scores.rule) == {"model", "nearest", "measured"} and set(scores.split) == {"held_out"}
+    measured = scores[scores.rule == "measured"]   # the launcher's own pick as timed (9 ms here): scored as it ran
+    assert (measured.chosen == "auto").all() and (measured.regret > 5).all()
     assert agc.modelled(3000, 5120, 8192, 2, 0, "eager", model=json.loads((tmp_path / "choice_model.json").read_text()))
     entries = agc.load_table(tmp_path / "auto_table.json")
     fit = bench[(bench.split == "fit") & (bench.variant == "gemm_alone") & (bench.timing == "eager")]

@@ -390,3 +390,51 @@ def test_gemm_scatter_choice_on_unseen_shapes_within_5pct_of_fastest(tmp_path, s
     bad, n = _misses(drawn, ["M", "N", "K"], SCATTER_CANDIDATES)
     assert n == 2 * 3, (n, drawn[["M", "N", "K"]].drop_duplicates())
     assert not bad, bad
+
+
+def _twins(h):
+    from types import SimpleNamespace
+
+    twin = SimpleNamespace(name="graph", graph_twin=None, out_shape=(4, 3))
+    return SimpleNamespace(name="eager", graph_twin=twin, out_shape=(4, 3))
+
+
+def test_first_eager_call_runs_the_graph_replays_method_once_too(monkeypatch):
+    """all_gather_matmul: where graph replays run another method than eager calls, the first eager
+    call runs that method once before its own (a capture must not be the first call of anything:
+    it failed so on 2 H200s when the graph pick's all-gather first asked rank 0 inside it);
+    later calls run their own plan alone."""
+    plans, ran = {}, []
+    monkeypatch.setattr(aglaunch, "get_plan", lambda a, b, h, **k: plans.setdefault(h.rank, _twins(h)))
+    monkeypatch.setattr(aglaunch, "_run", lambda p, a, b, h, *rest: ran.append((h.rank, p.name)) or p.name)
+    world = dist.SimulatedWorld(2, heap_bytes=1 << 16)
+    a, b = torch.randn(2, 5), torch.randn(5, 3)
+    assert world.run(lambda h: [all_gather_matmul(a, b, h, gather_dim=0) for _ in range(2)]) == [["eager"] * 2] * 2
+    for r in (0, 1):
+        assert [n for rank, n in ran if rank == r] == ["graph", "eager", "eager"]
+
+
+def test_gemm_scatter_first_eager_call_runs_the_graph_replays_method_once_too(monkeypatch):
+    """gemm_all_scatter likewise, with a barrier between the two (both write the same C)."""
+    import importlib
+
+    from kernels.gemm_scatter import gemm_all_scatter
+    from kernels.gemm_scatter import launch as gsl
+
+    plans, ran = {}, []
+
+    def plan(a, b, h, *args, **k):
+        p = plans.setdefault(h.rank, _twins(h))
+        if not isinstance(p.graph_twin, list):
+            p.graph_twin = [p.graph_twin]
+        return p
+
+    monkeypatch.setattr(gsl, "plan_for", plan)
+    monkeypatch.setattr(gsl, "_run", lambda p, a, b, h, *rest, **k: ran.append((h.rank, p.name)) or p.name)
+    cbarrier = importlib.import_module("kernels.comm.barrier")   # (kernels.comm.barrier is also the function)
+    monkeypatch.setattr(cbarrier, "barrier", lambda h, **k: ran.append((h.rank, "barrier")))
+    world = dist.SimulatedWorld(2, heap_bytes=1 << 16)
+    a, b = torch.randn(4, 5), torch.randn(5, 3)
+    assert world.run(lambda h: [gemm_all_scatter(a, b, h) for _ in range(2)]) == [["eager"] * 2] * 2
+    for r in (0, 1):
+        assert [n for rank, n in ran if rank == r] == ["graph", "barrier", "eager", "eager"]

@@ -132,23 +132,3 @@ def test_a_new_problem_inside_a_graph_capture_is_refused_clearly(monkeypatch):
     with pytest.raises(RuntimeError, match="before capturing"):
         shared_choice(heap, "fam", ("new",), lambda: "x")
     assert ("new",) not in heap.cache("fam.decisions")
-
-
-def test_gemm_scatter_sequential_plan_decides_its_all_gather_at_plan_time(monkeypatch):
-    """The plan of the sequential variant (made for both modes at the first eager call) asks its
-    all-gather's shared variant then, so a graph capture's first call of it needs no broadcast."""
-    from kernels.comm import launch as clay
-    from kernels.gemm_scatter import launch as gsl
-
-    asked = []
-    real = clay.auto_variant
-    monkeypatch.setattr(clay, "auto_variant", lambda h, nbytes: asked.append((h.rank, nbytes)) or real(h, nbytes))
-    world = dist.SimulatedWorld(2, heap_bytes=1 << 18)
-    g = torch.Generator().manual_seed(5)
-    a = torch.randn(9, 24, generator=g).to(torch.bfloat16)
-    bs = [torch.randn(24, 8, generator=g).to(torch.bfloat16) for _ in range(2)]
-    world.run(lambda h: gsl.plan_for(a, bs[h.rank], h, {"variant": "sequential"}))
-    assert sorted(asked) == [(0, 9 * 8 * 2), (1, 9 * 8 * 2)]
-    asked.clear()
-    world.run(lambda h: gsl.plan_for(a, bs[h.rank], h, {"variant": "fused"}))
-    assert asked == []

@@ -95,6 +95,9 @@ class Plan:
     resident: bool = False    # the shard lies in the heap: peers read it in place (no publish copy)
     pub_off16: int = 0        # and its heap offset / 16 (the plan's key holds the offset)
     launches: dict = dataclasses.field(default_factory=dict)  # PlannedLaunch per (phase, C's alignment, C's row stride)
+    # config=None, an eager call's plan whose graph-replay plan runs another method: that one, to
+    # run once at the first eager call (a capture then meets no first call of anything)
+    graph_twin: Any = None
 
 
 # --------------------------------------------------------------------------
@@ -406,7 +409,8 @@ def get_plan(a_shard, b, heap, *, gather_dim=1, bias=None, config=None, trace=Fa
         plan = s["plans"][key] = _reuse(s, key, mode) or _make_plan(a_shard, b, heap, gather_dim, bias, config,
                                                                     trace, mode or "eager")
         if mode == "eager" and not heap.simulated:   # the graph's plan too, now: a capture then allocates nothing
-            get_plan(a_shard, b, heap, gather_dim=gather_dim, bias=bias, config=None, trace=trace, mode="graph")
+            twin = get_plan(a_shard, b, heap, gather_dim=gather_dim, bias=bias, config=None, trace=trace, mode="graph")
+            plan.graph_twin = twin if twin is not plan else None
     return plan
 
 
@@ -491,6 +495,18 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, heap, *, gather_di
                             or out.device != a_shard.device or out.stride(1) != 1):
         raise ValueError(f"all_gather_matmul: out must be a {plan.out_shape} {a_shard.dtype} tensor on "
                          f"{a_shard.device} with unit column stride, got {tuple(out.shape)} {out.dtype}")
+    if plan.graph_twin is not None:
+        # The first eager call of a problem whose graph replays run another method: run that one
+        # once too, now. A user warms up eagerly before capturing; without this the capture would
+        # be the graph method's first call (its compile, our all-gather's shared choice, PyTorch's
+        # symmetric-memory rendezvous: host work a capture cannot hold). Every rank does it here.
+        twin, plan.graph_twin = plan.graph_twin, None
+        _run(twin, a_shard, b, heap, bias, None, trace, s, wait_us)
+    return _run(plan, a_shard, b, heap, bias, out, trace, s, wait_us)
+
+
+def _run(plan, a_shard, b, heap, bias, out, trace, s, wait_us):
+    """One call of ``plan`` (all_gather_matmul's body once its plan is known)."""
     if plan.cfg.variant in FALLBACKS:
         unfused = _sequential if plan.cfg.variant == "sequential" else _nccl
         c = unfused(a_shard, b, heap, plan, bias, out, wait_us / 1e6)

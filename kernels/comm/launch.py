@@ -66,7 +66,10 @@ def all_gather(x: torch.Tensor, heap, *, variant: str = "triton", num_sms: int |
     poll_barrier(heap)   # the copy-engine variant's barrier
     W = heap.world_size
     if variant == "auto":
-        variant, auto_sms = auto_variant(heap, x.numel() * x.element_size())
+        nbytes = x.numel() * x.element_size()
+        # rank 0's choice, shared once per message size: every rank runs the same variant
+        variant, auto_sms = ("triton", None) if heap.simulated else shared_choice(
+            heap, "all_gather", (W, nbytes), lambda: auto_choice(W, nbytes))
         num_sms = num_sms if num_sms is not None else auto_sms
     cache = heap.cache("all_gather")
     cache["last variant"] = variant   # within_last_call: whether a kernel of ours left this call's tag
@@ -98,16 +101,6 @@ def all_gather(x: torch.Tensor, heap, *, variant: str = "triton", num_sms: int |
     if check:
         watch.check()
     return out
-
-
-def auto_variant(heap, nbytes: int) -> tuple[str, int | None]:
-    """(variant, num_sms) of ``variant="auto"`` for ``nbytes`` per rank: rank 0's choice, shared
-    once per message size so that every rank runs the same variant. Its first call broadcasts
-    (no CUDA graph may be capturing): a caller that will gather inside a capture asks it first."""
-    W = heap.world_size
-    if heap.simulated:
-        return "triton", None
-    return shared_choice(heap, "all_gather", (W, nbytes), lambda: auto_choice(W, nbytes))
 
 
 def _watch(heap) -> StatusWatch:

@@ -59,6 +59,9 @@ class _ScatterPlan:
     # TMA descriptors of the last A and B seen, by data pointer. A descriptor holds its
     # tensor, so a pointer that matches is still that memory (same signature: same view).
     descs: dict = dataclasses.field(default_factory=dict)
+    # config=None, an eager call's plan whose graph-replay plan runs another method: [that plan]
+    # until the first eager call has run it once (a capture then meets no first call of anything)
+    graph_twin: list = dataclasses.field(default_factory=list)
 
     def descriptor(self, which: str, t: torch.Tensor, block) -> Any:
         hit = self.descs.get(which)
@@ -130,13 +133,6 @@ def _plan(a, b_local, heap, config, hints, out, scope, mode="eager") -> _Scatter
         lambda: {m: auto_config(M, n_local, K, W, a.dtype, sms, tma=hopper and aligned, mode=m)
                  for m in MODES})[mode]
     validate(cfg, esize)
-    if cfg.variant == "sequential":
-        # its all-gather's variant, now: the first call of a mode may be inside a CUDA graph
-        # capture (this plan is made for both modes at the first eager call), where the
-        # all-gather's own first call could not broadcast rank 0's choice
-        from kernels.comm.launch import auto_variant
-
-        auto_variant(heap, M * n_local * esize)
     if cfg.variant in FALLBACKS:
         return _ScatterPlan(cfg, 0, out, None, None, (), {}, False, libs=(
             torch.empty((M, n_local), dtype=a.dtype, device=a.device),
@@ -195,7 +191,9 @@ def plan_for(a, b_local, heap, config=None, *, hints=True, out=None, scope="sys"
         plan = plans.put(key, _other_mode(plans, key, heap, a, b_local)
                          or _plan(a, b_local, heap, config, hints, out, scope, mode or "eager"))
         if mode == "eager" and a.device.type == "cuda":   # the graph's plan too, now: a capture allocates nothing
-            plan_for(a, b_local, heap, None, hints=hints, out=out, scope=scope, mode="graph")
+            twin = plan_for(a, b_local, heap, None, hints=hints, out=out, scope=scope, mode="graph")
+            if twin is not plan:
+                plan.graph_twin.append(twin)
     return plan
 
 
@@ -251,6 +249,19 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
     watch = _watch(heap)
     watch.poll()  # an earlier call's timeout, if the device has reported one by now
     p = plan_for(a, b_local, heap, config, hints=hints, out=out, scope=scope)
+    if p.graph_twin:
+        # The first eager call of a problem whose graph replays run another method: run that one
+        # once too, now (a user warms up eagerly before capturing; the capture must not be the graph
+        # method's first call: its compile, its all-gather's shared choice). Every rank does it here.
+        _run(p.graph_twin.pop(), a, b_local, heap, watch, wait_us, scope, check=False)
+        from kernels.comm.barrier import barrier
+
+        barrier(heap, timeout_s=wait_us / 1e6)   # both write C: no peer's call writes it before ours is done
+    return _run(p, a, b_local, heap, watch, wait_us, scope, check)
+
+
+def _run(p, a, b_local, heap, watch, wait_us, scope, check):
+    """One call of plan ``p`` (gemm_all_scatter's body once its plan is known)."""
     if p.libs is not None:
         return _unfused(a, b_local, heap, p, wait_us / 1e6)
     if p.meta["TMA_LOADS"]:
