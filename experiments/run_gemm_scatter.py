@@ -570,11 +570,17 @@ GEMM_SCATTER = overlap.Study(family="gemm_scatter", name="gemm_all_scatter",
                              features=model_features)
 
 
+def overlap_rows(times):
+    """The overlap study's rows of a times table (the other studies' left out), each the slowest
+    rank's median already: rank 0's, as the shared scoring (``overlap``) reads them."""
+    return times[times["study"] == "overlap"].assign(rank=0)
+
+
 def fit_and_hold_out(times, out: Path, W: int, model_splits: tuple = ("fit",)) -> list[str]:
     """The variant choice fitted on the fit half's eager calls (auto_table.json, which
     kernels/gemm_scatter/config.py reads from results/gemm_scatter/), scored on the held-out
     half (held_out_wW.csv), both halves in variant_choice_wW.csv (``overlap.fit_and_hold_out``)."""
-    ov = times[times["study"] == "overlap"].assign(rank=0)
+    ov = overlap_rows(times)
     configs = {v: json.loads(c) for v, c in zip(ov["variant"], ov["config"]) if isinstance(c, str) and c}
     return overlap.fit_and_hold_out(GEMM_SCATTER, ov, out, configs, suffix=f"_w{W}",
                                     source="experiments/run_gemm_scatter.py --shape-set: fit, eager",

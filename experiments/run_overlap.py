@@ -147,16 +147,21 @@ def _table(path: Path):
     raise FileNotFoundError(f"run_overlap --refit: no {path.with_suffix('.csv').name} (or .parquet) in {path.parent}")
 
 
+def run_rows(out: Path, world_size: int) -> tuple:
+    """A finished run's timed rows: all-gather + GEMM's benchmark rows, GEMM + all-scatter's times."""
+    bench = _table(out / "ag_gemm" / "bench")
+    bench = bench[bench["kind"] == "bench"] if "kind" in bench else bench
+    return bench, _table(out / "gemm_scatter" / f"times_w{world_size}")
+
+
 def refit(out: Path, world_size: int, model_splits: tuple = ("fit",)) -> int:
     """The variant choice fitted again from a finished run's benchmark tables (after a change to
     the fit, or to write the tuning tables of a run made before they existed)."""
     import run_ag_gemm
     import run_gemm_scatter
 
-    bench = _table(out / "ag_gemm" / "bench")
-    bench = bench[bench["kind"] == "bench"] if "kind" in bench else bench
+    bench, times = run_rows(out, world_size)
     written = run_ag_gemm.fit_and_hold_out(bench, out / "ag_gemm", model_splits)
-    times = _table(out / "gemm_scatter" / f"times_w{world_size}")
     written += run_gemm_scatter.fit_and_hold_out(times, out / "gemm_scatter", world_size, model_splits)
     old = (out / "summary.md").read_text().splitlines() if (out / "summary.md").exists() else []
     # the run's own step lines (status and time) are kept; everything else is derived again, the

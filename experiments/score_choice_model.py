@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overlap  # noqa: E402
 import run_ag_gemm  # noqa: E402
 import run_gemm_scatter  # noqa: E402
-from run_overlap import _table  # noqa: E402
+from run_overlap import run_rows  # noqa: E402
 
 from kernels.comm import choice_model  # noqa: E402
 
@@ -30,13 +30,9 @@ def score(run: Path, model_run: Path, world_size: int) -> list[str]:
     import pandas as pd
 
     lines = []
-    for study, sub, name in ((run_ag_gemm.AG_GEMM, "ag_gemm", "bench"),
-                             (run_gemm_scatter.GEMM_SCATTER, "gemm_scatter", f"times_w{world_size}")):
-        rows = _table(run / sub / name)
-        if study is run_gemm_scatter.GEMM_SCATTER:
-            rows = rows[rows["study"] == "overlap"].assign(rank=0)
-        elif "kind" in rows:
-            rows = rows[rows["kind"] == "bench"]
+    bench, times = run_rows(run, world_size)
+    for study, sub, rows in ((run_ag_gemm.AG_GEMM, "ag_gemm", bench),
+                             (run_gemm_scatter.GEMM_SCATTER, "gemm_scatter", run_gemm_scatter.overlap_rows(times))):
         model = choice_model.load(model_run / sub / "choice_model.json", study.family)
         if model is None:
             raise SystemExit(f"score_choice_model: no {sub}/choice_model.json in {model_run}")
