@@ -521,11 +521,16 @@ def _launch_config(cfg: dict) -> dict:
 
 
 def model_pick(study: Study, model: dict) -> Callable[[dict, str], str | None]:
-    """The model's choice for a case in a timing mode (what ``auto_config`` does for the mode served)."""
+    """The model's choice for a case in a timing mode (what ``auto_config`` does for the mode served,
+    the family's rule of methods never taken applied as the launcher applies it: also to a model
+    fitted before a method joined the rule)."""
     from kernels.comm import choice_model
 
-    return lambda case, timing: choice_model.choose(model, timing, study.features(case),
-                                                    **{k: int(case[k]) for k in study.match_keys})
+    def pick(case, timing):
+        match = {k: int(case[k]) for k in study.match_keys}
+        never = set(study.never(match)) if study.never else set()
+        return choice_model.choose(model, timing, study.features(case), exclude=never, **match)
+    return pick
 
 
 FIT_SPLITS = {"fit": "fit half", "random": "the shapes drawn at run time"}

@@ -557,7 +557,8 @@ def never_off_table(match: dict) -> dict:
     from kernels.ag_gemm.config import NEVER_OFF_TABLE
 
     never = NEVER_OFF_TABLE.get(int(match.get("gather_dim", 0)), {})
-    return {m: never[cfg["variant"]] for m, cfg in LIBRARY_VARIANT.items() if cfg["variant"] in never}
+    variants = {**{m: m for m in CHOICES}, **{m: cfg["variant"] for m, cfg in LIBRARY_VARIANT.items()}}
+    return {m: never[v] for m, v in variants.items() if v in never}
 
 
 AG_GEMM = overlap.Study(family="ag_gemm", name="all_gather_matmul", script="experiments/run_ag_gemm.py",

@@ -1016,3 +1016,35 @@ def test_variant_choice_through_the_tuning_tables(isolated_tables, monkeypatch):
     # an H100 reads its own tables only
     monkeypatch.setattr(choices, "current_device", lambda: {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"})
     assert "placeholder" in agc.auto_source(2)
+
+
+def test_polling_gemm_leaves_sms_for_the_copies(monkeypatch):
+    """copy_engine / pipelined: the GEMM that polls the copies' signals runs on every SM but
+    CE_SPARE_SMS (a copy the driver runs as a kernel needs one); a simulated world keeps its grid."""
+    from types import SimpleNamespace
+
+    from kernels.ag_gemm import copies
+
+    grids = []
+    monkeypatch.setattr(copies, "launch_planned", lambda heap, store, slot, kernel, grid, *a, **kw: grids.append(grid))
+    plan = SimpleNamespace(grid=132, launches={}, gemm_kw={})
+    copies._gemm(SimpleNamespace(simulated=False), plan, (), (0, 64))
+    copies._gemm(SimpleNamespace(simulated=True), plan, (), (0, 64))
+    assert copies.CE_SPARE_SMS >= 1 and grids == [(132 - copies.CE_SPARE_SMS,), (132,)]
+
+
+@pytest.mark.multigpu
+def test_copy_engine_calls_never_starve_their_copies():
+    """copy_engine / pipelined gathered along K, a shard's K not a multiple of BLOCK_K (3424) and one
+    that is (3456): 10 back-to-back eager calls and graph replays end within a 4 s bound, right
+    (experiments/probes/probe_ce_partial_k.py; before the GEMM left SMs free, most timed out)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, **dist.MULTICAST_OFF)
+    probe = REPO / "experiments" / "probes" / "probe_ce_partial_k.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(probe), "3424", "3456"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400, cwd=REPO)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("W=2 ")]
+    assert proc.returncode == 0 and len(lines) == 10, proc.stdout[-4000:] + proc.stderr[-4000:]

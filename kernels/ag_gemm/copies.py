@@ -36,6 +36,12 @@ from kernels.common.launcher import launch_planned
 
 CE_PUBLISHERS = 16       # programs of the publish kernel where not every program publishes (publish_all=False)
 CE_VARIANTS = ("copy_engine", "chunked", "pipelined")
+# SMs our polling GEMM leaves free (copy_engine, pipelined). Its programs spin until the copies'
+# signals arrive; where the driver runs one of those copies as a kernel (on H200s at 2 and 4 ranks,
+# back-to-back eager calls and graph replays of copy_engine timed out on some shapes, never with 100
+# of 132 SMs polling: results/overlap/README.md), a GEMM on every SM starves it until its waits
+# give up. Any spare SM guarantees progress; how many the copies run fastest with is not measured.
+CE_SPARE_SMS = 8
 
 
 # --------------------------------------------------------------------------
@@ -158,7 +164,10 @@ def publish(heap, plan, args, cs) -> None:
 
 
 def _gemm(heap, plan, args, cs) -> None:
-    launch_planned(heap, plan.launches, ("ce_gemm", cs), _ag_gemm_kernel, (plan.grid,), *args, PUBLISH=False,
+    """The GEMM kernel that polls the copies' signals, on every SM but ``CE_SPARE_SMS`` (the
+    kernel reads its grid's size: any grid works). A simulated world's copies are made before it."""
+    grid = plan.grid if heap.simulated else max(1, plan.grid - CE_SPARE_SMS)
+    launch_planned(heap, plan.launches, ("ce_gemm", cs), _ag_gemm_kernel, (grid,), *args, PUBLISH=False,
                    FETCH=False, COMPUTE=True, WAIT_READY=False, **plan.gemm_kw)
 
 
