@@ -7,8 +7,8 @@ queue ``cudaMemcpyAsync`` pulls from the peers' heaps on a side stream (``SideSt
 forked from and joined to the caller's stream with two events made once per plan):
 
 ``copy_engine``  each peer's shard in ``ce_chunks`` copies of whole row tiles, each followed
-                 by a copy that sets its (row tile, k-group) flags; every SM runs our GEMM
-                 kernel, polling flag group by flag group.
+                 by a copy that sets its (row tile, k-group) flags; every SM but a few
+                 (``CE_SPARE_SMS``) runs our GEMM kernel, polling flag group by flag group.
 ``chunked``      each peer's shard in one copy, an event after it; cuBLAS on our shard at
                  once and on each peer's as its event fires; a finish kernel after the copies.
 ``pipelined``    each peer's shard in ``ce_chunks`` row chunks, ONE signal per chunk (a 4-byte
@@ -17,10 +17,11 @@ forked from and joined to the caller's stream with two events made once per plan
                  peer by peer (rank + 1 first), so our rows' tiles and then each peer's
                  chunks in turn are ready in the order the GEMM takes them; gathered along K,
                  chunk by chunk across the peers, so the first row chunk of C has every
-                 shard's columns first. One GEMM launch on every SM takes tiles in that order
-                 (``triton._chunk_tile``: our own rows' tiles first), waits once per (tile,
-                 peer shard) on the chunk's signal and runs that shard's K range as one
-                 pipelined loop. The Flux / PyTorch async-TP decomposition, at chunk grain.
+                 shard's columns first. One GEMM launch on every SM but ``CE_SPARE_SMS``
+                 takes tiles in that order (``triton._chunk_tile``: our own rows' tiles
+                 first), waits once per (tile, peer shard) on the chunk's signal and runs
+                 that shard's K range as one pipelined loop. The Flux / PyTorch async-TP
+                 decomposition, at chunk grain.
 
 In a simulated world the copies are host copies made after the publish kernel, between
 barriers (ranks take turns in the interpreter), in the same order, signals included.

@@ -9,14 +9,14 @@ once per new problem and every rank runs what it chose, ``kernels.comm.decide``)
 ``"copy_engine"``  no SM fetches: a small publish kernel, then ``cudaMemcpyAsync``
                    chunks from every peer's shard into the staging buffer on a side
                    stream, each followed by a stream-ordered copy that sets the
-                   chunk's flags; every SM runs the GEMM, spinning on those flags.
+                   chunk's flags; every SM but a few runs the GEMM, spinning on those flags.
 ``"chunked"``      no SM fetches and no flags: the publish kernel, then a
                    ``cudaMemcpyAsync`` of each peer's whole shard on a side stream,
                    and cuBLAS on our shard at once and on each peer's as its copy
                    lands (an event per shard): PyTorch async-TP's schedule.
 ``"pipelined"``    no SM fetches: the publish kernel, then ``cudaMemcpyAsync`` pulls
                    of each peer's shard in row chunks, each followed by ONE signal,
-                   queued in arrival order; every SM runs the GEMM, taking tiles in
+                   queued in arrival order; every SM but a few runs the GEMM, taking tiles in
                    that order (our own rows first) and waiting once per (tile, peer
                    shard) on its chunk's signal. (``kernels.ag_gemm.copies``)
 ``"sequential"``   our all-gather (``kernels.comm.all_gather``), then our GEMM
