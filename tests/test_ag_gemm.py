@@ -1048,3 +1048,29 @@ def test_copy_engine_calls_never_starve_their_copies():
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400, cwd=REPO)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("W=2 ")]
     assert proc.returncode == 0 and len(lines) == 10, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def test_script_check_reports_a_timed_out_call_before_making_another():
+    """run_ag_gemm.py's check of one of ours: a first call whose wait gave up is reported at once
+    (one wait's bound), not after every call the check makes (a bound per wait, times the calls,
+    let one hung variant stop a 4-rank run for minutes)."""
+    from types import SimpleNamespace
+
+    s = _script()
+    calls = []
+
+    def fn():
+        calls.append(1)
+        return torch.zeros(4, 4)
+
+    def gave_up(heap):
+        raise AgGemmTimeout("rank 0: all_gather_matmul: call tag 7 gave up after waiting 60.000 s")
+
+    rank = s.Rank.__new__(s.Rank)
+    rank.torch, rank.dtype, rank.accurate, rows = torch, torch.bfloat16, {}, []
+    rank.heap = SimpleNamespace(device=torch.device("cpu"))
+    rank.ag = SimpleNamespace(check=gave_up, recover=lambda heap: None)
+    rank.agree = lambda flag: flag
+    rank.emit = rows.append
+    assert rank.check("copy_engine", fn, torch.zeros(4, 4), 64, {"M": 4}) is False
+    assert len(calls) == 1 and rows[0]["error"].startswith("AgGemmTimeout") and rows[0]["ok"] is False
