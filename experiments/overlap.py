@@ -243,20 +243,14 @@ def best_of(ms: dict, names) -> str | None:
 
 
 def graph_replay_result(fn):
-    """``fn()``'s result from one replay of a CUDA graph that captured it (warmed up on a side
-    stream first, as capture needs); every rank of a collective calls this together."""
+    """``fn()``'s result from one replay of a CUDA graph that captured it (``workbench.bench.
+    capture``); every rank of a collective calls this together."""
     import torch
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    g.replay()
+    from workbench.bench import capture
+
+    replay, out = capture(fn)
+    replay()
     torch.cuda.synchronize()
     return out.clone()
 

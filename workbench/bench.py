@@ -367,8 +367,9 @@ def _measure_graph(call, warmup_ms, rep_ms, flush_l2, min_reps, max_reps, n_sets
                       input_sets=n_sets, calls_per_sample=unroll, device=name, mode="graph")
 
 
-def _capture(fn: Callable[[], Any]):
-    """A CUDA graph of one call of ``fn`` (warmed on a side stream first): its replay."""
+def capture(fn: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
+    """A CUDA graph of one call of ``fn``, warmed up on a side stream first (as capture needs):
+    (its replay, the captured call's result, which every replay rewrites)."""
     import torch
 
     stream = torch.cuda.Stream()
@@ -379,9 +380,9 @@ def _capture(fn: Callable[[], Any]):
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
+        out = fn()
     torch.cuda.synchronize()
-    return g.replay
+    return g.replay, out
 
 
 def interleave(fns: dict[str, Callable[[], Any]], *, warmup_ms: float = 50, rep_ms: float = 100,
@@ -407,7 +408,7 @@ def interleave(fns: dict[str, Callable[[], Any]], *, warmup_ms: float = 50, rep_
     for name, fn in fns.items():
         try:
             fn()
-            live[name] = _capture(fn) if graph and on_gpu else fn
+            live[name] = capture(fn)[0] if graph and on_gpu else fn
         except Exception:
             continue
     if not live:

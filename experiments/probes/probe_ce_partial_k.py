@@ -23,6 +23,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
 from kernels import ag_gemm  # noqa: E402
 from kernels.ag_gemm.config import PIPELINED  # noqa: E402
 from workbench import dist  # noqa: E402
+from workbench.bench import capture  # noqa: E402
 
 TRIALS = (("copy_engine", {}), ("copy_engine", {"num_sms": 100}), ("copy_engine", {"tma": False}),
           ("copy_engine", {"ce_chunks": 1}), ("pipelined", PIPELINED))
@@ -54,20 +55,9 @@ def _outcome(heap, fn, ref) -> str:
 
 
 def _graph(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-
-    def replay():
-        g.replay()
-        return out
-    return replay
+    """A call of ``fn`` replayed from a CUDA graph, as a call that returns its result."""
+    replay, out = capture(fn)
+    return lambda: (replay(), out)[1]
 
 
 def main() -> int:
