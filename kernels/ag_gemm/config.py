@@ -41,8 +41,8 @@ FALLBACKS = ("sequential", "nccl", "torch")
 # now leaves SMs free (``copies.CE_SPARE_SMS``), which no GPU run has measured yet: until one
 # does, the model does not pick them. A measured table entry of the problem itself may still
 # name any of them.
-_POLLS_FOR_COPIES = ("its GEMM polls for copies the driver may run as kernels: timed out on every SM, "
-                     "fixed by spare SMs, not yet measured on GPUs")
+_POLLS_FOR_COPIES = ("its GEMM, polling on every SM, starved copies the driver ran as kernels (timeouts); "
+                     "now it leaves SMs free, not yet measured on GPUs")
 NEVER_OFF_TABLE = {0: {"copy_engine": _POLLS_FOR_COPIES, "pipelined": _POLLS_FOR_COPIES},
                    1: {"torch": "adds the K shards' partial products in the output dtype: error near or past "
                                 "the tolerance, unpredictable off the measured shapes",
