@@ -59,9 +59,9 @@ class _ScatterPlan:
     # TMA descriptors of the last A and B seen, by data pointer. A descriptor holds its
     # tensor, so a pointer that matches is still that memory (same signature: same view).
     descs: dict = dataclasses.field(default_factory=dict)
-    # config=None, an eager call's plan whose graph-replay plan runs another method: [that plan]
-    # until the first eager call has run it once (a capture then meets no first call of anything)
-    graph_twin: list = dataclasses.field(default_factory=list)
+    # config=None, an eager call's plan whose graph-replay plan runs another method: that one, to
+    # run once at the first eager call (a capture then meets no first call of anything)
+    graph_twin: Any = None
 
     def descriptor(self, which: str, t: torch.Tensor, block) -> Any:
         hit = self.descs.get(which)
@@ -192,8 +192,7 @@ def plan_for(a, b_local, heap, config=None, *, hints=True, out=None, scope="sys"
                          or _plan(a, b_local, heap, config, hints, out, scope, mode or "eager"))
         if mode == "eager" and a.device.type == "cuda":   # the graph's plan too, now: a capture allocates nothing
             twin = plan_for(a, b_local, heap, None, hints=hints, out=out, scope=scope, mode="graph")
-            if twin is not plan:
-                plan.graph_twin.append(twin)
+            plan.graph_twin = twin if twin is not plan else None
     return plan
 
 
@@ -249,11 +248,12 @@ def gemm_all_scatter(a: torch.Tensor, b_local: torch.Tensor, heap, *,
     watch = _watch(heap)
     watch.poll()  # an earlier call's timeout, if the device has reported one by now
     p = plan_for(a, b_local, heap, config, hints=hints, out=out, scope=scope)
-    if p.graph_twin:
+    if p.graph_twin is not None:
         # The first eager call of a problem whose graph replays run another method: run that one
         # once too, now (a user warms up eagerly before capturing; the capture must not be the graph
         # method's first call: its compile, its all-gather's shared choice). Every rank does it here.
-        _run(p.graph_twin.pop(), a, b_local, heap, watch, wait_us, scope, check=False)
+        twin, p.graph_twin = p.graph_twin, None
+        _run(twin, a, b_local, heap, watch, wait_us, scope, check=False)
         from kernels.comm.barrier import barrier
 
         barrier(heap, timeout_s=wait_us / 1e6)   # both write C: no peer's call writes it before ours is done
