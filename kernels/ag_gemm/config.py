@@ -38,11 +38,11 @@ FALLBACKS = ("sequential", "nccl", "torch")
 # (K >= 11264), at 4 ranks on 13 of 15 LLM shapes. Passing on the fitted shapes proves nothing
 # for the next one. copy_engine and pipelined: their GEMM polled on every SM for copies the
 # driver may run as kernels, and timed out (2 and 4 ranks, some shapes, eager and graph); the GEMM
-# now leaves SMs free (``copies.CE_SPARE_SMS``), which no GPU run has measured yet: until one
-# does, the model does not pick them. A measured table entry of the problem itself may still
-# name any of them.
+# now leaves SMs free (``copies.CE_SPARE_SMS``), measured so far for graph replays alone: until
+# eager calls are too, the model does not pick them. A measured table entry of the problem
+# itself may still name any of them.
 _POLLS_FOR_COPIES = ("its GEMM, polling on every SM, starved copies the driver ran as kernels (timeouts); "
-                     "now it leaves SMs free, not yet measured on GPUs")
+                     "now it leaves SMs free, measured for graph replays alone")
 NEVER_OFF_TABLE = {0: {"copy_engine": _POLLS_FOR_COPIES, "pipelined": _POLLS_FOR_COPIES},
                    1: {"torch": "adds the K shards' partial products in the output dtype: error near or past "
                                 "the tolerance, unpredictable off the measured shapes",
