@@ -459,3 +459,18 @@ def test_gemm_scatter_first_eager_call_runs_the_graph_replays_method_once_too(mo
     assert world.run(lambda h: [gemm_all_scatter(a, b, h) for _ in range(2)]) == [["eager"] * 2] * 2
     for r in (0, 1):
         assert [n for rank, n in ran if rank == r] == ["graph", "barrier", "eager", "eager"]
+
+
+def test_plans_take_the_graph_twin_the_launchers_store():
+    """Both launchers store the graph replay's plan on the eager plan, and clear it after the first
+    call, on GPUs only (a simulated world has no captures); a frozen plan class failed every GEMM +
+    all-scatter call with config=None on 2 H200s while the tests on CPU passed."""
+    from kernels.gemm_scatter import launch as gsl
+
+    world = dist.SimulatedWorld(2, heap_bytes=1 << 16)
+    a, b = torch.randn(4, 8), torch.randn(8, 16)
+    plans = [aglaunch.get_plan(a, b, world.heaps[0], gather_dim=0), gsl.plan_for(a, b, world.heaps[0])]
+    for plan in plans:
+        plan.graph_twin = plan
+        twin, plan.graph_twin = plan.graph_twin, None
+        assert twin is plan and plan.graph_twin is None

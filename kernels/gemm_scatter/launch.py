@@ -37,7 +37,7 @@ PLAN_CACHE_SIZE = 256  # plans kept per heap
 SIM_SMS = 4  # programs in a simulated world (interpreter)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _ScatterPlan:
     """Everything ``gemm_all_scatter`` decides for one call signature."""
 
