@@ -122,6 +122,16 @@ def geomean(xs) -> float:
 GEOMEAN, WORST = "least geomean regret", "best worst case"
 
 
+def serving_regions(rec: dict) -> list[str]:
+    """The regions a record is fitted into: every level of a shape outside the classes; a class
+    shape's class regions alone. The class regions serve every shape of a class the table has fit
+    points of, so a general region never serves one; fitted on them, it served the other shapes
+    of its region what won there (at 256 x 16384 x 16384, a general region fitted on long-K class
+    shapes alone, at 1 or 2 tiles per SM, named t64x128, 0.6x cuBLAS on its nearest measured shapes)."""
+    cls = rec.get("class", "other")
+    return rec["region"] if cls == "other" else [r for r in rec["region"] if r.startswith(cls)]
+
+
 def fit_regions(recs: list[dict], min_shapes: int) -> tuple[dict[str, str], dict[str, dict]]:
     """(region -> candidate, region -> {shapes, how}) over the records (each a shape on one GPU),
     among the candidates timed on all of a region's records: least geometric-mean regret where
@@ -129,7 +139,7 @@ def fit_regions(recs: list[dict], min_shapes: int) -> tuple[dict[str, str], dict
     the candidate that is never far off on any of them)."""
     by_region: dict[str, list[dict]] = defaultdict(list)
     for r in recs:
-        for reg in r["region"]:   # every level
+        for reg in serving_regions(r):
             by_region[reg].append(r)
     table, info = {}, {}
     for reg, rows in sorted(by_region.items()):
@@ -180,6 +190,28 @@ def summarize(g, **keys) -> dict:
             "best_ours_vs_cublas_geomean": geomean(ours_best), "best_ours_vs_cublas_min": float(ours_best.min())}
 
 
+def score_candidates(table: dict, paths: list[Path]):
+    """The rule's pick (``table``, as ``pick`` makes it) per shape and mode of
+    ``run_gemm_selection.py``'s candidates.csv files: its time against the per-shape best of every
+    candidate of ours timed there and cuBLAS (1.0: the best ran; NaN where the pick was not timed)."""
+    import pandas as pd
+
+    rows = []
+    for path in paths:
+        df = pd.read_csv(path)
+        df = df[(df.status == "ok") & df.method.str.startswith("ours:")]
+        for (M, N, K, dtype, b, mode), g in df.groupby(["M", "N", "K", "dtype", "b", "mode"]):
+            us = dict(zip(g.method.str.slice(len("ours:")), g.median_us))
+            us[LIBRARY] = float(g.cublas_us.median())
+            shape = {"M": int(M), "N": int(N), "K": int(K), "dtype": dtype, "b": "t" if b == "t" else "row"}
+            rec = {"us": us, **facts(shape), "cost_model": cost_model_pick(shape)}
+            c, via = pick("regions", table, rec)
+            rows.append({"file": str(path), "M": M, "N": N, "K": K, "dtype": dtype, "b": b, "mode": mode,
+                         "class": rec["class"], "pick": c, "via": via, "best": min(us, key=us.get),
+                         "pick_vs_best": min(us.values()) / us.get(c, math.nan)})
+    return pd.DataFrame(rows)
+
+
 def fold_of(key: str, k: int = 5) -> int:
     return int(hashlib.sha256(key.encode()).hexdigest(), 16) % k
 
@@ -192,6 +224,9 @@ def main(argv=None) -> int:
                     help="fit shapes a region needs for its least-geomean pick (fewer: best worst case)")
     ap.add_argument("--margin", type=float, default=0.005, help="CV regret the region table must win by")
     ap.add_argument("--write-rule", action="store_true", help="write kernels/gemm/cold_rule.json if it is kept")
+    ap.add_argument("--score", type=Path, nargs="*", default=[],
+                    help="run_gemm_selection.py candidates.csv files (every candidate of ours and cuBLAS timed per "
+                         "shape, graph and eager): the kept rule's pick scored on them (cold_rule_scored.csv)")
     ap.add_argument("--rule-out", type=Path, default=None,
                     help="with --write-rule: write the rule here instead (try it with WORKBENCH_GEMM_COLD_RULE=PATH)")
     args = ap.parse_args(argv)
@@ -257,6 +292,11 @@ def main(argv=None) -> int:
     (args.out / "cold_rule_summary.md").write_text("\n".join(md))
     print(sdf.to_string(index=False, float_format=fmt))
     print(cdf[cdf.set != "fit"].to_string(index=False, float_format=fmt))
+    if args.score:
+        scored = score_candidates(table if keep == "regions" else {}, args.score)
+        scored.to_csv(args.out / "cold_rule_scored.csv", index=False)
+        print(scored.groupby(["file", "mode", "class"]).pick_vs_best.agg([geomean, "min", "size"])
+              .to_string(float_format=fmt))
     if args.write_rule:
         doc = {"format": "kernel-workbench gemm cold rule", "version": 1, "rule": keep,
                "regions": table if keep == "regions" else {}, "sms": SMS,

@@ -17,8 +17,9 @@ C, or of both not multiples of 8 elements; B row-major or a transposed view, so 
 alone are unaligned too), narrow N with tall M (N <= 1024, M >= 4096), and long K with small M
 and N (K >= 8192, fewer 128x128 tiles than SMs), narrow N with unaligned rows (``region/narrow-pad``:
 B's and C's, or A's), plus the shapes issue 43 named; all of them carry ``group: regions``
-(``workbench tune gemm --where group=regions`` tunes them alone; ``--where source=region/narrow-pad``
-one kind).
+then unaligned rows with some size under 1024 outside those classes (``region/midpad-*``) and small M
+with long K but many tiles (``region/widelongk``); (``workbench tune gemm --where group=regions``
+tunes them alone; ``--where source=region/narrow-pad`` one kind).
 
 Split: a shape is held out (never seen while fitting the heuristic) when the
 SHA-256 of "MxNxK" (decimal, e.g. "16x4096x4096") read as an integer is odd; the
@@ -136,6 +137,8 @@ N_BIGPAD = 36     # large unaligned: 12 each with A's rows, B's (and C's) rows, 
 N_NARROW = 16
 N_LONG_K = 16
 N_NARROW_PAD = 16  # narrow with unaligned rows: B's and C's (N), or A's (K) one time in four
+N_MID_PAD = 32     # unaligned rows, some size under 1024, neither narrow nor long-K (ours 1.6-3.3x cuBLAS on 12 drawn)
+N_WIDE_LONG_K = 8  # M <= 512, K >= 8192, but 132+ 128x128 tiles (not the long-K class)
 SMS = 132
 # (M, N, K, dtype, b, class): the shapes issue 43's user timed (ours well ahead of cuBLAS on the
 # unaligned ones, behind on the narrow and long-K ones)
@@ -218,6 +221,41 @@ def narrow_pad_shapes(rng: random.Random, seen: set) -> list[dict]:
     return out
 
 
+def mid_pad_shapes(rng: random.Random, seen: set) -> list[dict]:
+    """16-bit problems whose rows are not 16-byte multiples, outside the large-unaligned, narrow and
+    long-K classes (some size under 1024): the general regions had few fit points of them and one
+    refit sent them to cuBLAS, 1.6-3.3x behind our padded kernels on 12 such shapes drawn to check it."""
+    out = []
+    for i in range(N_MID_PAD):
+        which = ("a", "bc", "both")[i % 3]
+        while True:
+            M, N, K = _loguniform(rng, 512, 16384), _loguniform(rng, 128, 8192), _loguniform(rng, 128, 8192)
+            N = _misalign(rng, N) if which in ("bc", "both") else N - N % 8
+            K = _misalign(rng, K) if which in ("a", "both") else K - K % 8
+            narrow = N <= 1024 and M >= 4096
+            if min(M, N, K) < 1024 and not narrow and _flop(M, N, K) <= MAX_FLOP and (M, N, K) not in seen:
+                break
+        seen.add((M, N, K))
+        out.append({"M": M, "N": N, "K": K, "source": f"region/midpad-{which}",
+                    "dtype": ("bfloat16", "float16")[i % 2], "group": "regions"})
+    return out
+
+
+def wide_long_k_shapes(rng: random.Random, seen: set) -> list[dict]:
+    """Small M, long K, but too many 128x128 tiles for the long-K class (N of thousands): the general
+    region they fall in had fit points of the long-K class alone."""
+    out = []
+    for i in range(N_WIDE_LONG_K):
+        while True:
+            M, N, K = rng.randint(65, 512), 128 * rng.randint(32, 128), 64 * rng.randint(128, 400)
+            if -(-M // 128) * -(-N // 128) >= SMS and _flop(M, N, K) <= MAX_FLOP and (M, N, K) not in seen:
+                break
+        seen.add((M, N, K))
+        out.append({"M": M, "N": N, "K": K, "source": "region/widelongk",
+                    "dtype": "float16" if i % 4 == 3 else "bfloat16", "group": "regions"})
+    return out
+
+
 def region_shapes(seen: set) -> list[dict]:
     rng = random.Random(SEED_REGIONS)
     named = []
@@ -226,7 +264,7 @@ def region_shapes(seen: set) -> list[dict]:
         named.append({"M": M, "N": N, "K": K, "source": f"issue43/{what}", "dtype": dtype, "group": "regions",
                       **({"b": b} if b == "t" else {})})
     return (named + bigpad_shapes(rng, seen) + narrow_shapes(rng, seen) + long_k_shapes(rng, seen)
-            + narrow_pad_shapes(rng, seen))
+            + narrow_pad_shapes(rng, seen) + mid_pad_shapes(rng, seen) + wide_long_k_shapes(rng, seen))
 
 
 def zoo() -> list[dict]:
@@ -266,7 +304,7 @@ def main(argv=None) -> int:
           + ", ".join(f"{d} {sum(r['dtype'] == d for r in rows)}" for d in ("bfloat16", "float16", "float32"))
           + f"; held out {sum(r['split'] == 'held_out' for r in rows)}; region shapes "
           + ", ".join(f"{k} {sum(r['source'].startswith(f'region/{k}') for r in rows)}"
-                      for k in ("bigpad", "narrow", "longk", "narrow-pad")) + ")")
+                      for k in ("bigpad", "narrow", "longk", "narrow-pad", "midpad", "widelongk")) + ")")
     return 0
 
 

@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,15 +118,16 @@ def _unaligned_large(n: int, seed: int):
                                    dict(M=2048, N=2048, K=3001, dtype="float16", b="t")])   # A's and B's
 def test_cold_rule_runs_ours_padded_on_large_unaligned_shapes(shape):
     """The rule as shipped: a large unaligned problem is in the bigpad class, whose regions the
-    rule was fitted on (the region shapes' fit half, one H200: results/gemm_selection/h200_regions/),
-    and the padded persistent TMA kernel runs, not the library."""
+    rule was fitted on (the region shapes' fit half, one H200: results/gemm_selection/h200_regions/
+    and h200_rule_classes/), and a padded persistent TMA kernel of ours runs (the tile by region:
+    128x128 under one round of tiles, 128x256 from one round), not the library."""
     from kernels.gemm import cold, select as gselect
 
     call = _script().fake_call(shape)
     assert not call.aligned and cold.shape_class(call.M, call.N, call.K, call.dtype, False, 132) == "bigpad"
     assert any(r.startswith("bigpad") for r in cold.REGIONS)
     cand = gselect.cold(call)
-    assert cand.name == "t128x256" and cand.variant == "persistent" and cand.config.pad
+    assert cand.name in ("t128x256", "t128x128") and cand.variant == "persistent" and cand.config.pad, cand
     p = gselect.variants.VARIANTS[cand.variant].plan(call, cand.config, explicit=True)
     assert p.kind == "tma" and (p.pad_a > 0) == (not call.a_ok) and (p.pad_b > 0) == (not call.b_ok)
 
@@ -261,3 +263,42 @@ def test_a_refitted_rule_is_tried_through_the_environment(tmp_path):
     env["WORKBENCH_GEMM_COLD_RULE"] = str(tmp_path / "typo.json")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "WORKBENCH_GEMM_COLD_RULE" in r.stderr and "no such file" in r.stderr
+
+
+@pytest.mark.parametrize("M, N, K, dtype, aligned, cls", [
+    (3472, 5470, 187, torch.bfloat16, False, "bigpad"),   # K small, 7.1 GFLOP: ours 1.9x cuBLAS on an H200
+    (8191, 8193, 1000, torch.bfloat16, False, "bigpad"),  # issue 43's example, K under 1024
+    (705, 440, 2517, torch.float16, False, "bigpad"),
+    (564, 184, 334, torch.bfloat16, False, None),         # 0.07 GFLOP: the padding copies cost as much
+    (400, 8192, 8192, torch.bfloat16, False, None),       # M under BIG_MIN_M
+    (9423, 513, 1432, torch.bfloat16, False, "narrow"),   # narrow keeps its own regions
+    (3472, 5470, 187, torch.bfloat16, True, None),        # aligned: nothing to pad
+    (3472, 5470, 187, torch.float32, False, None),
+])
+def test_bigpad_class_is_unaligned_16_bit_work_not_only_large_sizes(M, N, K, dtype, aligned, cls):
+    """The large-unaligned class also holds problems with one small size and enough work (the
+    fit half: one of ours 1.00-4.3x cuBLAS on all 11 such records; 12 drawn to check a refit ran
+    1.6-3.3x with ours, where a general region sent them to cuBLAS)."""
+    from kernels.gemm import cold
+
+    assert cold.shape_class(M, N, K, dtype, aligned, 132) == cls
+
+
+def test_class_shapes_are_fitted_into_their_class_regions_alone():
+    """A long-K shape's times fit its class regions, never a general region: fitted on class shapes
+    alone, a general region served the other shapes in it (256 x 16384 x 16384: t64x128, from
+    long-K shapes with a tile or two per SM, where cuBLAS ran 1.4x faster)."""
+    fit = _script()
+    from kernels.gemm import cold
+
+    longk = (256, 4096, 14336, torch.bfloat16, True, 132)
+    wide = (256, 16384, 16384, torch.bfloat16, True, 132)
+    assert cold.shape_class(*longk) == "longk" and cold.shape_class(*wide) is None
+    shared = set(cold.general_regions(*longk)) & set(cold.general_regions(*wide))
+    assert shared   # the two share general regions: only the class decides where the times go
+    recs = [{"key": "k", "class": "longk", "region": cold.regions(*longk), "us": {"t64x128": 1.0, "cublas": 3.0}},
+            {"key": "o", "class": "other", "region": cold.regions(*wide), "us": {"t64x128": 1.6, "cublas": 1.0}}]
+    table, _ = fit.fit_regions(recs, min_shapes=1)
+    assert all(table[r] == "t64x128" for r in cold.class_regions(*longk))
+    assert all(table[r] == "cublas" for r in shared)
+    assert cold.region_pick(*wide, table=table)[0] == "cublas"

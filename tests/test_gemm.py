@@ -924,7 +924,7 @@ def test_gpu_padded_unaligned_shapes(M, N, K, b_t, dtype, isolated_tables):
         p = glaunch.plan_for(a, b, cfg, c)
         if cfg is not None:
             assert p.kind == "tma" and bool(p.pad_a) == (not call.a_ok) and bool(p.pad_b) == (not call.b_ok), name
-    if min(M, N, K) >= gcold.BIG_MIN:   # the rule runs our padded TMA kernel there, not cuBLAS
+    if gcold.shape_class(M, N, K, dtype, call.aligned, call.sms) == "bigpad":   # ours padded there, not cuBLAS
         p = glaunch.plan_for(a, b, None, c)
         assert p.choice.source == "cold" and p.kind != "library" and p.choice.candidate.variant != "library", \
             p.choice

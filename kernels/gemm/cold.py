@@ -253,11 +253,16 @@ MAX_RULE_BYTES = 1 << 20
 # of the general ones (issue 43's user tried them: our kernels won 2-4.5x on the first and lost on
 # the other two, while the general regions, fitted on few or none of them, sent all three to cuBLAS):
 #   bigpad: 16-bit, some operand's rows (A: K, B: N or K, C: N) not 16-byte multiples, so ours pad them
-#           and TMA runs, while cuBLAS takes a slower unaligned kernel; M, N and K all >= BIG_MIN;
+#           and TMA runs, while cuBLAS takes a slower unaligned kernel; M, N and K all >= BIG_MIN, or,
+#           outside the narrow class, M >= BIG_MIN_M and 2 M N K >= BIG_FLOP (one of K, N small: on the
+#           fit half one of ours ran 1.00-4.3x cuBLAS on all 11 such records; below it the
+#           padding copies and cuBLAS's small-problem kernels make it a toss-up, 0.56-1.56x);
 #   narrow: N <= NARROW_MAX_N with tall M (>= NARROW_MIN_M): few tiles across, many down;
 #   longk:  K >= LONG_K_MIN with small M (above SMALL_M) and N: fewer 128x128 tiles than SMs, so the
 #           work is in K (split-K or stream-K territory).
 BIG_MIN = 1024
+BIG_MIN_M = 512
+BIG_FLOP = 1.5e9
 NARROW_MAX_N = 1024
 NARROW_MIN_M = 4096
 LONG_K_MIN = 8192
@@ -270,9 +275,11 @@ UNFITTED = {"bigpad": "t128x256"}
 
 def shape_class(M: int, N: int, K: int, dtype: torch.dtype, aligned: bool, num_sms: int) -> str | None:
     """'bigpad', 'narrow', 'longk' (see above), or None for the rest."""
-    if dtype != torch.float32 and not aligned and min(M, N, K) >= BIG_MIN:
+    narrow = N <= NARROW_MAX_N and M >= NARROW_MIN_M
+    if dtype != torch.float32 and not aligned and (
+            min(M, N, K) >= BIG_MIN or (not narrow and M >= BIG_MIN_M and 2.0 * M * N * K >= BIG_FLOP)):
         return "bigpad"
-    if N <= NARROW_MAX_N and M >= NARROW_MIN_M:
+    if narrow:
         return "narrow"
     if K >= LONG_K_MIN and M > SMALL_M and math.ceil(M / 128) * math.ceil(N / 128) < num_sms:
         return "longk"
