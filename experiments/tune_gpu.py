@@ -40,7 +40,8 @@ PY = sys.executable
 # The per-candidate times the shipped GEMM cold rule was fitted on (refit-gemm adds this run's)
 COMMITTED_TIMES = ["results/gemm_selection/h100/times_gemm.csv", "results/gemm_selection/h200/times_gemm.csv",
                    "results/gemm_selection/h200_regions/times_gemm.csv",
-                   "results/gemm_selection/h200_narrow_pad/times_gemm.csv"]
+                   "results/gemm_selection/h200_narrow_pad/times_gemm.csv",
+                   "results/gemm_selection/h200_rule_classes/times_gemm.csv"]
 
 
 def phases(out: Path, fresh: int, day: str | None, gemm_budget: float,
