@@ -41,8 +41,8 @@ FALLBACKS = ("sequential", "nccl", "torch")
 # now leaves SMs free (``copies.CE_SPARE_SMS``), measured so far for graph replays alone: until
 # eager calls are too, the model does not pick them. A measured table entry of the problem
 # itself may still name any of them.
-_POLLS_FOR_COPIES = ("its GEMM, polling on every SM, starved copies the driver ran as kernels (timeouts); "
-                     "now it leaves SMs free, measured for graph replays alone")
+_POLLS_FOR_COPIES = ("its GEMM, polling on every SM, starved copies the driver ran as kernels (timeouts at 4 "
+                     "ranks); leaving SMs free it passed at 2 ranks, not yet run at 4, and the fitted times predate it")
 NEVER_OFF_TABLE = {0: {"copy_engine": _POLLS_FOR_COPIES, "pipelined": _POLLS_FOR_COPIES},
                    1: {"torch": "adds the K shards' partial products in the output dtype: error near or past "
                                 "the tolerance, unpredictable off the measured shapes",
