@@ -193,7 +193,8 @@ def summarize(g, **keys) -> dict:
 def score_candidates(table: dict, paths: list[Path]):
     """The rule's pick (``table``, as ``pick`` makes it) per shape and mode of
     ``run_gemm_selection.py``'s candidates.csv files: its time against the per-shape best of every
-    candidate of ours timed there and cuBLAS (1.0: the best ran; NaN where the pick was not timed)."""
+    candidate of ours timed there and cuBLAS (1.0: the best ran; NaN where the pick was not timed), and
+    our best candidate alone against cuBLAS (> 1: ours faster)."""
     import pandas as pd
 
     rows = []
@@ -208,7 +209,8 @@ def score_candidates(table: dict, paths: list[Path]):
             c, via = pick("regions", table, rec)
             rows.append({"file": str(path), "M": M, "N": N, "K": K, "dtype": dtype, "b": b, "mode": mode,
                          "class": rec["class"], "pick": c, "via": via, "best": min(us, key=us.get),
-                         "pick_vs_best": min(us.values()) / us.get(c, math.nan)})
+                         "pick_vs_best": min(us.values()) / us.get(c, math.nan),
+                         "ours_alone_vs_cublas": us[LIBRARY] / min(v for n, v in us.items() if n != LIBRARY)})
     return pd.DataFrame(rows)
 
 
