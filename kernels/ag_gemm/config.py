@@ -38,9 +38,9 @@ FALLBACKS = ("sequential", "nccl", "torch")
 # (K >= 11264), at 4 ranks on 13 of 15 LLM shapes. Passing on the fitted shapes proves nothing
 # for the next one. copy_engine and pipelined: their GEMM polled on every SM for copies the
 # driver may run as kernels, and timed out (2 and 4 ranks, some shapes, eager and graph); the GEMM
-# now leaves SMs free (``copies.CE_SPARE_SMS``), measured so far for graph replays alone: until
-# eager calls are too, the model does not pick them. A measured table entry of the problem
-# itself may still name any of them.
+# now leaves SMs free (``copies.CE_SPARE_SMS``), checked at 2 ranks (eager and graph) but not yet
+# at 4, and the models' times of both predate it: until both are done the model does not pick
+# them. A measured table entry of the problem itself may still name any of them.
 _POLLS_FOR_COPIES = ("its GEMM, polling on every SM, starved copies the driver ran as kernels (timeouts at 4 "
                      "ranks); leaving SMs free it passed at 2 ranks, not yet run at 4, and the fitted times predate it")
 NEVER_OFF_TABLE = {0: {"copy_engine": _POLLS_FOR_COPIES, "pipelined": _POLLS_FOR_COPIES},

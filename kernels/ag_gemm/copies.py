@@ -41,8 +41,9 @@ CE_VARIANTS = ("copy_engine", "chunked", "pipelined")
 # signals arrive; where the driver runs one of those copies as a kernel (on H200s at 2 and 4 ranks,
 # back-to-back eager calls and graph replays of copy_engine timed out on some shapes, never with 100
 # of 132 SMs polling: results/overlap/README.md), a GEMM on every SM starves it until its waits
-# give up. Any spare SM guarantees progress (8 cleared the graph replays' timeouts there; eager calls
-# with them not yet run); how many the copies run fastest with is not measured.
+# give up. Any spare SM guarantees progress (with 8, eager calls and graph replays passed at 2
+# ranks, tests/test_ag_gemm.py; 4 ranks not yet run); how many the copies run fastest with is not
+# measured.
 CE_SPARE_SMS = 8
 
 
