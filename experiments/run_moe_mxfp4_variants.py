@@ -135,6 +135,12 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             # issue 42: gpt-oss' 2880 rows at BN128 (the last tile's block past the rows masked off), its
             # 23 steps unrolled (cross-compiled: 255 registers, 38 spill stores) or as the loop
             "BM128 BN128 prepack2 loop": C(BLOCK_M=128, BLOCK_N=128, NT=False, PREPACK=2, UNROLL=False, **sw),
+            # level 3 with loads ahead: cross-compiled at gpt-oss' shapes (23 steps unrolled), level 3 holds
+            # far fewer registers than level 2 (BM128 BN64 la1 165 and 3 programs per SM against level 2's
+            # 220 and 2 without loads ahead; BM64 BN64 la1 115 and 4 against 184 and 2)
+            "BM128 BN64 prepack3 la1": C(BLOCK_M=128, BLOCK_N=64, NT=False, PREPACK=3, LOAD_AHEAD=1, **sw),
+            "BM128 BN64 prepack3": C(BLOCK_M=128, BLOCK_N=64, NT=False, PREPACK=3, **sw),
+            "BM64 BN64 prepack3 la1": C(BLOCK_M=64, BLOCK_N=64, NT=False, PREPACK=3, LOAD_AHEAD=1, **sw),
         })
     else:
         # the prepacked default's K steps as a loop the compiler pipelines over num_stages (the
@@ -206,6 +212,9 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             "BM16 BN64 prepack2 tiles2": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, N_TILES=2),
             "BM16 BN64 prepack2 tiles4": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, N_TILES=4),
             "BM16 BN64 prepack3 tiles2": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=3, N_TILES=2),
+            # each activation tile serves 128 columns instead of 64 (half the activations' traffic per
+            # weight); cross-compiled at gpt-oss' shapes: 92 registers, 5 programs per SM
+            "BM16 BN128 prepack3 la1": C(BLOCK_M=16, BLOCK_N=128, NT=True, PREPACK=3, LOAD_AHEAD=1),
         })
         # issue 42: ragged splits (gpt-oss' 23 K steps: 8 + 8 + 7, 6 x 3 + 5, 3 x 7 + 2), where every
         # part keeps a step
@@ -227,6 +236,19 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             v["BM16 BN64 prepack2 la1 noNT"] = C(BLOCK_M=16, BLOCK_N=64, NT=False, PREPACK=2, LOAD_AHEAD=1)
             v["BM32 BN64 prepack2 noNT"] = C(BLOCK_M=32, BLOCK_N=64, NT=False, PREPACK=2)
             v["BM32 BN64 prepack2 la1 noNT"] = C(BLOCK_M=32, BLOCK_N=64, NT=False, PREPACK=2, LOAD_AHEAD=1)
+            # Level 3 at the larger tiles, with loads ahead (never timed there). Cross-compiled at gpt-oss'
+            # shapes: BM64 BN64 level 3 113 registers (4 programs per SM), 115 with a step ahead, 127 with
+            # two; level 2 151 (3 per SM) and 184 (2) with one. BM32 level 3 70-72 (7 per SM) against 94-105.
+            for bm, la in ((32, 0), (32, 1), (64, 0), (64, 1), (64, 2), (128, 1)):
+                v[f"BM{bm} BN64 prepack3{f' la{la}' if la else ''}"] = C(
+                    BLOCK_M=bm, BLOCK_N=64, NT=bm < 64, PREPACK=3, LOAD_AHEAD=la,
+                    **(dict(SWAP_AB=True, num_warps=4, BLOCK_K=128) if bm >= 64 else {}))
+            # (measured, gpt-oss-20b at M 128-256: BM32 level 3 3-11% ahead of the prepacked default,
+            # BM64 and BM128 behind.) With 32 rows, the activation tile is twice the weight tile's bytes
+            # per step at 64 columns: 128 columns halve that (104 and 115 registers, 4 programs per SM)
+            for la in (0, 1):
+                v[f"BM32 BN128 prepack3{f' la{la}' if la else ''}"] = C(BLOCK_M=32, BLOCK_N=128, NT=True, PREPACK=3,
+                                                                       LOAD_AHEAD=la)
     return v
 
 

@@ -1357,8 +1357,9 @@ def test_variants_script_scores_the_prepacked_defaults(tmp_path):
     oss = run.variants(128, 4, 32, 2880)
     assert {"BM64 BN64 prepack2", "BM128 BN128 prepack2", "BM16 BN64 prepack2 la1 noNT"} <= set(oss)
     assert not oss["BM32 BN64 prepack2 noNT"].NT and oss["BM64 BN64 prepack2"].SWAP_AB
+    assert {"BM32 BN64 prepack3 la1", "BM64 BN64 prepack3 la2", "BM32 BN128 prepack3"} <= set(oss)
     for name, cfg in oss.items():
-        if name.startswith(("BM64", "BM128")) or "noNT" in name:
+        if name.startswith(("BM64", "BM128")) or "noNT" in name or "prepack3" in name:
             cfg.validate(2880)
     assert "BM64 BN64 prepack2" not in run.variants(256, 9, 385, 512)
 
