@@ -137,7 +137,9 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             "BM128 BN128 prepack2 loop": C(BLOCK_M=128, BLOCK_N=128, NT=False, PREPACK=2, UNROLL=False, **sw),
             # level 3 with loads ahead: cross-compiled at gpt-oss' shapes (23 steps unrolled), level 3 holds
             # far fewer registers than level 2 (BM128 BN64 la1 165 and 3 programs per SM against level 2's
-            # 220 and 2 without loads ahead; BM64 BN64 la1 115 and 4 against 184 and 2)
+            # 220 and 2 without loads ahead; BM64 BN64 la1 115 and 4 against 184 and 2). Measured at
+            # gpt-oss-120b M = 8192: BM64 level 3 la1 7% ahead of the prepacked default, BM128 level 3 behind
+            # (results/moe_mxfp4/level3_tiles/)
             "BM128 BN64 prepack3 la1": C(BLOCK_M=128, BLOCK_N=64, NT=False, PREPACK=3, LOAD_AHEAD=1, **sw),
             "BM128 BN64 prepack3": C(BLOCK_M=128, BLOCK_N=64, NT=False, PREPACK=3, **sw),
             "BM64 BN64 prepack3 la1": C(BLOCK_M=64, BLOCK_N=64, NT=False, PREPACK=3, LOAD_AHEAD=1, **sw),
@@ -213,7 +215,8 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
             "BM16 BN64 prepack2 tiles4": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=2, N_TILES=4),
             "BM16 BN64 prepack3 tiles2": C(BLOCK_M=16, BLOCK_N=64, NT=True, PREPACK=3, N_TILES=2),
             # each activation tile serves 128 columns instead of 64 (half the activations' traffic per
-            # weight); cross-compiled at gpt-oss' shapes: 92 registers, 5 programs per SM
+            # weight); cross-compiled at gpt-oss' shapes: 92 registers, 5 programs per SM. Measured: behind the
+            # 64-column default at every M timed (results/moe_mxfp4/level3_tiles/)
             "BM16 BN128 prepack3 la1": C(BLOCK_M=16, BLOCK_N=128, NT=True, PREPACK=3, LOAD_AHEAD=1),
         })
         # issue 42: ragged splits (gpt-oss' 23 K steps: 8 + 8 + 7, 6 x 3 + 5, 3 x 7 + 2), where every
@@ -245,7 +248,8 @@ def variants(M: int, top_k: int, E: int, I: int) -> dict[str, MoeMxfp4Config]:
                     **(dict(SWAP_AB=True, num_warps=4, BLOCK_K=128) if bm >= 64 else {}))
             # (measured, gpt-oss-20b at M 128-256: BM32 level 3 3-11% ahead of the prepacked default,
             # BM64 and BM128 behind.) With 32 rows, the activation tile is twice the weight tile's bytes
-            # per step at 64 columns: 128 columns halve that (104 and 115 registers, 4 programs per SM)
+            # per step at 64 columns: 128 columns halve that (104 and 115 registers, 4 programs per SM;
+            # measured: 1.23-1.27x slower than BM32 BN64 level 3 at M 128-256)
             for la in (0, 1):
                 v[f"BM32 BN128 prepack3{f' la{la}' if la else ''}"] = C(BLOCK_M=32, BLOCK_N=128, NT=True, PREPACK=3,
                                                                        LOAD_AHEAD=la)

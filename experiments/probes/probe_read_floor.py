@@ -3,7 +3,7 @@
 
 The HBM bound of ``results/moe_mxfp4/models.csv`` divides those bytes (the active experts' codes and
 scales, the activations, the output) by the copy bandwidth of a 1 GiB copy. At small M the bytes are
-4-60 MB, and one launch that only reads them also pays the launch, the ramp of the first loads and the
+18-130 MB, and one launch that only reads them also pays the launch, the ramp of the first loads and the
 tail of the last: this probe measures that time, so that each row can say which limit it meets (the
 read floor, or the kernel's own work).
 
