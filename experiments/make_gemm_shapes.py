@@ -16,9 +16,9 @@ halves: large unaligned problems (M, N, K >= 1024, 16-bit, fp16 and bf16; the ro
 C, or of both not multiples of 8 elements; B row-major or a transposed view, so that C's rows
 alone are unaligned too), narrow N with tall M (N <= 1024, M >= 4096), and long K with small M
 and N (K >= 8192, fewer 128x128 tiles than SMs), narrow N with unaligned rows (``region/narrow-pad``:
-B's and C's, or A's), plus the shapes issue 43 named; all of them carry ``group: regions``
-then unaligned rows with some size under 1024 outside those classes (``region/midpad-*``) and small M
-with long K but many tiles (``region/widelongk``); (``workbench tune gemm --where group=regions``
+B's and C's, or A's), unaligned rows with some size under 1024 outside those classes
+(``region/midpad-*``), small M with long K but many tiles (``region/widelongk``), plus the shapes
+issue 43 named. All of them carry ``group: regions`` (``workbench tune gemm --where group=regions``
 tunes them alone; ``--where source=region/narrow-pad`` one kind).
 
 Split: a shape is held out (never seen while fitting the heuristic) when the

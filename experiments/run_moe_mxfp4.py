@@ -94,6 +94,7 @@ from kernels.moe_mxfp4.quant import PREPACK_H_MULTIPLE  # noqa: E402
 from kernels.moe_mxfp4.routing import torch_routing  # noqa: E402
 from workbench import bench  # noqa: E402
 from workbench import provenance as wb_provenance  # noqa: E402
+from workbench import roofline  # noqa: E402
 
 
 class Model(NamedTuple):
@@ -492,12 +493,8 @@ def main(argv=None) -> int:
     prov["prov_command"] = command
 
     # HBM bound: measured copy bandwidth (read + write counted).
-    n = (1 << 30) // 4 if DEV == "cuda" else 1 << 20
-    src = torch.randn(n, device=DEV)
-    dst = torch.empty_like(src)
-    t_copy = bench.measure(lambda: dst.copy_(src), warmup_ms=30, rep_ms=200, flush_l2=False)
-    copy_gbps = t_copy.gbps(2 * n * 4)
-    del src, dst
+    t_copy, copy_gbps = roofline.measure_copy(1 << 30 if DEV == "cuda" else 1 << 22, device=DEV, warmup_ms=30,
+                                              rep_ms=200)
     log(f"device {prov['prov_device_name']}  copy bandwidth {copy_gbps:.0f} GB/s")
     if args.selection:   # the tables this process reads (the launcher's choice comes from them)
         from kernels.common import tables as wb_tables

@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["DATASHEETS", "measure_ceilings", "load_ceilings", "ceilings", "save_ceilings",
+__all__ = ["DATASHEETS", "measure_copy", "measure_ceilings", "load_ceilings", "ceilings", "save_ceilings",
            "arithmetic_intensity", "ridge_point", "attainable_tflops", "bound", "figure", "device_slug"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +65,20 @@ def _current_device_name() -> str | None:
 # --------------------------------------------------------------------------
 # Measuring
 # --------------------------------------------------------------------------
+def measure_copy(nbytes: int, *, device="cuda", warmup_ms: float = 50, rep_ms: float = 300, generator=None):
+    """(timing, GB/s) of ``dst.copy_(src)`` over ``nbytes`` of fp32 on ``device``, bytes read plus
+    bytes written counted: the memory roof (``copy_gbps``) and the studies' HBM bound."""
+    import torch
+
+    from . import bench
+
+    n = nbytes // 4
+    src = torch.randn(n, device=device, generator=generator)
+    dst = torch.empty_like(src)
+    t = bench.measure(lambda: dst.copy_(src), warmup_ms=warmup_ms, rep_ms=rep_ms, flush_l2=False)
+    return t, t.gbps(2 * n * 4)
+
+
 def measure_ceilings(*, gemm_size: int = 8192, copy_bytes: int = 2 << 30, rep_ms: float = 300,
                      save: bool = True, commit_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """Measure this machine's ceilings on the current CUDA device (see module doc)."""
@@ -78,12 +92,7 @@ def measure_ceilings(*, gemm_size: int = 8192, copy_bytes: int = 2 << 30, rep_ms
     name = torch.cuda.get_device_name(dev)
     g = torch.Generator(device="cuda").manual_seed(0)
 
-    n = copy_bytes // 4
-    src = torch.randn(n, device="cuda", generator=g)
-    dst = torch.empty_like(src)
-    t_copy = bench.measure(lambda: dst.copy_(src), warmup_ms=50, rep_ms=rep_ms, flush_l2=False)
-    copy_gbps = t_copy.gbps(2 * n * 4)
-    del src, dst
+    t_copy, copy_gbps = measure_copy(copy_bytes, warmup_ms=50, rep_ms=rep_ms, generator=g)
 
     gemm: dict[str, float] = {}
     timings = {"copy": t_copy.as_row()}

@@ -32,6 +32,7 @@ from kernels.moe_mxfp4 import metrics  # noqa: E402
 from run_moe_mxfp4 import MODELS  # noqa: E402  (the study's model shapes)
 from workbench import bench  # noqa: E402
 from workbench import provenance  # noqa: E402
+from workbench import roofline  # noqa: E402
 
 CHUNK = 16384        # bytes per program: 128 threads x 8 loads of 16 bytes
 
@@ -71,10 +72,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
 
-    n = (1 << 30) // 4
-    src, dst = torch.randn(n, device=dev), torch.empty(n, device=dev)
-    copy_gbps = bench.measure(lambda: dst.copy_(src), warmup_ms=30, rep_ms=200, flush_l2=False).gbps(2 * n * 4)
-    del src, dst
+    _, copy_gbps = roofline.measure_copy(1 << 30, device=dev, warmup_ms=30, rep_ms=200)   # as run_moe_mxfp4.py
     sums = torch.empty(1, dtype=torch.int32, device=dev)
     empty_us = bench.measure(lambda: _empty_kernel[(1,)](sums), cuda_graph=True, flush_l2=True,
                              warmup_ms=10, rep_ms=args.rep_ms).median_ms * 1e3
