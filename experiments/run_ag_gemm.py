@@ -26,7 +26,9 @@ T_comm: ``nccl_all_gather``) and the best of ours against the best library.
 ``experiments/run_overlap.py`` runs the reduced set at 2 ranks with the tests.
 
 Methods: ours ``fused`` (SM fetchers), ``copy_engine``, ``chunked`` (copy-engine
-copies of whole shards, cuBLAS per shard as it lands), ``pipelined`` (copy-engine
+copies; cuBLAS per shard as it lands along M, per row chunk over the whole K as its rows
+of every shard land along K), ``chunked_sum`` (along K only: cuBLAS per shard as it
+lands, the products summed in fp32), ``pipelined`` (copy-engine
 chunks, a signal each, our GEMM in arrival order), ``sequential`` (our
 all-gather + our GEMM), ``auto`` (what ``config=None`` picks: the row says which
 variant, whether it fell back to sequential, and whether its rule was measured or
@@ -81,9 +83,9 @@ FETCHERS = (4, 8, 16, 32, 64)
 K_PER_FLAG = (2, 8, 32)
 WAIT_GROWTH = (1, 2, 4)  # spans of k-groups a GEMM program waits on: 1, g, g^2, ... (swept at TRACE_SHAPES)
 # The fused family (the auto-config's fit chooses among them, our sequential path and NCCL + cuBLAS).
-FUSED = ("fused", "fused_by_k", "fused_f32", "copy_engine", "chunked", "pipelined")
+FUSED = ("fused", "fused_by_k", "fused_f32", "copy_engine", "chunked", "chunked_sum", "pipelined")
 # --shape-set llm / llm-reduced: the variants by name (no fetcher-count or staging studies)
-FUSED_LLM = ("fused", "copy_engine", "chunked", "pipelined")
+FUSED_LLM = ("fused", "copy_engine", "chunked", "chunked_sum", "pipelined")
 # what the variant choice picks from: ours, and the libraries through our launcher's fallbacks
 # (nccl_cublas: variant "nccl"; torch_fused: variant "torch", PyTorch's fused op), so that a user
 # calling all_gather_matmul gets the fastest way whichever it is
@@ -178,6 +180,9 @@ class Rank:
                 "fused_f32": fused.replace(fetchers=32),  # twice the fetchers (the fetcher sweep's pick along K)
                 "copy_engine": AgGemmConfig(variant="copy_engine", num_sms=self.sms),
                 "chunked": AgGemmConfig(variant="chunked", num_sms=self.sms),
+                # gathered along K, chunked's other schedule: per-shard products summed in fp32
+                # (along M there is one schedule: not timed twice)
+                "chunked_sum": AgGemmConfig(variant="chunked", k_schedule="sum", num_sms=self.sms),
                 "pipelined": AgGemmConfig(**PIPELINED, num_sms=self.sms),
                 "sequential": AgGemmConfig(variant="sequential"), "auto": None}
         if self.args.check_only and bl.torch_fused_available():   # PyTorch's op through our launcher
@@ -185,6 +190,8 @@ class Rank:
         llm = getattr(self.args, "shape_set", "seed") in overlap.SET_NAMES
         if llm:
             cfgs = {k: v for k, v in cfgs.items() if k in FUSED_LLM + ("sequential", "auto")}
+        if gd == 0:
+            cfgs.pop("chunked_sum")
         out = {}
         for name, c in cfgs.items():
             ag.prepare(a, b, heap, gather_dim=gd, config=c)

@@ -211,7 +211,7 @@ def test_every_program_or_only_the_fetchers_publish(W, gather_dim, variant):
 
 
 @pytest.mark.parametrize("W,gather_dim,variant", [(2, 0, "fused"), (3, 1, "fused"), (2, 1, "copy_engine"),
-                                                   (3, 0, "chunked")])
+                                                   (3, 0, "chunked"), (3, 1, "chunked")])
 def test_a_shard_in_the_heap_is_read_in_place(W, gather_dim, variant):
     """A shard allocated in the heap (same calls on every rank, so the same offset) is what
     the peers read: no publish buffer is made, and C has the bits of a call whose shard is
@@ -230,7 +230,12 @@ def test_a_shard_in_the_heap_is_read_in_place(W, gather_dim, variant):
     plan = get_plan(resident[0], b, world.heaps[0], gather_dim=gather_dim, bias=bias, config=cfg)
     assert plan.resident and plan.pub is resident[0] and plan.kw["RESIDENT"]
     assert not plan.kw["END_WAIT"]  # the simulated world meets at a barrier instead
-    assert not get_plan(shards[0], b, world.heaps[0], gather_dim=gather_dim, bias=bias, config=cfg).resident
+    copied_plan = get_plan(shards[0], b, world.heaps[0], gather_dim=gather_dim, bias=bias, config=cfg)
+    assert not copied_plan.resident
+    # chunked along K: the publish kernel writes our columns of the gathered A, but for a shard
+    # in the heap (nothing published), whose columns the copies make
+    assert copied_plan.kw["PUBLISH_GATHERED"] == (variant == "chunked" and gather_dim == 1)
+    assert not plan.kw["PUBLISH_GATHERED"]
 
 
 def test_heap_shards_at_different_offsets_are_an_error():
@@ -323,6 +328,8 @@ def test_launch_slot_covers_what_the_plan_key_leaves_open(monkeypatch):
     (dict(config=dict(wait_growth=0)), "wait_growth must be"),
     (dict(config=dict(variant="copy_engine", layout="m")), "layout='k'"),
     (dict(config=dict(variant="chunked", layout="m")), "layout='k'"),
+    (dict(config=dict(variant="chunked", k_schedule="fp32")), "k_schedule must be 'rows'"),
+    (dict(config=dict(variant="chunked", chunk_growth=0)), "chunk_growth must be a positive integer"),
     (dict(config=dict(variant="chunked"), trace=True), "torch.profiler"),
     (dict(config=dict(fetchers=8, num_sms=8)), "fewer than num_sms"),
     (dict(config=dict(colour=1)), "unknown config field"),
@@ -765,22 +772,37 @@ def test_script_times_a_case_in_rotating_passes(monkeypatch):
     assert by["nccl_cublas"]["ms"] == 5.5 and by["broken"]["status"] == "error" and "lost" in by["broken"]["error"]
 
 
-def test_chunked_sums_the_shards_products_before_rounding():
-    """Gathered along K, the chunked variant adds one product per shard. Summed in fp32 and
-    rounded once (as a single GEMM rounds), every element of C is within half a bf16 step
-    (plus fp32's error) of the fp64 product; rounding C after each shard's product, as
-    PyTorch's fused op does, is not (checked here too, so the bound can tell them apart)."""
+def test_chunked_rounds_c_once_along_k():
+    """Gathered along K, the chunked variant computes each row chunk of C over the whole K
+    (the chunk's columns from every shard copied into the gathered A first), or with
+    k_schedule="sum" sums the shards' products in fp32: either way C is rounded once, as a
+    single GEMM rounds: every element within half a bf16 step (plus fp32's error) of the fp64
+    product; rounding C after each shard's product, as PyTorch's fused op does, is not (checked
+    here too, so the bound can tell them apart). 261 rows in 17 row tiles of 16: as many equal
+    chunks of at least 8 tiles as fit (2 of the 4 asked, the last tile short), and growing
+    ones (weights 1 and 2)."""
     W, gd = 4, 1
     world = dist.SimulatedWorld(W, heap_bytes=1 << 19)
-    shards, b, _ = _problem(W, gd, seed=17, shard=(32, 96), n=48)
+    shards, b, _ = _problem(W, gd, seed=17, shard=(261, 96), n=48)
     ref = reference(shards, b, gd, None)
 
-    def steps(c):  # |C - ref| in bf16 steps of ref's magnitude
-        ulp = torch.finfo(torch.bfloat16).eps * torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(1e-30))))
-        return ((c.double() - ref).abs() / ulp).max().item()
+    from kernels.ag_gemm.reference import gather
 
-    outs = _run(world, shards, b, gd, None, SIM.replace(variant="chunked"))
-    assert all(steps(c) <= 0.51 for c in outs), [steps(c) for c in outs]
+    # fp32's own error on the sum (at most ~K * eps32 of the terms' magnitude), which a C of
+    # cancelling terms may show beside the half step of its one rounding
+    fp32_err = 96 * W * torch.finfo(torch.float32).eps * (gather(shards, gd).double().abs() @ b.double().abs())
+
+    def steps(c):  # |C - ref|, past fp32's error, in bf16 steps of ref's magnitude
+        ulp = torch.finfo(torch.bfloat16).eps * torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(1e-30))))
+        return (((c.double() - ref).abs() - fp32_err).clamp_min(0) / ulp).max().item()
+
+    rows = {SIM.replace(variant="chunked"): [(0, 128), (128, 261)],   # 17 row tiles: 2 chunks of >= 8
+            SIM.replace(variant="chunked", ce_chunks=2, chunk_growth=2): [(0, 96), (96, 261)],
+            SIM.replace(variant="chunked", k_schedule="sum"): []}   # per-shard products, summed in fp32
+    for cfg, want in rows.items():
+        outs = _run(world, shards, b, gd, None, cfg)
+        assert get_plan(shards[0], b, world.heaps[0], gather_dim=gd, config=cfg).rows == want
+        assert all(steps(c) <= 0.51 for c in outs), (cfg, [steps(c) for c in outs])
     per_shard = torch.zeros(ref.shape, dtype=torch.bfloat16)
     for p, x in enumerate(shards):
         per_shard = (per_shard.float() + x.float() @ b[p * 96:(p + 1) * 96].float()).to(torch.bfloat16)

@@ -48,6 +48,7 @@ NEVER_OFF_TABLE = {0: {"copy_engine": _POLLS_FOR_COPIES, "pipelined": _POLLS_FOR
                                 "the tolerance, unpredictable off the measured shapes",
                        "copy_engine": _POLLS_FOR_COPIES, "pipelined": _POLLS_FOR_COPIES}}
 LAYOUTS = ("k", "m")
+K_SCHEDULES = ("rows", "sum")
 FETCH_ORDERS = ("m", "k")
 AUTO_TABLE_PATH = Path(__file__).resolve().parents[2] / "results" / "ag_gemm" / "auto_table.json"
 MAX_TABLE_BYTES = 1 << 20  # the table is untrusted input: bounded read
@@ -69,7 +70,11 @@ class AgGemmConfig:
     k_per_flag: int = 8       # BLOCK_K tiles per ready flag (a k-group)
     layout: str = "k"         # staging: "k" (k-contiguous) or "m" (m-contiguous)
     num_sms: int | None = None
-    ce_chunks: int = 4        # copy_engine: chunk copies per peer shard (each followed by its flag write)
+    ce_chunks: int = 4        # copy_engine, pipelined: chunk copies per peer shard; chunked along K: row chunks
+    # chunked along K: "rows" (row chunks of C over the whole K, as every shard's rows land) or
+    # "sum" (our shard's product at once, each peer's added as it lands, summed in fp32)
+    k_schedule: str = "rows"
+    chunk_growth: int = 1     # chunked along K, rows: each row chunk this many times the previous one
     max_spins: int | None = None  # DEPRECATED and ignored: waits are bounded in time (all_gather_matmul's timeout_s)
     staged_flag: bool = True  # one more flag, "all staged": GEMM programs stop polling once it is set
     tma: bool = True          # GEMM programs load A and B through TMA where the operands allow (launch.tma_allowed)
@@ -113,6 +118,9 @@ def validate(c: AgGemmConfig, world_size: int, esize: int = 2) -> None:
     if c.fetch_order not in FETCH_ORDERS:
         raise ValueError(f"all_gather_matmul: fetch_order must be 'm' (row tile by row tile) or 'k' (k-group by "
                          f"k-group across the row tiles), got {c.fetch_order!r}")
+    if c.k_schedule not in K_SCHEDULES:
+        raise ValueError(f"all_gather_matmul: k_schedule must be 'rows' (row chunks over the whole K) or 'sum' "
+                         f"(per-shard products summed in fp32), got {c.k_schedule!r}")
     if c.layout not in LAYOUTS:
         raise ValueError(f"all_gather_matmul: layout must be 'k' (k-contiguous) or 'm' (m-contiguous), "
                          f"got {c.layout!r}")
@@ -124,7 +132,7 @@ def validate(c: AgGemmConfig, world_size: int, esize: int = 2) -> None:
         warnings.warn("AgGemmConfig.max_spins is ignored: waits are bounded in time, not in polls; pass "
                       "timeout_s= to all_gather_matmul (or set $WORKBENCH_WAIT_TIMEOUT_S) and drop max_spins",
                       FutureWarning, stacklevel=3)
-    for name in ("group_m", "num_stages", "k_per_flag", "ce_chunks", "wait_growth"):
+    for name in ("group_m", "num_stages", "k_per_flag", "ce_chunks", "wait_growth", "chunk_growth"):
         v = getattr(c, name)
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"all_gather_matmul: {name} must be a positive integer, got {v!r}")

@@ -9,8 +9,14 @@ forked from and joined to the caller's stream with two events made once per plan
 ``copy_engine``  each peer's shard in ``ce_chunks`` copies of whole row tiles, each followed
                  by a copy that sets its (row tile, k-group) flags; every SM but a few
                  (``CE_SPARE_SMS``) runs our GEMM kernel, polling flag group by flag group.
-``chunked``      each peer's shard in one copy, an event after it; cuBLAS on our shard at
-                 once and on each peer's as its event fires; a finish kernel after the copies.
+``chunked``      each peer's shard in one copy, an event after it; cuBLAS on our shard at once
+                 and on each peer's as its event fires (gathered along K with
+                 ``k_schedule="sum"``: the products summed in fp32). Gathered along K with
+                 ``"rows"`` (the default): ``ce_chunks`` row chunks, each peer's rows of a chunk
+                 copied into their columns of the gathered A (a 2-D copy,
+                 ``kernels.common.memcpy2d``), an event after each chunk, and cuBLAS on each
+                 chunk's rows over the whole K as its event fires (one rounding, as one GEMM's).
+                 A finish kernel after the copies.
 ``pipelined``    each peer's shard in ``ce_chunks`` row chunks, ONE signal per chunk (a 4-byte
                  copy of the call's value, which the publish kernel leaves in the state
                  words: no kernel of its own), copied in arrival order: gathered along M,
@@ -34,6 +40,7 @@ import triton
 from kernels.ag_gemm.triton import _ag_gemm_kernel, _finish_kernel, _next_epoch_kernel
 from kernels.comm.streams import SideStream
 from kernels.common.launcher import launch_planned
+from kernels.common.memcpy2d import Copy2D
 
 CE_PUBLISHERS = 16       # programs of the publish kernel where not every program publishes (publish_all=False)
 CE_VARIANTS = ("copy_engine", "chunked", "pipelined")
@@ -91,17 +98,71 @@ def _copy_engine_plan(plan, heap) -> None:
 
 
 def _chunked_plan(plan, heap, shared: dict) -> None:
-    """chunked: one whole-shard copy per peer (staggered, as the fetchers go), an event after each,
-    and along K the fp32 buffer that sums the shards' products."""
+    """chunked: one whole-shard copy per peer (staggered, as the fetchers go) and an event after
+    each, with (along K, ``k_schedule="sum"``) the fp32 buffer that sums the shards' products; or
+    along K with ``"rows"``, ``chunk_rows`` row chunks, each chunk's rows of our published
+    shard and of every peer's copied into their columns of the gathered A (``gathered_k``) and
+    an event after each chunk."""
     W, dev = heap.world_size, heap.device
     peers = [(heap.rank + q) % W for q in range(1, W)]
-    plan.chunks = [(p, plan.stg[p], heap.peer_view(plan.pub, p)) for p in peers]
+    srcs = {p: heap.peer_view(plan.pub, p) for p in peers}
+    if _by_rows(plan):
+        A, S_K = gathered_k(plan), plan.S_K
+        plan.rows = chunk_rows(plan)
+        # our own columns: written by the publish kernel, but for a shard already in the heap
+        # (nothing to publish), where the copy engine copies them with the peers'
+        own = [] if publish_gathered(plan) else [heap.rank]
+        srcs[heap.rank] = plan.pub
+        plan.chunks = [[Copy2D(A[r0:r1, p * S_K:(p + 1) * S_K], srcs[p][r0:r1]) for p in own + peers]
+                       for r0, r1 in plan.rows]
+    else:
+        plan.chunks = [(p, plan.stg[p], srcs[p]) for p in peers]
     plan.events = [torch.cuda.Event() for _ in plan.chunks] if dev.type == "cuda" else []
-    if plan.gather_dim == 1:  # one per output shape, shared by the plans like the staging buffer
+    if plan.gather_dim == 1 and not _by_rows(plan):  # one per output shape, shared like the staging buffer
         key = ("acc",) + plan.out_shape
         if key not in shared:
             shared[key] = torch.empty(plan.out_shape, dtype=torch.float32, device=dev)
         plan.acc = shared[key]
+
+
+def _by_rows(plan) -> bool:
+    return plan.cfg.variant == "chunked" and plan.gather_dim == 1 and plan.cfg.k_schedule == "rows"
+
+
+def publish_gathered(plan) -> bool:
+    """Whether the publish kernel also writes our shard into its columns of the gathered A (the
+    chunked variant's rows schedule, a shard it copies into the heap): one pass over the shard,
+    on every SM, where a separate strided copy took 43 us (SM kernel) or 166 us (copy engine) at
+    4096 x 4096 bf16 on an H200 (experiments/probes/probe_ag_k_rows.py)."""
+    return _by_rows(plan) and not plan.resident
+
+
+def gathered_k(plan) -> torch.Tensor:
+    """chunked along K: the staging buffer seen as the gathered A (M, K), peer p's shard in
+    columns p*S_K...(p+1)*S_K (the same elements as the (W, M, S_K) layout the other variants use)."""
+    return plan.stg.view(plan.S_M, plan.world * plan.S_K)
+
+
+# chunked along K, rows: row tiles a chunk holds at least. cuBLAS on fewer rows runs a GEMM too short
+# to pay for its launch and its ramp: on 2 H200s, 128-row chunks took M = 256 to 1.3x one chunk's time,
+# and chunks under 1024 rows never beat one chunk (experiments/probes/probe_ag_k_rows.py).
+MIN_CHUNK_TILES = 8
+
+
+def chunk_rows(plan) -> list[tuple[int, int]]:
+    """chunked along K: the row ranges of C computed one cuBLAS call each, as their rows of every
+    shard land: ``ce_chunks`` chunks of whole ``block_m`` row tiles, at least ``MIN_CHUNK_TILES``
+    tiles each (fewer chunks where M is short), each ``chunk_growth`` times the one before (a small
+    first chunk: little copy before the first GEMM; larger ones after: fewer, fuller GEMMs, their
+    copies hidden behind the GEMM before)."""
+    cfg, unit = plan.cfg, plan.cfg.block_m
+    tiles = triton.cdiv(plan.S_M, unit)
+    weights = [cfg.chunk_growth ** i for i in range(max(1, min(cfg.ce_chunks, tiles // MIN_CHUNK_TILES)))]
+    bounds, acc = [0], 0
+    for w in weights:
+        acc += w
+        bounds.append(max(bounds[-1] + 1, round(tiles * acc / sum(weights))))
+    return [(b0 * unit, min(plan.S_M, b1 * unit)) for b0, b1 in zip(bounds, bounds[1:]) if b0 * unit < plan.S_M]
 
 
 def chunk_tiles(plan) -> int:
@@ -207,16 +268,17 @@ def run_flagged(heap, plan, c, s, args) -> None:
 
 
 def run_chunked(a, b, heap, plan, bias, c, s, args) -> None:
-    """Publish, then on a side stream copy each peer's shard whole into the staging buffer
-    (copy engine), each copy followed by an event; on the caller's stream cuBLAS multiplies
-    our own shard at once and each peer's as its copy lands. No SM fetches and the GEMMs run
-    at the library's speed: PyTorch async-TP's schedule, on our heap and flags. A finish
+    """Publish, then on a side stream copy the peers' shards into the staging buffer (copy
+    engine): gathered along M each peer's shard whole, along K row chunk by row chunk into the
+    gathered A; an event after each. On the caller's stream cuBLAS computes C's rows as they
+    are ready: our shard's rows at once and each peer's as its copy lands (M), or each row
+    chunk over the whole K once its columns from every peer have landed (K: one GEMM's
+    rounding, no partial sums). PyTorch async-TP's schedule, on our heap and flags; a finish
     kernel after the copies ends the call for the peers."""
     wait_us = args[-2]
     publish(heap, plan, args, (c.data_ptr() % 16, c.stride(0)))
     if heap.simulated:
-        for _, dst, src in plan.chunks:
-            dst.copy_(src)
+        _copy_chunks(plan, None)
         finish(heap, plan, s, wait_us)
         _chunk_products(a, b, plan, bias, c, heap.rank, None)
         if plan.resident:  # the GPU's END_WAIT: the peers have read our shard before the call returns
@@ -225,14 +287,25 @@ def run_chunked(a, b, heap, plan, bias, c, s, args) -> None:
     cur = torch.cuda.current_stream(heap.device)
     plan.side.fork(cur)  # the copies start once every peer has published
     try:
-        for (_, dst, src), ev in zip(plan.chunks, plan.events):
-            dst.copy_(src, non_blocking=True)  # cudaMemcpyAsync from the peer (copy engine)
-            ev.record()
+        _copy_chunks(plan, plan.side.stream)
         finish(heap, plan, s, wait_us)
     finally:
         plan.side.leave(cur)
     _chunk_products(a, b, plan, bias, c, heap.rank, (cur, plan.events))
     plan.side.join(cur)
+
+
+def _copy_chunks(plan, stream) -> None:
+    """chunked: every copy of the plan in order on ``stream`` (None: at once, on the host's
+    turn in a simulated world), an event after each chunk on a GPU."""
+    for i, chunk in enumerate(plan.chunks):
+        if not _by_rows(plan):
+            chunk[1].copy_(chunk[2], non_blocking=stream is not None)  # cudaMemcpyAsync from the peer
+        else:
+            for copy in chunk:
+                copy(stream)    # cuMemcpy2DAsync: a shard's rows into their columns of the gathered A
+        if stream is not None:
+            plan.events[i].record(stream)
 
 
 def finish(heap, plan, s, wait_us) -> None:
@@ -241,21 +314,35 @@ def finish(heap, plan, s, wait_us) -> None:
 
 
 def _chunk_products(a, b, plan, bias, c, rank, waits) -> None:
-    """C from our shard, then from each staged peer shard once ``waits`` (the stream and the
-    copies' events; None: nothing to wait for) has ordered its copy: row blocks of C gathered
-    along M; along K, partial products summed in fp32 (``plan.acc``) and rounded once, as one
-    GEMM rounds. (Summing them in C itself, as PyTorch's fused op does, rounds once per shard:
-    at 4 ranks that missed our bf16 tolerance on every shape.)"""
+    """C from the copies, each product once ``waits`` (the stream and the copies' events; None:
+    nothing to wait for) has ordered the copy it reads. Gathered along M, our shard's rows,
+    then each staged peer shard's. Along K with ``k_schedule="rows"``, each row chunk of the
+    gathered A over the whole K (rounded once, as one GEMM rounds); with ``"sum"``, one product per shard summed in fp32 (``plan.acc``) and rounded
+    once. (Summing them in C itself, as PyTorch's fused op does, rounds once per shard: at 4
+    ranks that missed our bf16 tolerance on every shape.)"""
     S_M, S_K = plan.S_M, plan.S_K
+    if plan.gather_dim == 1 and not _by_rows(plan):
+        _sum_products(a, b, plan, bias, c, rank, waits)
+        return
+    if bias is not None and bias.dtype != a.dtype:
+        bias = bias.to(a.dtype)
     if plan.gather_dim == 0:
-        if bias is not None and bias.dtype != a.dtype:
-            bias = bias.to(a.dtype)
         _rows_product(a, b, bias, c[rank * S_M:(rank + 1) * S_M])
         for i, (p, dst, _) in enumerate(plan.chunks):
             if waits is not None:
                 waits[0].wait_event(waits[1][i])
             _rows_product(dst, b, bias, c[p * S_M:(p + 1) * S_M])
         return
+    A = gathered_k(plan)
+    for i, (r0, r1) in enumerate(plan.rows):
+        if waits is not None:
+            waits[0].wait_event(waits[1][i])
+        _rows_product(A[r0:r1], b, bias, c[r0:r1])
+
+
+def _sum_products(a, b, plan, bias, c, rank, waits) -> None:
+    """Along K, ``k_schedule="sum"``: our shard's product at once, each peer's added as it lands."""
+    S_K = plan.S_K
     _mm_fp32(a, b[rank * S_K:(rank + 1) * S_K], plan.acc, False)
     for i, (p, dst, _) in enumerate(plan.chunks):
         if waits is not None:

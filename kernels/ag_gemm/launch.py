@@ -10,10 +10,14 @@ once per new problem and every rank runs what it chose, ``kernels.comm.decide``)
                    chunks from every peer's shard into the staging buffer on a side
                    stream, each followed by a stream-ordered copy that sets the
                    chunk's flags; every SM but a few runs the GEMM, spinning on those flags.
-``"chunked"``      no SM fetches and no flags: the publish kernel, then a
-                   ``cudaMemcpyAsync`` of each peer's whole shard on a side stream,
-                   and cuBLAS on our shard at once and on each peer's as its copy
-                   lands (an event per shard): PyTorch async-TP's schedule.
+``"chunked"``      no SM fetches and no flags: the publish kernel, then copy-engine
+                   copies on a side stream and cuBLAS as they land (an event each):
+                   gathered along M, each peer's whole shard, cuBLAS on our shard at
+                   once and on each peer's as it lands (PyTorch async-TP's schedule);
+                   gathered along K (``k_schedule="rows"``), row chunks of every
+                   peer's shard into the gathered A, cuBLAS on each chunk's rows over
+                   the whole K; or (``"sum"``) our shard's product at once and each
+                   peer's added as its shard lands, summed in fp32.
 ``"pipelined"``    no SM fetches: the publish kernel, then ``cudaMemcpyAsync`` pulls
                    of each peer's shard in row chunks, each followed by ONE signal,
                    queued in arrival order; every SM but a few runs the GEMM, taking tiles in
@@ -87,8 +91,9 @@ class Plan:
     nextval: Any = None       # the values the copy-engine variants' signals take (a device tensor)
     chunks: list = dataclasses.field(default_factory=list)
     side: Any = None          # kernels.comm.streams.SideStream (GPU)
-    events: list = dataclasses.field(default_factory=list)  # chunked: one per peer shard copied
-    acc: Any = None           # chunked, gathered along K: the fp32 sum of the per-shard products
+    events: list = dataclasses.field(default_factory=list)  # chunked: one per copied shard, or row chunk (K, rows)
+    rows: list = dataclasses.field(default_factory=list)    # chunked along K, rows: C's row chunks
+    acc: Any = None           # chunked along K, sum: the fp32 sum of the per-shard products
     nccl: Any = None          # variant nccl: baselines.NcclCublas (its buffer for NCCL's output)
     auto: bool = False
     choices: dict | None = None  # config=None: rank 0's choice per mode ({'eager': cfg, 'graph': cfg})
@@ -328,7 +333,8 @@ def _make_plan(a, b, heap, gather_dim, bias, config, trace, mode="eager") -> Pla
                               # the interpreter runs programs one after another: a fetcher that joined
                               # the GEMM would wait for tiles the next fetcher has not staged yet
                               join=not heap.simulated or W == 1,
-                              chunk_tiles=copies.chunk_tiles(plan) if cfg.variant == "pipelined" else 0),
+                              chunk_tiles=copies.chunk_tiles(plan) if cfg.variant == "pipelined" else 0,
+                              publish_gathered=copies.publish_gathered(plan)),
                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     plan.gemm_kw = dict(plan.kw, FETCHERS=0)
     return plan
@@ -357,7 +363,7 @@ def constexprs(cfg: AgGemmConfig, world_size: int, gather_dim: int, esize: int, 
                trace: bool, clock: str, max_events: int, even_k: bool, aligned_m: bool, aligned_n: bool,
                tma: bool = False, proxy_fence: bool = False, claim: bool = False, join: bool = False,
                resident: bool = False, end_wait: bool = False, publishers: int | None = None,
-               chunk_tiles: int = 0) -> dict:
+               chunk_tiles: int = 0, publish_gathered: bool = False) -> dict:
     """The kernel's constexprs for a configuration (the phase flags are added per launch)."""
     return dict(TMA=tma, PROXY_FENCE=proxy_fence, CLAIM=claim, JOIN=claim and join, WORLD=world_size,
                 GATHER_K=gather_dim == 1, M_CONTIG=cfg.layout == "m", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -366,7 +372,8 @@ def constexprs(cfg: AgGemmConfig, world_size: int, gather_dim: int, esize: int, 
                 EVEN_K=even_k, ALIGNED_M=aligned_m, ALIGNED_N=aligned_n, STAGED_FLAG=bool(cfg.staged_flag),
                 TRACE=bool(trace), CLOCK=clock, MAX_EVENTS=max_events, FETCH_BY_K=cfg.fetch_order == "k",
                 WAIT_GROWTH=cfg.wait_growth, RESIDENT=resident, END_WAIT=end_wait,
-                PUBLISHERS=publishers or fetchers, CHUNK_TILES=chunk_tiles, SET_NEXT=chunk_tiles > 0)
+                PUBLISHERS=publishers or fetchers, CHUNK_TILES=chunk_tiles, SET_NEXT=chunk_tiles > 0,
+                PUBLISH_GATHERED=publish_gathered)
 
 
 def fetch_k(cfg: AgGemmConfig, widest: int = 256) -> int:

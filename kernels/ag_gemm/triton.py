@@ -23,7 +23,9 @@ several ranks, whose interpreter runs the programs one after another):
 1. publish (``PUBLISH``, programs ``0 .. PUBLISHERS-1``: the fetchers, or every
    program): wait until every peer finished reading our previous shard
    (``done`` flags), copy the local shard once into ``pub`` (the heap
-   buffer peers read; nothing to copy in a world of one); the last publisher
+   buffer peers read; nothing to copy in a world of one) and, with
+   ``PUBLISH_GATHERED``, into its columns of the gathered A that the chunked
+   variant's row-chunk GEMMs read (the staging buffer); the last publisher
    then tells every peer our shard is readable (``ready`` flag, release at
    system scope). With ``RESIDENT`` the caller's shard already lies in the
    heap at the same offset on every rank (``pub`` is the shard): no copy; one
@@ -131,10 +133,12 @@ def _stage_offsets(rows, cols, S_M, S_K, M_CONTIG: tl.constexpr):
 @triton.jit
 def _copy_item(src_ptr, stg_ptr, pub_ptr, flags_ptr, block, mt, g, epoch, S_M, S_K, MT, KG,
                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, K_PER_FLAG: tl.constexpr, FETCH_K: tl.constexpr,
-               M_CONTIG: tl.constexpr, PUBLISH: tl.constexpr):
+               M_CONTIG: tl.constexpr, PUBLISH: tl.constexpr, GATHERED: tl.constexpr = False,
+               WORLD: tl.constexpr = 1):
     """Copy piece (mt, g) of a shard (row-major at src_ptr), FETCH_K columns at a time
     (wider than BLOCK_K: more bytes in flight over NVLink): into pub when publishing our
-    own (the caller signals once every piece is there), else into staging block `block`,
+    own (the caller signals once every piece is there; with GATHERED also into our columns
+    `block` of the gathered A that the staging buffer holds), else into staging block `block`,
     then set its flag: stores, CTA barrier, release."""
     rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < S_M
@@ -147,6 +151,9 @@ def _copy_item(src_ptr, stg_ptr, pub_ptr, flags_ptr, block, mt, g, epoch, S_M, S
         vals = tl.load(src_ptr + offs, mask=mask)
         if PUBLISH:
             tl.store(pub_ptr + offs, vals, mask=mask)
+            if GATHERED:   # the chunked variant's rows schedule: the GEMMs read A (M, WORLD * S_K) whole
+                tl.store(stg_ptr + rows[:, None].to(tl.int64) * (S_K * WORLD) + block * S_K + cols[None, :], vals,
+                         mask=mask)
         else:
             tl.store(stg_block + _stage_offsets(rows, cols, S_M, S_K, M_CONTIG), vals, mask=mask)
     if not PUBLISH:
@@ -170,7 +177,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
                     JOIN: tl.constexpr = False, FETCH_BY_K: tl.constexpr = False,
                     WAIT_GROWTH: tl.constexpr = 1, RESIDENT: tl.constexpr = False,
                     END_WAIT: tl.constexpr = False, PUBLISHERS: tl.constexpr = 1, CHUNK_TILES: tl.constexpr = 0,
-                    SET_NEXT: tl.constexpr = False):
+                    SET_NEXT: tl.constexpr = False, PUBLISH_GATHERED: tl.constexpr = False):
     pid = tl.program_id(0)
     MT = (S_M + BLOCK_M - 1) // BLOCK_M
     KT = (S_K + BLOCK_K - 1) // BLOCK_K
@@ -201,11 +208,12 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
             peer = (rank + i) % WORLD
             _wait_flag(done_ptr + peer, epoch, timeout_us, status_ptr, -1 - WORLD - peer, epoch + 1, heap_bases,
                        rank, WORLD, "sys")
-        for item in range(pid, MT * KG * (WORLD > 1), PUBLISHERS):  # a world of one has no reader
+        # (a world of one has no reader, and needs no gathered A but with PUBLISH_GATHERED)
+        for item in range(pid, MT * KG * (WORLD > 1 or PUBLISH_GATHERED), PUBLISHERS):
             if TRACE:
                 t0 = _now(tick_ptr, CLOCK)
             _copy_item(a_ptr, stg_ptr, pub_ptr, flags_ptr, rank, item // KG, item % KG, epoch, S_M, S_K, MT,
-                       KG, BLOCK_M, BLOCK_K, K_PER_FLAG, FETCH_K, M_CONTIG, True)
+                       KG, BLOCK_M, BLOCK_K, K_PER_FLAG, FETCH_K, M_CONTIG, True, PUBLISH_GATHERED, WORLD)
             if TRACE:
                 n_ev = _record(trace_ptr, n_ev, EV_PUBLISH, rank * MT * KG + item, t0, _now(tick_ptr, CLOCK),
                                sm, MAX_EVENTS)
@@ -223,7 +231,7 @@ def _ag_gemm_kernel(a_ptr, pub_ptr, stg_ptr, b_ptr, bias_ptr, c_ptr,
             tl.store(state_ptr + 6, epoch + 1)
     if TRACE and FETCH and not PUBLISH:  # simulated world: the publish launch wrote these programs' first events
         if pid < PUBLISHERS:
-            n_ev = (MT * KG * (WORLD > 1) - pid + PUBLISHERS - 1) // PUBLISHERS
+            n_ev = (MT * KG * (WORLD > 1 or PUBLISH_GATHERED) - pid + PUBLISHERS - 1) // PUBLISHERS
     if pid < FETCHERS:
         if PUBLISH and WAIT_READY:  # copy-engine variant: the copies start after this kernel, once all published
             if pid == 0:

@@ -1,4 +1,5 @@
-"""The current CUDA driver context, for host code that builds TMA descriptors.
+"""The CUDA driver library and its current context, for host code that builds TMA
+descriptors (and ``kernels.common.memcpy2d``'s copies).
 
 Building a TMA descriptor (``cuTensorMapEncodeTiled``) needs a current driver
 context. Threads that only ever used the runtime API lazily, such as autograd's
@@ -13,17 +14,22 @@ _PRIMARY_CTX: dict[int, int] = {}
 _LIBCUDA = None
 
 
-def ensure_current(device: torch.device) -> None:
-    """Make the device's primary CUDA context current on this thread (no-op off CUDA)."""
+def libcuda():
+    """The CUDA driver library (loaded once; OSError where there is none)."""
     global _LIBCUDA
 
+    if _LIBCUDA is None:
+        _LIBCUDA = ctypes.CDLL("libcuda.so.1")
+    return _LIBCUDA
+
+
+def ensure_current(device: torch.device) -> None:
+    """Make the device's primary CUDA context current on this thread (no-op off CUDA)."""
     if device.type != "cuda":
         return
     idx = device.index if device.index is not None else torch.cuda.current_device()
     try:
-        if _LIBCUDA is None:
-            _LIBCUDA = ctypes.CDLL("libcuda.so.1")
-        lib = _LIBCUDA
+        lib = libcuda()
         if idx not in _PRIMARY_CTX:
             dev = ctypes.c_int()
             ctx = ctypes.c_void_p()
