@@ -133,7 +133,7 @@ def publish_gathered(plan) -> bool:
     """Whether the publish kernel also writes our shard into its columns of the gathered A (the
     chunked variant's rows schedule, a shard it copies into the heap): one pass over the shard,
     on every SM, where a separate strided copy took 43 us (SM kernel) or 166 us (copy engine) at
-    4096 x 4096 bf16 on an H200 (experiments/probes/probe_ag_k_rows.py)."""
+    4096 x 4096 bf16 on an H200 (experiments/probes/probe_ag_chunked.py)."""
     return _by_rows(plan) and not plan.resident
 
 
@@ -145,7 +145,7 @@ def gathered_k(plan) -> torch.Tensor:
 
 # chunked along K, rows: row tiles a chunk holds at least. cuBLAS on fewer rows runs a GEMM too short
 # to pay for its launch and its ramp: on 2 H200s, 128-row chunks took M = 256 to 1.3x one chunk's time,
-# and chunks under 1024 rows gained at most 1% over one chunk (experiments/probes/probe_ag_k_rows.py).
+# and chunks under 1024 rows gained at most 1% over one chunk (experiments/probes/probe_ag_chunked.py).
 MIN_CHUNK_TILES = 8
 
 
@@ -285,14 +285,31 @@ def run_chunked(a, b, heap, plan, bias, c, s, args) -> None:
             heap.barrier()
         return
     cur = torch.cuda.current_stream(heap.device)
+    concurrent = plan.gather_dim == 0 and plan.cfg.concurrent_shards
     plan.side.fork(cur)  # the copies start once every peer has published
     try:
         _copy_chunks(plan, plan.side.stream)
         finish(heap, plan, s, wait_us)
+        if concurrent:   # each peer's rows on the side stream as its copy lands, beside ours on the caller's
+            _peer_rows_products(b, plan, _bias_as(bias, a), c)
     finally:
         plan.side.leave(cur)
-    _chunk_products(a, b, plan, bias, c, heap.rank, (cur, plan.events))
+    if concurrent:
+        _rows_product(a, b, _bias_as(bias, a), c[heap.rank * plan.S_M:(heap.rank + 1) * plan.S_M])
+    else:
+        _chunk_products(a, b, plan, bias, c, heap.rank, (cur, plan.events))
     plan.side.join(cur)
+
+
+def _bias_as(bias, a):
+    return bias.to(a.dtype) if bias is not None and bias.dtype != a.dtype else bias
+
+
+def _peer_rows_products(b, plan, bias, c) -> None:
+    """Gathered along M: each staged peer shard's rows of C, on the current stream."""
+    S_M = plan.S_M
+    for p, dst, _ in plan.chunks:
+        _rows_product(dst, b, bias, c[p * S_M:(p + 1) * S_M])
 
 
 def _copy_chunks(plan, stream) -> None:
@@ -324,8 +341,7 @@ def _chunk_products(a, b, plan, bias, c, rank, waits) -> None:
     if plan.gather_dim == 1 and not _by_rows(plan):
         _sum_products(a, b, plan, bias, c, rank, waits)
         return
-    if bias is not None and bias.dtype != a.dtype:
-        bias = bias.to(a.dtype)
+    bias = _bias_as(bias, a)
     if plan.gather_dim == 0:
         _rows_product(a, b, bias, c[rank * S_M:(rank + 1) * S_M])
         for i, (p, dst, _) in enumerate(plan.chunks):

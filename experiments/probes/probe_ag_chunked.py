@@ -1,14 +1,18 @@
-"""Probe: all_gather_matmul gathered along K, the chunked variant's row chunks.
+"""Probe: the chunked variant of all_gather_matmul, its schedules against the libraries.
 
-Gathered along K, ``chunked`` copies each row chunk of every peer's shard into the gathered A
+Gathered along K (``--gather-dim 1``, the default), ``chunked`` copies each row chunk of every peer's shard into the gathered A
 (copy engine, ``kernels.common.memcpy2d``) and runs cuBLAS on each chunk's rows over the whole K
 as it lands (``k_schedule="rows"``), or sums the shards' products in fp32 (``"sum"``). This times
 both, rows at several chunk counts and growths, beside, in the same run, the
 GEMM alone (cuBLAS on the gathered A), NCCL + cuBLAS and PyTorch's fused op, eager and graph-
 replayed (``workbench.dist.time_collective``: the slowest rank's median), and checks every C of
-ours against the GEMM alone's (bf16 tolerance of ``kernels.ag_gemm.reference``).
+ours against the GEMM alone's (bf16 tolerance of ``kernels.ag_gemm.reference``). Gathered along M
+(``--gather-dim 0``): each peer's shard whole, its GEMM on the caller's stream after ours (``m``) or
+on the copies' stream as soon as it lands, beside ours (``mc``: ``concurrent_shards=True``).
 
-    torchrun --nproc-per-node 2 experiments/probes/probe_ag_k_rows.py --out results/overlap/probe_k_rows
+    torchrun --nproc-per-node 2 experiments/probes/probe_ag_chunked.py --out results/overlap/probe_k_rows
+    torchrun --nproc-per-node 2 experiments/probes/probe_ag_chunked.py --gather-dim 0 --schedules m,mc \
+        --out results/overlap/probe_m_concurrent
 """
 from __future__ import annotations
 
@@ -31,27 +35,28 @@ SHAPES = ("256x16384x16384,512x8192x8192,1536x12288x4096,2048x4096x14336,4096x81
           "7168x5120x3072,10000x4096x4096,16384x8192x2048,3072x12288x12288,768x4096x4096")
 
 
-def _calls(a, b, heap, W, schedules):
+def _calls(a, b, heap, W, gd, schedules):
     group = tdist.group.WORLD
-    nccl = NcclCublas(a, W, 1)
+    nccl = NcclCublas(a, W, gd)
     calls = {"nccl": lambda: nccl(a, b)}
     if torch_fused_available():
-        fused = TorchFused(group.group_name, 1)
+        fused = TorchFused(group.group_name, gd)
         calls["torch"] = lambda: fused(a, b)
     for name in schedules:
         cfg = ag_gemm.AgGemmConfig(variant="chunked", **_schedule(name))
-        ag_gemm.prepare(a, b, heap, gather_dim=1, config=cfg)
-        calls[name] = (lambda cfg=cfg: ag_gemm.all_gather_matmul(a, b, heap, gather_dim=1, config=cfg))
+        ag_gemm.prepare(a, b, heap, gather_dim=gd, config=cfg)
+        calls[name] = (lambda cfg=cfg: ag_gemm.all_gather_matmul(a, b, heap, gather_dim=gd, config=cfg))
     return calls
 
 
 def _schedule(name: str) -> dict:
-    """'sum' -> k_schedule='sum'; 'r4' -> 4 equal row chunks; 'g3' -> 3 row chunks, each twice the last."""
-    if name == "sum":
-        return dict(k_schedule="sum")
+    """'sum' -> k_schedule='sum'; 'r4' -> 4 equal row chunks; 'g3' -> 3 row chunks, each twice the last;
+    'm' / 'mc' -> gathered along M, the peers' GEMMs after ours / beside it."""
+    if name in ("sum", "m", "mc"):
+        return {"sum": dict(k_schedule="sum"), "m": {}, "mc": dict(concurrent_shards=True)}[name]
     if name[:1] in ("r", "g") and name[1:].isdigit():
         return dict(k_schedule="rows", ce_chunks=int(name[1:]), chunk_growth=2 if name[0] == "g" else 1)
-    raise ValueError(f"--schedules: {name!r} is not 'sum', rN (N equal row chunks) or gN (N growing ones)")
+    raise ValueError(f"--schedules: {name!r} is not 'sum', rN (N equal row chunks), gN (N growing ones), m or mc")
 
 
 def _profile(calls, M, N, K, rank, trace_dir=None) -> None:
@@ -75,17 +80,17 @@ def _profile(calls, M, N, K, rank, trace_dir=None) -> None:
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8), flush=True)
 
 
-def _shape_rows(M, N, K, heap, schedules, rank, W, profile=(), trace_dir=None):
+def _shape_rows(M, N, K, heap, schedules, rank, W, gd, profile=(), trace_dir=None):
     dev = heap.device
     g = torch.Generator(device=dev).manual_seed(1000 * M + rank)
-    a = torch.randn(M, K // W, device=dev, generator=g).bfloat16()
+    a = torch.randn(*((M // W, K) if gd == 0 else (M, K // W)), device=dev, generator=g).bfloat16()
     b = torch.randn(K, N, device=dev, generator=torch.Generator(device=dev).manual_seed(7)).bfloat16()
-    flat = torch.empty(W * M, K // W, dtype=a.dtype, device=dev)
+    flat = torch.empty(W * a.shape[0], a.shape[1], dtype=a.dtype, device=dev)
     tdist.all_gather_into_tensor(flat, a)
-    A = gathered_a(flat, W, 1).contiguous()
+    A = gathered_a(flat, W, gd).contiguous()
     ref = A.float() @ b.float()
     atol, rtol = tolerance(a.dtype, K)
-    calls = {"gemm": lambda: torch.matmul(A, b), **_calls(a, b, heap, W, schedules)}
+    calls = {"gemm": lambda: torch.matmul(A, b), **_calls(a, b, heap, W, gd, schedules)}
     if profile:
         _profile({k: calls[k] for k in profile if k in calls}, M, N, K, rank, trace_dir)
     rows = []
@@ -94,7 +99,7 @@ def _shape_rows(M, N, K, heap, schedules, rank, W, profile=(), trace_dir=None):
         ok = bool((err <= atol + rtol * ref.abs()).all())
         eager = time_collective(fn, warmup=5, iters=20)
         graph = time_collective(fn, warmup=3, iters=20, graph=4)
-        rows.append(dict(M=M, N=N, K=K, world_size=W, method=name, eager_ms=eager["ms"], graph_ms=graph["ms"],
+        rows.append(dict(M=M, N=N, K=K, world_size=W, gather_dim=gd, method=name, eager_ms=eager["ms"], graph_ms=graph["ms"],
                          ok=ok, max_err=float(err.max())))
     return rows
 
@@ -102,26 +107,31 @@ def _shape_rows(M, N, K, heap, schedules, rank, W, profile=(), trace_dir=None):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=SHAPES, help="MxNxK of the gathered problems")
-    ap.add_argument("--schedules", default="sum,r1,r2,r4,r8,g3,g4",
-                    help="the chunked variant's schedules to time: sum, rN (N equal row chunks), gN (N growing ones)")
+    ap.add_argument("--gather-dim", type=int, default=1, choices=(0, 1), help="1: shards of K; 0: shards of M")
+    ap.add_argument("--schedules", default=None,
+                    help="the chunked variant's schedules to time: along K sum, rN (N equal row chunks), gN (N "
+                         "growing ones), default sum,r1,r2,r4,r8,g3,g4; along M m and mc, default both")
     ap.add_argument("--out", type=Path, required=True, help="folder for rows.csv")
     ap.add_argument("--profile", default="", help="methods to profile (rank 0) on the first shape, e.g. gemm,r4,sum")
     ap.add_argument("--trace", action="store_true", help="with --profile: each rank's Chrome trace of them in --out")
     args = ap.parse_args(argv)
     shapes = parse_shapes(args.shapes)
-    schedules = [c.strip() for c in args.schedules.split(",") if c.strip()]
+    default = "sum,r1,r2,r4,r8,g3,g4" if args.gather_dim == 1 else "m,mc"
+    schedules = [c.strip() for c in (args.schedules or default).split(",") if c.strip()]
     for c in schedules:
         _schedule(c)
     with dist.worker():
         import pandas as pd
 
         W, rank = tdist.get_world_size(), tdist.get_rank()
+        if args.gather_dim == 0 and any(M % W for M, _, _ in shapes):
+            raise SystemExit(f"--gather-dim 0: every M must split evenly over the {W} ranks, got {args.shapes}")
         args.out.mkdir(parents=True, exist_ok=True)
         most = max(M * K for M, _, K in shapes)
         heap = dist.SymmetricHeap(4 * most * 2 // W + (64 << 20))
         rows = []
         for M, N, K in shapes:
-            new = _shape_rows(M, N, K, heap, schedules, rank, W,
+            new = _shape_rows(M, N, K, heap, schedules, rank, W, args.gather_dim,
                               args.profile.split(",") if args.profile and (M, N, K) == shapes[0] else (),
                               args.out if args.trace else None)
             rows += new
