@@ -330,7 +330,6 @@ def test_launch_slot_covers_what_the_plan_key_leaves_open(monkeypatch):
     (dict(config=dict(variant="chunked", layout="m")), "layout='k'"),
     (dict(config=dict(variant="chunked", k_schedule="fp32")), "k_schedule must be 'rows'"),
     (dict(config=dict(variant="chunked", chunk_growth=0)), "chunk_growth must be a positive integer"),
-    (dict(config=dict(variant="chunked", concurrent_shards=1)), "concurrent_shards must be True or False"),
     (dict(config=dict(variant="chunked"), trace=True), "torch.profiler"),
     (dict(config=dict(fetchers=8, num_sms=8)), "fewer than num_sms"),
     (dict(config=dict(colour=1)), "unknown config field"),

@@ -7,12 +7,12 @@ both, rows at several chunk counts and growths, beside, in the same run, the
 GEMM alone (cuBLAS on the gathered A), NCCL + cuBLAS and PyTorch's fused op, eager and graph-
 replayed (``workbench.dist.time_collective``: the slowest rank's median), and checks every C of
 ours against the GEMM alone's (bf16 tolerance of ``kernels.ag_gemm.reference``). Gathered along M
-(``--gather-dim 0``): each peer's shard whole, its GEMM on the caller's stream after ours (``m``) or
-on the copies' stream as soon as it lands, beside ours (``mc``: ``concurrent_shards=True``).
+(``--gather-dim 0``): each peer's shard whole, its GEMM on the caller's stream after ours (``m``). (A
+schedule that ran the peers' GEMMs on the copies' stream beside ours, ``mc``, gained nothing and is
+gone: ``git show 7a70471``.)
 
     torchrun --nproc-per-node 2 experiments/probes/probe_ag_chunked.py --out results/overlap/probe_k_rows
-    torchrun --nproc-per-node 2 experiments/probes/probe_ag_chunked.py --gather-dim 0 --schedules m,mc \
-        --out results/overlap/probe_m_concurrent
+    torchrun --nproc-per-node 2 experiments/probes/probe_ag_chunked.py --gather-dim 0 --out results/overlap/probe_m
 """
 from __future__ import annotations
 
@@ -51,12 +51,12 @@ def _calls(a, b, heap, W, gd, schedules):
 
 def _schedule(name: str) -> dict:
     """'sum' -> k_schedule='sum'; 'r4' -> 4 equal row chunks; 'g3' -> 3 row chunks, each twice the last;
-    'm' / 'mc' -> gathered along M, the peers' GEMMs after ours / beside it."""
-    if name in ("sum", "m", "mc"):
-        return {"sum": dict(k_schedule="sum"), "m": {}, "mc": dict(concurrent_shards=True)}[name]
+    'm' -> gathered along M (one schedule)."""
+    if name in ("sum", "m"):
+        return {"sum": dict(k_schedule="sum"), "m": {}}[name]
     if name[:1] in ("r", "g") and name[1:].isdigit():
         return dict(k_schedule="rows", ce_chunks=int(name[1:]), chunk_growth=2 if name[0] == "g" else 1)
-    raise ValueError(f"--schedules: {name!r} is not 'sum', rN (N equal row chunks), gN (N growing ones), m or mc")
+    raise ValueError(f"--schedules: {name!r} is not 'sum', rN (N equal row chunks), gN (N growing ones) or m")
 
 
 def _profile(calls, M, N, K, rank, trace_dir=None) -> None:
@@ -110,13 +110,13 @@ def main(argv=None) -> int:
     ap.add_argument("--gather-dim", type=int, default=1, choices=(0, 1), help="1: shards of K; 0: shards of M")
     ap.add_argument("--schedules", default=None,
                     help="the chunked variant's schedules to time: along K sum, rN (N equal row chunks), gN (N "
-                         "growing ones), default sum,r1,r2,r4,r8,g3,g4; along M m and mc, default both")
+                         "growing ones), default sum,r1,r2,r4,r8,g3,g4; along M m")
     ap.add_argument("--out", type=Path, required=True, help="folder for rows.csv")
     ap.add_argument("--profile", default="", help="methods to profile (rank 0) on the first shape, e.g. gemm,r4,sum")
     ap.add_argument("--trace", action="store_true", help="with --profile: each rank's Chrome trace of them in --out")
     args = ap.parse_args(argv)
     shapes = parse_shapes(args.shapes)
-    default = "sum,r1,r2,r4,r8,g3,g4" if args.gather_dim == 1 else "m,mc"
+    default = "sum,r1,r2,r4,r8,g3,g4" if args.gather_dim == 1 else "m"
     schedules = [c.strip() for c in (args.schedules or default).split(",") if c.strip()]
     for c in schedules:
         _schedule(c)

@@ -75,9 +75,6 @@ class AgGemmConfig:
     # "sum" (our shard's product at once, each peer's added as it lands, summed in fp32)
     k_schedule: str = "rows"
     chunk_growth: int = 1     # chunked along K, rows: each row chunk this many times the previous one
-    # chunked along M: each peer shard's GEMM on the side stream right after its copy, beside ours on the
-    # caller's stream (shards whose GEMM fills less than a wave of SMs then share one)
-    concurrent_shards: bool = False
     max_spins: int | None = None  # DEPRECATED and ignored: waits are bounded in time (all_gather_matmul's timeout_s)
     staged_flag: bool = True  # one more flag, "all staged": GEMM programs stop polling once it is set
     tma: bool = True          # GEMM programs load A and B through TMA where the operands allow (launch.tma_allowed)
@@ -156,7 +153,7 @@ def validate(c: AgGemmConfig, world_size: int, esize: int = 2) -> None:
     if c.variant in ("copy_engine", "chunked", "pipelined") and c.layout != "k":
         raise ValueError(f"all_gather_matmul: variant {c.variant!r} copies whole shards, which needs the "
                          "k-contiguous staging layout: use layout='k'")
-    for name in ("staged_flag", "tma", "claim_tiles", "publish_all", "concurrent_shards"):
+    for name in ("staged_flag", "tma", "claim_tiles", "publish_all"):
         if not isinstance(getattr(c, name), bool):
             raise ValueError(f"all_gather_matmul: {name} must be True or False, got {getattr(c, name)!r}")
     if not isinstance(c.skip_rank, int) or c.skip_rank >= world_size or c.skip_rank < -1:

@@ -285,31 +285,16 @@ def run_chunked(a, b, heap, plan, bias, c, s, args) -> None:
             heap.barrier()
         return
     cur = torch.cuda.current_stream(heap.device)
-    concurrent = plan.gather_dim == 0 and plan.cfg.concurrent_shards
     plan.side.fork(cur)  # the copies start once every peer has published
     try:
         _copy_chunks(plan, plan.side.stream)
         finish(heap, plan, s, wait_us)
-        if concurrent:   # each peer's rows on the side stream as its copy lands, beside ours on the caller's
-            _peer_rows_products(b, plan, _bias_as(bias, a), c)
     finally:
         plan.side.leave(cur)
-    if concurrent:
-        _rows_product(a, b, _bias_as(bias, a), c[heap.rank * plan.S_M:(heap.rank + 1) * plan.S_M])
-    else:
-        _chunk_products(a, b, plan, bias, c, heap.rank, (cur, plan.events))
+    # (gathered along M, the peers' GEMMs on the copies' stream beside ours gained nothing on 2 H200s,
+    # M 256-16384: cuBLAS's kernels do not share the SMs; results/overlap/README.md, tenth session)
+    _chunk_products(a, b, plan, bias, c, heap.rank, (cur, plan.events))
     plan.side.join(cur)
-
-
-def _bias_as(bias, a):
-    return bias.to(a.dtype) if bias is not None and bias.dtype != a.dtype else bias
-
-
-def _peer_rows_products(b, plan, bias, c) -> None:
-    """Gathered along M: each staged peer shard's rows of C, on the current stream."""
-    S_M = plan.S_M
-    for p, dst, _ in plan.chunks:
-        _rows_product(dst, b, bias, c[p * S_M:(p + 1) * S_M])
 
 
 def _copy_chunks(plan, stream) -> None:
@@ -341,7 +326,8 @@ def _chunk_products(a, b, plan, bias, c, rank, waits) -> None:
     if plan.gather_dim == 1 and not _by_rows(plan):
         _sum_products(a, b, plan, bias, c, rank, waits)
         return
-    bias = _bias_as(bias, a)
+    if bias is not None and bias.dtype != a.dtype:
+        bias = bias.to(a.dtype)
     if plan.gather_dim == 0:
         _rows_product(a, b, bias, c[rank * S_M:(rank + 1) * S_M])
         for i, (p, dst, _) in enumerate(plan.chunks):
