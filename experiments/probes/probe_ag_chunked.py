@@ -1,10 +1,10 @@
 """Probe: the chunked variant of all_gather_matmul, its schedules against the libraries.
 
-Gathered along K (``--gather-dim 1``, the default), ``chunked`` copies each row chunk of every peer's shard into the gathered A
-(copy engine, ``kernels.common.memcpy2d``) and runs cuBLAS on each chunk's rows over the whole K
-as it lands (``k_schedule="rows"``), or sums the shards' products in fp32 (``"sum"``). This times
-both, rows at several chunk counts and growths, beside, in the same run, the
-GEMM alone (cuBLAS on the gathered A), NCCL + cuBLAS and PyTorch's fused op, eager and graph-
+Gathered along K (``--gather-dim 1``, the default), ``chunked`` copies each row chunk of every
+peer's shard into the gathered A (copy engine, ``kernels.common.memcpy2d``) and runs cuBLAS on each
+chunk's rows over the whole K as it lands (``k_schedule="rows"``), or sums the shards' products in
+fp32 (``"sum"``). This times both, rows at several chunk counts and growths, beside, in the same
+run, the GEMM alone (cuBLAS on the gathered A), NCCL + cuBLAS and PyTorch's fused op, eager and graph-
 replayed (``workbench.dist.time_collective``: the slowest rank's median), and checks every C of
 ours against the GEMM alone's (bf16 tolerance of ``kernels.ag_gemm.reference``). Gathered along M
 (``--gather-dim 0``): each peer's shard whole, its GEMM on the caller's stream after ours (``m``). (A
@@ -99,8 +99,8 @@ def _shape_rows(M, N, K, heap, schedules, rank, W, gd, profile=(), trace_dir=Non
         ok = bool((err <= atol + rtol * ref.abs()).all())
         eager = time_collective(fn, warmup=5, iters=20)
         graph = time_collective(fn, warmup=3, iters=20, graph=4)
-        rows.append(dict(M=M, N=N, K=K, world_size=W, gather_dim=gd, method=name, eager_ms=eager["ms"], graph_ms=graph["ms"],
-                         ok=ok, max_err=float(err.max())))
+        rows.append(dict(M=M, N=N, K=K, world_size=W, gather_dim=gd, method=name, eager_ms=eager["ms"],
+                         graph_ms=graph["ms"], ok=ok, max_err=float(err.max())))
     return rows
 
 

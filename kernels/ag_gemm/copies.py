@@ -300,8 +300,9 @@ def run_chunked(a, b, heap, plan, bias, c, s, args) -> None:
 def _copy_chunks(plan, stream) -> None:
     """chunked: every copy of the plan in order on ``stream`` (None: at once, on the host's
     turn in a simulated world), an event after each chunk on a GPU."""
+    by_rows = _by_rows(plan)
     for i, chunk in enumerate(plan.chunks):
-        if not _by_rows(plan):
+        if not by_rows:
             chunk[1].copy_(chunk[2], non_blocking=stream is not None)  # cudaMemcpyAsync from the peer
         else:
             for copy in chunk:
@@ -319,8 +320,8 @@ def _chunk_products(a, b, plan, bias, c, rank, waits) -> None:
     """C from the copies, each product once ``waits`` (the stream and the copies' events; None:
     nothing to wait for) has ordered the copy it reads. Gathered along M, our shard's rows,
     then each staged peer shard's. Along K with ``k_schedule="rows"``, each row chunk of the
-    gathered A over the whole K (rounded once, as one GEMM rounds); with ``"sum"``, one product per shard summed in fp32 (``plan.acc``) and rounded
-    once. (Summing them in C itself, as PyTorch's fused op does, rounds once per shard: at 4
+    gathered A over the whole K (rounded once, as one GEMM rounds); with ``"sum"``, one product
+    per shard summed in fp32 (``plan.acc``) and rounded once. (Summing them in C itself, as PyTorch's fused op does, rounds once per shard: at 4
     ranks that missed our bf16 tolerance on every shape.)"""
     S_M, S_K = plan.S_M, plan.S_K
     if plan.gather_dim == 1 and not _by_rows(plan):
