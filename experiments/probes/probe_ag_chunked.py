@@ -11,7 +11,8 @@ ours against the GEMM alone's (bf16 tolerance of ``kernels.ag_gemm.reference``).
 schedule that ran the peers' GEMMs on the copies' stream beside ours, ``mc``, gained nothing and is
 gone: ``git show 7a70471``.)
 
-    torchrun --nproc-per-node 2 experiments/probes/probe_ag_chunked.py --out results/overlap/probe_k_rows
+    torchrun --nproc-per-node 2 experiments/probes/probe_ag_chunked.py --profile gemm,r4,g3 \
+        --out results/overlap/probe_k_rows
     torchrun --nproc-per-node 2 experiments/probes/probe_ag_chunked.py --gather-dim 0 --out results/overlap/probe_m
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from run_ag_gemm import parse_shapes  # noqa: E402  (experiments/: the study scr
 from workbench import dist  # noqa: E402
 from workbench.dist import time_collective  # noqa: E402
 
-SHAPES = ("256x16384x16384,512x8192x8192,1536x12288x4096,2048x4096x14336,4096x8192x8192,"
+SHAPES = ("4096x8192x8192,256x16384x16384,512x8192x8192,1536x12288x4096,2048x4096x14336,"
           "7168x5120x3072,10000x4096x4096,16384x8192x2048,3072x12288x12288,768x4096x4096")
 
 
@@ -110,13 +111,13 @@ def main(argv=None) -> int:
     ap.add_argument("--gather-dim", type=int, default=1, choices=(0, 1), help="1: shards of K; 0: shards of M")
     ap.add_argument("--schedules", default=None,
                     help="the chunked variant's schedules to time: along K sum, rN (N equal row chunks), gN (N "
-                         "growing ones), default sum,r1,r2,r4,r8,g3,g4; along M m")
+                         "growing ones), default sum,r1,r2,r4,g2,g3,g4; along M m")
     ap.add_argument("--out", type=Path, required=True, help="folder for rows.csv")
     ap.add_argument("--profile", default="", help="methods to profile (rank 0) on the first shape, e.g. gemm,r4,sum")
     ap.add_argument("--trace", action="store_true", help="with --profile: each rank's Chrome trace of them in --out")
     args = ap.parse_args(argv)
     shapes = parse_shapes(args.shapes)
-    default = "sum,r1,r2,r4,r8,g3,g4" if args.gather_dim == 1 else "m"
+    default = "sum,r1,r2,r4,g2,g3,g4" if args.gather_dim == 1 else "m"
     schedules = [c.strip() for c in (args.schedules or default).split(",") if c.strip()]
     for c in schedules:
         _schedule(c)
