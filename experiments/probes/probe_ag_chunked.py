@@ -139,7 +139,6 @@ def main(argv=None) -> int:
             if rank == 0:
                 print(pd.DataFrame(new).to_string(index=False), flush=True)
         if rank == 0:
-            args.out.mkdir(parents=True, exist_ok=True)
             df = pd.DataFrame(rows)
             df["device"] = torch.cuda.get_device_name()
             df.to_csv(args.out / "rows.csv", index=False)

@@ -33,6 +33,20 @@ class _Memcpy2D(ctypes.Structure):
                 ("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t)]
 
 
+_COPY = None
+
+
+def _driver_copy():
+    """The driver's ``cuMemcpy2DAsync_v2``, its argument types declared once."""
+    global _COPY
+
+    if _COPY is None:
+        fn = libcuda().cuMemcpy2DAsync_v2
+        fn.argtypes = [ctypes.POINTER(_Memcpy2D), ctypes.c_void_p]
+        _COPY = fn
+    return _COPY
+
+
 def _rows(t: torch.Tensor, name: str) -> int:
     """The row pitch in bytes of a 2-D view with unit column stride."""
     if t.dim() != 2 or t.stride(1) != 1 or (t.shape[0] > 1 and t.stride(0) < t.shape[1]):
@@ -61,8 +75,7 @@ class Copy2D:
         d.WidthInBytes, d.Height = dst.shape[1] * dst.element_size(), dst.shape[0]
         self.desc = d
         ensure_current(dst.device)
-        self._fn = libcuda().cuMemcpy2DAsync_v2
-        self._fn.argtypes = [ctypes.POINTER(_Memcpy2D), ctypes.c_void_p]
+        self._fn = _driver_copy()
 
     def __call__(self, stream: torch.cuda.Stream | None = None) -> None:
         if self.desc is None:
