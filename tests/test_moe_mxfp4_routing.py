@@ -217,6 +217,8 @@ def test_the_launchers_output_is_zeroed_by_the_routing_launch(monkeypatch):
     """moe_mxfp4_down(a, weights, (ids, wts)) with no out: no zeroing op of its own (the routing's launch
     zeroes the output), the same bits as with a prepared routing; with out given, or accumulating, or the
     deterministic epilogue, the call keeps its own handling."""
+    from kernels.moe_mxfp4 import launch as ml
+    monkeypatch.setattr(ml, "ROUTE_IN_KERNEL", False)      # the two launches (the one: test_moe_mxfp4_one_launch)
     E, H, top_k, weights, ids, wts, a = _small_layer(7, 8)
     M = ids.shape[0]
     want = moe_mxfp4_down(a, weights, prepare_routing(ids, wts, E, 16))
@@ -224,7 +226,7 @@ def test_the_launchers_output_is_zeroed_by_the_routing_launch(monkeypatch):
     from kernels.moe_mxfp4 import plan as mplan
     monkeypatch.setattr(mplan.torch, "zeros", lambda *a, **k: pytest.fail("the call zeroed its output itself"))
     assert torch.equal(moe_mxfp4_down(a, weights, (ids, wts)), want)
-    monkeypatch.undo()
+    monkeypatch.setattr(mplan.torch, "zeros", torch.zeros)
     out = torch.full((M, H), float("nan"), dtype=torch.bfloat16, device=DEV)
     assert torch.equal(moe_mxfp4_down(a, weights, (ids, wts), out=out), want) and torch.equal(out, want)
     acc = want.clone()

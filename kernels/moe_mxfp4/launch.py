@@ -13,6 +13,10 @@ Prepacked weights (the fast path; a model loader prepacks once and serves every 
     out = moe_mxfp4_down(a, weights, routing)                           # the prepacked default config
     out = moe_mxfp4_down(a, weights, (topk_ids, topk_weights))          # the same, routing prepared in the call
 
+Given the router's ids, an eager call at small M makes one launch, the routing made by the kernel's
+first programs (``ROUTE_IN_KERNEL``, chosen by ``one_launch_us``); otherwise, and under CUDA graph
+capture, the routing kernel and then the down-projection.
+
 The layout level travels with the weights (``Mxfp4Weights``), so the plan knows it (it is part
 of the plan's key), and a config whose PREPACK differs from the weights' level is refused
 (ValueError), as is a PREPACK config with plain tensors.
@@ -44,14 +48,15 @@ from kernels.common import interpreter
 from kernels.common import select as common_select
 from kernels.common.plans import PlanCache, capturing, config_key, tensor_signature
 
+from . import metrics
 from . import plan as mplan
 from . import select as mselect
 from .config import MoeMxfp4Config, block_m_for
 from .quant import Mxfp4Weights, weights_signature
 from .routing import Routing, prepare_routing, prepare_routing_and_output, routing_signature
-from .triton import _dequant_kernel, _moe_mxfp4_down_kernel
+from .triton import _dequant_kernel, _moe_mxfp4_down_kernel, _moe_mxfp4_down_routed_kernel
 
-__all__ = ["clear_plans", "dequantize_weights_bf16", "moe_mxfp4_down", "plan_cache_info", "plan_for"]
+__all__ = ["clear_plans", "dequantize_weights_bf16", "moe_mxfp4_down", "one_launch_us", "plan_cache_info", "plan_for"]
 
 _PLANS = PlanCache()
 
@@ -126,6 +131,86 @@ def _routing_of(routing, w, config, out_cols: int = 0):
     return prepare_routing(ids, wts, E, bm), None
 
 
+# Eager calls given the router's ids may run the routing inside the down-projection's launch (its
+# first programs; ``triton._moe_mxfp4_down_routed_kernel``): one launch per call instead of two,
+# which is most of an eager call's host time (one H200: 22-46 us against 57-123 per call,
+# results/moe_mxfp4/routed/). Its tiles start later (two round trips to L2 each before their
+# loads, and the routing first), so its GPU time is higher: 1.1-1.2x the two launches at gpt-oss'
+# 23 K steps, 1.4-2.3x at KIMI-K2.5's 4. So a call takes the one launch only where the GPU would
+# otherwise wait for the host: where the estimated GPU time of the one launch (``one_launch_us``)
+# is at most ROUTE_IN_KERNEL_MAX_US, about the host time of the two launches there. Under CUDA
+# graph capture (no host time to save) the two launches are captured, unless
+# ROUTE_IN_KERNEL_IN_GRAPHS. ROUTE_IN_KERNEL = False: always the two launches.
+ROUTE_IN_KERNEL = True
+ROUTE_IN_KERNEL_IN_GRAPHS = False
+ROUTE_IN_KERNEL_MAX_US = 80.0
+# the estimate's rates (an H200's copy bandwidth; the kernel's bf16 rate at mid-size M) and the
+# one launch's cost over the two launches' GPU time, 1 + 2 / K steps (fit on the first probe run)
+_EST_BYTES_PER_S, _EST_FLOPS_PER_S = 4.2e12, 2.0e14
+
+
+def one_launch_us(M: int, top_k: int, E: int, H: int, I: int) -> float:
+    """Estimated GPU time (us) of the one-launch form: the larger of the bytes bound (every expert
+    a pair could reach counted active) and the FLOPs at the kernel's rate, times 1 + 2 / K steps."""
+    active = min(E, M * top_k)
+    t = max(metrics.hbm_bytes(M, top_k, H, I, active) / _EST_BYTES_PER_S, metrics.flops(M, top_k, H, I) /
+            _EST_FLOPS_PER_S)
+    return t * 1e6 * (1 + 2 / -(-I // 128))
+
+
+_ROUTED = PlanCache()
+
+
+def _one_launch_stream(a):
+    """The raw handle of the current CUDA stream of a's device (0 in the interpreter) where the
+    one-launch form runs; None where it does not (a CUDA graph captured, off the GPU)."""
+    if a.is_cuda:
+        if not ROUTE_IN_KERNEL_IN_GRAPHS and torch.cuda.is_current_stream_capturing():
+            return None
+        return torch._C._cuda_getCurrentRawStream(a.get_device())
+    return 0 if interpreter.active() else None
+
+
+def _routed_plan_for(a, a_scale, w, w_scale, level, one_mul, routing, config, tune, shape, wsig):
+    """The one-launch plan of an eager call given the router's (topk_ids, topk_weights), or False where
+    the call takes the two launches (strided ids, an odd output size, the deterministic epilogue chosen):
+    decided once per call signature."""
+    want_tune = config is None and common_select.tune_requested(tune)
+    try:
+        ids, wts = routing
+        key = (_sig(a), _sig(a_scale),
+               wsig if wsig is not None else weights_signature(w, w_scale, level, one_mul, shape),
+               tensor_signature(ids), tensor_signature(wts), config_key(config), want_tune)
+    except (AttributeError, TypeError, ValueError):     # let the two-launch path say what is wrong
+        return False
+    rplan = _ROUTED.get(key)
+    if rplan is None:
+        rplan = _ROUTED.put(key, _make_routed(a, a_scale, w, w_scale, level, one_mul, ids, wts, config, tune, shape,
+                                              wsig))
+    return rplan
+
+
+def _make_routed(a, a_scale, w, w_scale, level, one_mul, ids, wts, config, tune, shape, wsig):
+    E = w.shape[0]
+    H = shape[0] if shape else w.shape[1]
+    if ids.dim() != 2 or not ids.is_contiguous() or not wts.is_contiguous() or ids.numel() == 0 or \
+            ids.shape[0] * H % 2:
+        return False
+    K = shape[1] if shape else 2 * w.shape[2]
+    if a.is_cuda and one_launch_us(ids.shape[0], ids.shape[1], E, H, K) > ROUTE_IN_KERNEL_MAX_US:
+        return False
+    bm = config.BLOCK_M if isinstance(config, MoeMxfp4Config) else block_m_for(ids.shape[0], ids.shape[1], E)
+    routing = prepare_routing(ids, wts, E, bm)           # checks the ids; the plan's choice is made with it
+    plan = _plan_for(a, a_scale, w, w_scale, level, one_mul, routing, None, False, config, False, tune, shape, wsig)
+    if plan.workspace is not None:
+        return False
+    regs = None
+    if mplan.CAP_ROUTED_REGISTERS and a.is_cuda:
+        mplan.execute(plan, a, a_scale, w, w_scale, routing, None, False)     # compiles the plain kernel, once
+        regs = getattr(plan.launch.compiled, "n_regs", None)
+    return mplan.RoutedPlan(plan, E, ids.numel(), mplan.sms(a.device) or 132, regs)
+
+
 def plan_for(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: torch.Tensor | None = None,
              routing: Routing | None = None, *, a_scale: torch.Tensor | None = None,
              config: MoeMxfp4Config | None = None, out: torch.Tensor | None = None, accumulate: bool = False,
@@ -143,6 +228,7 @@ def plan_for(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: torch.Ten
 def clear_plans() -> None:
     """Forget every plan (they are made again, with the tables as they are now)."""
     _PLANS.clear()
+    _ROUTED.clear()
 
 
 def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: torch.Tensor | None = None,
@@ -159,7 +245,9 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: tor
     ``moe_mxfp4_down(a, weights, routing)``. routing: ``prepare_routing(topk_ids,
     topk_weights, E, BM)`` with BM = config.BLOCK_M, or the router's ``(topk_ids, topk_weights)``
     themselves (prepared in the call, one launch: BM from the config, else ``block_m_for``; with no
-    out, that launch also zeroes the output the call returns, so the call makes no zeroing launch).
+    out, that launch also zeroes the output the call returns, so the call makes no zeroing launch;
+    eager calls whose estimated GPU time is at most ROUTE_IN_KERNEL_MAX_US make the routing inside
+    the down-projection's own launch instead: one launch per call).
     Returns out bf16 [M, H] (written, or
     added to with ``accumulate=True``). A config must read the weights' layout
     (config.PREPACK == level, else ValueError). Without a config, the selection layer's
@@ -179,6 +267,12 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: tor
     # epilogue (one allocation and one launch fewer per call), which the call then adds to.
     fold = out is None and not accumulate and not deterministic and isinstance(w, torch.Tensor) and w.dim() == 3 \
         and not getattr(config, "DETERMINISTIC", False)
+    stream = _one_launch_stream(a) if fold and ROUTE_IN_KERNEL and isinstance(routing, (tuple, list)) else None
+    if stream is not None:
+        # the routing made by the down-projection's own first programs: one launch per call
+        rplan = _routed_plan_for(a, a_scale, w, w_scale, level, one_mul, routing, config, tune, shape, wsig)
+        if rplan:
+            return rplan(a, a_scale, w, w_scale, routing[0], routing[1], stream)
     routing, zeroed = _routing_of(routing, w, config, (shape[0] if shape else w.shape[1]) if fold else 0)
     if zeroed is not None:
         out, accumulate = zeroed, True
@@ -217,10 +311,13 @@ def dequantize_weights_bf16(w: torch.Tensor, w_scale: torch.Tensor, out: torch.T
 
 
 def compile_for_target(config: MoeMxfp4Config | None = None, *, a_fp4: bool = False, target: str = "sm90",
-                       top_k: int = 9, H: int = 7168, K: int = 512, one_mul: bool = True, cache_dir) -> list:
+                       top_k: int = 9, H: int = 7168, K: int = 512, one_mul: bool = True,
+                       routed_experts: int = 0, pairs: int = 144, cache_dir) -> list:
     """Cross-compile the down-projection kernel for `target` (no GPU needed) into `cache_dir`;
     returns workbench.asm entries (``.text('sass')``, ``.mix()``, ``.resources()``). one_mul: the
     weights' scale bytes are all at most 128 (as for trained weights), so a config's ONE_MUL applies.
+    routed_experts: the one-launch form (``_moe_mxfp4_down_routed_kernel``) for that many experts,
+    its routing tiles sized for ``pairs`` (token, slot) pairs, as ``plan.RoutedPlan`` sizes them.
 
     Pointers, H, K and the row strides are marked 16-divisible, as they are at KIMI-K2.5's
     shapes (H = 7168, I = 512), so the loads vectorize as they do there.
@@ -228,17 +325,27 @@ def compile_for_target(config: MoeMxfp4Config | None = None, *, a_fp4: bool = Fa
     from workbench.asm.compile import cross_compile
 
     cfg = config or MoeMxfp4Config()
-    sig = {"a_ptr": "*u8" if a_fp4 else "*bf16", "a_scale_ptr": "*u8" if a_fp4 else "*bf16",
-           "w_ptr": "*u8", "w_scale_ptr": "*u8", "out_ptr": "*bf16",
-           "sorted_ids_ptr": "*i32", "sorted_weights_ptr": "*fp32", "expert_ids_ptr": "*i32",
-           "num_rows_ptr": "*i32", "num_pairs": "i32", "H": "i32",
-           "stride_am": "i32", "stride_asm": "i32", "stride_we": "i32", "stride_wn": "i32",
-           "stride_wse": "i32", "stride_wsn": "i32", "stride_om": "i32"}
-    divisible = ["a_ptr", "a_scale_ptr", "w_ptr", "w_scale_ptr", "out_ptr", "sorted_ids_ptr",
-                 "sorted_weights_ptr", "expert_ids_ptr", "H", "stride_am", "stride_we", "stride_wn",
-                 "stride_wse", "stride_wsn", "stride_om"]
+    head = {"a_ptr": "*u8" if a_fp4 else "*bf16", "a_scale_ptr": "*u8" if a_fp4 else "*bf16",
+            "w_ptr": "*u8", "w_scale_ptr": "*u8", "out_ptr": "*bf16"}
+    strides = {"num_pairs": "i32", "H": "i32", "stride_am": "i32", "stride_asm": "i32", "stride_we": "i32",
+               "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32", "stride_om": "i32"}
+    divisible = ["a_ptr", "a_scale_ptr", "w_ptr", "w_scale_ptr", "out_ptr", "H", "stride_am", "stride_we",
+                 "stride_wn", "stride_wse", "stride_wsn", "stride_om"]
     if a_fp4:
         divisible.append("stride_asm")
     constexprs = mplan.kernel_constexprs(cfg, top_k=top_k, a_fp4=a_fp4, H=H, K=K, one_mul=one_mul, expand=cfg.EXPAND)
-    return cross_compile(_moe_mxfp4_down_kernel, target, signature=sig, constexprs=constexprs,
+    if routed_experts:
+        kernel = _moe_mxfp4_down_routed_kernel
+        sig = {**head, "ids_ptr": "*i32", "wts_ptr": "*fp32", "sorted_ids_ptr": "*i32", "sorted_weights_ptr": "*fp32",
+               "expert_ids_ptr": "*i32", "num_rows_ptr": "*i32", "sync_ptr": "*i64", **strides,
+               **{n: "i32" for n in ("out_words", "max_rows", "max_blocks", "programs", "part_stride")}}
+        divisible += ["ids_ptr", "wts_ptr", "sorted_ids_ptr", "sorted_weights_ptr", "expert_ids_ptr", "sync_ptr",
+                      "out_words", "max_rows", "max_blocks"]
+        constexprs.update(mplan.routed_constexprs(routed_experts, pairs, top_k, cfg.BLOCK_M))
+    else:
+        kernel = _moe_mxfp4_down_kernel
+        sig = {**head, "sorted_ids_ptr": "*i32", "sorted_weights_ptr": "*fp32", "expert_ids_ptr": "*i32",
+               "num_rows_ptr": "*i32", **strides}
+        divisible += ["sorted_ids_ptr", "sorted_weights_ptr", "expert_ids_ptr"]
+    return cross_compile(kernel, target, signature=sig, constexprs=constexprs,
                          divisible=divisible, options=mplan.launch_options(cfg), cache_dir=cache_dir)

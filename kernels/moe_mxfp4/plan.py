@@ -20,7 +20,8 @@ from kernels.common.plans import sm_count
 from .config import MoeMxfp4Config
 from .quant import Mxfp4Weights, prepacked_shape
 from .routing import Routing
-from .triton import _moe_mxfp4_down_kernel, _reduce_topk_kernel
+from . import triton_routing
+from .triton import _moe_mxfp4_down_kernel, _moe_mxfp4_down_routed_kernel, _reduce_topk_kernel
 
 # K steps the kernel unrolls; a longer reduction runs as a loop (compile time: 112 unrolled steps
 # took minutes). 24 takes gpt-oss' 23 steps of 128 (cross-compiled for sm_90 in 8.8 s, 70 registers,
@@ -293,3 +294,72 @@ def execute(plan: Plan, a, a_scale, w, w_scale, routing, out, accumulate) -> tor
     if plan.reduce is not None:
         plan.reduce(plan.workspace, out, plan.M, plan.H, plan.workspace.stride(0), out.stride(0))
     return out
+
+
+# The one-launch kernel's registers capped at the plain kernel's compiled count, so its tiles keep the
+# plain kernel's occupancy (cross-compiled for sm_90 without the cap: 96 registers against 79 at KIMI-K2.5's
+# M = 16, 82 against 80 at gpt-oss). Measured, ptxas' own count took 0.95-1.02x the capped time at the M
+# where the one launch runs (results/moe_mxfp4/routed/): no clear difference. False: ptxas decides.
+CAP_ROUTED_REGISTERS = True
+
+
+class RoutedPlan:
+    """A plan's config run from the router's ids in one launch (``_moe_mxfp4_down_routed_kernel``):
+    its first programs make the routing and zero the output, the others are the plan's tiles.
+    A call is an allocation (the output) and that launch. The routing's buffers and the kernel's
+    two counters are a workspace kept per CUDA stream (made on a stream's first call, never freed;
+    under CUDA graph capture in the graph's memory, the counters' zeroing captured with it): the
+    launches of one stream run in order, so one workspace serves them all; calls on two streams
+    use two. As for every planned launch's scratch, graphs meant to replay concurrently are
+    captured on different streams."""
+
+    def __init__(self, plan: Plan, num_experts: int, num_pairs: int, sms: int, maxnreg: int | None = None):
+        self.plan = plan
+        self.num_pairs = num_pairs
+        cx = routed_constexprs(num_experts, num_pairs, plan.constexprs["TOP_K"], plan.config.BLOCK_M, sms=sms)
+        self.max_blocks = plan.grid[0]
+        self.max_rows = self.max_blocks * plan.config.BLOCK_M
+        self.programs = plan.grid[0] * plan.grid[1] * plan.grid[2]
+        self.launch = PlannedLaunch.of(_moe_mxfp4_down_routed_kernel, plan.grid,
+                                       dict(plan.constexprs, **cx, **({"maxnreg": maxnreg} if maxnreg else {})))
+        self.strides = None
+        self.workspaces: dict = {}
+
+    @property
+    def config(self) -> MoeMxfp4Config:
+        return self.plan.config
+
+    @property
+    def choice(self):
+        return self.plan.choice
+
+    def _workspace(self, device: torch.device, stream: int):
+        ws = self.workspaces.get(stream)
+        if ws is None:   # sorted ids, sorted weights, expert of each block, rows used; the two counters
+            buf = torch.empty(2 * self.max_rows + self.max_blocks + 4, dtype=torch.int32, device=device)
+            ids, wts, experts, rows = buf.split_with_sizes([self.max_rows, self.max_rows, self.max_blocks, 4])
+            ws = self.workspaces[stream] = (ids, wts.view(torch.float32), experts, rows,
+                                            torch.zeros(2, dtype=torch.int64, device=device))
+        return ws
+
+    def __call__(self, a, a_scale, w, w_scale, topk_ids, topk_weights, stream: int) -> torch.Tensor:
+        plan = self.plan
+        out = torch.empty((plan.M, plan.H), dtype=torch.bfloat16, device=a.device)
+        ws = self._workspace(a.device, stream)
+        if self.strides is None:
+            self.strides = (a.stride(0), 0 if a_scale is None else a_scale.stride(0), w.stride(0), w.stride(1),
+                            w_scale.stride(0), w_scale.stride(1), out.stride(0),
+                            plan.M * plan.H // 2, self.max_rows, self.max_blocks, self.programs,
+                            1 if interpreter.active() else self.programs)
+        self.launch(a, a if a_scale is None else a_scale, w, w_scale, out, topk_ids, topk_weights, *ws,
+                    self.num_pairs, plan.H, *self.strides)
+        return out
+
+
+def routed_constexprs(num_experts: int, num_pairs: int, top_k: int, block_m: int, *, sms: int = 132) -> dict:
+    """The routing constexprs of the one-launch kernel: the routing kernel's, with its [CH, G] tiles
+    kept to 256 elements, two per thread (they share the kernel's registers with the tiles' loop:
+    cross-compiled for sm_90, the routing alone holds 85 registers at [256, 4], 56 at [64, 4])."""
+    _, cx = triton_routing.routing_constexprs(num_pairs, num_experts, top_k, block_m, sms=sms)
+    ch = max(16, min(triton.next_power_of_2(max(num_pairs, 1)), 256 // cx["G"]))
+    return dict(NE=num_experts, NB=cx["NB"], CH=ch, G=cx["G"], FILL=cx["FILL"])

@@ -153,6 +153,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .triton_routing import _route_part
+
 __all__ = ["TWO_POW_126"]
 
 TWO_POW_126 = 8.507059173023462e37   # 2**126: undoes the 2**-126 of the bit-placed E2M1 pattern
@@ -692,6 +694,106 @@ def _moe_mxfp4_down_kernel(
     PREPACK: tl.constexpr = 0, ONE_MUL: tl.constexpr = False, SPLIT_K: tl.constexpr = 1,
     MAX_UNROLL: tl.constexpr = 16, N_TILES: tl.constexpr = 1,
 ):
+    """Program (m, n, k) of the grid (row blocks, column tiles / N_TILES, SPLIT_K): ``_down_tile``."""
+    pid_k = 0
+    if SPLIT_K > 1:
+        pid_k = tl.program_id(2)
+    _down_tile(tl.program_id(0), tl.program_id(1), pid_k,
+               a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr,
+               sorted_ids_ptr, sorted_weights_ptr, expert_ids_ptr, num_rows_ptr, num_pairs, H,
+               stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_om,
+               TOP_K, A_FP4, ATOMIC, NT, EARLY_LOADS, PREFETCH_EPILOGUE, SWAP_AB, EVEN_N, EXPAND, K, BM, BN, BK,
+               LOAD_AHEAD, PREPACK, ONE_MUL, SPLIT_K, MAX_UNROLL, N_TILES)
+
+
+@triton.jit
+def _moe_mxfp4_down_routed_kernel(
+    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr,
+    ids_ptr, wts_ptr, sorted_ids_ptr, sorted_weights_ptr, expert_ids_ptr, num_rows_ptr, sync_ptr,
+    num_pairs, H,
+    stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_om,
+    out_words, max_rows, max_blocks, programs, part_stride,
+    TOP_K: tl.constexpr, A_FP4: tl.constexpr, ATOMIC: tl.constexpr, NT: tl.constexpr,
+    EARLY_LOADS: tl.constexpr, PREFETCH_EPILOGUE: tl.constexpr, SWAP_AB: tl.constexpr,
+    EVEN_N: tl.constexpr, EXPAND: tl.constexpr, K: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LOAD_AHEAD: tl.constexpr = 0,
+    PREPACK: tl.constexpr = 0, ONE_MUL: tl.constexpr = False, SPLIT_K: tl.constexpr = 1,
+    MAX_UNROLL: tl.constexpr = 16, N_TILES: tl.constexpr = 1,
+    NE: tl.constexpr = 1, NB: tl.constexpr = 16, CH: tl.constexpr = 16, G: tl.constexpr = 1,
+    FILL: tl.constexpr = 1024,
+):
+    """The down-projection from the router's ids in one launch: routing, zeroing and tiles.
+
+    ids_ptr / wts_ptr: the router's contiguous topk_ids / topk_weights [M, top_k]; the routing's
+    four buffers (``routing.py``'s layout, max_rows and max_blocks long) are written here, not
+    read; sync_ptr: int64 [2], zero when made and never reset (a ticket counter and a count of
+    finished routing parts, both counting on across calls). The grid is the plain kernel's
+    (row blocks, column tiles / N_TILES, SPLIT_K), ``programs`` of them; R = cdiv(NE, G) + 1
+    routing parts.
+
+    Each program takes a ticket (an atomic add) as it starts. Ticket t < part_stride makes
+    routing parts t, t + part_stride, ... (``triton_routing._route_part``, what the routing
+    kernel's programs do) and zeroes their share of out, then counts them finished (release).
+    part_stride is the number of programs on a GPU, 1 in Triton's interpreter (it runs programs
+    one after the other: the first makes every part). Then every program waits
+    (acquire) until the call's R parts are finished and runs its own tile (``_down_tile``, by
+    its program ids, as the plain kernel). Waiting is safe: tickets are handed out in the order
+    programs start, and a program finishes its own parts before it waits, so every part is held
+    by a program that is running or done. The call's number is ticket // programs (calls on one
+    stream run one after the other), so the counters never need resetting, in a CUDA graph
+    either. Costs two round trips to L2 per program before its loads (the ticket, then the count:
+    reading both in one 2-lane atomic raised the tiles' registers from 79 to 100, cross-compiled)
+    and the routing's own work once per call."""
+    t = tl.atomic_add(sync_ptr, 1).to(tl.int64)
+    call = t // programs
+    t = t - call * programs
+    R: tl.constexpr = (NE + G - 1) // G + 1
+    if t < tl.minimum(R, part_stride):
+        chunk = (out_words + R - 1) // R                   # out's int32 words each part zeroes
+        zero_ptr = out_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+        for part in range(t.to(tl.int32), R, part_stride):
+            z0 = part * chunk
+            z1 = tl.minimum(z0 + chunk, out_words)
+            for w0 in range(z0, z1, FILL):
+                wi = w0 + tl.arange(0, FILL)
+                tl.store(zero_ptr + wi, tl.zeros([FILL], dtype=tl.int32), mask=wi < z1)
+            _route_part(part, ids_ptr, wts_ptr, sorted_ids_ptr, sorted_weights_ptr, expert_ids_ptr,
+                        num_rows_ptr, ids_ptr, num_pairs, NE, max_rows, max_blocks, TOP_K, 1, TOP_K, 1,
+                        TOP_K, BM, NB, CH, G, FILL, False)
+        tl.debug_barrier()                                  # every thread's stores before the release
+        tl.atomic_add(sync_ptr + 1, (R - 1 - t) // part_stride + 1, sem="release")
+    # this call's parts all finished: done counts on across calls and a later call cannot start
+    # before this one ends, so done >= target means this call's (an acquire: the routing's stores
+    # are seen by this program's loads that follow)
+    target = (call + 1) * R
+    done = tl.atomic_add(sync_ptr + 1, 0, sem="acquire")
+    while done < target:
+        done = tl.atomic_add(sync_ptr + 1, 0, sem="acquire")
+    pid_k = 0
+    if SPLIT_K > 1:
+        pid_k = tl.program_id(2)
+    _down_tile(tl.program_id(0), tl.program_id(1), pid_k,
+               a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr,
+               sorted_ids_ptr, sorted_weights_ptr, expert_ids_ptr, num_rows_ptr, num_pairs, H,
+               stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_om,
+               TOP_K, A_FP4, ATOMIC, NT, EARLY_LOADS, PREFETCH_EPILOGUE, SWAP_AB, EVEN_N, EXPAND, K, BM, BN, BK,
+               LOAD_AHEAD, PREPACK, ONE_MUL, SPLIT_K, MAX_UNROLL, N_TILES)
+
+
+@triton.jit
+def _down_tile(
+    pid_m, pid_n, pid_k,
+    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr,
+    sorted_ids_ptr, sorted_weights_ptr, expert_ids_ptr, num_rows_ptr,
+    num_pairs, H,
+    stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_om,
+    TOP_K: tl.constexpr, A_FP4: tl.constexpr, ATOMIC: tl.constexpr, NT: tl.constexpr,
+    EARLY_LOADS: tl.constexpr, PREFETCH_EPILOGUE: tl.constexpr, SWAP_AB: tl.constexpr,
+    EVEN_N: tl.constexpr, EXPAND: tl.constexpr, K: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LOAD_AHEAD: tl.constexpr,
+    PREPACK: tl.constexpr, ONE_MUL: tl.constexpr, SPLIT_K: tl.constexpr,
+    MAX_UNROLL: tl.constexpr, N_TILES: tl.constexpr,
+):
     """One BM x BN tile of the down-projection, or N_TILES of them side by side, one after the other
     (with SPLIT_K > 1, its part program_id(2) of the cdiv(K, BK) steps, cdiv(steps, SPLIT_K) each);
     out is [M, H] (ATOMIC) or the per-pair workspace [pairs, H]. Where BK does not divide K = I,
@@ -709,11 +811,9 @@ def _moe_mxfp4_down_kernel(
     J_MASK: tl.constexpr = TOTAL_STEPS - 1 - (SPLIT_K - 1) * NSTEPS if KT else NSTEPS
     K_FIRST: tl.constexpr = KT if J_MASK == 0 else 0
     J_PEEL: tl.constexpr = J_MASK if J_MASK > 0 else 1    # the loop form's first peeled (masked) step
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
     k_lo = 0                    # a constant without SPLIT_K: the step offsets fold
     if SPLIT_K > 1:
-        k_lo = tl.program_id(2) * (NSTEPS * BK)
+        k_lo = pid_k * (NSTEPS * BK)
     rm = pid_m * BM + tl.arange(0, BM)
     tile0 = pid_n * N_TILES          # N_TILES column tiles per program, one after the other
     rn = tile0 * BN + tl.arange(0, BN)

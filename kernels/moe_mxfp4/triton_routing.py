@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["_prepare_routing_kernel", "routing_constexprs"]
+__all__ = ["_prepare_routing_kernel", "_route_part", "routing_constexprs"]
 
 
 @triton.jit
@@ -57,6 +57,19 @@ def _prepare_routing_kernel(ids_ptr, wts_ptr, sorted_ids_ptr, sorted_w_ptr, expe
         for w0 in range(z0, z1, FILL):
             wi = w0 + tl.arange(0, FILL)
             tl.store(zero_ptr + wi, tl.zeros([FILL], dtype=tl.int32), mask=wi < z1)
+    _route_part(pid, ids_ptr, wts_ptr, sorted_ids_ptr, sorted_w_ptr, expert_ids_ptr, num_rows_ptr, counts_ptr,
+                n, E, max_rows, max_blocks, stride_im, stride_ik, stride_wm, stride_wk, TOP_K, BM, NB, CH, G, FILL,
+                True)
+
+
+@triton.jit(noinline=True)     # a call: inlined into the one-launch kernel it raised the tiles' registers
+def _route_part(pid, ids_ptr, wts_ptr, sorted_ids_ptr, sorted_w_ptr, expert_ids_ptr, num_rows_ptr, counts_ptr,
+                n, E, max_rows, max_blocks, stride_im, stride_ik, stride_wm, stride_wk,
+                TOP_K: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr, CH: tl.constexpr, G: tl.constexpr,
+                FILL: tl.constexpr, COUNTS: tl.constexpr):
+    """Part pid of the routing (steps 1-3 of the module doc; the last part, pid = cdiv(E, G), the
+    rows used and the padding past them): what one program of the routing kernel does, also run
+    by the first programs of the down-projection's one-launch form. COUNTS: write counts."""
     bins = tl.arange(0, NB)
     hist = tl.zeros([NB], dtype=tl.int32)
     for c0 in range(0, n, CH):                                   # 1. pairs per expert
@@ -70,7 +83,8 @@ def _prepare_routing_kernel(ids_ptr, wts_ptr, sorted_ids_ptr, sorted_w_ptr, expe
         start = tl.sum(tl.where(bins[None, :] < eg[:, None], padded[None, :], 0), 1)     # first row of each
         count = tl.sum(tl.where(bins[None, :] == eg[:, None], hist[None, :], 0), 1)
         blocks = (count + BM - 1) // BM
-        tl.store(counts_ptr + eg, count, mask=g_ok)
+        if COUNTS:
+            tl.store(counts_ptr + eg, count, mask=g_ok)
         if tl.sum(count, 0) > 0:                                 # 2. the group's pairs, in order
             run = start
             for c0 in range(0, n, CH):
