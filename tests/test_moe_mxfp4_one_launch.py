@@ -43,6 +43,17 @@ def _two_launches(a, weights, ids, wts, E, bm, config=None):
     return moe_mxfp4_down(a, weights, prepare_routing(ids, wts, E, bm), config=config)
 
 
+def _count_launches(monkeypatch, calls: list) -> None:
+    """Every planned launch from here on appends its kernel to calls."""
+    real_call = launcher.PlannedLaunch.__call__
+
+    def counting(self, *args):
+        calls.append(self.fn)
+        return real_call(self, *args)
+
+    monkeypatch.setattr(launcher.PlannedLaunch, "__call__", counting)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_plans():
     ml.clear_plans()
@@ -107,8 +118,7 @@ def test_one_launch_per_call(monkeypatch):
     a = torch.randn(M * top_k, 128, generator=g).bfloat16().to(DEV)
     moe_mxfp4_down(a, weights, (ids, wts))
     calls = []
-    real_call = launcher.PlannedLaunch.__call__
-    monkeypatch.setattr(launcher.PlannedLaunch, "__call__", lambda self, *a: (calls.append(self.fn), real_call(self, *a)))
+    _count_launches(monkeypatch, calls)
     for _ in range(3):
         moe_mxfp4_down(a, weights, (ids, wts))
     assert calls == [mtriton._moe_mxfp4_down_routed_kernel] * 3
@@ -131,8 +141,7 @@ def test_the_two_launches_stay_where_the_one_cannot_serve(monkeypatch, why):
     else:
         monkeypatch.setattr(ml, "ROUTE_IN_KERNEL", False)
     calls = []
-    real_call = launcher.PlannedLaunch.__call__
-    monkeypatch.setattr(launcher.PlannedLaunch, "__call__", lambda self, *a: (calls.append(self.fn), real_call(self, *a)))
+    _count_launches(monkeypatch, calls)
     moe_mxfp4_down(a, weights, (ids, wts), **kw)
     assert mtriton._moe_mxfp4_down_routed_kernel not in calls
     assert triton_routing._prepare_routing_kernel in calls

@@ -115,7 +115,8 @@ def run_model(name: str, m_list, args, prov) -> tuple[list, list]:
                              **prov))
         for x in rows:
             if x["model"] == name and x["M"] == M:
-                log(f"{name} M={M} {x['form']:>28}: graph {x['graph_us']:7.1f} us; loop eager {x['loop_eager_us']:7.1f}, "
+                log(f"{name} M={M} {x['form']:>28}: graph {x['graph_us']:7.1f} us; "
+                    f"loop eager {x['loop_eager_us']:7.1f}, "
                     f"graph {x['loop_graph_us']:7.1f}; host {x['host_us']:5.1f}")
         log(f"{name} M={M}: {time.time() - t0:.0f} s")
     return rows, checks

@@ -41,6 +41,8 @@ atomic mode.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -149,6 +151,11 @@ ROUTE_IN_KERNEL_MAX_US = 80.0
 _EST_BYTES_PER_S, _EST_FLOPS_PER_S = 4.2e12, 2.0e14
 
 
+@functools.lru_cache(maxsize=1024)
+def _one_launch_fits(M: int, top_k: int, E: int, H: int, I: int, limit_us: float) -> bool:
+    return one_launch_us(M, top_k, E, H, I) <= limit_us
+
+
 def one_launch_us(M: int, top_k: int, E: int, H: int, I: int) -> float:
     """Estimated GPU time (us) of the one-launch form: the larger of the bytes bound (every expert
     a pair could reach counted active) and the FLOPs at the kernel's rate, times 1 + 2 / K steps."""
@@ -161,10 +168,19 @@ def one_launch_us(M: int, top_k: int, E: int, H: int, I: int) -> float:
 _ROUTED = PlanCache()
 
 
-def _one_launch_stream(a):
+def _one_launch_stream(a, w, routing, shape):
     """The raw handle of the current CUDA stream of a's device (0 in the interpreter) where the
-    one-launch form runs; None where it does not (a CUDA graph captured, off the GPU)."""
+    one-launch form runs; None where it does not (the rule says two launches, a CUDA graph captured,
+    off the GPU). The rule first: a cached function of the shapes, so the calls that take the two
+    launches pay no more than a lookup for asking."""
     if a.is_cuda:
+        try:
+            M, top_k = routing[0].shape
+        except (AttributeError, TypeError, ValueError):      # let the two-launch path say what is wrong
+            return None
+        H, I = shape if shape else (w.shape[1], 2 * w.shape[2])
+        if not _one_launch_fits(M, top_k, w.shape[0], H, I, ROUTE_IN_KERNEL_MAX_US):
+            return None
         if not ROUTE_IN_KERNEL_IN_GRAPHS and torch.cuda.is_current_stream_capturing():
             return None
         return torch._C._cuda_getCurrentRawStream(a.get_device())
@@ -172,9 +188,9 @@ def _one_launch_stream(a):
 
 
 def _routed_plan_for(a, a_scale, w, w_scale, level, one_mul, routing, config, tune, shape, wsig):
-    """The one-launch plan of an eager call given the router's (topk_ids, topk_weights), or False where
-    the call takes the two launches (strided ids, an odd output size, the deterministic epilogue chosen):
-    decided once per call signature."""
+    """The one-launch plan of a call given the router's (topk_ids, topk_weights) that the rule sends to
+    it, or False where the call takes the two launches after all (strided ids, an odd output size, the
+    deterministic epilogue chosen): decided once per call signature."""
     want_tune = config is None and common_select.tune_requested(tune)
     try:
         ids, wts = routing
@@ -195,9 +211,6 @@ def _make_routed(a, a_scale, w, w_scale, level, one_mul, ids, wts, config, tune,
     H = shape[0] if shape else w.shape[1]
     if ids.dim() != 2 or not ids.is_contiguous() or not wts.is_contiguous() or ids.numel() == 0 or \
             ids.shape[0] * H % 2:
-        return False
-    K = shape[1] if shape else 2 * w.shape[2]
-    if a.is_cuda and one_launch_us(ids.shape[0], ids.shape[1], E, H, K) > ROUTE_IN_KERNEL_MAX_US:
         return False
     bm = config.BLOCK_M if isinstance(config, MoeMxfp4Config) else block_m_for(ids.shape[0], ids.shape[1], E)
     routing = prepare_routing(ids, wts, E, bm)           # checks the ids; the plan's choice is made with it
@@ -267,7 +280,8 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: tor
     # epilogue (one allocation and one launch fewer per call), which the call then adds to.
     fold = out is None and not accumulate and not deterministic and isinstance(w, torch.Tensor) and w.dim() == 3 \
         and not getattr(config, "DETERMINISTIC", False)
-    stream = _one_launch_stream(a) if fold and ROUTE_IN_KERNEL and isinstance(routing, (tuple, list)) else None
+    routers = fold and ROUTE_IN_KERNEL and isinstance(routing, (tuple, list))
+    stream = _one_launch_stream(a, w, routing, shape) if routers else None
     if stream is not None:
         # the routing made by the down-projection's own first programs: one launch per call
         rplan = _routed_plan_for(a, a_scale, w, w_scale, level, one_mul, routing, config, tune, shape, wsig)
