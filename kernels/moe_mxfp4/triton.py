@@ -725,8 +725,8 @@ def _moe_mxfp4_down_routed_kernel(
     """The down-projection from the router's ids in one launch: routing, zeroing and tiles.
 
     ids_ptr / wts_ptr: the router's contiguous topk_ids / topk_weights [M, top_k]; the routing's
-    four buffers (``routing.py``'s layout, max_rows and max_blocks long) are written here, not
-    read; sync_ptr: int64 [2], zero when made and never reset (a ticket counter and a count of
+    four buffers (``routing.py``'s layout, max_rows and max_blocks long) are written by the
+    routing parts, then read by the tiles; sync_ptr: int64 [2], zero when made and never reset (a ticket counter and a count of
     finished routing parts, both counting on across calls). The grid is the plain kernel's
     (row blocks, column tiles / N_TILES, SPLIT_K), ``programs`` of them; R = cdiv(NE, G) + 1
     routing parts.
