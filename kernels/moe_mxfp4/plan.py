@@ -274,6 +274,12 @@ def sms(device: torch.device) -> int:
     return sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def row_strides(a, a_scale, w, w_scale, out) -> tuple:
+    """The kernels' row strides of a, a_scale (0 without), w, w_scale and the output, in their order."""
+    return (a.stride(0), 0 if a_scale is None else a_scale.stride(0), w.stride(0), w.stride(1),
+            w_scale.stride(0), w_scale.stride(1), out.stride(0))
+
+
 def execute(plan: Plan, a, a_scale, w, w_scale, routing, out, accumulate) -> torch.Tensor:
     """One call of a plan: the output zeroed (atomic mode, unless accumulating), the kernel, and
     the deterministic mode's reduction."""
@@ -286,8 +292,7 @@ def execute(plan: Plan, a, a_scale, w, w_scale, routing, out, accumulate) -> tor
         return out
     target = out if plan.workspace is None else plan.workspace
     if plan.strides is None:
-        plan.strides = (a.stride(0), 0 if a_scale is None else a_scale.stride(0), w.stride(0), w.stride(1),
-                        w_scale.stride(0), w_scale.stride(1), target.stride(0))
+        plan.strides = row_strides(a, a_scale, w, w_scale, target)
     plan.launch(a, a if a_scale is None else a_scale, w, w_scale, target,
                 routing.sorted_ids, routing.sorted_weights, routing.expert_ids, routing.num_rows,
                 routing.num_pairs, plan.H, *plan.strides)
@@ -347,10 +352,8 @@ class RoutedPlan:
         out = torch.empty((plan.M, plan.H), dtype=torch.bfloat16, device=a.device)
         ws = self._workspace(a.device, stream)
         if self.strides is None:
-            self.strides = (a.stride(0), 0 if a_scale is None else a_scale.stride(0), w.stride(0), w.stride(1),
-                            w_scale.stride(0), w_scale.stride(1), out.stride(0),
-                            plan.M * plan.H // 2, self.max_rows, self.max_blocks, self.programs,
-                            1 if interpreter.active() else self.programs)
+            self.strides = (*row_strides(a, a_scale, w, w_scale, out), plan.M * plan.H // 2, self.max_rows,
+                            self.max_blocks, self.programs, 1 if interpreter.active() else self.programs)
         self.launch(a, a if a_scale is None else a_scale, w, w_scale, out, topk_ids, topk_weights, *ws,
                     self.num_pairs, plan.H, *self.strides)
         return out
