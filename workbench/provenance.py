@@ -14,8 +14,9 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 __all__ = ["collect", "flat", "KNOB_PREFIXES", "git_info", "versions", "devices", "slurm"]
 
@@ -152,3 +153,11 @@ def flat(info: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(info)
     out["knobs"] = json.dumps(out.get("knobs", {}), sort_keys=True, default=str)
     return out
+
+
+def columns(script: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """``prov_*`` columns for a results table: ``collect()`` flattened, plus ``prov_command``, the
+    command that remakes it (``python3 <script>`` with argv, the process's own arguments if None)."""
+    prov = {f"prov_{k}": v for k, v in flat(collect()).items()}
+    prov["prov_command"] = " ".join(["python3", script, *(sys.argv[1:] if argv is None else argv)])
+    return prov

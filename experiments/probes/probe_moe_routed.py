@@ -136,9 +136,7 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    prov = {f"prov_{k}": v for k, v in provenance.flat(provenance.collect()).items()}
-    prov["prov_command"] = "python3 experiments/probes/probe_moe_routed.py " + " ".join(
-        sys.argv[1:] if argv is None else argv)
+    prov = provenance.columns("experiments/probes/probe_moe_routed.py", argv)
     rows, checks = [], []
     for name in args.models:
         r, c = run_model(name, tuple(args.m) if args.m else M_LISTS[name], args, prov)

@@ -17,6 +17,11 @@ Given the router's ids, an eager call at small M makes one launch, the routing m
 first programs (``ROUTE_IN_KERNEL``, chosen by ``one_launch_us``); otherwise, and under CUDA graph
 capture, the routing kernel and then the down-projection.
 
+At large M (``ws_fits``: at least 4096 pairs and 64 per expert) a call with no config, bf16
+activations and weights of the plain or level-2 layout runs the warp-specialised Gluon kernel
+(``gluon.py``) on a Hopper GPU: the routing for 128-row blocks, the activations gathered, one
+persistent launch. ``WS_LARGE_M = False`` turns it off.
+
 The layout level travels with the weights (``Mxfp4Weights``), so the plan knows it (it is part
 of the plan's key), and a config whose PREPACK differs from the weights' level is refused
 (ValueError), as is a PREPACK config with plain tensors.
@@ -50,6 +55,7 @@ from kernels.common import interpreter
 from kernels.common import select as common_select
 from kernels.common.plans import PlanCache, capturing, config_key, tensor_signature
 
+from . import gluon as ws_kernel
 from . import metrics
 from . import plan as mplan
 from . import select as mselect
@@ -58,7 +64,8 @@ from .quant import Mxfp4Weights, weights_signature
 from .routing import Routing, prepare_routing, prepare_routing_and_output, routing_signature
 from .triton import _dequant_kernel, _moe_mxfp4_down_kernel, _moe_mxfp4_down_routed_kernel
 
-__all__ = ["clear_plans", "dequantize_weights_bf16", "moe_mxfp4_down", "one_launch_us", "plan_cache_info", "plan_for"]
+__all__ = ["clear_plans", "dequantize_weights_bf16", "moe_mxfp4_down", "one_launch_us", "plan_cache_info", "plan_for",
+           "ws_fits"]
 
 _PLANS = PlanCache()
 
@@ -224,6 +231,69 @@ def _make_routed(a, a_scale, w, w_scale, level, one_mul, ids, wts, config, tune,
     return mplan.RoutedPlan(plan, E, ids.numel(), mplan.sms(a.device) or 132, regs)
 
 
+# Large M: the warp-specialised kernel (``gluon.py``: the expansion in warps of its own beside the
+# wgmma, persistent), for bf16 activations and weights of the plain or the level-2 layout, given the
+# router's ids or a routing of 128-row blocks, no config, not deterministic, on a Hopper GPU, where
+# the pairs per expert fill its 128-row blocks. The thresholds are the fit set's smallest winners
+# (results/moe_mxfp4/ws/, one H200: faster than the Triton kernel from 64 pairs per expert and 4096
+# pairs, slower at 32-48 per expert); on the held-out shapes the rule picks the faster kernel at 14
+# of 15. WS_LARGE_M = False: never.
+WS_LARGE_M = True
+WS_MIN_PAIRS, WS_MIN_PAIRS_PER_EXPERT, WS_BLOCK_M = 4096, 64, 128
+
+
+def ws_fits(M: int, top_k: int, E: int) -> bool:
+    """Whether a call of M tokens, top_k experts each, E experts takes the warp-specialised kernel."""
+    pairs = M * top_k
+    return pairs >= WS_MIN_PAIRS and pairs >= WS_MIN_PAIRS_PER_EXPERT * E
+
+
+@functools.lru_cache(maxsize=8)
+def _hopper(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] == 9
+
+
+def _ws_call(a, a_scale, w, w_scale, level, one_mul, shape, routing, out, accumulate, config, deterministic):
+    """The call through the warp-specialised kernel, or None where it does not apply (then the
+    Triton kernels run, and say what is wrong with arguments they refuse)."""
+    if not WS_LARGE_M or config is not None or deterministic or a_scale is not None or not a.is_cuda \
+            or a.dtype != torch.bfloat16 or a.dim() != 2 or a.stride(1) != 1 or level not in ws_kernel.LEVELS \
+            or not isinstance(w, torch.Tensor) or w.dim() != 3 or not _hopper(a.get_device()):
+        return None
+    E = w.shape[0]
+    H, I = shape if shape else (w.shape[1], 2 * w.shape[2])
+    if isinstance(routing, Routing):
+        if routing.block_m != WS_BLOCK_M:
+            return None
+        M, top_k = routing.num_pairs // routing.top_k, routing.top_k
+    elif isinstance(routing, (tuple, list)) and len(routing) == 2 and isinstance(routing[0], torch.Tensor) \
+            and routing[0].dim() == 2:
+        M, top_k = routing[0].shape
+    else:
+        return None
+    if not ws_fits(M, top_k, E) or tuple(a.shape) != (M * top_k, I) or routing_experts(routing, E) != E:
+        return None
+    if out is not None and (tuple(out.shape) != (M, H) or out.dtype != torch.bfloat16 or out.stride(1) != 1):
+        return None
+    if isinstance(routing, Routing):
+        r = routing
+    elif out is None:
+        r, out = prepare_routing_and_output(routing[0], routing[1], E, WS_BLOCK_M, H)
+        accumulate = True
+    else:
+        r = prepare_routing(routing[0], routing[1], E, WS_BLOCK_M)
+    if out is None:
+        out = torch.zeros((M, H), dtype=torch.bfloat16, device=a.device)
+    elif not accumulate:
+        out.zero_()
+    return ws_kernel.launch(a, w, w_scale, r, out, level=level, shape=(H, I), one_mul=one_mul)
+
+
+def routing_experts(routing, E: int) -> int:
+    """The experts a routing was prepared for (E for the router's ids, prepared here)."""
+    return routing.num_experts if isinstance(routing, Routing) else E
+
+
 def plan_for(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: torch.Tensor | None = None,
              routing: Routing | None = None, *, a_scale: torch.Tensor | None = None,
              config: MoeMxfp4Config | None = None, out: torch.Tensor | None = None, accumulate: bool = False,
@@ -260,7 +330,8 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: tor
     themselves (prepared in the call, one launch: BM from the config, else ``block_m_for``; with no
     out, that launch also zeroes the output the call returns, so the call makes no zeroing launch;
     eager calls whose estimated GPU time is at most ROUTE_IN_KERNEL_MAX_US make the routing inside
-    the down-projection's own launch instead: one launch per call).
+    the down-projection's own launch instead: one launch per call; calls that ``ws_fits`` takes, with
+    no config and bf16 activations, run the warp-specialised kernel).
     Returns out bf16 [M, H] (written, or
     added to with ``accumulate=True``). A config must read the weights' layout
     (config.PREPACK == level, else ValueError). Without a config, the selection layer's
@@ -276,6 +347,10 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: tor
     """
     wsig = w.signature if isinstance(w, Mxfp4Weights) else None        # made once per weights object
     w, w_scale, routing, level, one_mul, shape = mplan.unwrap_weights(w, w_scale, routing)
+    if WS_LARGE_M:
+        done = _ws_call(a, a_scale, w, w_scale, level, one_mul, shape, routing, out, accumulate, config, deterministic)
+        if done is not None:
+            return done
     # The router's ids with no out given: the routing's launch also zeroes the output for the atomic
     # epilogue (one allocation and one launch fewer per call), which the call then adds to.
     fold = out is None and not accumulate and not deterministic and isinstance(w, torch.Tensor) and w.dim() == 3 \

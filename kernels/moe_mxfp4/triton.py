@@ -1007,3 +1007,19 @@ def _dequant_kernel(w_ptr, w_scale_ptr, out_ptr, R, C, EXPAND: tl.constexpr, BR:
     v = _e2m1_to_bf16(w, s, BR, BC, EXPAND)
     ro = tl.program_id(1) * 2 * BC + tl.arange(0, 2 * BC)
     tl.store(out_ptr + rows * (2 * C) + ro[None, :], v, mask=r_ok)
+
+
+@triton.jit
+def _gather_sorted_kernel(a_ptr, sorted_ids_ptr, num_rows_ptr, x_ptr, n_pairs, I, stride_am, stride_xm,
+                          BR: tl.constexpr, BC: tl.constexpr):
+    """x[r] = a[sorted_ids[r]] for each row r the routing used whose pair exists (padding rows are
+    left as they are: the warp-specialised down-projection drops their products), each run of 8
+    columns in its K order (the second and third of every 4 swapped: ``gluon.K_ORDER``)."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    used = rows < tl.load(num_rows_ptr)
+    ids = tl.load(sorted_ids_ptr + rows, mask=used, other=n_pairs)
+    mask = (used & (ids < n_pairs))[:, None] & (cols < I)[None, :]
+    v = tl.load(a_ptr + ids.to(tl.int64)[:, None] * stride_am + cols[None, :], mask=mask, other=0.0)
+    v = tl.reshape(tl.permute(tl.reshape(v, (BR, BC // 4, 2, 2)), (0, 1, 3, 2)), (BR, BC))
+    tl.store(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], v, mask=mask)
