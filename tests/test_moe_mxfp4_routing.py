@@ -109,6 +109,56 @@ def test_many_chunks_per_program(monkeypatch):
     _same(prepare_routing(ids, wts, 7, 16), ids, wts, 7, 16)
 
 
+@pytest.fixture
+def chunked(monkeypatch):
+    """The three-launch routing at every size, in chunks of 64 pairs (many chunks at test sizes)."""
+    real = triton_routing.chunked_constexprs
+    monkeypatch.setattr(triton_routing, "chunked_constexprs", lambda n, E: (64, real(n, E)[1], -(-n // 64)))
+    monkeypatch.setattr(mr, "CHUNKED_MIN_PAIRS", 1)
+    monkeypatch.setattr(mr, "_PLANS", mr.PlanCache())
+
+
+@pytest.mark.parametrize("M,E,top_k,BM,case", [(37, 6, 3, 16, "random"), (300, 32, 4, 64, "random"),
+                                              (120, 385, 9, 16, "random"), (90, 8, 2, 128, "all to one"),
+                                              (1, 4, 2, 16, "one token"), (70, 7, 3, 32, "out of range"),
+                                              (64, 40, 4, 16, "int64 ids, bf16 weights")])
+def test_chunked_routing_gives_the_same_rows(M, E, top_k, BM, case, chunked):
+    """Many pairs: counts per chunk, offsets, then each chunk sorted and scattered (three launches)
+    give every field the one-launch kernel and the references give: the same stable order."""
+    ids, wts = _random(M, E, top_k, seed=M + E)
+    if case == "all to one":
+        ids[:, 0] = 5
+    if case == "out of range":
+        ids[0, 0], ids[3, 2] = E + 2, -1
+    if case.startswith("int64"):
+        ids, wts = ids.to(torch.int64), wts.to(torch.bfloat16)
+    calls = []
+    real_call = launcher.PlannedLaunch.__call__
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(launcher.PlannedLaunch, "__call__", lambda self, *a: (calls.append(self.fn), real_call(self, *a)))
+        got = prepare_routing(ids, wts, E, BM)
+    assert calls == [triton_routing._route_chunk_counts_kernel, triton_routing._route_chunk_offsets_kernel,
+                     triton_routing._route_chunk_scatter_kernel]
+    if case == "out of range":
+        assert got.counts.sum() == M * top_k - 2 and int((got.sorted_ids < M * top_k).sum()) == M * top_k - 2
+        return
+    _same(got, ids, wts, E, BM)
+
+
+def test_chunked_routing_zeroes_poisoned_output(chunked, monkeypatch):
+    """prepare_routing_and_output in three launches: the output zeroed by the scatter's programs, a
+    share each, from memory full of NaN bit patterns; the rows as without the output."""
+    ids, wts = _random(50, 6, 3, seed=4)
+    want = prepare_routing(ids, wts, 6, 16)
+    real_empty = torch.empty
+    monkeypatch.setattr(mr.torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(0x7FC07FC0))
+    got, out = mr.prepare_routing_and_output(ids, wts, 6, 16, 40)
+    monkeypatch.undo()
+    assert out.shape == (50, 40) and (out == 0).all() and not out.isnan().any()
+    for f in FIELDS:
+        assert torch.equal(getattr(got, f), getattr(want, f)), f
+
+
 def test_out_of_range_ids_are_left_out_and_check_says_so():
     """Like torch indexing, ids are not checked on the device: a pair whose expert is outside [0, E)
     is in no expert's rows (nothing is written out of bounds); check=True reads them back."""

@@ -128,9 +128,14 @@ class _RoutingPlan:
     zero_chunk: int = 0                         # int32 words of it each program zeroes
     sig: tuple | None = None                    # routing_signature of this plan's Routing, after its first call
     strides: tuple = ()                         # topk_ids' and topk_weights' (the key fixes them)
+    chunked: tuple | None = None                # many pairs: the three launches (counts, offsets, scatter)
+    chunks: int = 0                             # ... over this many chunks, with 2 * chunks * NB scratch words
 
 
 _PLANS = PlanCache()
+# From this many pairs the routing takes three launches over chunks of pairs (triton_routing's
+# chunked kernels) instead of one whose programs each read every pair: the same rows.
+CHUNKED_MIN_PAIRS = 8192
 
 
 def _quad(x: int) -> int:
@@ -145,19 +150,31 @@ def _make_plan(topk_ids, topk_weights, num_experts: int, block_m: int, out_cols:
     sizes = [rows, rows, blocks, _quad(blocks) - blocks, E, _quad(E) - E, 1, 3]
     if out_cols:   # the output, bf16 pairs as int32 words, last: 16-byte aligned like the others
         sizes.append(_quad(-(-M * out_cols // 2)))
-    launch = None
+    launch = chunked = None
+    chunks = 0
     dev = topk_ids.device
     if dev.type == "cuda" or interpreter.active():
         if interpreter.active():
             interpreter.patch()
-        sms = sm_count(dev.index if dev.index is not None else torch.cuda.current_device()) if dev.type == "cuda" \
-            else 132
-        grid, cx = triton_routing.routing_constexprs(n, E, top_k, BM, sms=sms)
-        launch = PlannedLaunch.of(triton_routing._prepare_routing_kernel, grid, dict(cx, ZERO=bool(out_cols)))
+        if n >= CHUNKED_MIN_PAIRS:
+            CH, NB, chunks = triton_routing.chunked_constexprs(n, E)
+            sizes.insert(8, 2 * chunks * NB)     # the counts (then bases) and the in-chunk starts
+            chunked = (PlannedLaunch.of(triton_routing._route_chunk_counts_kernel, (chunks,),
+                                        dict(TOP_K=top_k, NB=NB, CH=CH, num_warps=4)),
+                       PlannedLaunch.of(triton_routing._route_chunk_offsets_kernel, (1,),
+                                        dict(BM=BM, NB=NB, G=8, FILL=1024, num_warps=4)),
+                       PlannedLaunch.of(triton_routing._route_chunk_scatter_kernel, (chunks,),
+                                        dict(TOP_K=top_k, NB=NB, CH=CH, FILL=1024, ZERO=bool(out_cols), num_warps=4)))
+        else:
+            sms = sm_count(dev.index if dev.index is not None else torch.cuda.current_device()) \
+                if dev.type == "cuda" else 132
+            grid, cx = triton_routing.routing_constexprs(n, E, top_k, BM, sms=sms)
+            launch = PlannedLaunch.of(triton_routing._prepare_routing_kernel, grid, dict(cx, ZERO=bool(out_cols)))
     out_shape = (M, out_cols) if out_cols else None
-    chunk = _quad(-(-sizes[-1] // launch.grid[0])) if out_cols and launch is not None else 0
+    programs = chunks if chunked else (launch.grid[0] if launch is not None else 0)
+    chunk = _quad(-(-sizes[-1] // programs)) if out_cols and programs else 0
     return _RoutingPlan(n, top_k, E, BM, rows, blocks, sizes, sum(sizes), dev, launch, out_shape, chunk,
-                        strides=(*topk_ids.stride(), *topk_weights.stride()))
+                        strides=(*topk_ids.stride(), *topk_weights.stride()), chunked=chunked, chunks=chunks)
 
 
 def prepare_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, block_m: int, *,
@@ -190,18 +207,28 @@ def _prepare(topk_ids, topk_weights, num_experts, block_m, check, out_cols) -> t
         plan = _PLANS.put(key, _make_plan(topk_ids, topk_weights, num_experts, block_m, out_cols))
     if check:
         _check_ids(topk_ids, num_experts)
-    if plan.launch is None:
+    if plan.launch is None and plan.chunked is None:
         out = torch.zeros((topk_ids.shape[0], out_cols), dtype=torch.bfloat16, device=plan.device) if out_cols \
             else None
         return torch_routing(topk_ids, topk_weights, num_experts, block_m), out
     # one allocation, its views in one call (each slice of a tensor costs about as much host time)
-    sorted_ids, weights_i32, expert_ids, _, counts, _, num_rows, _, *words = torch.empty(
+    sorted_ids, weights_i32, expert_ids, _, counts, _, num_rows, _, *rest = torch.empty(
         plan.total, dtype=torch.int32, device=plan.device).split_with_sizes(plan.sizes)
     sorted_weights = weights_i32.view(torch.float32)
+    words = rest[1:] if plan.chunked else rest
     zero = words[0] if words else sorted_ids          # not written without an output to zero
-    plan.launch(topk_ids, topk_weights, sorted_ids, sorted_weights, expert_ids, num_rows, counts,
-                plan.n, plan.E, plan.rows, plan.blocks, *plan.strides, zero, plan.sizes[-1] if words else 0,
-                plan.zero_chunk)
+    zero_words = plan.sizes[-1] if words else 0
+    if plan.chunked:
+        base, local = rest[0].chunk(2)
+        count, offsets, scatter = plan.chunked
+        count(topk_ids, base, local, plan.n, plan.E, *plan.strides[:2])
+        offsets(base, local, sorted_ids, sorted_weights, expert_ids, num_rows, counts, plan.n, plan.E, plan.rows,
+                plan.blocks, plan.chunks)
+        scatter(topk_ids, topk_weights, base, sorted_ids, sorted_weights, plan.n, plan.E, *plan.strides, zero,
+                zero_words, plan.zero_chunk)
+    else:
+        plan.launch(topk_ids, topk_weights, sorted_ids, sorted_weights, expert_ids, num_rows, counts,
+                    plan.n, plan.E, plan.rows, plan.blocks, *plan.strides, zero, zero_words, plan.zero_chunk)
     routing = Routing(sorted_ids, sorted_weights, expert_ids, num_rows, counts, plan.n, plan.top_k, plan.E, plan.BM,
                       plan.sig)
     if plan.sig is None:          # the same for every call of the plan: made once (host time per call)

@@ -32,7 +32,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["_prepare_routing_kernel", "_route_part", "routing_constexprs"]
+__all__ = ["_prepare_routing_kernel", "_route_chunk_counts_kernel", "_route_chunk_offsets_kernel",
+           "_route_chunk_scatter_kernel", "_route_part", "chunked_constexprs", "routing_constexprs"]
 
 
 @triton.jit
@@ -129,3 +130,102 @@ def routing_constexprs(num_pairs: int, num_experts: int, top_k: int, block_m: in
     CH = max(16, min(triton.next_power_of_2(max(num_pairs, 1)), 8192 // G, 2048))
     grid = (-(-num_experts // G) + 1,)
     return grid, dict(TOP_K=top_k, BM=block_m, NB=NB, CH=CH, G=G, FILL=1024, num_warps=4)
+
+
+# --------------------------------------------------------------------------------------------------
+# Many pairs: the same layout in three launches, each pair read twice in all (the one-launch kernel
+# reads every pair twice in each of its cdiv(E, G) programs, one after the other: at KIMI-K2.5's
+# M = 16384, 147,456 pairs, that was most of a millisecond). Chunks of CH pairs:
+#   1. _route_chunk_counts_kernel, a program per chunk: its pairs per expert, and where each expert's
+#      run starts inside the chunk once the chunk is sorted (the exclusive sum over lower experts);
+#   2. _route_chunk_offsets_kernel, one program: each expert's first row (the padded counts before
+#      it), then, chunk by chunk, base[c, e] = that row + expert e's pairs in chunks before c - where
+#      e's run starts inside chunk c; the counts, the last blocks' padding, the blocks' experts and
+#      everything past the rows used (as _route_part does);
+#   3. _route_chunk_scatter_kernel, a program per chunk: the chunk's pairs sorted by (expert, index)
+#      (tl.sort of one key), the pair at sorted position q of expert e goes to row base[c, e] + q:
+#      ascending within an expert, chunk after chunk, so the rows are the one-launch kernel's.
+# --------------------------------------------------------------------------------------------------
+@triton.jit
+def _route_chunk_counts_kernel(ids_ptr, counts_ptr, local_ptr, n, E, stride_im, stride_ik,
+                               TOP_K: tl.constexpr, NB: tl.constexpr, CH: tl.constexpr):
+    c = tl.program_id(0)
+    e, ok = _experts_of(ids_ptr, c * CH + tl.arange(0, CH), n, E, stride_im, stride_ik, TOP_K)
+    hist = tl.histogram(e, NB, mask=ok)
+    bins = tl.arange(0, NB)
+    tl.store(counts_ptr + c * NB + bins, hist)
+    tl.store(local_ptr + c * NB + bins, tl.cumsum(hist, 0) - hist)
+
+
+@triton.jit
+def _route_chunk_offsets_kernel(counts_ptr, local_ptr, sorted_ids_ptr, sorted_w_ptr, expert_ids_ptr, num_rows_ptr,
+                                out_counts_ptr, n, E, max_rows, max_blocks, chunks,
+                                BM: tl.constexpr, NB: tl.constexpr, G: tl.constexpr, FILL: tl.constexpr):
+    bins = tl.arange(0, NB)
+    hist = tl.zeros([NB], dtype=tl.int32)
+    for c in range(0, chunks):
+        hist += tl.load(counts_ptr + c * NB + bins)
+    padded = (hist + BM - 1) // BM * BM
+    start = tl.cumsum(padded, 0) - padded
+    run = start
+    for c in range(0, chunks):                     # counts become bases, row by row
+        h = tl.load(counts_ptr + c * NB + bins)
+        tl.store(counts_ptr + c * NB + bins, run - tl.load(local_ptr + c * NB + bins))
+        run += h
+    tl.store(out_counts_ptr + bins, hist, mask=bins < E)
+    for g0 in range(0, E, G):                      # each expert's last block padded, its blocks named
+        eg = g0 + tl.arange(0, G)
+        g_ok = eg < E
+        sel = bins[None, :] == eg[:, None]
+        count = tl.sum(tl.where(sel, hist[None, :], 0), 1)
+        first = tl.sum(tl.where(sel, start[None, :], 0), 1)
+        blocks = (count + BM - 1) // BM
+        rows = first[:, None] + count[:, None] + tl.arange(0, BM)[None, :]
+        pad = (rows < (first + blocks * BM)[:, None]) & g_ok[:, None]
+        tl.store(sorted_ids_ptr + rows, tl.zeros_like(rows) + n, mask=pad)
+        tl.store(sorted_w_ptr + rows, tl.zeros(rows.shape, dtype=tl.float32), mask=pad)
+        for b0 in range(0, tl.max(blocks, 0), FILL):
+            b = b0 + tl.arange(0, FILL)
+            mb = (b[None, :] < blocks[:, None]) & g_ok[:, None]
+            tl.store(expert_ids_ptr + first[:, None] // BM + b[None, :], eg[:, None] + tl.zeros_like(b)[None, :],
+                     mask=mb)
+    num_rows = tl.sum(padded, 0)
+    tl.store(num_rows_ptr, num_rows)
+    for r0 in range(num_rows, max_rows, FILL):     # rows and blocks past the used ones
+        r = r0 + tl.arange(0, FILL)
+        tl.store(sorted_ids_ptr + r, tl.zeros_like(r) + n, mask=r < max_rows)
+        tl.store(sorted_w_ptr + r, tl.zeros([FILL], dtype=tl.float32), mask=r < max_rows)
+    for b0 in range(num_rows // BM, max_blocks, FILL):
+        b = b0 + tl.arange(0, FILL)
+        tl.store(expert_ids_ptr + b, tl.zeros_like(b) - 1, mask=b < max_blocks)
+
+
+@triton.jit
+def _route_chunk_scatter_kernel(ids_ptr, wts_ptr, base_ptr, sorted_ids_ptr, sorted_w_ptr, n, E,
+                                stride_im, stride_ik, stride_wm, stride_wk, zero_ptr, zero_words, zero_chunk,
+                                TOP_K: tl.constexpr, NB: tl.constexpr, CH: tl.constexpr, FILL: tl.constexpr,
+                                ZERO: tl.constexpr = False):
+    c = tl.program_id(0)
+    if ZERO:   # the down-projection's output (int32 words), zeroed for its atomics, a share per program
+        z0 = c * zero_chunk
+        z1 = tl.minimum(z0 + zero_chunk, zero_words)
+        for w0 in range(z0, z1, FILL):
+            wi = w0 + tl.arange(0, FILL)
+            tl.store(zero_ptr + wi, tl.zeros([FILL], dtype=tl.int32), mask=wi < z1)
+    q = tl.arange(0, CH)
+    e, ok = _experts_of(ids_ptr, c * CH + q, n, E, stride_im, stride_ik, TOP_K)
+    key = tl.sort(tl.where(ok, e, NB) * CH + q)    # by expert (pairs left out: NB, last), then index
+    se = key // CH
+    mine = se < NB
+    p = c * CH + key % CH
+    dest = tl.load(base_ptr + c * NB + se, mask=mine, other=0) + q
+    wt = tl.load(wts_ptr + (p // TOP_K) * stride_wm + (p % TOP_K) * stride_wk, mask=mine, other=0.0)
+    tl.store(sorted_ids_ptr + dest, p, mask=mine)
+    tl.store(sorted_w_ptr + dest, wt.to(tl.float32), mask=mine)
+
+
+def chunked_constexprs(num_pairs: int, num_experts: int) -> tuple[int, int, int]:
+    """(CH, NB, chunks) of the three-launch routing: CH = 2048 pairs a chunk (fewer for fewer pairs)."""
+    NB = max(16, triton.next_power_of_2(num_experts))
+    CH = max(16, min(2048, triton.next_power_of_2(max(num_pairs, 1))))
+    return CH, NB, -(-num_pairs // CH)
