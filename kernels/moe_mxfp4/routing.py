@@ -1,4 +1,5 @@
-"""Routing preparation for the down-projection: one kernel launch, planned once, no host sync.
+"""Routing preparation for the down-projection: one kernel launch (three at many pairs), planned once,
+no host sync.
 
 From the router's ``topk_ids`` / ``topk_weights`` ([M, top_k]) to the layout the
 kernel reads: the M * top_k (token, slot) pairs sorted by expert, each expert's
@@ -22,11 +23,12 @@ max_rows = M * top_k + min(E, M * top_k) * (BM - 1), rounded up to BM: each
 expert that has pairs wastes at most BM - 1 rows.
 
 How: on a GPU (and in Triton's interpreter) one Triton kernel writes all of it
-(``triton_routing._prepare_routing_kernel``); what depends only on the call's
-signature (shapes, strides, dtypes, device, E, BM: the grid, the tile sizes, the
-compiled kernel) is decided once and kept in a plan, so a repeated call is a
+(``triton_routing._prepare_routing_kernel``), or from ``CHUNKED_MIN_PAIRS`` pairs three
+(per-chunk counts, offsets, each chunk sorted and scattered: the same rows); what depends
+only on the call's signature (shapes, strides, dtypes, device, E, BM: the grid, the tile
+sizes, the compiled kernels) is decided once and kept in a plan, so a repeated call is a
 lookup, one allocation (the outputs are views of one buffer, fresh every call:
-a Routing stays valid while later calls make theirs) and one launch. CPU tensors
+a Routing stays valid while later calls make theirs) and the launches. CPU tensors
 outside the interpreter take the same layout from torch ops (``torch_routing``,
 also the tests' second reference beside the host loops of ``reference_routing``).
 
@@ -134,8 +136,11 @@ class _RoutingPlan:
 
 _PLANS = PlanCache()
 # From this many pairs the routing takes three launches over chunks of pairs (triton_routing's
-# chunked kernels) instead of one whose programs each read every pair: the same rows.
-CHUNKED_MIN_PAIRS = 8192
+# chunked kernels) instead of one whose programs each read every pair: the same rows. On one H200
+# (results/moe_mxfp4/routing_chunked/) the three launches take 100-230 us from 8192 pairs up, the one
+# launch 29-934 us, growing with the pairs: ahead from 36,864 pairs (KIMI-K2.5 M = 4096: 203 against
+# 239 us; M = 16384: 230 against 934), behind at 32,768 (gpt-oss-120b M = 8192: 123 against 108).
+CHUNKED_MIN_PAIRS = 36864
 
 
 def _quad(x: int) -> int:
