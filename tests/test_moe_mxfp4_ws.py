@@ -178,6 +178,18 @@ def test_cpu_calls_never_take_it(monkeypatch):
                        (ids, torch.rand(4096, 4)), None, False, None, False) is None
 
 
+def test_small_calls_ask_only_the_size():
+    """At small M (eager calls are host-bound there) the path reads the routing's shape and the rule's
+    cached answer, and touches nothing else: here an activations object with no attributes at all."""
+    import timeit
+
+    w, s = _weights(64, 128, seed=3)
+    routing = (torch.zeros(16, 4, dtype=torch.int32), torch.rand(16, 4))
+    args = (object(), None, w, s, 2, False, None, routing, None, False, None, False)
+    assert ml._ws_call(*args) is None
+    assert timeit.timeit(lambda: ml._ws_call(*args), number=2000) / 2000 < 20e-6
+
+
 # --------------------------------------------------------------------------- cross-compiled
 @pytest.mark.parametrize("level,one_mul", [(2, True), (0, False)])
 def test_cross_compiled_for_sm90(level, one_mul, tmp_path):

@@ -255,23 +255,19 @@ def _hopper(device_index: int) -> bool:
 
 def _ws_call(a, a_scale, w, w_scale, level, one_mul, shape, routing, out, accumulate, config, deterministic):
     """The call through the warp-specialised kernel, or None where it does not apply (then the
-    Triton kernels run, and say what is wrong with arguments they refuse)."""
-    if not WS_LARGE_M or config is not None or deterministic or a_scale is not None or not a.is_cuda \
-            or a.dtype != torch.bfloat16 or a.dim() != 2 or a.stride(1) != 1 or level not in ws_kernel.LEVELS \
-            or not isinstance(w, torch.Tensor) or w.dim() != 3 or not _hopper(a.get_device()):
+    Triton kernels run, and say what is wrong with arguments they refuse). The size first: at small
+    M, where eager calls are host-bound, asking costs a shape read and the rule's cached answer."""
+    mk = _pairs_of(routing)
+    if mk is None or not isinstance(w, torch.Tensor) or w.dim() != 3 or not _ws_fits(*mk, w.shape[0]):
         return None
+    M, top_k = mk
     E = w.shape[0]
     H, I = shape if shape else (w.shape[1], 2 * w.shape[2])
-    if isinstance(routing, Routing):
-        if routing.block_m != WS_BLOCK_M:
-            return None
-        M, top_k = routing.num_pairs // routing.top_k, routing.top_k
-    elif isinstance(routing, (tuple, list)) and len(routing) == 2 and isinstance(routing[0], torch.Tensor) \
-            and routing[0].dim() == 2:
-        M, top_k = routing[0].shape
-    else:
+    if config is not None or deterministic or a_scale is not None or not a.is_cuda or a.dtype != torch.bfloat16 \
+            or tuple(a.shape) != (M * top_k, I) or a.stride(1) != 1 or level not in ws_kernel.LEVELS \
+            or not _hopper(a.get_device()):
         return None
-    if not ws_fits(M, top_k, E) or tuple(a.shape) != (M * top_k, I) or routing_experts(routing, E) != E:
+    if isinstance(routing, Routing) and (routing.block_m != WS_BLOCK_M or routing.num_experts != E):
         return None
     if out is not None and (tuple(out.shape) != (M, H) or out.dtype != torch.bfloat16 or out.stride(1) != 1):
         return None
@@ -289,9 +285,20 @@ def _ws_call(a, a_scale, w, w_scale, level, one_mul, shape, routing, out, accumu
     return ws_kernel.launch(a, w, w_scale, r, out, level=level, shape=(H, I), one_mul=one_mul)
 
 
-def routing_experts(routing, E: int) -> int:
-    """The experts a routing was prepared for (E for the router's ids, prepared here)."""
-    return routing.num_experts if isinstance(routing, Routing) else E
+def _pairs_of(routing) -> tuple[int, int] | None:
+    """(M, top_k) of a prepared Routing or of the router's (topk_ids, topk_weights); None otherwise."""
+    if isinstance(routing, Routing):
+        return routing.num_pairs // max(routing.top_k, 1), routing.top_k
+    if isinstance(routing, (tuple, list)) and len(routing) == 2:
+        shape = getattr(routing[0], "shape", ())
+        if len(shape) == 2:
+            return shape[0], shape[1]
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _ws_fits(M: int, top_k: int, E: int) -> bool:
+    return ws_fits(M, top_k, E)
 
 
 def plan_for(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: torch.Tensor | None = None,
@@ -347,7 +354,7 @@ def moe_mxfp4_down(a: torch.Tensor, w: torch.Tensor | Mxfp4Weights, w_scale: tor
     """
     wsig = w.signature if isinstance(w, Mxfp4Weights) else None        # made once per weights object
     w, w_scale, routing, level, one_mul, shape = mplan.unwrap_weights(w, w_scale, routing)
-    if WS_LARGE_M:
+    if WS_LARGE_M:          # large M: the warp-specialised kernel, where it applies
         done = _ws_call(a, a_scale, w, w_scale, level, one_mul, shape, routing, out, accumulate, config, deterministic)
         if done is not None:
             return done
