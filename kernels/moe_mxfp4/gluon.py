@@ -132,23 +132,22 @@ def _w_words_layout(block_k):
 
 
 @gluon.jit
-def _tile(t, num_blocks, num_n_tiles, group_b, expert_ids_ptr):
-    """Tile t -> (its row block, its first column, its expert): bands of group_b row blocks, each
-    band's column tiles in turn (``kernels.gemm.gluon._tile_coords``), so the band's activations
-    and experts' weights stay in L2 while its tiles run."""
-    blk, tile_n = dense_gluon._tile_coords(t, num_blocks, num_n_tiles, group_b)
-    return blk, tile_n, gl.load(expert_ids_ptr + blk)
+def _tile(t, num_blocks, num_n_tiles, group_b):
+    """Tile t -> (its row block, its column tile): bands of group_b row blocks, each band's column
+    tiles in turn (``kernels.gemm.gluon._tile_coords``), so the band's activations and experts'
+    weights stay in L2 while its tiles run."""
+    return dense_gluon._tile_coords(t, num_blocks, num_n_tiles, group_b)
 
 
 @gluon.jit
-def _loader(x_desc, a_bufs, ready, empty, num_tiles, k_steps, num_blocks, num_n_tiles, group_b, expert_ids_ptr,
+def _loader(x_desc, a_bufs, ready, empty, num_tiles, k_steps, num_blocks, num_n_tiles, group_b,
             NUM_STAGES: gl.constexpr):
     """The activations' boxes of every K step of this CTA's tiles, into the ring."""
     BM: gl.constexpr = x_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
     it = 0
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        blk, tile_n, e = _tile(t, num_blocks, num_n_tiles, group_b, expert_ids_ptr)
+        blk, tile_n = _tile(t, num_blocks, num_n_tiles, group_b)
         for kk in range(k_steps):
             s = it % NUM_STAGES
             mbarrier.wait(empty.index(s), ((it // NUM_STAGES) & 1) ^ 1)   # a fresh barrier passes phase 1
@@ -309,7 +308,8 @@ def _expander(w_ptr, ws_ptr, num_tiles, k_steps, num_blocks, num_n_tiles, group_
     w_words = w_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
     it = 0
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        blk, tile_n, e = _tile(t, num_blocks, num_n_tiles, group_b, expert_ids_ptr)
+        blk, tile_n = _tile(t, num_blocks, num_n_tiles, group_b)
+        e = gl.load(expert_ids_ptr + blk)
         if LEVEL == 2:
             KB: gl.constexpr = BK // 128
             layout2: gl.constexpr = _l2_layout(gl.num_warps())
@@ -351,7 +351,7 @@ def _store_step(vals, it, b_bufs, ready, empty, NUM_STAGES: gl.constexpr):
 
 @gluon.jit
 def _mma_epilogue(a_bufs, b_bufs, ready, empty, num_tiles, k_steps, num_blocks, num_n_tiles, group_b,
-                  expert_ids_ptr, out_ptr, sorted_ids_ptr, sorted_w_ptr, n_pairs, H, stride_om,
+                  out_ptr, sorted_ids_ptr, sorted_w_ptr, n_pairs, H, stride_om,
                   TOP_K: gl.constexpr, NUM_STAGES: gl.constexpr, ATOMIC: gl.constexpr):
     """Per tile: wgmma over the ring (one step in flight), then its epilogue."""
     BM: gl.constexpr = a_bufs.shape[1]
@@ -359,7 +359,7 @@ def _mma_epilogue(a_bufs, b_bufs, ready, empty, num_tiles, k_steps, num_blocks, 
     acc_layout: gl.constexpr = dense_gluon._acc_layout(BN, 16, gl.num_warps())
     it = 0
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        blk, tile_n, e = _tile(t, num_blocks, num_n_tiles, group_b, expert_ids_ptr)
+        blk, tile_n = _tile(t, num_blocks, num_n_tiles, group_b)
         acc = gl.zeros((BM, BN), dtype=gl.float32, layout=acc_layout)
         for kk in range(k_steps):
             s = it % NUM_STAGES
@@ -420,10 +420,8 @@ def _moe_mxfp4_down_ws_kernel(x_desc, w_ptr, ws_ptr, expert_ids_ptr, num_rows_pt
 
     gl.warp_specialize([
         (_mma_epilogue, (a_bufs, b_bufs, ready, empty, num_tiles, k_steps, num_blocks, num_n_tiles, group_b,
-                         expert_ids_ptr, out_ptr, sorted_ids_ptr, sorted_w_ptr, n_pairs, H, stride_om, TOP_K,
-                         NUM_STAGES, ATOMIC)),
-        (_loader, (x_desc, a_bufs, ready, empty, num_tiles, k_steps, num_blocks, num_n_tiles, group_b,
-                   expert_ids_ptr, NUM_STAGES)),
+                         out_ptr, sorted_ids_ptr, sorted_w_ptr, n_pairs, H, stride_om, TOP_K, NUM_STAGES, ATOMIC)),
+        (_loader, (x_desc, a_bufs, ready, empty, num_tiles, k_steps, num_blocks, num_n_tiles, group_b, NUM_STAGES)),
         (_expander, (w_ptr, ws_ptr, num_tiles, k_steps, num_blocks, num_n_tiles, group_b, expert_ids_ptr, H, I, Hp,
                      stride_we, stride_wn, stride_wse, stride_wsn, b_bufs, ready, empty, NUM_STAGES, ONE_MUL, LEVEL)),
     ], [1, EXPAND_WARPS], [LOADER_REGS, EXPAND_REGS])
