@@ -83,7 +83,6 @@ def _route_part(pid, ids_ptr, wts_ptr, sorted_ids_ptr, sorted_w_ptr, expert_ids_
         g_ok = eg < E
         start = tl.sum(tl.where(bins[None, :] < eg[:, None], padded[None, :], 0), 1)     # first row of each
         count = tl.sum(tl.where(bins[None, :] == eg[:, None], hist[None, :], 0), 1)
-        blocks = (count + BM - 1) // BM
         if COUNTS:
             tl.store(counts_ptr + eg, count, mask=g_ok)
         if tl.sum(count, 0) > 0:                                 # 2. the group's pairs, in order
@@ -98,24 +97,42 @@ def _route_part(pid, ids_ptr, wts_ptr, sorted_ids_ptr, sorted_w_ptr, expert_ids_
                 tl.store(sorted_ids_ptr + dest, p, mask=mine)
                 tl.store(sorted_w_ptr + dest, wt.to(tl.float32), mask=mine)
                 run += tl.sum(hit, 0)
-        rows = start[:, None] + count[:, None] + tl.arange(0, BM)[None, :]               # 3. last blocks' padding
-        pad = (rows < (start + blocks * BM)[:, None]) & g_ok[:, None]
-        tl.store(sorted_ids_ptr + rows, tl.zeros_like(rows) + n, mask=pad)
-        tl.store(sorted_w_ptr + rows, tl.zeros(rows.shape, dtype=tl.float32), mask=pad)
-        for b0 in range(0, tl.max(blocks, 0), FILL):
-            b = b0 + tl.arange(0, FILL)
-            mb = (b[None, :] < blocks[:, None]) & g_ok[:, None]
-            tl.store(expert_ids_ptr + start[:, None] // BM + b[None, :], eg[:, None] + tl.zeros_like(b)[None, :],
-                     mask=mb)
+        _pad_and_name_blocks(eg, g_ok, start, count, sorted_ids_ptr, sorted_w_ptr, expert_ids_ptr, n, BM,   # 3.
+                             FILL)
     else:
-        tl.store(num_rows_ptr, num_rows)
-        for r0 in range(num_rows, max_rows, FILL):               # rows and blocks past the used ones
-            r = r0 + tl.arange(0, FILL)
-            tl.store(sorted_ids_ptr + r, tl.zeros_like(r) + n, mask=r < max_rows)
-            tl.store(sorted_w_ptr + r, tl.zeros([FILL], dtype=tl.float32), mask=r < max_rows)
-        for b0 in range(num_rows // BM, max_blocks, FILL):
-            b = b0 + tl.arange(0, FILL)
-            tl.store(expert_ids_ptr + b, tl.zeros_like(b) - 1, mask=b < max_blocks)
+        _past_the_rows(num_rows, sorted_ids_ptr, sorted_w_ptr, expert_ids_ptr, num_rows_ptr, n, max_rows, max_blocks,
+                       BM, FILL)
+
+
+@triton.jit
+def _pad_and_name_blocks(eg, g_ok, start, count, sorted_ids_ptr, sorted_w_ptr, expert_ids_ptr, n,
+                         BM: tl.constexpr, FILL: tl.constexpr):
+    """Experts eg (g_ok: real ones), their runs starting at row start with count pairs: each last
+    block's padding rows (pair n, weight 0), and the expert of each of their blocks."""
+    blocks = (count + BM - 1) // BM
+    rows = start[:, None] + count[:, None] + tl.arange(0, BM)[None, :]
+    pad = (rows < (start + blocks * BM)[:, None]) & g_ok[:, None]
+    tl.store(sorted_ids_ptr + rows, tl.zeros_like(rows) + n, mask=pad)
+    tl.store(sorted_w_ptr + rows, tl.zeros(rows.shape, dtype=tl.float32), mask=pad)
+    for b0 in range(0, tl.max(blocks, 0), FILL):
+        b = b0 + tl.arange(0, FILL)
+        mb = (b[None, :] < blocks[:, None]) & g_ok[:, None]
+        tl.store(expert_ids_ptr + start[:, None] // BM + b[None, :], eg[:, None] + tl.zeros_like(b)[None, :],
+                 mask=mb)
+
+
+@triton.jit
+def _past_the_rows(num_rows, sorted_ids_ptr, sorted_w_ptr, expert_ids_ptr, num_rows_ptr, n, max_rows, max_blocks,
+                   BM: tl.constexpr, FILL: tl.constexpr):
+    """The rows used (num_rows), and every row and block past them: pair n, weight 0, expert -1."""
+    tl.store(num_rows_ptr, num_rows)
+    for r0 in range(num_rows, max_rows, FILL):
+        r = r0 + tl.arange(0, FILL)
+        tl.store(sorted_ids_ptr + r, tl.zeros_like(r) + n, mask=r < max_rows)
+        tl.store(sorted_w_ptr + r, tl.zeros([FILL], dtype=tl.float32), mask=r < max_rows)
+    for b0 in range(num_rows // BM, max_blocks, FILL):
+        b = b0 + tl.arange(0, FILL)
+        tl.store(expert_ids_ptr + b, tl.zeros_like(b) - 1, mask=b < max_blocks)
 
 
 def routing_constexprs(num_pairs: int, num_experts: int, top_k: int, block_m: int, *,
@@ -179,25 +196,9 @@ def _route_chunk_offsets_kernel(counts_ptr, local_ptr, sorted_ids_ptr, sorted_w_
         sel = bins[None, :] == eg[:, None]
         count = tl.sum(tl.where(sel, hist[None, :], 0), 1)
         first = tl.sum(tl.where(sel, start[None, :], 0), 1)
-        blocks = (count + BM - 1) // BM
-        rows = first[:, None] + count[:, None] + tl.arange(0, BM)[None, :]
-        pad = (rows < (first + blocks * BM)[:, None]) & g_ok[:, None]
-        tl.store(sorted_ids_ptr + rows, tl.zeros_like(rows) + n, mask=pad)
-        tl.store(sorted_w_ptr + rows, tl.zeros(rows.shape, dtype=tl.float32), mask=pad)
-        for b0 in range(0, tl.max(blocks, 0), FILL):
-            b = b0 + tl.arange(0, FILL)
-            mb = (b[None, :] < blocks[:, None]) & g_ok[:, None]
-            tl.store(expert_ids_ptr + first[:, None] // BM + b[None, :], eg[:, None] + tl.zeros_like(b)[None, :],
-                     mask=mb)
-    num_rows = tl.sum(padded, 0)
-    tl.store(num_rows_ptr, num_rows)
-    for r0 in range(num_rows, max_rows, FILL):     # rows and blocks past the used ones
-        r = r0 + tl.arange(0, FILL)
-        tl.store(sorted_ids_ptr + r, tl.zeros_like(r) + n, mask=r < max_rows)
-        tl.store(sorted_w_ptr + r, tl.zeros([FILL], dtype=tl.float32), mask=r < max_rows)
-    for b0 in range(num_rows // BM, max_blocks, FILL):
-        b = b0 + tl.arange(0, FILL)
-        tl.store(expert_ids_ptr + b, tl.zeros_like(b) - 1, mask=b < max_blocks)
+        _pad_and_name_blocks(eg, g_ok, first, count, sorted_ids_ptr, sorted_w_ptr, expert_ids_ptr, n, BM, FILL)
+    _past_the_rows(tl.sum(padded, 0), sorted_ids_ptr, sorted_w_ptr, expert_ids_ptr, num_rows_ptr, n, max_rows,
+                   max_blocks, BM, FILL)
 
 
 @triton.jit
